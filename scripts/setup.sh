@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs everything evb needs to build, run and test on Debian 12 (run as root).
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential pkg-config ca-certificates curl git
+  iperf3                               # bench/: TCP peer for the event builder
+  opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] || {
+    echo "setup: no Rust toolchain; installing it with rustup"
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+  }
+fi

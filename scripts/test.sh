@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is needed, then format, lint and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release -- -D warnings
+cargo build --release --workspace --bins
+cargo test --release --workspace
