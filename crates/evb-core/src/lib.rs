@@ -1,1 +1,31 @@
-//! evb-core
+//! `evb-core`: the sans-IO protocol core of the evb event builder.
+//!
+//! The Event Manager ([`em`]), Readout Unit ([`ru`]) and Builder Unit
+//! ([`bu`]) are deterministic state machines: they take inputs (a message
+//! arrived, a send completed, a timer fired, a MEP's data is ready), always
+//! with the current time passed in, and emit actions (send this, produce
+//! that, deliver this batch). They never touch a socket, a thread, a clock or
+//! a global random generator. [`node::Node`] composes the units an endpoint
+//! hosts. The real runtime (`evb-net`) drives nodes over transports; the
+//! simulator drives the very same nodes over a simulated fabric; the
+//! [`harness`] drives them over an in-memory network for tests.
+//!
+//! Also here: the wire format ([`wire`]), the configuration file shared by
+//! every driver ([`config`]) and the source model that fills fragments with
+//! verifiable data ([`source`]).
+
+pub mod bu;
+pub mod config;
+pub mod em;
+pub mod harness;
+pub mod layout;
+pub mod node;
+pub mod ru;
+pub mod source;
+pub mod wire;
+
+pub use bu::{Admit, Nanos, Outcome};
+pub use config::{Config, ConfigError};
+pub use layout::Layout;
+pub use node::{Action, Node, NodeStats};
+pub use wire::{FragmentHeader, MepId, Message, NodeId};

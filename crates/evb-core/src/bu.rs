@@ -1,0 +1,463 @@
+//! Builder Unit: gathers the fragments of every MEP assigned to it from all
+//! Readout Units, verifies each, and delivers complete batches.
+//!
+//! A fragment is checked against its header (run, source, sender, event
+//! count, length) and its CRC-32C. Duplicate, unexpected and corrupt
+//! fragments are counted and dropped, never built. A batch that is not
+//! complete within `batch_timeout_ms` is given up and counted incomplete,
+//! with the missing sources named. Each finished batch returns one credit.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use hdrhistogram::Histogram;
+
+use crate::config::{Config, Protocol, Schedule};
+use crate::layout::Layout;
+use crate::wire::{FragmentHeader, MepId, NodeId};
+
+/// Nanoseconds on the driver's clock (real or simulated).
+pub type Nanos = u64;
+
+/// How a batch ended when it was not built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Built,
+    /// Timed out; the sources (RU indices) that never delivered.
+    Incomplete {
+        missing: Vec<u16>,
+    },
+    /// All fragments arrived but at least one failed verification.
+    Corrupt {
+        sources: Vec<u16>,
+    },
+    /// Fragments arrived for a MEP that was never assigned here.
+    Unexpected,
+}
+
+/// What the BU asks of its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuAction {
+    /// PULL: ask the RU on endpoint `ru` for its fragment of `mep`.
+    Request { mep: MepId, ru: NodeId },
+    /// Return `credits` to the EM.
+    Credit { credits: u32 },
+    /// The batch is finished: deliver it to the sink if built, then free
+    /// its buffers either way.
+    Finish {
+        mep: MepId,
+        outcome: Outcome,
+        events: u64,
+        bytes: u64,
+    },
+}
+
+/// The driver's verdict on whether to keep a fragment's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Receive the payload into the batch of this MEP.
+    Keep,
+    /// Discard the payload; the fragment has been counted.
+    Drop,
+}
+
+/// One recorded incomplete batch (the first few are kept for the report).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Incident {
+    pub mep: MepId,
+    pub at: Nanos,
+    pub outcome: Outcome,
+}
+
+/// Counters of a Builder Unit.
+#[derive(Debug, Clone)]
+pub struct BuStats {
+    pub batches_built: u64,
+    pub events_built: u64,
+    pub bytes_built: u64,
+    pub batches_incomplete: u64,
+    pub events_incomplete: u64,
+    pub batches_corrupt: u64,
+    pub events_corrupt: u64,
+    pub fragments_received: u64,
+    pub bytes_received: u64,
+    pub fragments_corrupt: u64,
+    pub fragments_duplicate: u64,
+    pub fragments_unexpected: u64,
+    /// Per source index: batches that timed out without its fragment.
+    pub missing_by_source: Vec<u64>,
+    /// The first incomplete or corrupt batches, for the report.
+    pub incidents: Vec<Incident>,
+    /// Batch building latency, first activity to completion, in ns.
+    pub latency_ns: Histogram<u64>,
+    /// Most batches open at once.
+    pub max_open: u32,
+}
+
+const MAX_INCIDENTS: usize = 32;
+/// Finished MEP ids remembered to recognise late duplicates.
+const FINISHED_MEMORY: usize = 1 << 16;
+
+impl BuStats {
+    fn new(sources: usize) -> BuStats {
+        BuStats {
+            batches_built: 0,
+            events_built: 0,
+            bytes_built: 0,
+            batches_incomplete: 0,
+            events_incomplete: 0,
+            batches_corrupt: 0,
+            events_corrupt: 0,
+            fragments_received: 0,
+            bytes_received: 0,
+            fragments_corrupt: 0,
+            fragments_duplicate: 0,
+            fragments_unexpected: 0,
+            missing_by_source: vec![0; sources],
+            incidents: Vec::new(),
+            latency_ns: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"),
+            max_open: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Batch {
+    assigned: bool,
+    opened_at: Nanos,
+    deadline: Nanos,
+    /// Per source: fragment arrived (valid or not).
+    arrived: Vec<bool>,
+    arrived_count: usize,
+    corrupt_sources: Vec<u16>,
+    bytes: u64,
+    /// PULL: per source, request issued.
+    requested: Vec<bool>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuilderUnit {
+    node: NodeId,
+    run_id: u32,
+    events_per_mep: u32,
+    credits: u32,
+    timeout_ns: Nanos,
+    protocol: Protocol,
+    parallel_sends: u32,
+    /// This BU's index, for the PULL request order.
+    index: u16,
+    ru_of: Vec<Option<u16>>,
+    ru_nodes: Vec<NodeId>,
+    open: BTreeMap<MepId, Batch>,
+    deadlines: BTreeSet<(Nanos, MepId)>,
+    finished: BTreeSet<MepId>,
+    finished_order: VecDeque<MepId>,
+    /// PULL: requests not yet issued, in schedule order.
+    to_request: VecDeque<(MepId, u16)>,
+    requests_in_flight: u32,
+    pub stats: BuStats,
+}
+
+impl BuilderUnit {
+    pub fn new(config: &Config, layout: &Layout, node: NodeId) -> BuilderUnit {
+        let eb = &config.event_builder;
+        BuilderUnit {
+            node,
+            run_id: config.run.run_id,
+            events_per_mep: config.source.events_per_mep,
+            credits: eb.credits,
+            timeout_ns: eb.batch_timeout_ms * 1_000_000,
+            protocol: eb.protocol,
+            parallel_sends: match eb.schedule {
+                Schedule::All => u32::MAX,
+                _ => eb.parallel_sends,
+            },
+            index: layout.bu_of[node as usize].expect("a BU node"),
+            ru_of: layout.ru_of.clone(),
+            ru_nodes: layout.ru_nodes.clone(),
+            open: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            finished_order: VecDeque::new(),
+            to_request: VecDeque::new(),
+            requests_in_flight: 0,
+            stats: BuStats::new(layout.rus()),
+        }
+    }
+
+    /// Credits to grant when the run starts.
+    pub fn start(&mut self, out: &mut Vec<BuAction>) {
+        out.push(BuAction::Credit {
+            credits: self.credits,
+        });
+    }
+
+    pub fn open_batches(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Earliest batch deadline, for the driver's timer.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.deadlines.first().map(|&(t, _)| t)
+    }
+
+    fn open_batch(&mut self, now: Nanos, mep: MepId, assigned: bool) -> &mut Batch {
+        let sources = self.ru_nodes.len();
+        let deadline = now + self.timeout_ns;
+        self.deadlines.insert((deadline, mep));
+        self.open.entry(mep).or_insert(Batch {
+            assigned,
+            opened_at: now,
+            deadline,
+            arrived: vec![false; sources],
+            arrived_count: 0,
+            corrupt_sources: Vec::new(),
+            bytes: 0,
+            requested: vec![false; sources],
+        });
+        let open = self.open.len() as u32;
+        self.stats.max_open = self.stats.max_open.max(open);
+        self.open.get_mut(&mep).expect("just inserted")
+    }
+
+    /// The EM assigned `mep` to this BU.
+    pub fn on_assign(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
+        if self.finished.contains(&mep) {
+            return;
+        }
+        match self.open.get_mut(&mep) {
+            Some(b) => b.assigned = true,
+            None => {
+                self.open_batch(now, mep, true);
+            }
+        }
+        if self.protocol == Protocol::Pull {
+            // Barrel order for requests: phase n asks RU (index + n) mod N.
+            let n = self.ru_nodes.len();
+            for k in 0..n {
+                self.to_request
+                    .push_back((mep, ((self.index as usize + k) % n) as u16));
+            }
+            self.issue_requests(out);
+        }
+        self.check_complete(now, mep, out);
+    }
+
+    /// A fragment header arrived from endpoint `from`: keep its payload?
+    /// Counts and drops what can be rejected before the payload is read.
+    pub fn admit(&mut self, now: Nanos, from: NodeId, h: &FragmentHeader) -> Admit {
+        let source_ok = self.ru_of.get(from as usize).copied().flatten() == Some(h.source);
+        if h.run_id != self.run_id || !source_ok || self.finished.contains(&h.mep) {
+            // Another run, an impostor, or a batch already given up.
+            self.stats.fragments_unexpected += 1;
+            return Admit::Drop;
+        }
+        let protocol = self.protocol;
+        let credits = self.credits as usize;
+        let open_len = self.open.len();
+        match self.open.get(&h.mep) {
+            Some(b) if b.arrived[h.source as usize] => {
+                self.stats.fragments_duplicate += 1;
+                Admit::Drop
+            }
+            Some(b) if protocol == Protocol::Pull && !b.requested[h.source as usize] => {
+                self.stats.fragments_unexpected += 1;
+                Admit::Drop
+            }
+            Some(_) => Admit::Keep,
+            // PUSH: the fragment may overtake its assignment (it travels on
+            // another connection). Open a provisional batch, but never more
+            // than the credits could justify.
+            None if protocol == Protocol::Push && open_len < credits => {
+                self.open_batch(now, h.mep, false);
+                Admit::Keep
+            }
+            None => {
+                self.stats.fragments_unexpected += 1;
+                Admit::Drop
+            }
+        }
+    }
+
+    /// The payload of an admitted fragment is in; `crc` is its computed
+    /// CRC-32C.
+    pub fn on_fragment(
+        &mut self,
+        now: Nanos,
+        h: &FragmentHeader,
+        crc: u32,
+        out: &mut Vec<BuAction>,
+    ) {
+        let events_per_mep = self.events_per_mep;
+        let Some(batch) = self.open.get_mut(&h.mep) else {
+            self.stats.fragments_unexpected += 1;
+            return;
+        };
+        let src = h.source as usize;
+        if batch.arrived[src] {
+            self.stats.fragments_duplicate += 1;
+            return;
+        }
+        batch.arrived[src] = true;
+        batch.arrived_count += 1;
+        self.stats.fragments_received += 1;
+        self.stats.bytes_received += u64::from(h.payload_len);
+        let well_formed = h.event_count == events_per_mep
+            && u64::from(h.payload_len) >= 4 * u64::from(h.event_count);
+        if crc != h.crc32c || !well_formed {
+            self.stats.fragments_corrupt += 1;
+            batch.corrupt_sources.push(h.source);
+        } else {
+            batch.bytes += u64::from(h.payload_len);
+        }
+        if self.protocol == Protocol::Pull && batch.requested[src] {
+            self.requests_in_flight -= 1;
+        }
+        self.check_complete(now, h.mep, out);
+        self.issue_requests(out);
+    }
+
+    /// Gives up every batch whose deadline is at or before `now`.
+    pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<BuAction>) {
+        while let Some(&(deadline, mep)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(batch) = self.open.get(&mep) else {
+                continue;
+            };
+            let outcome = if !batch.assigned {
+                Outcome::Unexpected
+            } else if !batch.corrupt_sources.is_empty()
+                && batch.arrived_count == batch.arrived.len()
+            {
+                Outcome::Corrupt {
+                    sources: batch.corrupt_sources.clone(),
+                }
+            } else {
+                Outcome::Incomplete {
+                    missing: (0..batch.arrived.len() as u16)
+                        .filter(|&s| !batch.arrived[s as usize])
+                        .collect(),
+                }
+            };
+            self.finish(now, mep, outcome, out);
+        }
+        self.issue_requests(out);
+    }
+
+    /// Gives up every open batch now (end of the drain period).
+    pub fn abandon_all(&mut self, now: Nanos, out: &mut Vec<BuAction>) {
+        let deadlines: Vec<(Nanos, MepId)> = self.deadlines.iter().copied().collect();
+        for (_, mep) in deadlines {
+            if let Some(b) = self.open.get_mut(&mep) {
+                b.deadline = now;
+            }
+        }
+        let rewritten: BTreeSet<(Nanos, MepId)> = self.open.keys().map(|&m| (now, m)).collect();
+        self.deadlines = rewritten;
+        self.on_timeout(now, out);
+    }
+
+    fn check_complete(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
+        let Some(batch) = self.open.get(&mep) else {
+            return;
+        };
+        if !batch.assigned || batch.arrived_count < batch.arrived.len() {
+            return;
+        }
+        let outcome = if batch.corrupt_sources.is_empty() {
+            Outcome::Built
+        } else {
+            Outcome::Corrupt {
+                sources: batch.corrupt_sources.clone(),
+            }
+        };
+        self.finish(now, mep, outcome, out);
+    }
+
+    fn finish(&mut self, now: Nanos, mep: MepId, outcome: Outcome, out: &mut Vec<BuAction>) {
+        let batch = self.open.remove(&mep).expect("finishing an open batch");
+        self.deadlines.remove(&(batch.deadline, mep));
+        if self.protocol == Protocol::Pull {
+            let outstanding = (0..batch.arrived.len())
+                .filter(|&s| batch.requested[s] && !batch.arrived[s])
+                .count() as u32;
+            self.requests_in_flight -= outstanding;
+            self.to_request.retain(|&(m, _)| m != mep);
+        }
+        self.finished.insert(mep);
+        self.finished_order.push_back(mep);
+        if self.finished_order.len() > FINISHED_MEMORY {
+            let old = self.finished_order.pop_front().expect("non-empty");
+            self.finished.remove(&old);
+        }
+        let events = u64::from(self.events_per_mep);
+        let s = &mut self.stats;
+        match &outcome {
+            Outcome::Built => {
+                s.batches_built += 1;
+                s.events_built += events;
+                s.bytes_built += batch.bytes;
+                s.latency_ns
+                    .saturating_record((now - batch.opened_at).max(1));
+            }
+            Outcome::Incomplete { missing } => {
+                s.batches_incomplete += 1;
+                s.events_incomplete += events;
+                for &m in missing {
+                    s.missing_by_source[m as usize] += 1;
+                }
+            }
+            Outcome::Corrupt { .. } => {
+                s.batches_corrupt += 1;
+                s.events_corrupt += events;
+            }
+            Outcome::Unexpected => {
+                s.fragments_unexpected += batch.arrived_count as u64;
+            }
+        }
+        if !matches!(outcome, Outcome::Built | Outcome::Unexpected)
+            && s.incidents.len() < MAX_INCIDENTS
+        {
+            s.incidents.push(Incident {
+                mep,
+                at: now,
+                outcome: outcome.clone(),
+            });
+        }
+        out.push(BuAction::Finish {
+            mep,
+            outcome: outcome.clone(),
+            events,
+            bytes: batch.bytes,
+        });
+        if batch.assigned {
+            out.push(BuAction::Credit { credits: 1 });
+        }
+    }
+
+    fn issue_requests(&mut self, out: &mut Vec<BuAction>) {
+        while self.requests_in_flight < self.parallel_sends {
+            let Some((mep, src)) = self.to_request.pop_front() else {
+                return;
+            };
+            let Some(batch) = self.open.get_mut(&mep) else {
+                continue;
+            };
+            if batch.arrived[src as usize] || batch.requested[src as usize] {
+                continue;
+            }
+            batch.requested[src as usize] = true;
+            self.requests_in_flight += 1;
+            out.push(BuAction::Request {
+                mep,
+                ru: self.ru_nodes[src as usize],
+            });
+        }
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+}

@@ -1,0 +1,700 @@
+//! The configuration of an event builder: one TOML file read by `evb run`,
+//! `evb node` and (later) `evb sim`. Every key and its default is documented
+//! in `docs/config.md`; keep the two in step.
+//!
+//! Errors name the file, the line and the key. Values given with
+//! `--set key=value` are applied after the file has been checked on its own,
+//! so a bad override is reported against `--set`, not a made-up line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where a configuration error was found, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// File name, or `--set` for command-line overrides, or `<default>`.
+    pub origin: String,
+    /// 1-based line in `origin`, when known.
+    pub line: Option<usize>,
+    /// Dotted key, e.g. `event_builder.credits`, when known.
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.origin)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(key) = &self.key {
+            write!(f, ": key `{key}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// RUs send as soon as the EM has assigned the MEP.
+    Push,
+    /// The BU requests each fragment and the RU answers.
+    Pull,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Schedule {
+    /// Phase n: RU i sends to BU (i + n) mod N (work-conserving: an empty
+    /// destination is skipped rather than waited for).
+    Barrel,
+    /// A seeded random destination among those with work.
+    Random,
+    /// Everything at once, no limit on transfers in flight.
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalTraffic {
+    /// A node's RU hands fragments to its own BU in memory.
+    Memory,
+    /// A node's RU sends to its own BU through the transport like any other.
+    Nic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SizeModel {
+    Fixed,
+    Normal,
+    Histogram,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmPlacement {
+    /// The EM runs inside node 0.
+    Node0,
+    /// The EM runs as its own process (endpoint N).
+    Separate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// Count and verify built batches, keep nothing.
+    Count,
+    /// Write each built batch to a file in `output.directory`.
+    File,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    pub run_id: u32,
+    pub seed: u64,
+    /// Seconds `evb run` builds before it stops and drains.
+    pub duration_s: f64,
+    /// Stop after this many MEPs have been assigned (0: no limit).
+    pub max_meps: u64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            run_id: 1,
+            seed: 1,
+            duration_s: 10.0,
+            max_meps: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventBuilderSection {
+    pub protocol: Protocol,
+    pub schedule: Schedule,
+    /// Transfers in flight per RU (PUSH) or requests in flight per BU (PULL).
+    pub parallel_sends: u32,
+    /// Batches a BU builds at once (credits it grants the EM).
+    pub credits: u32,
+    pub local: LocalTraffic,
+    /// A batch not complete this long after it was opened is incomplete.
+    pub batch_timeout_ms: u64,
+    /// After the end of the run, how long nodes may take to finish.
+    pub drain_timeout_ms: u64,
+    /// Upper bound for any message body, checked before allocation.
+    pub max_message_bytes: u64,
+}
+
+impl Default for EventBuilderSection {
+    fn default() -> Self {
+        EventBuilderSection {
+            protocol: Protocol::Push,
+            schedule: Schedule::Barrel,
+            parallel_sends: 2,
+            credits: 2,
+            local: LocalTraffic::Memory,
+            batch_timeout_ms: 2000,
+            drain_timeout_ms: 10000,
+            max_message_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceSection {
+    /// Events packed in one MEP (packing factor).
+    pub events_per_mep: u32,
+    pub size: SizeModel,
+    /// Fixed size, or mean of the normal distribution, per event fragment.
+    pub mean_bytes: u32,
+    /// Standard deviation of the normal distribution.
+    pub std_bytes: u32,
+    /// Histogram file (lines `size weight`), relative to the config file.
+    pub histogram: String,
+    /// Largest event fragment the source may produce (normal draws are clamped).
+    pub max_fragment_bytes: u32,
+}
+
+impl Default for SourceSection {
+    fn default() -> Self {
+        SourceSection {
+            events_per_mep: 4096,
+            size: SizeModel::Normal,
+            mean_bytes: 256,
+            std_bytes: 64,
+            histogram: String::new(),
+            max_fragment_bytes: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportSection {
+    pub kind: String,
+    /// Interface nodes listen on.
+    pub bind: String,
+    /// 0: the OS picks ports (`evb run`); otherwise node i listens on base_port + i.
+    pub base_port: u16,
+    /// SO_SNDBUF / SO_RCVBUF for data connections (0: kernel default).
+    pub socket_buffer_bytes: u32,
+    /// `host:port` of every endpoint, for `evb node` without `evb run`.
+    pub addresses: Vec<String>,
+}
+
+impl Default for TransportSection {
+    fn default() -> Self {
+        TransportSection {
+            kind: "tcp".into(),
+            bind: "127.0.0.1".into(),
+            base_port: 0,
+            socket_buffer_bytes: 4 << 20,
+            addresses: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodesSection {
+    pub count: u16,
+    pub em: EmPlacement,
+    /// Node indices that run only a Readout Unit.
+    pub ru_only: Vec<u16>,
+    /// Node indices that run only a Builder Unit.
+    pub bu_only: Vec<u16>,
+}
+
+impl Default for NodesSection {
+    fn default() -> Self {
+        NodesSection {
+            count: 4,
+            em: EmPlacement::Node0,
+            ru_only: Vec::new(),
+            bu_only: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputSection {
+    pub sink: SinkKind,
+    pub directory: String,
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        OutputSection {
+            sink: SinkKind::Count,
+            directory: "evb-out".into(),
+        }
+    }
+}
+
+/// One event builder, for the runtime and the simulator alike.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub run: RunSection,
+    pub event_builder: EventBuilderSection,
+    pub source: SourceSection,
+    pub transport: TransportSection,
+    pub nodes: NodesSection,
+    pub output: OutputSection,
+    /// Histogram bins `(size, weight)` loaded from `source.histogram`.
+    #[serde(skip)]
+    pub histogram_bins: Vec<(u32, f64)>,
+}
+
+/// The documented default configuration, as TOML.
+pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
+
+impl Config {
+    /// Reads `path`, applies `overrides` (`key=value`), validates.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
+        let (origin, text, base_dir) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
+                    origin: p.display().to_string(),
+                    line: None,
+                    key: None,
+                    message: format!("cannot read: {e}"),
+                })?;
+                let dir = p.parent().map(Path::to_path_buf).unwrap_or_default();
+                (p.display().to_string(), text, dir)
+            }
+            None => (
+                "<default>".to_string(),
+                DEFAULT_TOML.to_string(),
+                PathBuf::new(),
+            ),
+        };
+        Config::from_str_with_overrides(&origin, &text, overrides, &base_dir)
+    }
+
+    /// Parses `text` (named `origin` in errors), applies overrides, validates.
+    pub fn from_str_with_overrides(
+        origin: &str,
+        text: &str,
+        overrides: &[String],
+        base_dir: &Path,
+    ) -> Result<Config, ConfigError> {
+        // The file alone first, so that its errors carry its own line numbers.
+        let mut config = parse(origin, text)?;
+        config.validate(origin, text, base_dir)?;
+        if overrides.is_empty() {
+            return Ok(config);
+        }
+        let mut doc: toml_edit::DocumentMut =
+            text.parse()
+                .map_err(|e: toml_edit::TomlError| ConfigError {
+                    origin: origin.into(),
+                    line: None,
+                    key: None,
+                    message: e.to_string(),
+                })?;
+        for ov in overrides {
+            apply_override(&mut doc, ov)?;
+        }
+        let merged = doc.to_string();
+        config = parse("--set", &merged).map_err(|mut e| {
+            e.line = None;
+            e
+        })?;
+        config.validate("--set", "", base_dir)?;
+        Ok(config)
+    }
+
+    /// Number of Readout Units and Builder Units.
+    pub fn unit_counts(&self) -> (usize, usize) {
+        let n = self.nodes.count as usize;
+        (n - self.nodes.bu_only.len(), n - self.nodes.ru_only.len())
+    }
+
+    /// Largest MEP fragment payload a source can produce, in bytes.
+    pub fn max_fragment_payload(&self) -> u64 {
+        let per_event = match self.source.size {
+            SizeModel::Fixed => u64::from(self.source.mean_bytes),
+            SizeModel::Normal => u64::from(self.source.max_fragment_bytes),
+            SizeModel::Histogram => self
+                .histogram_bins
+                .iter()
+                .map(|b| u64::from(b.0))
+                .max()
+                .unwrap_or(0),
+        };
+        u64::from(self.source.events_per_mep) * (4 + per_event)
+    }
+
+    fn validate(&mut self, origin: &str, text: &str, base_dir: &Path) -> Result<(), ConfigError> {
+        let err = |key: &str, message: String| ConfigError {
+            origin: origin.into(),
+            line: locate_key(text, key),
+            key: Some(key.into()),
+            message,
+        };
+        let eb = &self.event_builder;
+        if eb.credits == 0 {
+            return Err(err("event_builder.credits", "must be at least 1".into()));
+        }
+        if eb.parallel_sends == 0 {
+            return Err(err(
+                "event_builder.parallel_sends",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.nodes.count == 0 {
+            return Err(err("nodes.count", "must be at least 1".into()));
+        }
+        let n = self.nodes.count;
+        for (key, list) in [
+            ("nodes.ru_only", &self.nodes.ru_only),
+            ("nodes.bu_only", &self.nodes.bu_only),
+        ] {
+            if let Some(bad) = list.iter().find(|&&i| i >= n) {
+                return Err(err(
+                    key,
+                    format!("node {bad} does not exist (nodes.count = {n})"),
+                ));
+            }
+        }
+        if let Some(both) = self
+            .nodes
+            .ru_only
+            .iter()
+            .find(|i| self.nodes.bu_only.contains(i))
+        {
+            return Err(err(
+                "nodes.bu_only",
+                format!("node {both} is also listed in nodes.ru_only"),
+            ));
+        }
+        let (rus, bus) = self.unit_counts();
+        if rus == 0 || bus == 0 {
+            return Err(err(
+                "nodes.ru_only",
+                "the event builder needs at least one RU and one BU".into(),
+            ));
+        }
+        let peers = match eb.protocol {
+            Protocol::Push => bus,
+            Protocol::Pull => rus,
+        };
+        if eb.schedule != Schedule::All && eb.parallel_sends as usize > peers {
+            return Err(err(
+                "event_builder.parallel_sends",
+                format!(
+                    "{} transfers in flight but only {peers} {} to send to",
+                    eb.parallel_sends,
+                    if eb.protocol == Protocol::Push {
+                        "BUs"
+                    } else {
+                        "RUs"
+                    }
+                ),
+            ));
+        }
+        if eb.batch_timeout_ms == 0 {
+            return Err(err(
+                "event_builder.batch_timeout_ms",
+                "must be at least 1".into(),
+            ));
+        }
+        if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
+            return Err(err(
+                "event_builder.max_message_bytes",
+                "must be between 64 B and 4 GiB".into(),
+            ));
+        }
+        if self.source.events_per_mep == 0 {
+            return Err(err("source.events_per_mep", "must be at least 1".into()));
+        }
+        match self.source.size {
+            SizeModel::Histogram => {
+                if self.source.histogram.is_empty() {
+                    return Err(err(
+                        "source.histogram",
+                        "size = \"histogram\" needs a histogram file".into(),
+                    ));
+                }
+                let path = base_dir.join(&self.source.histogram);
+                self.histogram_bins = load_histogram(&path)?;
+            }
+            SizeModel::Normal if self.source.max_fragment_bytes < self.source.mean_bytes => {
+                return Err(err(
+                    "source.max_fragment_bytes",
+                    "must be at least source.mean_bytes".into(),
+                ));
+            }
+            _ => {}
+        }
+        let biggest = self.max_fragment_payload();
+        if biggest + crate::wire::FRAGMENT_HEADER_LEN as u64 > eb.max_message_bytes {
+            return Err(err(
+                "source.events_per_mep",
+                format!(
+                    "a MEP fragment can reach {biggest} bytes, more than event_builder.max_message_bytes = {}",
+                    eb.max_message_bytes
+                ),
+            ));
+        }
+        if !(self.run.duration_s.is_finite() && self.run.duration_s >= 0.0) {
+            return Err(err(
+                "run.duration_s",
+                "must be a non-negative number of seconds".into(),
+            ));
+        }
+        if self.transport.kind != "tcp" {
+            return Err(err(
+                "transport.kind",
+                format!(
+                    "unknown transport `{}` (available: tcp)",
+                    self.transport.kind
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn parse(origin: &str, text: &str) -> Result<Config, ConfigError> {
+    toml::from_str::<Config>(text).map_err(|e| {
+        let line = e.span().map(|s| line_of(text, s.start));
+        let key = line.and_then(|l| key_at_line(text, l));
+        ConfigError {
+            origin: origin.into(),
+            line,
+            key,
+            message: e.message().trim().to_string(),
+        }
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The dotted key defined on 1-based `line`, reconstructed from the nearest
+/// table header above it.
+fn key_at_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let this = lines.get(line - 1)?.trim();
+    let table = lines[..line - 1]
+        .iter()
+        .rev()
+        .map(|l| l.trim())
+        .find(|l| l.starts_with('[') && !l.starts_with("[["))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    if this.starts_with('[') {
+        return Some(
+            this.trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_string(),
+        );
+    }
+    let key = this.split('=').next()?.trim();
+    if key.is_empty() {
+        return None;
+    }
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+/// 1-based line where dotted `key` is set in `text`, if it is.
+pub fn locate_key(text: &str, key: &str) -> Option<usize> {
+    let doc: toml_edit::ImDocument<&str> = toml_edit::ImDocument::parse(text).ok()?;
+    let mut parts = key.split('.');
+    let first = parts.next()?;
+    let mut item = doc.as_table().get(first)?;
+    let mut span = item.span();
+    for part in parts {
+        let table = item.as_table_like()?;
+        let (k, v) = table.get_key_value(part)?;
+        span = k.span().or(v.span());
+        item = v;
+    }
+    span.map(|s| line_of(text, s.start))
+}
+
+fn apply_override(doc: &mut toml_edit::DocumentMut, ov: &str) -> Result<(), ConfigError> {
+    let bad = |key: Option<String>, message: String| ConfigError {
+        origin: "--set".into(),
+        line: None,
+        key,
+        message,
+    };
+    let (key, raw) = ov
+        .split_once('=')
+        .ok_or_else(|| bad(None, format!("`{ov}` is not of the form key=value")))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(bad(
+            Some(key.into()),
+            "keys are written section.key, e.g. event_builder.credits".into(),
+        ));
+    }
+    // A TOML value if it parses as one, else a plain string.
+    let value: toml_edit::Value = raw
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| toml_edit::Value::from(raw.trim()));
+    let table = doc
+        .entry(parts[0])
+        .or_insert(toml_edit::table())
+        .as_table_like_mut()
+        .ok_or_else(|| bad(Some(key.into()), format!("`{}` is not a section", parts[0])))?;
+    table.insert(parts[1], toml_edit::Item::Value(value));
+    Ok(())
+}
+
+/// Reads a fragment-size histogram: one `size weight` pair per line, `#`
+/// comments. Sizes in bytes, weights relative.
+pub fn load_histogram(path: &Path) -> Result<Vec<(u32, f64)>, ConfigError> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        origin: origin.clone(),
+        line: None,
+        key: Some("source.histogram".into()),
+        message: format!("cannot read histogram: {e}"),
+    })?;
+    let mut bins = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let bad = |m: &str| ConfigError {
+            origin: origin.clone(),
+            line: Some(i + 1),
+            key: None,
+            message: format!("{m}: expected `size weight`, got `{line}`"),
+        };
+        let mut it = line.split_whitespace();
+        let size: u32 = it
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| bad("bad size"))?;
+        let weight: f64 = it
+            .next()
+            .and_then(|s| s.parse().ok())
+            .filter(|w: &f64| w.is_finite() && *w >= 0.0)
+            .ok_or_else(|| bad("bad weight"))?;
+        if it.next().is_some() {
+            return Err(bad("trailing text"));
+        }
+        bins.push((size, weight));
+    }
+    if bins.iter().map(|b| b.1).sum::<f64>() <= 0.0 {
+        return Err(ConfigError {
+            origin,
+            line: None,
+            key: Some("source.histogram".into()),
+            message: "histogram has no bin with positive weight".into(),
+        });
+    }
+    Ok(bins)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
+        let ov: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Config::from_str_with_overrides("test.toml", text, &ov, Path::new("."))
+    }
+
+    #[test]
+    fn default_file_is_the_default_struct() {
+        let parsed = load(DEFAULT_TOML, &[]).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let e = load("[run]\nseed = 3\n\n[event_builder]\ncredit = 2\n", &[]).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.key.as_deref(), Some("event_builder.credit"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("test.toml:5: key `event_builder.credit`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_key_and_line() {
+        let e = load("[event_builder]\n\ncredits = \"two\"\n", &[]).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert_eq!(e.key.as_deref(), Some("event_builder.credits"));
+    }
+
+    #[test]
+    fn impossible_values_name_key_and_line() {
+        let e = load("[event_builder]\nprotocol = \"push\"\ncredits = 0\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("event_builder.credits"))
+        );
+        let e = load(
+            "[nodes]\ncount = 2\n[event_builder]\nparallel_sends = 3\n",
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(4), Some("event_builder.parallel_sends"))
+        );
+        let e = load("[source]\nevents_per_mep = 100000000\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("source.events_per_mep"), "{e}");
+    }
+
+    #[test]
+    fn overrides_apply_and_are_checked() {
+        let c = load(
+            "[event_builder]\ncredits = 3\n",
+            &["event_builder.credits=5", "event_builder.protocol=pull"],
+        )
+        .unwrap();
+        assert_eq!(c.event_builder.credits, 5);
+        assert_eq!(c.event_builder.protocol, Protocol::Pull);
+        let e = load("", &["event_builder.credits=0"]).unwrap_err();
+        assert_eq!(e.origin, "--set");
+        assert_eq!(e.key.as_deref(), Some("event_builder.credits"));
+        let e = load("", &["event_builder.nope=1"]).unwrap_err();
+        assert_eq!(e.origin, "--set");
+        let e = load("", &["credits"]).unwrap_err();
+        assert!(e.message.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn histogram_file_errors_name_line() {
+        let dir = std::env::temp_dir().join(format!("evb-hist-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("h.txt"), "# size weight\n100 1\n200 x\n").unwrap();
+        let ov = vec![
+            "source.size=histogram".to_string(),
+            "source.histogram=h.txt".to_string(),
+        ];
+        let e = Config::from_str_with_overrides("t.toml", "", &ov, &dir).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.origin.ends_with("h.txt"));
+        std::fs::write(dir.join("h.txt"), "100 1\n300 3\n").unwrap();
+        let c = Config::from_str_with_overrides("t.toml", "", &ov, &dir).unwrap();
+        assert_eq!(c.histogram_bins, vec![(100, 1.0), (300, 3.0)]);
+    }
+}

@@ -1,0 +1,334 @@
+//! A deterministic in-memory network that drives the nodes of a run under
+//! simulated time: the protocol tested without sockets or threads.
+//!
+//! Each connection delivers in order (as TCP does) with a seeded random
+//! latency; fragments take time in proportion to their size. Faults can be
+//! injected: corrupt one fragment, silence one source. Every action is
+//! logged, so the same seed must give the same log, and the harness checks
+//! the credit invariant at every step.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use crate::bu::{Nanos, Outcome};
+use crate::config::Config;
+use crate::layout::Layout;
+use crate::node::{Action, Node};
+use crate::source::SourceModel;
+use crate::wire::{FragmentHeader, MepId, Message, NodeId};
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Message {
+        to: NodeId,
+        from: NodeId,
+        msg: MessageKey,
+    },
+    Fragment {
+        to: NodeId,
+        from: NodeId,
+        header: HeaderKey,
+        crc: u32,
+    },
+    SendComplete {
+        node: NodeId,
+        mep: MepId,
+    },
+    Stop,
+}
+
+/// Orderable copies of wire types for the event queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct MessageKey(u8, u64, u64);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct HeaderKey(u64, u16);
+
+/// Faults to inject.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// (MEP, source index) whose fragment arrives with a bad CRC.
+    pub corrupt: BTreeSet<(MepId, u16)>,
+    /// Source indices whose fragments are never delivered.
+    pub silent_sources: BTreeSet<u16>,
+}
+
+/// What a harness run produced.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// One line per action, in order: the determinism fingerprint.
+    pub log: Vec<String>,
+    /// MEPs built, with the number of times each was built.
+    pub built: BTreeMap<MepId, u32>,
+    pub outcomes: BTreeMap<MepId, Outcome>,
+    pub meps_assigned: u64,
+    /// Destinations of each RU's fragments, in the order they were sent.
+    pub send_order: BTreeMap<NodeId, Vec<NodeId>>,
+    /// Most batches ever assigned and unfinished on one BU.
+    pub max_outstanding: u32,
+    pub all_done: bool,
+    pub end_time: Nanos,
+    /// Final counters of every node.
+    pub stats: Vec<crate::node::NodeStats>,
+}
+
+pub struct Harness {
+    pub config: Config,
+    pub layout: Layout,
+    pub nodes: Vec<Node>,
+    pub faults: Faults,
+    rng: Pcg64Mcg,
+    now: Nanos,
+    seq: u64,
+    queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
+    /// Per (from, to): time of the last delivery, for per-connection order.
+    last_delivery: BTreeMap<(NodeId, NodeId), Nanos>,
+    headers: BTreeMap<(MepId, u16), FragmentHeader>,
+    sources: Vec<SourceModel>,
+    /// Assigned-but-unfinished batches per BU node.
+    outstanding: BTreeMap<NodeId, BTreeSet<MepId>>,
+    scratch: Vec<u32>,
+    pub bytes_per_ns: f64,
+    report: Report,
+}
+
+impl Harness {
+    pub fn new(config: Config, seed: u64) -> Harness {
+        let layout = Layout::from_config(&config);
+        let nodes = (0..layout.endpoints)
+            .map(|i| Node::new(&config, &layout, i))
+            .collect();
+        let sources = (0..layout.rus() as u16)
+            .map(|s| SourceModel::new(&config, s))
+            .collect();
+        Harness {
+            config,
+            layout,
+            nodes,
+            faults: Faults::default(),
+            rng: Pcg64Mcg::seed_from_u64(seed),
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            last_delivery: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            sources,
+            outstanding: BTreeMap::new(),
+            scratch: Vec::new(),
+            bytes_per_ns: 10.0,
+            report: Report::default(),
+        }
+    }
+
+    fn schedule(&mut self, at: Nanos, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, event)));
+    }
+
+    /// Delivery time on connection (from, to): random latency, in order.
+    fn delivery_time(&mut self, from: NodeId, to: NodeId, extra: Nanos) -> Nanos {
+        let latency = self.rng.gen_range(1_000..20_000) + extra;
+        let last = self.last_delivery.entry((from, to)).or_insert(0);
+        let at = (self.now + latency).max(*last + 1);
+        *last = at;
+        at
+    }
+
+    /// Runs until every node is done or `limit` of simulated time passes;
+    /// stops the EM at `stop_at` (if the run has no MEP limit).
+    pub fn run(mut self, stop_at: Option<Nanos>, limit: Nanos) -> Report {
+        if let Some(t) = stop_at {
+            self.schedule(t, Event::Stop);
+        }
+        for i in 0..self.nodes.len() {
+            self.nodes[i].start(0);
+            self.drain(i as NodeId);
+        }
+        while self.nodes.iter().any(|n| !n.is_done()) {
+            let next_timer = self.nodes.iter().filter_map(Node::next_deadline).min();
+            let next_event = self.queue.peek().map(|Reverse((t, _, _))| *t);
+            let t = match (next_timer, next_event) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (None, None) => break,
+            };
+            if t > limit {
+                break;
+            }
+            self.now = self.now.max(t);
+            if next_timer == Some(t) {
+                for i in 0..self.nodes.len() {
+                    if self.nodes[i].next_deadline().is_some_and(|d| d <= self.now) {
+                        self.nodes[i].on_timeout(self.now);
+                        self.drain(i as NodeId);
+                    }
+                }
+                continue;
+            }
+            let Reverse((_, _, event)) = self.queue.pop().expect("peeked");
+            self.handle(event);
+        }
+        self.report.all_done = self.nodes.iter().all(Node::is_done);
+        self.report.meps_assigned = self.nodes[self.layout.em as usize]
+            .em()
+            .map_or(0, |e| e.meps_assigned());
+        self.report.end_time = self.now;
+        self.report.stats = self.nodes.iter().map(Node::stats).collect();
+        self.report
+    }
+
+    fn handle(&mut self, event: Event) {
+        let now = self.now;
+        match event {
+            Event::Stop => {
+                let em = self.layout.em;
+                self.nodes[em as usize].stop(now);
+                self.drain(em);
+            }
+            Event::Message { to, from, msg } => {
+                let msg = decode_key(msg);
+                self.nodes[to as usize].on_message(now, from, msg);
+                self.drain(to);
+            }
+            Event::Fragment {
+                to,
+                from,
+                header,
+                crc,
+            } => {
+                let h = self.headers[&(header.0, header.1)];
+                let node = &mut self.nodes[to as usize];
+                if node.admit_fragment(now, from, &h) == crate::bu::Admit::Keep {
+                    node.on_fragment(now, &h, crc);
+                }
+                self.drain(to);
+            }
+            Event::SendComplete { node, mep } => {
+                self.nodes[node as usize].on_send_complete(now, mep);
+                self.drain(node);
+            }
+        }
+    }
+
+    fn crc_for(&self, h: &FragmentHeader) -> u32 {
+        if self.faults.corrupt.contains(&(h.mep, h.source)) {
+            h.crc32c ^ 0xdead_beef
+        } else {
+            h.crc32c
+        }
+    }
+
+    /// Carries out every action node `id` has queued.
+    fn drain(&mut self, id: NodeId) {
+        while let Some(action) = self.nodes[id as usize].poll_action() {
+            self.report
+                .log
+                .push(format!("t={} n{id} {action:?}", self.now));
+            let now = self.now;
+            match action {
+                Action::Send { to, msg } => {
+                    if let Message::Assign { mep, bu } = msg {
+                        if to == bu {
+                            let set = self.outstanding.entry(bu).or_default();
+                            set.insert(mep);
+                            self.report.max_outstanding =
+                                self.report.max_outstanding.max(set.len() as u32);
+                        }
+                    }
+                    let at = self.delivery_time(id, to, 0);
+                    self.schedule(
+                        at,
+                        Event::Message {
+                            to,
+                            from: id,
+                            msg: encode_key(msg),
+                        },
+                    );
+                }
+                Action::Produce { mep } => {
+                    let source = self.layout.ru_of[id as usize].expect("an RU produces");
+                    let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
+                    // No bytes here: a stand-in CRC that corruption can break.
+                    h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
+                    self.headers.insert((mep, source), h);
+                    self.nodes[id as usize].on_mep_ready(now, h);
+                }
+                Action::SendFragment { to, header } => {
+                    self.report.send_order.entry(id).or_default().push(to);
+                    let transfer = (f64::from(header.payload_len) / self.bytes_per_ns) as Nanos;
+                    let at = self.delivery_time(id, to, transfer);
+                    self.schedule(
+                        at,
+                        Event::SendComplete {
+                            node: id,
+                            mep: header.mep,
+                        },
+                    );
+                    if !self.faults.silent_sources.contains(&header.source) {
+                        let crc = self.crc_for(&header);
+                        self.schedule(
+                            at,
+                            Event::Fragment {
+                                to,
+                                from: id,
+                                header: HeaderKey(header.mep, header.source),
+                                crc,
+                            },
+                        );
+                    }
+                }
+                Action::HandOver { header } => {
+                    self.report.send_order.entry(id).or_default().push(id);
+                    if self.faults.silent_sources.contains(&header.source) {
+                        self.nodes[id as usize].on_send_complete(now, header.mep);
+                    } else {
+                        let crc = self.crc_for(&header);
+                        self.nodes[id as usize].on_local_fragment(now, &header, crc);
+                    }
+                }
+                Action::Release { .. } | Action::Done => {}
+                Action::Finish { mep, outcome, .. } => {
+                    if let Some(set) = self.outstanding.get_mut(&id) {
+                        set.remove(&mep);
+                    }
+                    if outcome == Outcome::Built {
+                        *self.report.built.entry(mep).or_insert(0) += 1;
+                    }
+                    self.report.outcomes.insert(mep, outcome);
+                }
+            }
+        }
+    }
+}
+
+fn encode_key(msg: Message) -> MessageKey {
+    match msg {
+        Message::Credit { bu, credits } => MessageKey(2, bu.into(), credits.into()),
+        Message::Assign { mep, bu } => MessageKey(3, mep, bu.into()),
+        Message::Request { mep, bu } => MessageKey(4, mep, bu.into()),
+        Message::EndOfRun { meps } => MessageKey(6, meps, 0),
+        Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
+    }
+}
+
+fn decode_key(k: MessageKey) -> Message {
+    match k.0 {
+        2 => Message::Credit {
+            bu: k.1 as u16,
+            credits: k.2 as u32,
+        },
+        3 => Message::Assign {
+            mep: k.1,
+            bu: k.2 as u16,
+        },
+        4 => Message::Request {
+            mep: k.1,
+            bu: k.2 as u16,
+        },
+        6 => Message::EndOfRun { meps: k.1 },
+        _ => Message::Heartbeat,
+    }
+}

@@ -1,0 +1,366 @@
+//! One endpoint of the event builder: the RU, BU and EM it hosts, composed
+//! into a single sans-IO state machine.
+//!
+//! A driver (the real runtime, the simulator, or a test) feeds it inputs,
+//! always with the current time, and drains [`Action`]s with
+//! [`Node::poll_action`]. Messages between units of the same node never
+//! leave it; a fragment from the node's own RU to its own BU is handed over
+//! in memory or sent through the transport, as `event_builder.local` says.
+
+use std::collections::VecDeque;
+
+use crate::bu::{Admit, BuAction, BuStats, BuilderUnit, Nanos, Outcome};
+use crate::config::{Config, LocalTraffic};
+use crate::em::{EmStats, EventManager};
+use crate::layout::Layout;
+use crate::ru::{ReadoutUnit, RuAction, RuStats};
+use crate::wire::{FragmentHeader, MepId, Message, NodeId};
+
+/// What a node asks of its driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a control message to another endpoint.
+    Send { to: NodeId, msg: Message },
+    /// Produce this node's RU data for `mep`, then call [`Node::on_mep_ready`].
+    Produce { mep: MepId },
+    /// Ship the RU's fragment to endpoint `to` through the transport (`to`
+    /// may be this node with `local = "nic"`); then call
+    /// [`Node::on_send_complete`].
+    SendFragment { to: NodeId, header: FragmentHeader },
+    /// Hand the RU's fragment to this node's BU in memory: compute the CRC
+    /// of the RU's buffer and call [`Node::on_local_fragment`].
+    HandOver { header: FragmentHeader },
+    /// The RU no longer needs the data of `mep`.
+    Release { mep: MepId },
+    /// The BU finished `mep`: deliver it to the sink if `outcome` is
+    /// `Built`, then free its buffers.
+    Finish {
+        mep: MepId,
+        outcome: Outcome,
+        events: u64,
+        bytes: u64,
+    },
+    /// The run is over for this node: everything it held is finished.
+    Done,
+}
+
+/// Counters of a node, by unit.
+#[derive(Debug, Clone, Default)]
+pub struct NodeStats {
+    pub ru: Option<RuStats>,
+    pub bu: Option<BuStats>,
+    pub em: Option<EmStats>,
+    /// Control messages dropped because they came from the wrong endpoint.
+    pub control_rejected: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    id: NodeId,
+    layout: Layout,
+    local: LocalTraffic,
+    em: Option<EventManager>,
+    ru: Option<ReadoutUnit>,
+    bu: Option<BuilderUnit>,
+    actions: VecDeque<Action>,
+    /// Messages between units of this node, delivered in order.
+    internal: VecDeque<Message>,
+    ru_out: Vec<RuAction>,
+    bu_out: Vec<BuAction>,
+    em_out: Vec<(NodeId, Message)>,
+    end_of_run: Option<MepId>,
+    done: bool,
+    control_rejected: u64,
+}
+
+impl Node {
+    pub fn new(config: &Config, layout: &Layout, id: NodeId) -> Node {
+        let i = id as usize;
+        Node {
+            id,
+            layout: layout.clone(),
+            local: config.event_builder.local,
+            em: (id == layout.em).then(|| EventManager::new(layout, config.run.max_meps)),
+            ru: layout.ru_of[i].map(|s| ReadoutUnit::new(config, layout, s)),
+            bu: layout.bu_of[i].map(|_| BuilderUnit::new(config, layout, id)),
+            actions: VecDeque::new(),
+            internal: VecDeque::new(),
+            ru_out: Vec::new(),
+            bu_out: Vec::new(),
+            em_out: Vec::new(),
+            end_of_run: None,
+            done: false,
+            control_rejected: 0,
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The run has ended (the EM said how many MEPs there are).
+    pub fn end_of_run(&self) -> Option<MepId> {
+        self.end_of_run
+    }
+
+    /// Starts the run: the BU grants its credits.
+    pub fn start(&mut self, now: Nanos) {
+        if let Some(bu) = &mut self.bu {
+            bu.start(&mut self.bu_out);
+        }
+        self.flush(now);
+    }
+
+    /// Ends the run (on the node hosting the EM): stop assigning, drain.
+    pub fn stop(&mut self, now: Nanos) {
+        if let Some(em) = &mut self.em {
+            em.stop(&mut self.em_out);
+        }
+        self.flush(now);
+    }
+
+    /// A control message from endpoint `from`.
+    pub fn on_message(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        self.dispatch(now, from, msg);
+        self.flush(now);
+    }
+
+    /// A fragment header from `from` arrived: should its payload be kept?
+    pub fn admit_fragment(&mut self, now: Nanos, from: NodeId, header: &FragmentHeader) -> Admit {
+        match &mut self.bu {
+            Some(bu) => bu.admit(now, from, header),
+            None => {
+                self.control_rejected += 1;
+                Admit::Drop
+            }
+        }
+    }
+
+    /// The payload of an admitted fragment is in; `crc` was computed over it.
+    pub fn on_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
+        if let Some(bu) = &mut self.bu {
+            bu.on_fragment(now, header, crc, &mut self.bu_out);
+        }
+        self.flush(now);
+    }
+
+    /// A [`Action::HandOver`] is done: `crc` was computed over the RU's data.
+    pub fn on_local_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
+        if let Some(bu) = &mut self.bu {
+            if bu.admit(now, self.id, header) == Admit::Keep {
+                bu.on_fragment(now, header, crc, &mut self.bu_out);
+            }
+        }
+        if let Some(ru) = &mut self.ru {
+            ru.on_send_complete(header.mep, &mut self.ru_out);
+        }
+        self.flush(now);
+    }
+
+    /// The data asked for by [`Action::Produce`] is ready.
+    pub fn on_mep_ready(&mut self, now: Nanos, header: FragmentHeader) {
+        if let Some(ru) = &mut self.ru {
+            ru.on_mep_ready(header, &mut self.ru_out);
+        }
+        self.flush(now);
+    }
+
+    /// The transport is done with the fragment of `mep`.
+    pub fn on_send_complete(&mut self, now: Nanos, mep: MepId) {
+        if let Some(ru) = &mut self.ru {
+            ru.on_send_complete(mep, &mut self.ru_out);
+        }
+        self.flush(now);
+    }
+
+    /// Earliest time at which [`Node::on_timeout`] has work.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.bu.as_ref().and_then(BuilderUnit::next_deadline)
+    }
+
+    pub fn on_timeout(&mut self, now: Nanos) {
+        if let Some(bu) = &mut self.bu {
+            bu.on_timeout(now, &mut self.bu_out);
+        }
+        self.flush(now);
+    }
+
+    /// The drain period is over: give up whatever is still open.
+    pub fn abandon(&mut self, now: Nanos) {
+        if let Some(bu) = &mut self.bu {
+            bu.abandon_all(now, &mut self.bu_out);
+        }
+        self.flush(now);
+        if !self.done {
+            self.done = true;
+            self.actions.push_back(Action::Done);
+        }
+    }
+
+    /// Endpoint `peer` is gone: stop shipping to its BU.
+    pub fn on_peer_lost(&mut self, now: Nanos, peer: NodeId) {
+        if let Some(ru) = &mut self.ru {
+            ru.forget_bu(peer, &mut self.ru_out);
+        }
+        self.flush(now);
+    }
+
+    pub fn stats(&self) -> NodeStats {
+        NodeStats {
+            ru: self.ru.as_ref().map(|r| r.stats.clone()),
+            bu: self.bu.as_ref().map(|b| b.stats.clone()),
+            em: self.em.as_ref().map(|e| e.stats.clone()),
+            control_rejected: self.control_rejected,
+        }
+    }
+
+    pub fn bu(&self) -> Option<&BuilderUnit> {
+        self.bu.as_ref()
+    }
+
+    pub fn ru(&self) -> Option<&ReadoutUnit> {
+        self.ru.as_ref()
+    }
+
+    pub fn em(&self) -> Option<&EventManager> {
+        self.em.as_ref()
+    }
+
+    fn dispatch(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        let from_em = from == self.layout.em;
+        let from_bu = self
+            .layout
+            .bu_of
+            .get(from as usize)
+            .copied()
+            .flatten()
+            .is_some();
+        match msg {
+            Message::Assign { mep, bu } if from_em => {
+                if bu == self.id {
+                    if let Some(b) = &mut self.bu {
+                        b.on_assign(now, mep, &mut self.bu_out);
+                    }
+                }
+                if let Some(r) = &mut self.ru {
+                    r.on_assign(mep, bu, &mut self.ru_out);
+                }
+            }
+            Message::EndOfRun { meps } if from_em => {
+                self.end_of_run.get_or_insert(meps);
+            }
+            Message::Credit { bu, credits } if from_bu && bu == from => match &mut self.em {
+                Some(em) => {
+                    let idx = self.layout.bu_of[bu as usize].expect("from_bu") as usize;
+                    em.on_credit(idx, credits, &mut self.em_out);
+                }
+                None => self.control_rejected += 1,
+            },
+            Message::Request { mep, bu } if from_bu && bu == from => match &mut self.ru {
+                Some(r) => r.on_request(mep, bu, &mut self.ru_out),
+                None => self.control_rejected += 1,
+            },
+            Message::Hello { .. } | Message::Heartbeat => {}
+            _ => self.control_rejected += 1,
+        }
+    }
+
+    /// Turns the units' outputs into actions, delivering messages between
+    /// units of this node directly, until nothing is left.
+    fn flush(&mut self, now: Nanos) {
+        loop {
+            let mut progressed = false;
+            for (to, msg) in std::mem::take(&mut self.em_out) {
+                progressed = true;
+                if to == self.id {
+                    self.internal.push_back(msg);
+                } else {
+                    self.actions.push_back(Action::Send { to, msg });
+                }
+            }
+            for a in std::mem::take(&mut self.ru_out) {
+                progressed = true;
+                self.actions.push_back(match a {
+                    RuAction::Produce { mep } => Action::Produce { mep },
+                    RuAction::Send { to, header }
+                        if to == self.id && self.local == LocalTraffic::Memory =>
+                    {
+                        Action::HandOver { header }
+                    }
+                    RuAction::Send { to, header } => Action::SendFragment { to, header },
+                    RuAction::Release { mep } => Action::Release { mep },
+                });
+            }
+            for a in std::mem::take(&mut self.bu_out) {
+                progressed = true;
+                match a {
+                    BuAction::Request { mep, ru } => {
+                        let msg = Message::Request { mep, bu: self.id };
+                        if ru == self.id {
+                            self.internal.push_back(msg);
+                        } else {
+                            self.actions.push_back(Action::Send { to: ru, msg });
+                        }
+                    }
+                    BuAction::Credit { credits } => {
+                        let msg = Message::Credit {
+                            bu: self.id,
+                            credits,
+                        };
+                        if self.layout.em == self.id {
+                            self.internal.push_back(msg);
+                        } else if self.end_of_run.is_none() {
+                            self.actions.push_back(Action::Send {
+                                to: self.layout.em,
+                                msg,
+                            });
+                        }
+                    }
+                    BuAction::Finish {
+                        mep,
+                        outcome,
+                        events,
+                        bytes,
+                    } => self.actions.push_back(Action::Finish {
+                        mep,
+                        outcome,
+                        events,
+                        bytes,
+                    }),
+                }
+            }
+            while let Some(msg) = self.internal.pop_front() {
+                progressed = true;
+                self.dispatch(now, self.id, msg);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        self.check_done();
+    }
+
+    fn check_done(&mut self) {
+        if self.done || self.end_of_run.is_none() {
+            return;
+        }
+        let ru_idle = self.ru.as_ref().is_none_or(ReadoutUnit::is_idle);
+        let bu_idle = self.bu.as_ref().is_none_or(|b| b.open_batches() == 0);
+        if ru_idle && bu_idle {
+            self.done = true;
+            self.actions.push_back(Action::Done);
+        }
+    }
+}

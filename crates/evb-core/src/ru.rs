@@ -1,0 +1,299 @@
+//! Readout Unit: holds its fragment of every assigned MEP and ships it to
+//! the MEP's Builder Unit.
+//!
+//! PUSH: once a MEP is assigned and its data is ready, it is queued for its
+//! BU; the send schedule picks which queue goes next, with at most
+//! `parallel_sends` transfers in flight. PULL: the RU answers each request
+//! of a BU as soon as the data is ready; the BU paces the requests.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use crate::config::{Config, Protocol, Schedule};
+use crate::layout::Layout;
+use crate::source::mix64;
+use crate::wire::{FragmentHeader, MepId, NodeId};
+
+/// What the RU asks of its driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuAction {
+    /// Produce the data of `mep`, then call [`ReadoutUnit::on_mep_ready`].
+    Produce { mep: MepId },
+    /// Ship the fragment to endpoint `to`; call
+    /// [`ReadoutUnit::on_send_complete`] when the transport is done with it.
+    Send { to: NodeId, header: FragmentHeader },
+    /// The data of `mep` is no longer needed.
+    Release { mep: MepId },
+}
+
+/// Counters of a Readout Unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuStats {
+    pub meps_produced: u64,
+    pub fragments_sent: u64,
+    pub bytes_sent: u64,
+    /// Requests for MEPs this RU was never told about, dropped.
+    pub requests_unexpected: u64,
+    /// Most transfers ever in flight at once.
+    pub max_in_flight: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    bu: NodeId,
+    assigned: bool,
+    header: Option<FragmentHeader>,
+    /// PULL: a BU asked for it.
+    requested: bool,
+    /// Handed to the transport.
+    sent: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ReadoutUnit {
+    /// This RU's source index (its position among the RUs).
+    source: u16,
+    protocol: Protocol,
+    schedule: Schedule,
+    parallel_sends: u32,
+    bu_of: Vec<Option<u16>>,
+    held: BTreeMap<MepId, Held>,
+    /// PUSH: ready MEPs waiting to be sent, per BU index, in MEP order.
+    queues: Vec<VecDeque<MepId>>,
+    queued: usize,
+    /// Barrel: the next phase (destination BU = source + phase mod N).
+    phase: usize,
+    rng: Pcg64Mcg,
+    in_flight: u32,
+    /// Unassigned requests kept at most (guards against a flood of junk).
+    max_orphan_requests: usize,
+    orphan_requests: usize,
+    pub stats: RuStats,
+}
+
+impl ReadoutUnit {
+    pub fn new(config: &Config, layout: &Layout, source: u16) -> ReadoutUnit {
+        let bus = layout.bus();
+        ReadoutUnit {
+            source,
+            protocol: config.event_builder.protocol,
+            schedule: config.event_builder.schedule,
+            parallel_sends: config.event_builder.parallel_sends,
+            bu_of: layout.bu_of.clone(),
+            held: BTreeMap::new(),
+            queues: vec![VecDeque::new(); bus],
+            queued: 0,
+            phase: 0,
+            rng: Pcg64Mcg::seed_from_u64(mix64(
+                config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
+            )),
+            in_flight: 0,
+            max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
+            orphan_requests: 0,
+            stats: RuStats::default(),
+        }
+    }
+
+    pub fn source(&self) -> u16 {
+        self.source
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+
+    /// Nothing held: every assigned MEP has been shipped and released.
+    pub fn is_idle(&self) -> bool {
+        self.held.values().all(|h| !h.assigned) && self.in_flight == 0
+    }
+
+    /// The EM assigned `mep` to the BU on endpoint `bu`.
+    pub fn on_assign(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        if self.bu_of.get(bu as usize).copied().flatten().is_none() {
+            return; // Not a BU: a confused or hostile EM; nothing to ship to.
+        }
+        let entry = self.held.entry(mep).or_insert(Held {
+            bu,
+            assigned: false,
+            header: None,
+            requested: false,
+            sent: false,
+        });
+        if entry.assigned {
+            return; // Duplicate assignment: already in hand.
+        }
+        if entry.requested {
+            self.orphan_requests -= 1;
+        }
+        entry.assigned = true;
+        entry.bu = bu;
+        out.push(RuAction::Produce { mep });
+    }
+
+    /// The data of `mep` is in memory, described by `header`.
+    pub fn on_mep_ready(&mut self, header: FragmentHeader, out: &mut Vec<RuAction>) {
+        let Some(h) = self.held.get_mut(&header.mep) else {
+            return;
+        };
+        if h.header.is_some() {
+            return;
+        }
+        h.header = Some(header);
+        self.stats.meps_produced += 1;
+        match self.protocol {
+            Protocol::Push => {
+                let bu = self.bu_of[h.bu as usize].expect("checked on assign") as usize;
+                self.queues[bu].push_back(header.mep);
+                self.queued += 1;
+                self.pump(out);
+            }
+            Protocol::Pull => {
+                if h.requested {
+                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                }
+            }
+        }
+    }
+
+    /// PULL: the BU on endpoint `bu` asks for this RU's fragment of `mep`.
+    pub fn on_request(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        if self.protocol != Protocol::Pull {
+            self.stats.requests_unexpected += 1;
+            return;
+        }
+        match self.held.get_mut(&mep) {
+            Some(h) if h.bu == bu && !h.requested => {
+                h.requested = true;
+                if h.header.is_some() {
+                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                }
+            }
+            Some(_) => self.stats.requests_unexpected += 1,
+            None => {
+                // The request overtook the assignment (another connection):
+                // remember it, within a bound.
+                if self.orphan_requests >= self.max_orphan_requests {
+                    self.stats.requests_unexpected += 1;
+                    return;
+                }
+                self.orphan_requests += 1;
+                self.held.insert(
+                    mep,
+                    Held {
+                        bu,
+                        assigned: false,
+                        header: None,
+                        requested: true,
+                        sent: false,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The transport is done with the fragment of `mep`.
+    pub fn on_send_complete(&mut self, mep: MepId, out: &mut Vec<RuAction>) {
+        if let Some(h) = self.held.get(&mep) {
+            if h.sent {
+                self.held.remove(&mep);
+                self.in_flight -= 1;
+                out.push(RuAction::Release { mep });
+            }
+        }
+        self.pump(out);
+    }
+
+    /// A destination died or the run gave up on it: drop what is queued for
+    /// it (it will never be built there) and release the data.
+    pub fn forget_bu(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
+        if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
+            for mep in self.queues[idx as usize].drain(..) {
+                self.queued -= 1;
+                self.held.remove(&mep);
+                out.push(RuAction::Release { mep });
+            }
+        }
+        let unsent: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.bu == bu && !h.sent)
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in unsent {
+            if let Some(h) = self.held.remove(&mep) {
+                if h.header.is_some() || h.assigned {
+                    out.push(RuAction::Release { mep });
+                }
+                if h.requested && !h.assigned {
+                    self.orphan_requests -= 1;
+                }
+            }
+        }
+    }
+
+    fn send(stats: &mut RuStats, in_flight: &mut u32, h: &mut Held, out: &mut Vec<RuAction>) {
+        let header = h.header.expect("only ready MEPs are sent");
+        h.sent = true;
+        *in_flight += 1;
+        stats.max_in_flight = stats.max_in_flight.max(*in_flight);
+        stats.fragments_sent += 1;
+        stats.bytes_sent += u64::from(header.payload_len);
+        out.push(RuAction::Send { to: h.bu, header });
+    }
+
+    /// PUSH: starts transfers while the schedule allows.
+    fn pump(&mut self, out: &mut Vec<RuAction>) {
+        let limit = match self.schedule {
+            Schedule::All => u32::MAX,
+            _ => self.parallel_sends,
+        };
+        while self.queued > 0 && self.in_flight < limit {
+            let dest = self.pick_destination();
+            let mep = self.queues[dest]
+                .pop_front()
+                .expect("picked a non-empty queue");
+            self.queued -= 1;
+            let h = self.held.get_mut(&mep).expect("queued MEPs are held");
+            Self::send(&mut self.stats, &mut self.in_flight, h, out);
+        }
+    }
+
+    /// Index of a non-empty BU queue, chosen by the schedule.
+    fn pick_destination(&mut self) -> usize {
+        let n = self.queues.len();
+        match self.schedule {
+            Schedule::Barrel => {
+                // Phase n goes to BU (source + n) mod N. If that queue is
+                // empty the next non-empty one is served out of turn
+                // (waiting could deadlock on credits), and the phase stays:
+                // it is anchored at the source so RUs stay offset from each
+                // other instead of converging on one BU.
+                let start = self.source as usize + self.phase;
+                let k = (0..n)
+                    .find(|k| !self.queues[(start + k) % n].is_empty())
+                    .expect("queued > 0");
+                if k == 0 {
+                    self.phase = (self.phase + 1) % n;
+                }
+                (start + k) % n
+            }
+            Schedule::Random => {
+                let nonempty = self.queues.iter().filter(|q| !q.is_empty()).count();
+                let pick = self.rng.gen_range(0..nonempty);
+                (0..n)
+                    .filter(|&i| !self.queues[i].is_empty())
+                    .nth(pick)
+                    .expect("pick < nonempty")
+            }
+            Schedule::All => {
+                // Oldest MEP first.
+                (0..n)
+                    .filter(|&i| !self.queues[i].is_empty())
+                    .min_by_key(|&i| self.queues[i][0])
+                    .expect("queued > 0")
+            }
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! Wire format: versioned, little-endian frames (see `docs/wire-format.md`).
+//!
+//! Every message is a frame: an 8-byte [`FrameHeader`] followed by a body of
+//! `body_len` bytes. Control bodies have a fixed length per kind; a fragment
+//! body is a 32-byte [`FragmentHeader`] followed by its payload. Decoding
+//! checks every length against a configured maximum before anything is
+//! allocated, and never panics on any input.
+
+use thiserror::Error;
+
+/// First two bytes of every frame: ASCII "EB".
+pub const MAGIC: [u8; 2] = *b"EB";
+/// Version of the frame format this build speaks.
+pub const VERSION: u8 = 1;
+/// Size of [`FrameHeader`] on the wire.
+pub const FRAME_HEADER_LEN: usize = 8;
+/// Size of [`FragmentHeader`] on the wire.
+pub const FRAGMENT_HEADER_LEN: usize = 32;
+
+/// Node index within a run (endpoint number).
+pub type NodeId = u16;
+/// Multi-event packet (batch) number; the unit that is scheduled and built.
+pub type MepId = u64;
+
+/// What went wrong while decoding bytes from the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum WireError {
+    #[error("bad magic {0:02x?} (not an evb frame)")]
+    BadMagic([u8; 2]),
+    #[error("unsupported wire version {0} (this build speaks {VERSION})")]
+    BadVersion(u8),
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    #[error("frame body of {len} bytes exceeds the maximum message size {max}")]
+    TooLarge { len: u64, max: u64 },
+    #[error("{kind} body must be {expected} bytes, got {got}")]
+    BadLength {
+        kind: &'static str,
+        expected: u64,
+        got: u64,
+    },
+}
+
+/// Message kinds, the fourth byte of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    Hello = 1,
+    Credit = 2,
+    Assign = 3,
+    Request = 4,
+    Fragment = 5,
+    EndOfRun = 6,
+    Heartbeat = 7,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Result<Kind, WireError> {
+        Ok(match v {
+            1 => Kind::Hello,
+            2 => Kind::Credit,
+            3 => Kind::Assign,
+            4 => Kind::Request,
+            5 => Kind::Fragment,
+            6 => Kind::EndOfRun,
+            7 => Kind::Heartbeat,
+            other => return Err(WireError::UnknownKind(other)),
+        })
+    }
+
+    /// Body length of the fixed-size control kinds; `None` for fragments.
+    fn fixed_body_len(self) -> Option<usize> {
+        match self {
+            Kind::Hello => Some(8),
+            Kind::Credit => Some(8),
+            Kind::Assign => Some(12),
+            Kind::Request => Some(12),
+            Kind::Fragment => None,
+            Kind::EndOfRun => Some(8),
+            Kind::Heartbeat => Some(0),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Hello => "Hello",
+            Kind::Credit => "Credit",
+            Kind::Assign => "Assign",
+            Kind::Request => "Request",
+            Kind::Fragment => "Fragment",
+            Kind::EndOfRun => "EndOfRun",
+            Kind::Heartbeat => "Heartbeat",
+        }
+    }
+}
+
+/// The 8 bytes in front of every message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub kind: Kind,
+    pub body_len: u32,
+}
+
+impl FrameHeader {
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0..2].copy_from_slice(&MAGIC);
+        b[2] = VERSION;
+        b[3] = self.kind as u8;
+        b[4..8].copy_from_slice(&self.body_len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a frame header; `max_body` bounds the body.
+    pub fn decode(b: &[u8; FRAME_HEADER_LEN], max_body: u64) -> Result<FrameHeader, WireError> {
+        if b[0..2] != MAGIC {
+            return Err(WireError::BadMagic([b[0], b[1]]));
+        }
+        if b[2] != VERSION {
+            return Err(WireError::BadVersion(b[2]));
+        }
+        let kind = Kind::from_u8(b[3])?;
+        let body_len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        if u64::from(body_len) > max_body {
+            return Err(WireError::TooLarge {
+                len: body_len.into(),
+                max: max_body,
+            });
+        }
+        match kind.fixed_body_len() {
+            Some(expected) if expected != body_len as usize => Err(WireError::BadLength {
+                kind: kind.name(),
+                expected: expected as u64,
+                got: body_len.into(),
+            }),
+            None if (body_len as usize) < FRAGMENT_HEADER_LEN => Err(WireError::BadLength {
+                kind: kind.name(),
+                expected: FRAGMENT_HEADER_LEN as u64,
+                got: body_len.into(),
+            }),
+            _ => Ok(FrameHeader { kind, body_len }),
+        }
+    }
+}
+
+/// Describes one Readout Unit's fragment of one MEP. The payload that
+/// follows is `event_count` little-endian u32 event sizes, then the event
+/// data; `crc32c` covers the whole payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FragmentHeader {
+    pub run_id: u32,
+    pub source: u16,
+    pub flags: u16,
+    pub mep: MepId,
+    pub event_count: u32,
+    pub payload_len: u32,
+    pub crc32c: u32,
+}
+
+impl FragmentHeader {
+    pub fn encode(&self) -> [u8; FRAGMENT_HEADER_LEN] {
+        let mut b = [0u8; FRAGMENT_HEADER_LEN];
+        b[0..4].copy_from_slice(&self.run_id.to_le_bytes());
+        b[4..6].copy_from_slice(&self.source.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.mep.to_le_bytes());
+        b[16..20].copy_from_slice(&self.event_count.to_le_bytes());
+        b[20..24].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.crc32c.to_le_bytes());
+        // 28..32 reserved, zero.
+        b
+    }
+
+    pub fn decode(b: &[u8; FRAGMENT_HEADER_LEN]) -> FragmentHeader {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        FragmentHeader {
+            run_id: u32_at(0),
+            source: u16::from_le_bytes([b[4], b[5]]),
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            mep: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            event_count: u32_at(16),
+            payload_len: u32_at(20),
+            crc32c: u32_at(24),
+        }
+    }
+
+    /// Frame header announcing this fragment and its payload.
+    pub fn frame_header(&self) -> FrameHeader {
+        FrameHeader {
+            kind: Kind::Fragment,
+            body_len: FRAGMENT_HEADER_LEN as u32 + self.payload_len,
+        }
+    }
+
+    /// Checks that the fragment header agrees with its frame header.
+    pub fn check_frame(&self, frame: &FrameHeader) -> Result<(), WireError> {
+        let expected = FRAGMENT_HEADER_LEN as u64 + u64::from(self.payload_len);
+        if u64::from(frame.body_len) != expected {
+            return Err(WireError::BadLength {
+                kind: "Fragment",
+                expected,
+                got: frame.body_len.into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Control messages, and the header of a fragment (its payload travels
+/// separately so that it can be received straight into a batch buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// First message on every connection: who is speaking, in which run.
+    Hello {
+        run_id: u32,
+        node: NodeId,
+        nodes: u16,
+    },
+    /// BU -> EM: the BU can take `credits` more batches.
+    Credit { bu: NodeId, credits: u32 },
+    /// EM -> RUs and the BU: MEP `mep` is built on node `bu`.
+    Assign { mep: MepId, bu: NodeId },
+    /// BU -> RU (PULL): send me your fragment of `mep`.
+    Request { mep: MepId, bu: NodeId },
+    /// RU -> BU: a fragment; `payload_len` bytes of payload follow.
+    Fragment(FragmentHeader),
+    /// EM -> everyone: no MEP at or above `meps` will be assigned; drain.
+    EndOfRun { meps: MepId },
+    /// Liveness on an otherwise idle connection.
+    Heartbeat,
+}
+
+impl Message {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Message::Hello { .. } => Kind::Hello,
+            Message::Credit { .. } => Kind::Credit,
+            Message::Assign { .. } => Kind::Assign,
+            Message::Request { .. } => Kind::Request,
+            Message::Fragment(_) => Kind::Fragment,
+            Message::EndOfRun { .. } => Kind::EndOfRun,
+            Message::Heartbeat => Kind::Heartbeat,
+        }
+    }
+
+    /// Appends the frame header and body (for a fragment: its header, not
+    /// the payload) to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let frame = match self {
+            Message::Fragment(h) => h.frame_header(),
+            other => FrameHeader {
+                kind: other.kind(),
+                body_len: other.kind().fixed_body_len().unwrap_or(0) as u32,
+            },
+        };
+        out.extend_from_slice(&frame.encode());
+        match *self {
+            Message::Hello {
+                run_id,
+                node,
+                nodes,
+            } => {
+                out.extend_from_slice(&run_id.to_le_bytes());
+                out.extend_from_slice(&node.to_le_bytes());
+                out.extend_from_slice(&nodes.to_le_bytes());
+            }
+            Message::Credit { bu, credits } => {
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+                out.extend_from_slice(&credits.to_le_bytes());
+            }
+            Message::Assign { mep, bu } | Message::Request { mep, bu } => {
+                out.extend_from_slice(&mep.to_le_bytes());
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
+            Message::Fragment(h) => out.extend_from_slice(&h.encode()),
+            Message::EndOfRun { meps } => out.extend_from_slice(&meps.to_le_bytes()),
+            Message::Heartbeat => {}
+        }
+    }
+
+    /// Decodes the body of a validated frame. For a fragment, `body` must
+    /// hold at least the fragment header; the payload is not looked at.
+    pub fn decode_body(frame: &FrameHeader, body: &[u8]) -> Result<Message, WireError> {
+        let need = frame.kind.fixed_body_len().unwrap_or(FRAGMENT_HEADER_LEN);
+        if body.len() < need {
+            return Err(WireError::BadLength {
+                kind: frame.kind.name(),
+                expected: need as u64,
+                got: body.len() as u64,
+            });
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([body[i], body[i + 1]]);
+        let u32_at =
+            |i: usize| u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        Ok(match frame.kind {
+            Kind::Hello => Message::Hello {
+                run_id: u32_at(0),
+                node: u16_at(4),
+                nodes: u16_at(6),
+            },
+            Kind::Credit => Message::Credit {
+                bu: u16_at(0),
+                credits: u32_at(4),
+            },
+            Kind::Assign => Message::Assign {
+                mep: u64_at(0),
+                bu: u16_at(8),
+            },
+            Kind::Request => Message::Request {
+                mep: u64_at(0),
+                bu: u16_at(8),
+            },
+            Kind::Fragment => {
+                let h = FragmentHeader::decode(
+                    body[..FRAGMENT_HEADER_LEN]
+                        .try_into()
+                        .expect("length checked above"),
+                );
+                h.check_frame(frame)?;
+                Message::Fragment(h)
+            }
+            Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
+            Kind::Heartbeat => Message::Heartbeat,
+        })
+    }
+}
+
+/// Decodes one message from the front of `buf` (a stream of frames).
+///
+/// Returns `Ok(None)` if more bytes are needed, or the message and the
+/// number of bytes it occupies including any fragment payload. Used by the
+/// fuzz target and by tests; the runtime decodes incrementally.
+pub fn decode_stream(buf: &[u8], max_body: u64) -> Result<Option<(Message, usize)>, WireError> {
+    let Some(head) = buf.get(..FRAME_HEADER_LEN) else {
+        return Ok(None);
+    };
+    let frame = FrameHeader::decode(head.try_into().expect("8 bytes"), max_body)?;
+    let total = FRAME_HEADER_LEN + frame.body_len as usize;
+    let Some(body) = buf.get(FRAME_HEADER_LEN..total) else {
+        return Ok(None);
+    };
+    Ok(Some((Message::decode_body(&frame, body)?, total)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            (any::<u32>(), any::<u16>(), any::<u16>()).prop_map(|(run_id, node, nodes)| {
+                Message::Hello {
+                    run_id,
+                    node,
+                    nodes,
+                }
+            }),
+            (any::<u16>(), any::<u32>()).prop_map(|(bu, credits)| Message::Credit { bu, credits }),
+            (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Assign { mep, bu }),
+            (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Request { mep, bu }),
+            (
+                any::<u32>(),
+                any::<u16>(),
+                any::<u16>(),
+                any::<u64>(),
+                any::<u32>(),
+                0u32..4096,
+                any::<u32>()
+            )
+                .prop_map(
+                    |(run_id, source, flags, mep, event_count, payload_len, crc32c)| {
+                        Message::Fragment(FragmentHeader {
+                            run_id,
+                            source,
+                            flags,
+                            mep,
+                            event_count,
+                            payload_len,
+                            crc32c,
+                        })
+                    }
+                ),
+            any::<u64>().prop_map(|meps| Message::EndOfRun { meps }),
+            Just(Message::Heartbeat),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(msg in any_message(), payload_byte in any::<u8>()) {
+            let mut buf = Vec::new();
+            msg.encode_into(&mut buf);
+            if let Message::Fragment(h) = msg {
+                buf.resize(buf.len() + h.payload_len as usize, payload_byte);
+            }
+            let (decoded, used) = decode_stream(&buf, 1 << 20).unwrap().unwrap();
+            prop_assert_eq!(decoded, msg);
+            prop_assert_eq!(used, buf.len());
+            // Every strict prefix asks for more bytes rather than failing.
+            for cut in [0, 1, FRAME_HEADER_LEN - 1, buf.len() - 1] {
+                if cut < buf.len() {
+                    prop_assert_eq!(decode_stream(&buf[..cut], 1 << 20).unwrap(), None);
+                }
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_stream(&bytes, 1 << 16);
+        }
+    }
+
+    #[test]
+    fn rejects_oversized_body_before_reading_it() {
+        let h = FragmentHeader {
+            payload_len: u32::MAX - 64,
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        Message::Fragment(h).encode_into(&mut buf);
+        let err = decode_stream(&buf, 1 << 20).unwrap_err();
+        assert!(matches!(err, WireError::TooLarge { .. }), "{err}");
+    }
+
+    #[test]
+    fn rejects_bad_magic_version_kind_and_length() {
+        let mut buf = Vec::new();
+        Message::Heartbeat.encode_into(&mut buf);
+        let mut bad = buf.clone();
+        bad[0] = b'X';
+        assert!(matches!(
+            decode_stream(&bad, 64),
+            Err(WireError::BadMagic(_))
+        ));
+        let mut bad = buf.clone();
+        bad[2] = 9;
+        assert_eq!(decode_stream(&bad, 64), Err(WireError::BadVersion(9)));
+        let mut bad = buf.clone();
+        bad[3] = 200;
+        assert_eq!(decode_stream(&bad, 64), Err(WireError::UnknownKind(200)));
+        let mut bad = buf.clone();
+        bad[4] = 3;
+        assert!(matches!(
+            decode_stream(&bad, 64),
+            Err(WireError::BadLength { .. })
+        ));
+    }
+
+    #[test]
+    fn fragment_header_must_match_frame_length() {
+        let h = FragmentHeader {
+            payload_len: 10,
+            ..Default::default()
+        };
+        let mut buf = Vec::new();
+        Message::Fragment(h).encode_into(&mut buf);
+        // Frame says 32 + 11 bytes, fragment header says 10 bytes of payload.
+        buf[4] += 1;
+        buf.resize(buf.len() + 11, 0);
+        assert!(matches!(
+            decode_stream(&buf, 1 << 20),
+            Err(WireError::BadLength { .. })
+        ));
+    }
+}
