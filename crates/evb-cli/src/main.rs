@@ -3,7 +3,13 @@
 
 mod fabric;
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use evb_core::Config;
+use evb_net::launch::{format_summary, loss_error, run_local, RunOptions};
+use evb_net::node::{run_node, Control, NodeOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -18,17 +24,145 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a local event builder: one process per node on loopback.
+    Run(RunArgs),
+    /// Run one endpoint of an event builder (started by `evb run`, mpirun, srun or by hand).
+    Node(NodeArgs),
+    /// Check or print configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Fabric analysis: topologies, routing, LFTs, shift conflicts.
     Fabric(fabric::FabricArgs),
 }
 
-fn main() {
+#[derive(Debug, Args)]
+struct ConfigArgs {
+    /// Event builder configuration (TOML); the documented default without it.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override a key: `--set section.key=value` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Number of nodes (sets nodes.count).
+    #[arg(long, short)]
+    nodes: Option<u16>,
+    /// Seconds to build before draining (sets run.duration_s).
+    #[arg(long, short)]
+    duration: Option<f64>,
+    /// Write the run's results as JSON (docs/run-json.md).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Exit 0 even if events were lost, incomplete or corrupt.
+    #[arg(long)]
+    allow_loss: bool,
+    /// Live progress line: auto (on a terminal), always, never.
+    #[arg(long, default_value = "auto")]
+    progress: String,
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// This endpoint's index.
+    #[arg(long)]
+    rank: u16,
+    /// `config`: peers from transport.addresses or base_port; `stdio`: driven by `evb run`.
+    #[arg(long, default_value = "config")]
+    control: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a configuration file (and overrides); print the problem with its line.
+    Check(ConfigArgs),
+    /// Print the effective configuration as TOML.
+    Show(ConfigArgs),
+}
+
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Fabric(args) => fabric::run(args),
+        Command::Run(args) => cmd_run(args),
+        Command::Node(args) => cmd_node(args),
+        Command::Config(cmd) => cmd_config(cmd),
+        Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
     };
-    if let Err(err) = result {
-        eprintln!("evb: error: {err:#}");
-        std::process::exit(2);
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("evb: error: {err:#}");
+            ExitCode::from(2)
+        }
     }
+}
+
+fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let progress = match args.progress.as_str() {
+        "auto" => None,
+        "always" => Some(true),
+        "never" => Some(false),
+        other => anyhow::bail!("--progress takes auto, always or never, not `{other}`"),
+    };
+    let opts = RunOptions {
+        config: args.config.config,
+        overrides: args.config.overrides,
+        nodes: args.nodes,
+        duration_s: args.duration,
+        json: args.json,
+        allow_loss: args.allow_loss,
+        progress,
+        exe: None,
+    };
+    let (result, clean) = run_local(&opts)?;
+    print!("{}", format_summary(&result));
+    if clean || opts.allow_loss {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("evb: error: {:#}", loss_error(&result));
+        Ok(ExitCode::from(1))
+    }
+}
+
+fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.control.as_str() {
+        "config" => Control::Config,
+        "stdio" => Control::Stdio,
+        other => anyhow::bail!("--control takes config or stdio, not `{other}`"),
+    };
+    let config = Config::load(args.config.config.as_deref(), &args.config.overrides)?;
+    run_node(NodeOptions {
+        config,
+        rank: args.rank,
+        control,
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_config(cmd: ConfigCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ConfigCommand::Check(a) => {
+            let c = Config::load(a.config.as_deref(), &a.overrides)?;
+            let (rus, bus) = c.unit_counts();
+            let name = a
+                .config
+                .as_ref()
+                .map_or("<default>".into(), |p| p.display().to_string());
+            println!(
+                "{name}: ok ({} nodes: {rus} RUs, {bus} BUs; {:?}/{:?})",
+                c.nodes.count, c.event_builder.protocol, c.event_builder.schedule
+            );
+        }
+        ConfigCommand::Show(a) => {
+            let c = Config::load(a.config.as_deref(), &a.overrides)?;
+            print!("{}", toml::to_string(&c)?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,408 @@
+//! `evb run`: a whole event builder on this machine, one `evb node` process
+//! per endpoint on loopback.
+//!
+//! The launcher writes the effective configuration to a file every node
+//! reads, collects the nodes' listening ports and hands each the full list,
+//! shows a live progress line, forwards Ctrl-C as a drain request to the
+//! node hosting the EM, and adds the nodes' final reports up into the
+//! summary table and the JSON (`docs/run-json.md`).
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use evb_core::{Config, Layout};
+use serde::Serialize;
+
+use crate::report::{NodeReport, Summary};
+
+/// Options of `evb run`.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    pub config: Option<PathBuf>,
+    pub overrides: Vec<String>,
+    pub nodes: Option<u16>,
+    pub duration_s: Option<f64>,
+    pub json: Option<PathBuf>,
+    pub allow_loss: bool,
+    /// Show the live progress line (default: when stderr is a terminal).
+    pub progress: Option<bool>,
+    /// The `evb` executable to start nodes with (default: this one).
+    pub exe: Option<PathBuf>,
+}
+
+/// One progress sample, also kept in the JSON timeline.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub t_s: f64,
+    pub events_built: u64,
+    pub bytes_built: u64,
+    pub built_gbps: f64,
+    pub events_per_second: f64,
+    pub events_incomplete: u64,
+    pub events_corrupt: u64,
+}
+
+/// The JSON written by `--json`.
+#[derive(Debug, Serialize)]
+pub struct RunResult {
+    pub evb_version: &'static str,
+    pub kind: &'static str,
+    pub config: Config,
+    pub summary: Summary,
+    pub nodes: Vec<Option<NodeReport>>,
+    pub timeline: Vec<Sample>,
+    /// Exit status of each node process (None: killed or not waited for).
+    pub node_exit_codes: Vec<Option<i32>>,
+}
+
+enum FromNode {
+    Listen(usize, u16),
+    Stats(usize, NodeReport),
+    Final(usize, NodeReport),
+    Closed(usize),
+    Garbage(usize, String),
+}
+
+/// Runs the event builder; returns the result and whether it was clean.
+pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
+    let mut overrides = opts.overrides.clone();
+    if let Some(n) = opts.nodes {
+        overrides.push(format!("nodes.count={n}"));
+    }
+    if let Some(d) = opts.duration_s {
+        overrides.push(format!("run.duration_s={d}"));
+    }
+    let mut config = Config::load(opts.config.as_deref(), &overrides)?;
+    if !config.source.histogram.is_empty() {
+        // Nodes read the histogram again: give them an absolute path.
+        let base = opts
+            .config
+            .as_deref()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
+        config.source.histogram = std::path::absolute(base.join(&config.source.histogram))?
+            .display()
+            .to_string();
+    }
+    let layout = Layout::from_config(&config);
+    let endpoints = layout.endpoints as usize;
+    let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)?;
+    let config_path = workdir.join("config.toml");
+    std::fs::write(&config_path, toml::to_string(&config)?)?;
+
+    let exe = match &opts.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe().context("locating the evb executable")?,
+    };
+    let (tx, rx) = mpsc::channel();
+    let mut children: Vec<Child> = Vec::new();
+    let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
+    for rank in 0..endpoints {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "node",
+            "--control",
+            "stdio",
+            "--rank",
+            &rank.to_string(),
+            "--config",
+        ])
+        .arg(&config_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        // Own process group: Ctrl-C reaches the launcher only, which then
+        // asks for an orderly drain.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
+        stdins.push(child.stdin.take());
+        let stdout = child.stdout.take().expect("piped");
+        let tx = tx.clone();
+        std::thread::spawn(move || read_node_output(rank, stdout, tx));
+        children.push(child);
+    }
+    drop(tx);
+    let result = supervise(opts, &config, &layout, &mut children, &mut stdins, &rx);
+    // Whatever happened, no node outlives the launcher.
+    for c in &mut children {
+        let _ = c.kill();
+    }
+    let codes: Vec<Option<i32>> = children
+        .iter_mut()
+        .map(|c| c.wait().ok().and_then(|s| s.code()))
+        .collect();
+    let _ = std::fs::remove_dir_all(&workdir);
+    let (finals, timeline) = result?;
+    let summary = Summary::from_reports(&finals, config.source.events_per_mep, config.nodes.count);
+    let clean = summary.clean() && codes.iter().all(|c| *c == Some(0));
+    let result = RunResult {
+        evb_version: env!("CARGO_PKG_VERSION"),
+        kind: "evb-run",
+        config,
+        summary,
+        nodes: finals,
+        timeline,
+        node_exit_codes: codes,
+    };
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok((result, clean))
+}
+
+fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Sender<FromNode>) {
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        let msg = if let Some(p) = line.strip_prefix("LISTEN ") {
+            match p.trim().parse() {
+                Ok(port) => FromNode::Listen(rank, port),
+                Err(_) => FromNode::Garbage(rank, line),
+            }
+        } else if let Some(j) = line.strip_prefix("STATS ") {
+            match serde_json::from_str(j) {
+                Ok(r) => FromNode::Stats(rank, r),
+                Err(_) => FromNode::Garbage(rank, line),
+            }
+        } else if let Some(j) = line.strip_prefix("FINAL ") {
+            match serde_json::from_str(j) {
+                Ok(r) => FromNode::Final(rank, r),
+                Err(_) => FromNode::Garbage(rank, line),
+            }
+        } else {
+            FromNode::Garbage(rank, line)
+        };
+        if tx.send(msg).is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(FromNode::Closed(rank));
+}
+
+type Finals = Vec<Option<NodeReport>>;
+
+fn supervise(
+    opts: &RunOptions,
+    config: &Config,
+    layout: &Layout,
+    children: &mut [Child],
+    stdins: &mut [Option<ChildStdin>],
+    rx: &mpsc::Receiver<FromNode>,
+) -> Result<(Finals, Vec<Sample>)> {
+    let endpoints = children.len();
+    // Rendezvous: every node's port, then everyone gets the list.
+    let mut ports = vec![None; endpoints];
+    let setup_deadline = Instant::now() + Duration::from_secs(30);
+    while ports.iter().any(Option::is_none) {
+        let left = setup_deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(FromNode::Listen(rank, port)) => ports[rank] = Some(port),
+            Ok(FromNode::Closed(rank)) => {
+                bail!("node {rank} exited during start-up (see its messages above)")
+            }
+            Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
+            Ok(_) => {}
+            Err(_) => bail!("nodes did not report their ports within 30 s"),
+        }
+    }
+    let bind = &config.transport.bind;
+    let peers: Vec<String> = ports
+        .iter()
+        .map(|p| format!("{bind}:{}", p.expect("all known")))
+        .collect();
+    let line = format!("PEERS {}\n", peers.join(" "));
+    for (rank, s) in stdins.iter_mut().enumerate() {
+        let s = s.as_mut().expect("piped");
+        s.write_all(line.as_bytes())
+            .and_then(|_| s.flush())
+            .with_context(|| format!("sending the peer list to node {rank}"))?;
+    }
+
+    let interrupts = Arc::new(AtomicUsize::new(0));
+    {
+        let interrupts = interrupts.clone();
+        // Only the first handler registration in a process succeeds; a
+        // second `run_local` in the same process (tests) keeps the first.
+        let _ = ctrlc::set_handler(move || {
+            interrupts.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    let progress = opts
+        .progress
+        .unwrap_or_else(|| std::io::stderr().is_terminal());
+    let start = Instant::now();
+    let run_for = Duration::from_secs_f64(config.run.duration_s);
+    let hard_deadline = start
+        + run_for
+        + Duration::from_millis(config.event_builder.drain_timeout_ms)
+        + Duration::from_secs(30);
+    let mut latest: Vec<NodeReport> = vec![NodeReport::default(); endpoints];
+    let mut finals: Finals = vec![None; endpoints];
+    let mut open = vec![true; endpoints];
+    let mut timeline = Vec::new();
+    let mut last_tick = Instant::now();
+    let mut last_bytes = 0u64;
+    let mut last_events = 0u64;
+    let mut stop_sent = false;
+    let em = layout.em as usize;
+    while open.iter().any(|&o| o) {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(FromNode::Stats(rank, r)) => latest[rank] = r,
+            Ok(FromNode::Final(rank, r)) => {
+                latest[rank] = r.clone();
+                finals[rank] = Some(r);
+            }
+            Ok(FromNode::Closed(rank)) => open[rank] = false,
+            Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
+            Ok(FromNode::Listen(..)) | Err(_) => {}
+        }
+        let n_int = interrupts.load(Ordering::SeqCst);
+        if n_int >= 1 && !stop_sent {
+            stop_sent = true;
+            if progress {
+                eprintln!("\nevb run: interrupted, draining (Ctrl-C again to kill)");
+            }
+            if let Some(s) = stdins[em].as_mut() {
+                let _ = s.write_all(b"STOP\n").and_then(|_| s.flush());
+            }
+        }
+        if n_int >= 2 || Instant::now() > hard_deadline {
+            eprintln!("evb run: killing the nodes");
+            for c in children.iter_mut() {
+                let _ = c.kill();
+            }
+            break;
+        }
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            let dt = last_tick.elapsed().as_secs_f64();
+            last_tick = Instant::now();
+            let bytes: u64 = latest.iter().map(|r| r.bytes_built).sum();
+            let events: u64 = latest.iter().map(|r| r.events_built).sum();
+            let sample = Sample {
+                t_s: start.elapsed().as_secs_f64(),
+                events_built: events,
+                bytes_built: bytes,
+                built_gbps: (bytes - last_bytes.min(bytes)) as f64 * 8.0 / dt / 1e9,
+                events_per_second: (events - last_events.min(events)) as f64 / dt,
+                events_incomplete: latest.iter().map(|r| r.events_incomplete).sum(),
+                events_corrupt: latest.iter().map(|r| r.events_corrupt).sum(),
+            };
+            last_bytes = bytes;
+            last_events = events;
+            if progress {
+                let per_node = sample.built_gbps / f64::from(config.nodes.count.max(1));
+                eprint!(
+                    "\r[{:6.1} s] {:>8.3} M events/s  built {:7.2} Gb/s ({:6.2} per node)  incomplete {}  corrupt {}   ",
+                    sample.t_s,
+                    sample.events_per_second / 1e6,
+                    sample.built_gbps,
+                    per_node,
+                    sample.events_incomplete,
+                    sample.events_corrupt
+                );
+            }
+            timeline.push(sample);
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    Ok((finals, timeline))
+}
+
+/// The summary table printed at the end of `evb run`.
+pub fn format_summary(result: &RunResult) -> String {
+    let c = &result.config;
+    let s = &result.summary;
+    let eb = &c.event_builder;
+    let mut out = String::new();
+    out += &format!(
+        "evb run: {} nodes, {:?}/{:?}, parallel_sends {}, credits {}, local {:?}, {} events/MEP, {:.1} s\n",
+        c.nodes.count,
+        eb.protocol,
+        eb.schedule,
+        eb.parallel_sends,
+        eb.credits,
+        eb.local,
+        c.source.events_per_mep,
+        s.duration_s
+    )
+    .to_lowercase();
+    out += &format!(
+        "{:>4} {:<8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>8} {:>10} {:>10}\n",
+        "node",
+        "role",
+        "sent Gb/s",
+        "recv Gb/s",
+        "built Gb/s",
+        "events",
+        "incompl.",
+        "corrupt",
+        "p50 ms",
+        "p99 ms"
+    );
+    for r in result.nodes.iter().flatten() {
+        let t = r.elapsed_s.max(1e-9);
+        out += &format!(
+            "{:>4} {:<8} {:>10.2} {:>10.2} {:>10.2} {:>12} {:>10} {:>8} {:>10.3} {:>10.3}\n",
+            r.node,
+            r.role,
+            r.bytes_sent as f64 * 8.0 / t / 1e9,
+            r.bytes_received as f64 * 8.0 / t / 1e9,
+            r.bytes_built as f64 * 8.0 / t / 1e9,
+            r.events_built,
+            r.events_incomplete,
+            r.events_corrupt,
+            r.latency_ns.p50 as f64 / 1e6,
+            r.latency_ns.p99 as f64 / 1e6
+        );
+    }
+    for n in &s.nodes_missing {
+        out += &format!("{n:>4} (no final report: the node died or was killed)\n");
+    }
+    out += &format!(
+        "events: generated {}  built {}  incomplete {}  corrupt {}  lost {}\n",
+        s.events_generated, s.events_built, s.events_incomplete, s.events_corrupt, s.events_lost
+    );
+    out += &format!(
+        "built {:.2} Gb/s aggregate, {:.2} Gb/s per node, {:.3} M events/s; latency p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms\n",
+        s.built_gbps,
+        s.built_gbps_per_node,
+        s.events_per_second / 1e6,
+        s.latency_ns.p50 as f64 / 1e6,
+        s.latency_ns.p99 as f64 / 1e6,
+        s.latency_ns.max as f64 / 1e6
+    );
+    if s.fragments_corrupt + s.fragments_duplicate + s.fragments_unexpected > 0 {
+        out += &format!(
+            "fragments dropped: corrupt {}  duplicate {}  unexpected {}\n",
+            s.fragments_corrupt, s.fragments_duplicate, s.fragments_unexpected
+        );
+    }
+    for (src, &m) in s.missing_by_source.iter().enumerate() {
+        if m > 0 {
+            out += &format!("source {src} was missing from {m} incomplete batches\n");
+        }
+    }
+    out
+}
+
+/// Error for a failed run, for the exit status.
+pub fn loss_error(result: &RunResult) -> anyhow::Error {
+    let s = &result.summary;
+    anyhow!(
+        "events lost {}, incomplete {}, corrupt {}, nodes without a final report {:?} (use --allow-loss to accept)",
+        s.events_lost,
+        s.events_incomplete,
+        s.events_corrupt,
+        s.nodes_missing
+    )
+}

@@ -1,0 +1,249 @@
+//! What a node reports (as `STATS` / `FINAL` JSON lines on its stdout) and
+//! how `evb run` adds the reports up into the run summary.
+//!
+//! The JSON written by `evb run --json` is documented in `docs/run-json.md`.
+
+use evb_core::bu::{BuStats, Outcome};
+use evb_core::NodeStats;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+/// Latency percentiles in nanoseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Latency {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+    pub mean: f64,
+}
+
+impl Latency {
+    pub fn of(h: &Histogram<u64>) -> Latency {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+            mean: h.mean(),
+        }
+    }
+}
+
+/// An incomplete or corrupt batch, as reported.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IncidentReport {
+    pub mep: u64,
+    pub at_s: f64,
+    /// `incomplete` or `corrupt`.
+    pub kind: String,
+    /// Source (RU) indices missing, or that sent corrupt data.
+    pub sources: Vec<u16>,
+}
+
+/// One node's counters (cumulative).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeReport {
+    pub node: u16,
+    pub role: String,
+    /// Seconds since this node started its run.
+    pub elapsed_s: f64,
+    pub meps_assigned: u64,
+    pub meps_produced: u64,
+    pub fragments_sent: u64,
+    pub bytes_sent: u64,
+    pub fragments_received: u64,
+    pub bytes_received: u64,
+    pub batches_built: u64,
+    pub events_built: u64,
+    pub bytes_built: u64,
+    pub batches_incomplete: u64,
+    pub events_incomplete: u64,
+    pub batches_corrupt: u64,
+    pub events_corrupt: u64,
+    pub fragments_corrupt: u64,
+    pub fragments_duplicate: u64,
+    pub fragments_unexpected: u64,
+    pub control_rejected: u64,
+    pub max_in_flight: u32,
+    pub max_open_batches: u32,
+    pub latency_ns: Latency,
+    /// Non-empty latency histogram buckets (value ns, count), for merging.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency_buckets: Vec<(u64, u64)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_by_source: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incidents: Vec<IncidentReport>,
+    /// Peers this node lost during the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers_lost: Vec<u16>,
+    /// The drain period ran out before everything was finished.
+    #[serde(default)]
+    pub drain_timed_out: bool,
+}
+
+impl NodeReport {
+    pub fn from_stats(
+        node: u16,
+        role: String,
+        elapsed_s: f64,
+        s: &NodeStats,
+        full: bool,
+    ) -> NodeReport {
+        let mut r = NodeReport {
+            node,
+            role,
+            elapsed_s,
+            control_rejected: s.control_rejected,
+            ..Default::default()
+        };
+        if let Some(em) = &s.em {
+            r.meps_assigned = em.meps_assigned;
+        }
+        if let Some(ru) = &s.ru {
+            r.meps_produced = ru.meps_produced;
+            r.fragments_sent = ru.fragments_sent;
+            r.bytes_sent = ru.bytes_sent;
+            r.max_in_flight = ru.max_in_flight;
+        }
+        if let Some(bu) = &s.bu {
+            r.add_bu(bu, full);
+        }
+        r
+    }
+
+    fn add_bu(&mut self, bu: &BuStats, full: bool) {
+        self.fragments_received = bu.fragments_received;
+        self.bytes_received = bu.bytes_received;
+        self.batches_built = bu.batches_built;
+        self.events_built = bu.events_built;
+        self.bytes_built = bu.bytes_built;
+        self.batches_incomplete = bu.batches_incomplete;
+        self.events_incomplete = bu.events_incomplete;
+        self.batches_corrupt = bu.batches_corrupt;
+        self.events_corrupt = bu.events_corrupt;
+        self.fragments_corrupt = bu.fragments_corrupt;
+        self.fragments_duplicate = bu.fragments_duplicate;
+        self.fragments_unexpected = bu.fragments_unexpected;
+        self.max_open_batches = bu.max_open;
+        self.latency_ns = Latency::of(&bu.latency_ns);
+        if full {
+            self.latency_buckets = bu
+                .latency_ns
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect();
+            self.missing_by_source = bu.missing_by_source.clone();
+            self.incidents = bu
+                .incidents
+                .iter()
+                .map(|i| {
+                    let (kind, sources) = match &i.outcome {
+                        Outcome::Incomplete { missing } => ("incomplete", missing.clone()),
+                        Outcome::Corrupt { sources } => ("corrupt", sources.clone()),
+                        _ => ("other", Vec::new()),
+                    };
+                    IncidentReport {
+                        mep: i.mep,
+                        at_s: i.at as f64 * 1e-9,
+                        kind: kind.into(),
+                        sources,
+                    }
+                })
+                .collect();
+        }
+    }
+}
+
+/// Totals of a run, as in the `summary` object of the run JSON.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub nodes: u16,
+    pub duration_s: f64,
+    pub events_per_mep: u32,
+    pub meps_assigned: u64,
+    pub events_generated: u64,
+    pub events_built: u64,
+    pub events_incomplete: u64,
+    pub events_corrupt: u64,
+    pub events_lost: u64,
+    pub batches_built: u64,
+    pub bytes_built: u64,
+    /// Payload of verified built events, aggregate, in Gb/s.
+    pub built_gbps: f64,
+    pub built_gbps_per_node: f64,
+    pub events_per_second: f64,
+    pub fragments_corrupt: u64,
+    pub fragments_duplicate: u64,
+    pub fragments_unexpected: u64,
+    pub latency_ns: Latency,
+    /// Per source index: batches that timed out without its fragment.
+    pub missing_by_source: Vec<u64>,
+    /// Nodes that never sent their final report (crashed or killed).
+    pub nodes_missing: Vec<u16>,
+}
+
+impl Summary {
+    /// Adds up the final node reports. `expected` lists every endpoint.
+    pub fn from_reports(
+        reports: &[Option<NodeReport>],
+        events_per_mep: u32,
+        nodes: u16,
+    ) -> Summary {
+        let mut s = Summary {
+            nodes,
+            events_per_mep,
+            ..Default::default()
+        };
+        let mut hist =
+            Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds");
+        for (i, r) in reports.iter().enumerate() {
+            let Some(r) = r else {
+                s.nodes_missing.push(i as u16);
+                continue;
+            };
+            s.duration_s = s.duration_s.max(r.elapsed_s);
+            s.meps_assigned += r.meps_assigned;
+            s.events_built += r.events_built;
+            s.events_incomplete += r.events_incomplete;
+            s.events_corrupt += r.events_corrupt;
+            s.batches_built += r.batches_built;
+            s.bytes_built += r.bytes_built;
+            s.fragments_corrupt += r.fragments_corrupt;
+            s.fragments_duplicate += r.fragments_duplicate;
+            s.fragments_unexpected += r.fragments_unexpected;
+            for &(v, c) in &r.latency_buckets {
+                let _ = hist.record_n(v.max(1), c);
+            }
+            if s.missing_by_source.len() < r.missing_by_source.len() {
+                s.missing_by_source.resize(r.missing_by_source.len(), 0);
+            }
+            for (a, b) in s.missing_by_source.iter_mut().zip(&r.missing_by_source) {
+                *a += b;
+            }
+        }
+        s.events_generated = s.meps_assigned * u64::from(events_per_mep);
+        s.events_lost = s
+            .events_generated
+            .saturating_sub(s.events_built + s.events_incomplete + s.events_corrupt);
+        s.latency_ns = Latency::of(&hist);
+        if s.duration_s > 0.0 {
+            s.built_gbps = s.bytes_built as f64 * 8.0 / s.duration_s / 1e9;
+            s.built_gbps_per_node = s.built_gbps / f64::from(nodes.max(1));
+            s.events_per_second = s.events_built as f64 / s.duration_s;
+        }
+        s
+    }
+
+    /// Whether anything was lost, incomplete or corrupt.
+    pub fn clean(&self) -> bool {
+        self.events_lost == 0
+            && self.events_incomplete == 0
+            && self.events_corrupt == 0
+            && self.nodes_missing.is_empty()
+    }
+}
