@@ -78,12 +78,31 @@ struct NodeArgs {
     control: String,
 }
 
+#[derive(Debug, Args)]
+struct ConfigFileArgs {
+    /// The configuration file (same as --config).
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+impl ConfigFileArgs {
+    fn load(&self) -> anyhow::Result<(String, Config)> {
+        let path = self.file.as_ref().or(self.config.config.as_ref());
+        let name = path.map_or("<default>".into(), |p| p.display().to_string());
+        Ok((
+            name,
+            Config::load(path.map(PathBuf::as_path), &self.config.overrides)?,
+        ))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
     /// Validate a configuration file (and overrides); print the problem with its line.
-    Check(ConfigArgs),
+    Check(ConfigFileArgs),
     /// Print the effective configuration as TOML.
-    Show(ConfigArgs),
+    Show(ConfigFileArgs),
 }
 
 fn main() -> ExitCode {
@@ -148,19 +167,15 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
 fn cmd_config(cmd: ConfigCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ConfigCommand::Check(a) => {
-            let c = Config::load(a.config.as_deref(), &a.overrides)?;
+            let (name, c) = a.load()?;
             let (rus, bus) = c.unit_counts();
-            let name = a
-                .config
-                .as_ref()
-                .map_or("<default>".into(), |p| p.display().to_string());
             println!(
                 "{name}: ok ({} nodes: {rus} RUs, {bus} BUs; {:?}/{:?})",
                 c.nodes.count, c.event_builder.protocol, c.event_builder.schedule
             );
         }
         ConfigCommand::Show(a) => {
-            let c = Config::load(a.config.as_deref(), &a.overrides)?;
+            let (_, c) = a.load()?;
             print!("{}", toml::to_string(&c)?);
         }
     }

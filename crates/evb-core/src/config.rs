@@ -242,6 +242,18 @@ impl Default for OutputSection {
     }
 }
 
+/// Faults injected on purpose, to test that they are detected and counted.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultsSection {
+    /// Source (RU) index the faults below apply to.
+    pub source: u16,
+    /// MEPs whose fragment from `source` is corrupted after its CRC was computed.
+    pub corrupt_meps: Vec<u64>,
+    /// MEPs whose fragment from `source` is never sent.
+    pub drop_meps: Vec<u64>,
+}
+
 /// One event builder, for the runtime and the simulator alike.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -252,6 +264,7 @@ pub struct Config {
     pub transport: TransportSection,
     pub nodes: NodesSection,
     pub output: OutputSection,
+    pub faults: FaultsSection,
     /// Histogram bins `(size, weight)` loaded from `source.histogram`.
     #[serde(skip)]
     pub histogram_bins: Vec<(u32, f64)>,

@@ -588,9 +588,22 @@ impl Runtime {
                     let source = e.sources.as_ref().expect("only an RU is asked to produce");
                     let mut buf = e.pool.pop().unwrap_or_default();
                     let header = source.produce(mep, &mut buf, &mut e.size_scratch);
+                    let faults = &self.config.faults;
+                    if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
+                        // After the CRC: the receiver must notice.
+                        if let Some(b) = buf.last_mut() {
+                            *b ^= 0x5a;
+                        }
+                    }
                     e.meps.insert(mep, (Rc::new(buf), header));
                     let now = e.now();
                     e.node.on_mep_ready(now, header);
+                }
+                Action::SendFragment { header, .. } | Action::HandOver { header }
+                    if self.dropped(&header) =>
+                {
+                    let now = self.engine.now();
+                    self.engine.node.on_send_complete(now, header.mep);
                 }
                 Action::SendFragment { to, header } => {
                     let data = self.engine.meps.get(&header.mep).map(|(d, _)| d.clone());
@@ -649,6 +662,12 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// Fault injection: this fragment is never sent.
+    fn dropped(&self, h: &FragmentHeader) -> bool {
+        let f = &self.config.faults;
+        f.source == h.source && f.drop_meps.contains(&h.mep)
     }
 
     fn print_report(&self, tag: &str, full: bool, drain_timed_out: bool) {

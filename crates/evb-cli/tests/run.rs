@@ -1,0 +1,293 @@
+//! `evb run` end to end: real `evb node` processes on loopback, real TCP.
+//! Every mode must build every event exactly once; injected faults must be
+//! detected, counted and named.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn evb() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_evb"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("evb-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Runs `evb run` with a fixed number of MEPs; returns (exit code, JSON, stdout+stderr).
+fn run(name: &str, sets: &[&str], extra: &[&str]) -> (i32, Value, String) {
+    let json = tmp(&format!("{name}.json"));
+    let mut cmd = evb();
+    cmd.args(["run", "--progress", "never", "--json"])
+        .arg(&json);
+    // Small MEPs, a fixed count, no time limit: exact expected totals.
+    for s in [
+        "run.max_meps=120",
+        "run.duration_s=0",
+        "source.events_per_mep=64",
+        "event_builder.batch_timeout_ms=1500",
+    ]
+    .iter()
+    .chain(sets)
+    {
+        cmd.args(["--set", s]);
+    }
+    cmd.args(extra);
+    let out = cmd.output().expect("evb runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value: Value = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    (out.status.code().unwrap_or(-1), value, text)
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    let mut cur = v;
+    for p in path.split('.') {
+        cur = &cur[p];
+    }
+    cur.as_u64()
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+
+#[test]
+fn every_mode_builds_every_event_exactly_once() {
+    for protocol in ["push", "pull"] {
+        for schedule in ["barrel", "random", "all"] {
+            for local in ["memory", "nic"] {
+                let name = format!("{protocol}-{schedule}-{local}");
+                let sets = [
+                    format!("event_builder.protocol={protocol}"),
+                    format!("event_builder.schedule={schedule}"),
+                    format!("event_builder.local={local}"),
+                ];
+                let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+                let (code, v, text) = run(&name, &sets, &["--nodes", "3"]);
+                assert_eq!(code, 0, "{name}: {text}");
+                assert_eq!(u(&v, "summary.meps_assigned"), 120, "{name}");
+                assert_eq!(u(&v, "summary.events_built"), 120 * 64, "{name}: {text}");
+                assert_eq!(u(&v, "summary.batches_built"), 120, "{name}");
+                for key in [
+                    "events_incomplete",
+                    "events_corrupt",
+                    "events_lost",
+                    "fragments_duplicate",
+                ] {
+                    assert_eq!(u(&v, &format!("summary.{key}")), 0, "{name}: {key}");
+                }
+                // Each node's RU shipped one fragment per MEP.
+                for node in v["nodes"].as_array().unwrap() {
+                    assert_eq!(node["fragments_sent"].as_u64(), Some(120), "{name}: {node}");
+                }
+                assert!(v["summary"]["built_gbps"].as_f64().unwrap() > 0.0);
+                assert!(u(&v, "summary.latency_ns.p99") >= u(&v, "summary.latency_ns.p50"));
+            }
+        }
+    }
+}
+
+#[test]
+fn split_roles_with_a_separate_event_manager() {
+    let (code, v, text) = run(
+        "split",
+        &[
+            "nodes.ru_only=[0]",
+            "nodes.bu_only=[3]",
+            "nodes.em=\"separate\"",
+        ],
+        &["--nodes", "4"],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 120 * 64);
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 5, "4 nodes and the EM");
+    assert_eq!(nodes[0]["role"], "RU");
+    assert_eq!(nodes[3]["role"], "BU");
+    assert_eq!(nodes[4]["role"], "EM");
+    assert_eq!(nodes[0]["events_built"].as_u64(), Some(0));
+    assert_eq!(nodes[3]["fragments_sent"].as_u64(), Some(0));
+}
+
+#[test]
+fn a_corrupted_fragment_is_detected_and_counted() {
+    let (code, v, text) = run(
+        "corrupt",
+        &["faults.source=1", "faults.corrupt_meps=[7, 50]"],
+        &["--nodes", "3"],
+    );
+    assert_eq!(code, 1, "a corrupt batch must fail the run: {text}");
+    assert_eq!(u(&v, "summary.fragments_corrupt"), 2, "{text}");
+    assert_eq!(u(&v, "summary.events_corrupt"), 2 * 64);
+    assert_eq!(u(&v, "summary.events_built"), 118 * 64);
+    assert_eq!(u(&v, "summary.events_lost"), 0);
+    let incidents: Vec<&Value> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["incidents"].as_array().cloned().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .leak()
+        .iter()
+        .collect();
+    let meps: Vec<u64> = incidents
+        .iter()
+        .map(|i| i["mep"].as_u64().unwrap())
+        .collect();
+    assert!(meps.contains(&7) && meps.contains(&50), "{incidents:?}");
+    assert!(incidents
+        .iter()
+        .all(|i| i["kind"] == "corrupt" && i["sources"] == serde_json::json!([1])));
+    assert!(text.contains("corrupt 2"), "{text}");
+    // --allow-loss accepts it.
+    let (code, _, _) = run(
+        "corrupt-allowed",
+        &["faults.source=1", "faults.corrupt_meps=[7]"],
+        &["--nodes", "3", "--allow-loss"],
+    );
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn a_missing_source_makes_a_batch_time_out_naming_the_source() {
+    let (code, v, text) = run(
+        "missing",
+        &[
+            "faults.source=2",
+            "faults.drop_meps=[3, 4, 5]",
+            "event_builder.batch_timeout_ms=300",
+        ],
+        &["--nodes", "3"],
+    );
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(u(&v, "summary.events_incomplete"), 3 * 64, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 117 * 64);
+    assert_eq!(u(&v, "summary.events_lost"), 0);
+    assert_eq!(
+        v["summary"]["missing_by_source"],
+        serde_json::json!([0, 0, 3])
+    );
+    assert!(
+        text.contains("source 2 was missing from 3 incomplete batches"),
+        "{text}"
+    );
+}
+
+#[test]
+fn runs_for_its_duration_and_drains() {
+    let json = tmp("duration.json");
+    let out = evb()
+        .args([
+            "run",
+            "--nodes",
+            "2",
+            "--duration",
+            "1.5",
+            "--progress",
+            "never",
+            "--json",
+        ])
+        .arg(&json)
+        .args(["--set", "source.events_per_mep=256"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let d = v["summary"]["duration_s"].as_f64().unwrap();
+    assert!((1.4..10.0).contains(&d), "duration {d}");
+    assert!(u(&v, "summary.events_built") > 0);
+    assert_eq!(
+        u(&v, "summary.events_built"),
+        u(&v, "summary.events_generated")
+    );
+    assert!(text.contains("events: generated"), "{text}");
+}
+
+#[test]
+fn file_sink_writes_every_built_batch() {
+    let dir = tmp("out");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_set = format!("output.directory=\"{}\"", dir.display());
+    let (code, _, text) = run("file", &["output.sink=file", &dir_set], &["--nodes", "2"]);
+    assert_eq!(code, 0, "{text}");
+    let mut batches = 0;
+    let mut meps = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let data = std::fs::read(entry.unwrap().path()).unwrap();
+        let mut at = 0;
+        while at < data.len() {
+            assert_eq!(&data[at..at + 4], b"EVBB");
+            meps.push(u64::from_le_bytes(
+                data[at + 4..at + 12].try_into().unwrap(),
+            ));
+            let n = u32::from_le_bytes(data[at + 12..at + 16].try_into().unwrap()) as usize;
+            assert_eq!(n, 2, "one fragment per source");
+            let lens: Vec<usize> = (0..n)
+                .map(|i| {
+                    u32::from_le_bytes(data[at + 16 + 4 * i..at + 20 + 4 * i].try_into().unwrap())
+                        as usize
+                })
+                .collect();
+            let mut p = at + 16 + 4 * n;
+            for len in lens {
+                // Each fragment: 64 event sizes, then data; checksum-free check of the table.
+                let table: usize = (0..64)
+                    .map(|e| {
+                        u32::from_le_bytes(data[p + 4 * e..p + 4 * e + 4].try_into().unwrap())
+                            as usize
+                    })
+                    .sum();
+                assert_eq!(len, 4 * 64 + table);
+                p += len;
+            }
+            at = p;
+            batches += 1;
+        }
+    }
+    meps.sort_unstable();
+    assert_eq!(batches, 120);
+    assert!(meps.iter().copied().eq(0..120));
+}
+
+#[test]
+fn config_errors_name_the_key_and_line() {
+    let path = tmp("bad.toml");
+    std::fs::write(&path, "[run]\nseed = 1\n[event_builder]\ncredits = 0\n").unwrap();
+    let out = evb().args(["config", "check"]).arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:4: key `event_builder.credits`: must be at least 1"),
+        "{err}"
+    );
+    // The same through `evb run`, which must not start anything.
+    let out = evb().args(["run", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    std::fs::write(&path, "[event_builder]\ncredits = 2\nprotocl = \"push\"\n").unwrap();
+    let out = evb().args(["config", "check"]).arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:3: key `event_builder.protocl`"),
+        "{err}"
+    );
+    let out = evb()
+        .args(["config", "check", "--set", "event_builder.schedule=zigzag"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--set") && err.contains("schedule"), "{err}");
+    let out = evb().args(["config", "check"]).output().unwrap();
+    assert!(out.status.success());
+}
