@@ -532,7 +532,9 @@ impl Runtime {
         }
         if let Some(p) = peer {
             let end = self.engine.node.end_of_run().is_some();
-            if !expected && !(end && error.is_none()) && p != self.rank {
+            // A clean close after the end of the run is how peers finish.
+            let orderly = expected || (end && error.is_none());
+            if !orderly && p != self.rank {
                 self.lost.push(p);
                 let now = self.engine.now();
                 self.engine.node.on_peer_lost(now, p);
@@ -578,9 +580,10 @@ impl Runtime {
         while let Some(action) = self.engine.node.poll_action() {
             match action {
                 Action::Send { to, msg } => {
-                    match self.tx_conn.get(to as usize).copied().flatten() {
-                        Some(c) => self.conns[c].queue_control(&msg),
-                        None => {} // Peer gone: the protocol copes (timeouts, accounting).
+                    // A peer that is gone gets nothing; the protocol copes
+                    // (timeouts, accounting).
+                    if let Some(c) = self.tx_conn.get(to as usize).copied().flatten() {
+                        self.conns[c].queue_control(&msg);
                     }
                 }
                 Action::Produce { mep } => {
