@@ -291,3 +291,73 @@ fn config_errors_name_the_key_and_line() {
     let out = evb().args(["config", "check"]).output().unwrap();
     assert!(out.status.success());
 }
+
+#[test]
+fn ctrl_c_drains_and_reports() {
+    let json = tmp("sigint.json");
+    let child = evb()
+        .args([
+            "run",
+            "--nodes",
+            "3",
+            "--duration",
+            "120",
+            "--progress",
+            "never",
+            "--json",
+        ])
+        .arg(&json)
+        .args(["--set", "source.events_per_mep=128"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed().as_secs() < 30, "draining took too long");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(u(&v, "summary.events_built") > 0);
+    assert_eq!(
+        u(&v, "summary.events_built"),
+        u(&v, "summary.events_generated")
+    );
+    assert!(v["summary"]["duration_s"].as_f64().unwrap() < 60.0);
+}
+
+#[test]
+fn histogram_sizes_through_the_launcher() {
+    let dir = tmp("hist");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("sizes.txt"), "# size weight\n100 1\n300 1\n").unwrap();
+    std::fs::write(
+        dir.join("eb.toml"),
+        "[source]\nsize = \"histogram\"\nhistogram = \"sizes.txt\"\nevents_per_mep = 1000\n",
+    )
+    .unwrap();
+    let cfg = dir.join("eb.toml");
+    let cfg = cfg.to_str().unwrap();
+    // --set wins over the file: the helper's 64 events/MEP is set back to 1000.
+    let (code, v, text) = run(
+        "hist",
+        &["source.events_per_mep=1000"],
+        &["--nodes", "2", "--config", cfg],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 120 * 1000);
+    // Mean event fragment 200 B + 4 B of size table: ~204 kB per fragment.
+    let per_fragment = u(&v, "summary.bytes_built") as f64 / (120.0 * 2.0);
+    assert!(
+        (190_000.0..218_000.0).contains(&per_fragment),
+        "{per_fragment}"
+    );
+}
