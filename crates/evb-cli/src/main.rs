@@ -2,6 +2,7 @@
 //! crates; this file only parses the command line and dispatches.
 
 mod fabric;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Config(ConfigCommand),
     /// Fabric analysis: topologies, routing, LFTs, shift conflicts.
     Fabric(fabric::FabricArgs),
+    /// Simulate an event builder or synthetic traffic on a credit-based fabric.
+    Sim(sim::SimArgs),
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         Command::Node(args) => cmd_node(args),
         Command::Config(cmd) => cmd_config(cmd),
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
+        Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

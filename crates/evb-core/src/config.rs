@@ -242,6 +242,68 @@ impl Default for OutputSection {
     }
 }
 
+/// The simulated fabric and traffic (`evb sim`). Defaults are InfiniBand EDR.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimSection {
+    /// Data rate of every link (after encoding), Gb/s.
+    pub link_gbps: f64,
+    /// Propagation latency of a link, ns.
+    pub link_latency_ns: u64,
+    /// Switch latency, input to output, ns.
+    pub switch_latency_ns: u64,
+    /// Largest packet payload, bytes.
+    pub mtu_bytes: u32,
+    /// Virtual lanes per port.
+    pub vls: u8,
+    /// Input buffer per port per VL, bytes (credits count 64-byte blocks).
+    pub vl_buffer_bytes: u32,
+    /// Relative weights of the VLs in the VL arbiter (empty: all equal).
+    pub vl_weights: Vec<u32>,
+    /// Host-side latency (PCIe + software) histogram file, lines `ns weight`;
+    /// empty: a built-in EDR-like distribution around 1 us.
+    pub host_latency: String,
+    /// Simulated time, microseconds.
+    pub duration_us: f64,
+    /// Traffic: eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
+    pub traffic: String,
+    /// Message size of the synthetic traffic, bytes.
+    pub message_bytes: u64,
+    /// shift-window: length of a window, ns.
+    pub window_ns: u64,
+    /// shift-window: quiet time at the end of each window, ns.
+    pub grace_ns: u64,
+    /// uniform: offered load, fraction of the link rate.
+    pub load: f64,
+    /// Interval of the throughput time series, microseconds.
+    pub sample_us: f64,
+    /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
+    pub granularity: String,
+}
+
+impl Default for SimSection {
+    fn default() -> Self {
+        SimSection {
+            link_gbps: 100.0,
+            link_latency_ns: 170,
+            switch_latency_ns: 90,
+            mtu_bytes: 4096,
+            vls: 4,
+            vl_buffer_bytes: 65536,
+            vl_weights: Vec::new(),
+            host_latency: String::new(),
+            duration_us: 1000.0,
+            traffic: "eb".into(),
+            message_bytes: 1 << 20,
+            window_ns: 100_000,
+            grace_ns: 5_000,
+            load: 1.0,
+            sample_us: 10.0,
+            granularity: "packet".into(),
+        }
+    }
+}
+
 /// Faults injected on purpose, to test that they are detected and counted.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -265,6 +327,7 @@ pub struct Config {
     pub nodes: NodesSection,
     pub output: OutputSection,
     pub faults: FaultsSection,
+    pub sim: SimSection,
     /// Histogram bins `(size, weight)` loaded from `source.histogram`.
     #[serde(skip)]
     pub histogram_bins: Vec<(u32, f64)>,
@@ -467,6 +530,73 @@ impl Config {
                 "run.duration_s",
                 "must be a non-negative number of seconds".into(),
             ));
+        }
+        let sim = &self.sim;
+        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
+            return Err(err("sim.link_gbps", "must be a positive number".into()));
+        }
+        if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
+            return Err(err(
+                "sim.mtu_bytes",
+                "must be between 64 and 1048576".into(),
+            ));
+        }
+        if sim.vls == 0 || sim.vls > 15 {
+            return Err(err("sim.vls", "must be between 1 and 15".into()));
+        }
+        if u64::from(sim.vl_buffer_bytes) < u64::from(sim.mtu_bytes) + 64 {
+            return Err(err(
+                "sim.vl_buffer_bytes",
+                "must hold at least one MTU-sized packet".into(),
+            ));
+        }
+        if !sim.vl_weights.is_empty()
+            && (sim.vl_weights.len() != sim.vls as usize || sim.vl_weights.contains(&0))
+        {
+            return Err(err(
+                "sim.vl_weights",
+                "needs one positive weight per VL".into(),
+            ));
+        }
+        if !(sim.duration_us.is_finite() && sim.duration_us > 0.0) {
+            return Err(err("sim.duration_us", "must be a positive number".into()));
+        }
+        if !(sim.sample_us.is_finite() && sim.sample_us > 0.0) {
+            return Err(err("sim.sample_us", "must be a positive number".into()));
+        }
+        if !(sim.load.is_finite() && sim.load > 0.0 && sim.load <= 1.0) {
+            return Err(err("sim.load", "must be in (0, 1]".into()));
+        }
+        if sim.grace_ns >= sim.window_ns {
+            return Err(err(
+                "sim.grace_ns",
+                "must be shorter than sim.window_ns".into(),
+            ));
+        }
+        const TRAFFIC: [&str; 7] = [
+            "eb",
+            "shift-fixed",
+            "shift-window",
+            "uniform",
+            "permutation",
+            "incast",
+            "all-to-all",
+        ];
+        if !TRAFFIC.contains(&sim.traffic.as_str()) {
+            return Err(err(
+                "sim.traffic",
+                format!(
+                    "unknown traffic `{}` (one of {})",
+                    sim.traffic,
+                    TRAFFIC.join(", ")
+                ),
+            ));
+        }
+        if !["packet", "flit"].contains(&sim.granularity.as_str()) {
+            return Err(err("sim.granularity", "must be `packet` or `flit`".into()));
+        }
+        if sim.message_bytes == 0 {
+            return Err(err("sim.message_bytes", "must be at least 1".into()));
         }
         if self.transport.kind != "tcp" {
             return Err(err(

@@ -1,0 +1,140 @@
+//! `evb sim`: simulate an event builder (or synthetic traffic) on a fabric.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use evb_core::Config;
+use evb_sim::fabric::SimFabric;
+
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Event builder and simulation configuration (TOML, `[sim]` section).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Override a key: `--set section.key=value` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Fabric: `switch:hosts=N` (one switch).
+    #[arg(long, default_value = "switch:hosts=16")]
+    pub topology: String,
+    /// Traffic (sets sim.traffic): eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
+    #[arg(long)]
+    pub traffic: Option<String>,
+    /// Simulated time in microseconds (sets sim.duration_us).
+    #[arg(long)]
+    pub duration_us: Option<f64>,
+    /// Offered load for `uniform` (sets sim.load).
+    #[arg(long)]
+    pub load: Option<f64>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the throughput time series as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+}
+
+/// Parses the `--topology` short forms.
+pub fn parse_topology(spec: &str) -> Result<SimFabric> {
+    let (kind, params) = spec.split_once(':').unwrap_or((spec, ""));
+    let mut hosts = None;
+    for kv in params.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--topology {spec}: `{kv}` is not key=value"))?;
+        let v: usize = v
+            .parse()
+            .with_context(|| format!("--topology {spec}: `{k}` needs a whole number"))?;
+        match k {
+            "hosts" => hosts = Some(v),
+            other => bail!("--topology {spec}: unknown parameter `{other}`"),
+        }
+    }
+    match kind {
+        "switch" => {
+            let hosts = hosts.with_context(|| format!("--topology {spec}: needs hosts=N"))?;
+            if !(2..=4096).contains(&hosts) {
+                bail!("--topology {spec}: hosts must be between 2 and 4096");
+            }
+            Ok(SimFabric::single_switch(hosts))
+        }
+        other => bail!("--topology: unknown kind `{other}` (available: switch:hosts=N)"),
+    }
+}
+
+pub fn run(args: SimArgs) -> Result<()> {
+    let fabric = parse_topology(&args.topology)?;
+    let mut overrides = args.overrides.clone();
+    if let Some(t) = &args.traffic {
+        overrides.push(format!("sim.traffic=\"{t}\""));
+    }
+    if let Some(d) = args.duration_us {
+        overrides.push(format!("sim.duration_us={d}"));
+    }
+    if let Some(l) = args.load {
+        overrides.push(format!("sim.load={l}"));
+    }
+    // The event builder has one node per host unless the file says otherwise.
+    let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
+    if !explicit_nodes {
+        overrides.insert(0, format!("nodes.count={}", fabric.hosts()));
+    }
+    let config = Config::load(args.config.as_deref(), &overrides)?;
+    let tty = std::io::stderr().is_terminal();
+    let mut last = -1i64;
+    let result = evb_sim::simulate(&config, fabric, |f| {
+        let pct = (f * 100.0) as i64;
+        if tty && pct != last {
+            last = pct;
+            eprint!("\rsimulating: {pct:3}%");
+        }
+    })
+    .map_err(anyhow::Error::msg)?;
+    if tty {
+        eprintln!("\rsimulating: done");
+    }
+    let s = &result.summary;
+    println!(
+        "evb sim: {} on {} ({} hosts), {:.1} us simulated in {:.2} s ({} events, {:.0} us/s)",
+        s.traffic,
+        s.topology,
+        s.hosts,
+        s.simulated_seconds * 1e6,
+        s.wall_seconds,
+        s.events_processed,
+        s.speed_us_per_s
+    );
+    println!(
+        "throughput per host: mean {:.2} Gb/s ({:.1}% of {:.1} Gb/s), min {:.2}, max {:.2}; max link utilisation {:.1}%; PortXmitWait total {:.3} ms",
+        s.throughput_per_host_gbps,
+        s.fraction_of_link * 100.0,
+        s.link_rate_gbps,
+        s.min_host_gbps,
+        s.max_host_gbps,
+        s.max_link_utilisation * 100.0,
+        s.total_xmit_wait_s * 1e3
+    );
+    if let Some(eb) = &s.eb {
+        println!(
+            "event builder: {} events built, {} batches incomplete, {:.2} Gb/s built per node; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            eb.events_built, eb.batches_incomplete, eb.built_gbps_per_node, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv {
+        let mut text = String::from("t_us,mean_rx_gbps,min_rx_gbps,max_rx_gbps\n");
+        for p in &result.timeseries {
+            text += &format!(
+                "{:.3},{:.4},{:.4},{:.4}\n",
+                p.t_us, p.mean_rx_gbps, p.min_rx_gbps, p.max_rx_gbps
+            );
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

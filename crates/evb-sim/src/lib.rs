@@ -1,0 +1,233 @@
+//! `evb-sim`: a discrete-event, credit-based, InfiniBand-like fabric
+//! simulator that runs the real event builder.
+//!
+//! - [`fabric`]: the switches, ports, cables and forwarding tables simulated;
+//! - [`engine`]: the link-layer model (credits per VL in 64-byte blocks,
+//!   virtual cut-through, switch arbitration, host queue pairs);
+//! - [`traffic`]: synthetic patterns and `eb`, which drives the same
+//!   `evb_core::Node` state machines that `evb run` drives over TCP.
+//!
+//! Deterministic: the same configuration and seed give the same result.
+
+pub mod engine;
+pub mod fabric;
+pub mod traffic;
+
+use std::time::Instant;
+
+use evb_core::Config;
+use serde::Serialize;
+
+use engine::{default_host_latency, Net, Params, Ps, Traffic, PS_PER_NS};
+use fabric::SimFabric;
+
+/// The `summary` object of the simulation JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimSummary {
+    pub topology: String,
+    pub traffic: String,
+    pub hosts: usize,
+    /// Mean payload delivered per host, Gb/s.
+    pub throughput_per_host_gbps: f64,
+    pub link_rate_gbps: f64,
+    /// throughput_per_host_gbps / link_rate_gbps.
+    pub fraction_of_link: f64,
+    pub min_host_gbps: f64,
+    pub max_host_gbps: f64,
+    pub simulated_seconds: f64,
+    pub wall_seconds: f64,
+    pub events_processed: u64,
+    /// Simulated microseconds per wall second.
+    pub speed_us_per_s: f64,
+    pub max_link_utilisation: f64,
+    /// Sum over ports of the time spent waiting for credits, seconds.
+    pub total_xmit_wait_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eb: Option<EbSummary>,
+}
+
+/// Event-builder figures of an `eb` simulation.
+#[derive(Debug, Clone, Serialize)]
+pub struct EbSummary {
+    pub events_built: u64,
+    pub batches_incomplete: u64,
+    /// Payload of built events per node, Gb/s.
+    pub built_gbps_per_node: f64,
+    pub latency_p50_us: f64,
+    pub latency_p99_us: f64,
+    pub latency_max_us: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HostResult {
+    pub host: String,
+    pub sent_gbps: f64,
+    pub received_gbps: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkResult {
+    pub link: String,
+    pub utilisation: f64,
+    /// PortXmitWait: time with data to send and no credits, seconds.
+    pub xmit_wait_s: f64,
+}
+
+/// Everything `evb sim --json` writes.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimResult {
+    pub kind: &'static str,
+    pub summary: SimSummary,
+    pub hosts: Vec<HostResult>,
+    pub links: Vec<LinkResult>,
+    pub timeseries: Vec<engine::Sample>,
+}
+
+/// Link-layer parameters from the configuration's `[sim]` section.
+pub fn params_from_config(config: &Config) -> Result<Params, String> {
+    let s = &config.sim;
+    let host_latency = if s.host_latency.is_empty() {
+        default_host_latency()
+    } else {
+        evb_core::config::load_histogram(std::path::Path::new(&s.host_latency))
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(ns, w)| (u64::from(ns) * PS_PER_NS, w))
+            .collect()
+    };
+    Ok(Params {
+        link_gbps: s.link_gbps,
+        link_latency_ps: s.link_latency_ns * PS_PER_NS,
+        switch_latency_ps: s.switch_latency_ns * PS_PER_NS,
+        mtu: s.mtu_bytes,
+        vls: s.vls,
+        vl_buffer_bytes: s.vl_buffer_bytes,
+        vl_weights: s.vl_weights.clone(),
+        host_latency,
+        seed: config.run.seed,
+    })
+}
+
+/// Runs the simulation the configuration describes on `fabric`.
+/// `progress` is called with the fraction of simulated time done.
+pub fn simulate(
+    config: &Config,
+    fabric: SimFabric,
+    mut progress: impl FnMut(f64),
+) -> Result<SimResult, String> {
+    fabric.validate()?;
+    let params = params_from_config(config)?;
+    let s = &config.sim;
+    let end: Ps = (s.duration_us * 1e6) as Ps;
+    let sample: Ps = ((s.sample_us * 1e6) as Ps).max(1);
+    let hosts = fabric.hosts();
+    let n = hosts as u32;
+    let seed = config.run.seed;
+    let mut eb = None;
+    let mut synthetic: Box<dyn Traffic> = match s.traffic.as_str() {
+        "eb" => {
+            eb = Some(traffic::EventBuilder::new(config, hosts)?);
+            Box::new(traffic::ShiftFixed::new(0)) // unused
+        }
+        "shift-fixed" => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
+        "shift-window" => Box::new(traffic::ShiftWindow {
+            window: s.window_ns * PS_PER_NS,
+            grace: s.grace_ns * PS_PER_NS,
+        }),
+        "uniform" => Box::new(traffic::Uniform::new(s.load, seed)),
+        "permutation" => Box::new(traffic::Streams::permutation(n, s.message_bytes, seed)),
+        "incast" => Box::new(traffic::Streams::incast(n, s.message_bytes)),
+        "all-to-all" => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
+        other => return Err(format!("unknown traffic `{other}`")),
+    };
+    let topology = fabric.name.clone();
+    let mut net = Net::new(fabric, params, sample);
+    let wall = Instant::now();
+    let report = |t: Ps| progress(t as f64 / end.max(1) as f64);
+    match eb.as_mut() {
+        Some(e) => net.run(e, end, report),
+        None => net.run(synthetic.as_mut(), end, report),
+    }
+    let wall_seconds = wall.elapsed().as_secs_f64();
+    let secs = end as f64 * 1e-12;
+    let gbps = |bytes: u64| bytes as f64 * 8.0 / secs / 1e9;
+    let host_results: Vec<HostResult> = net
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| HostResult {
+            host: net.fabric.host_names[i].clone(),
+            sent_gbps: gbps(h.payload_sent),
+            received_gbps: gbps(h.payload_received),
+        })
+        .collect();
+    let rx: Vec<f64> = host_results.iter().map(|h| h.received_gbps).collect();
+    let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
+    let link_bytes_per_s = net.params.link_gbps * 1e9 / 8.0;
+    let links: Vec<LinkResult> = net
+        .link_report()
+        .into_iter()
+        .map(|(link, bytes, wait)| LinkResult {
+            link,
+            // Bytes are counted when a packet starts; one still on the wire
+            // at the end would push a saturated link a hair over 1.
+            utilisation: (bytes as f64 / (link_bytes_per_s * secs)).min(1.0),
+            xmit_wait_s: wait as f64 * 1e-12,
+        })
+        .collect();
+    let eb_summary = eb.as_ref().map(|e| {
+        let mut hist = hdr_merge(e);
+        if hist.is_empty() {
+            hist.push(0);
+        }
+        hist.sort_unstable();
+        let q = |f: f64| hist[((hist.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+        EbSummary {
+            events_built: e.events_built,
+            batches_incomplete: e.batches_incomplete,
+            built_gbps_per_node: gbps(e.built_bytes) / f64::from(config.nodes.count.max(1)),
+            latency_p50_us: q(0.5),
+            latency_p99_us: q(0.99),
+            latency_max_us: q(1.0),
+        }
+    });
+    Ok(SimResult {
+        kind: "evb-sim",
+        summary: SimSummary {
+            topology,
+            traffic: s.traffic.clone(),
+            hosts,
+            throughput_per_host_gbps: mean,
+            link_rate_gbps: net.params.link_gbps,
+            fraction_of_link: mean / net.params.link_gbps,
+            min_host_gbps: rx.iter().copied().fold(f64::INFINITY, f64::min),
+            max_host_gbps: rx.iter().copied().fold(0.0, f64::max),
+            simulated_seconds: secs,
+            wall_seconds,
+            events_processed: net.events_processed,
+            speed_us_per_s: secs * 1e6 / wall_seconds.max(1e-9),
+            max_link_utilisation: links.iter().map(|l| l.utilisation).fold(0.0, f64::max),
+            total_xmit_wait_s: links.iter().map(|l| l.xmit_wait_s).sum(),
+            eb: eb_summary,
+        },
+        hosts: host_results,
+        links,
+        timeseries: net.samples.clone(),
+    })
+}
+
+/// Batch latencies (ns) of every BU, one entry per recorded value.
+fn hdr_merge(e: &traffic::EventBuilder) -> Vec<u64> {
+    let mut v = Vec::new();
+    for node in &e.nodes {
+        if let Some(bu) = node.bu() {
+            for r in bu.stats.latency_ns.iter_recorded() {
+                v.extend(std::iter::repeat_n(
+                    r.value_iterated_to(),
+                    r.count_at_value() as usize,
+                ));
+            }
+        }
+    }
+    v
+}

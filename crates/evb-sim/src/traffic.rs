@@ -1,0 +1,379 @@
+//! Traffic injectors: the synthetic patterns of the reference study and
+//! the event builder itself.
+//!
+//! `eb` runs one `evb_core::Node` per host (the EM in host 0), the very
+//! state machines `evb run` drives over TCP, here driven by simulated time:
+//! control messages and fragments become messages on the fabric.
+
+use evb_core::bu::Admit;
+use evb_core::source::SourceModel;
+use evb_core::wire::{Message, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
+use evb_core::{Action, Config, FragmentHeader, Layout, Node, Outcome};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use crate::engine::{Msg, Net, Ps, Traffic, PS_PER_NS};
+
+/// Bytes of a control message on the wire (frame + body, padded).
+const CONTROL_BYTES: u64 = 64;
+
+/// Linear shifter: host i sends `bytes` to (i + s) mod N, then moves to
+/// the next step when the message has left.
+pub struct ShiftFixed {
+    pub bytes: u64,
+    step: Vec<u32>,
+}
+
+impl ShiftFixed {
+    pub fn new(bytes: u64) -> ShiftFixed {
+        ShiftFixed {
+            bytes,
+            step: Vec::new(),
+        }
+    }
+
+    fn post_next(&mut self, net: &mut Net, host: u32) {
+        let n = net.host_count();
+        let s = self.step[host as usize];
+        self.step[host as usize] = s % (n - 1) + 1;
+        net.post(host, (host + s) % n, self.bytes, 0, 0, None);
+    }
+}
+
+impl Traffic for ShiftFixed {
+    fn start(&mut self, net: &mut Net) {
+        self.step = vec![1; net.host_count() as usize];
+        if net.host_count() < 2 {
+            return;
+        }
+        for h in 0..net.host_count() {
+            self.post_next(net, h);
+        }
+    }
+    fn delivered(&mut self, _: &mut Net, _: &Msg) {}
+    fn send_done(&mut self, net: &mut Net, msg: &Msg) {
+        self.post_next(net, msg.src);
+    }
+}
+
+/// Linear shifter on a time window: in window k host i sends to
+/// (i + 1 + k mod (N-1)) mod N, and nobody sends in the last `grace` of a
+/// window.
+pub struct ShiftWindow {
+    pub window: Ps,
+    pub grace: Ps,
+}
+
+impl Traffic for ShiftWindow {
+    fn start(&mut self, net: &mut Net) {
+        net.set_timer(0, 0, 0);
+    }
+    fn delivered(&mut self, _: &mut Net, _: &Msg) {}
+    fn send_done(&mut self, _: &mut Net, _: &Msg) {}
+    fn timer(&mut self, net: &mut Net, _host: u32, k: u64) {
+        let n = net.host_count();
+        if n < 2 {
+            return;
+        }
+        let start = k * self.window;
+        let until = start + self.window - self.grace;
+        // More than the window can carry; the rest is cut at `until`.
+        let bytes = (net.params.link_gbps * (self.window as f64) / 8.0 / 1000.0) as u64 + 1;
+        let shift = 1 + (k % u64::from(n - 1)) as u32;
+        for h in 0..n {
+            net.post(h, (h + shift) % n, bytes, 0, k, Some(until));
+        }
+        net.set_timer(0, start + self.window, k + 1);
+    }
+}
+
+/// Random destination per message of one MTU, at an offered load.
+pub struct Uniform {
+    pub load: f64,
+    rng: Pcg64Mcg,
+    gap: Ps,
+}
+
+impl Uniform {
+    pub fn new(load: f64, seed: u64) -> Uniform {
+        Uniform {
+            load,
+            rng: Pcg64Mcg::seed_from_u64(seed),
+            gap: 0,
+        }
+    }
+}
+
+impl Traffic for Uniform {
+    fn start(&mut self, net: &mut Net) {
+        let mtu = net.params.mtu;
+        self.gap = (net.params.tx_ps(mtu) as f64 / self.load) as Ps;
+        for h in 0..net.host_count() {
+            let jitter = self.rng.gen_range(0..self.gap.max(1));
+            net.set_timer(h, jitter, 0);
+        }
+    }
+    fn delivered(&mut self, _: &mut Net, _: &Msg) {}
+    fn send_done(&mut self, _: &mut Net, _: &Msg) {}
+    fn timer(&mut self, net: &mut Net, host: u32, _: u64) {
+        let n = net.host_count();
+        if n < 2 {
+            return;
+        }
+        let mut dst = self.rng.gen_range(0..n - 1);
+        if dst >= host {
+            dst += 1;
+        }
+        let mtu = u64::from(net.params.mtu);
+        net.post(host, dst, mtu, 0, 0, None);
+        let t = net.now() + self.gap;
+        net.set_timer(host, t, 0);
+    }
+}
+
+/// Continuous streams: each host to fixed partners, `depth` messages in
+/// flight per partner (permutation, incast, all-to-all).
+pub struct Streams {
+    pub bytes: u64,
+    pub depth: u32,
+    partners: Vec<Vec<u32>>,
+}
+
+impl Streams {
+    /// A random derangement: every host sends to one other and receives from one.
+    pub fn permutation(n: u32, bytes: u64, seed: u64) -> Streams {
+        let mut rng = Pcg64Mcg::seed_from_u64(seed);
+        let mut perm: Vec<u32> = (0..n).collect();
+        if n > 1 {
+            loop {
+                perm.shuffle(&mut rng);
+                if perm.iter().enumerate().all(|(i, &p)| i as u32 != p) {
+                    break;
+                }
+            }
+        }
+        Streams {
+            bytes,
+            depth: 2,
+            partners: perm
+                .into_iter()
+                .map(|p| if n > 1 { vec![p] } else { vec![] })
+                .collect(),
+        }
+    }
+
+    /// Every host but 0 sends to host 0.
+    pub fn incast(n: u32, bytes: u64) -> Streams {
+        Streams {
+            bytes,
+            depth: 2,
+            partners: (0..n)
+                .map(|h| if h == 0 { vec![] } else { vec![0] })
+                .collect(),
+        }
+    }
+
+    /// Every host sends to every other at once.
+    pub fn all_to_all(n: u32, bytes: u64) -> Streams {
+        Streams {
+            bytes,
+            depth: 1,
+            partners: (0..n)
+                .map(|h| (0..n).filter(|&d| d != h).collect())
+                .collect(),
+        }
+    }
+}
+
+impl Traffic for Streams {
+    fn start(&mut self, net: &mut Net) {
+        for h in 0..net.host_count() {
+            for &d in &self.partners[h as usize] {
+                for _ in 0..self.depth {
+                    net.post(h, d, self.bytes, 0, 0, None);
+                }
+            }
+        }
+    }
+    fn delivered(&mut self, _: &mut Net, _: &Msg) {}
+    fn send_done(&mut self, net: &mut Net, msg: &Msg) {
+        net.post(msg.src, msg.dst, self.bytes, 0, 0, None);
+    }
+}
+
+/// What a message of the `eb` traffic carries.
+#[derive(Debug, Clone, Copy)]
+enum Carried {
+    Control(Message),
+    Fragment(FragmentHeader),
+}
+
+/// The event builder: `evb_core` nodes on every host.
+pub struct EventBuilder {
+    pub nodes: Vec<Node>,
+    sources: Vec<Option<SourceModel>>,
+    scratch: Vec<u32>,
+    carried: Vec<Carried>,
+    /// Events still to come per slot of `carried` (delivery, send completion).
+    refs: Vec<u8>,
+    free: Vec<usize>,
+    /// Per host: the time its next timer event is already set for.
+    timer_at: Vec<Option<Ps>>,
+    pub built_bytes: u64,
+    pub events_built: u64,
+    pub batches_incomplete: u64,
+}
+
+impl EventBuilder {
+    pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
+        let layout = Layout::from_config(config);
+        if layout.endpoints as usize != hosts {
+            return Err(format!(
+                "the event builder has {} endpoints (nodes.count = {}{}) but the fabric has {hosts} hosts",
+                layout.endpoints,
+                config.nodes.count,
+                if layout.endpoints > layout.nodes { ", plus a separate EM" } else { "" }
+            ));
+        }
+        let nodes = (0..layout.endpoints)
+            .map(|i| Node::new(config, &layout, i))
+            .collect();
+        let sources = (0..layout.endpoints as usize)
+            .map(|i| layout.ru_of[i].map(|s| SourceModel::new(config, s)))
+            .collect();
+        Ok(EventBuilder {
+            nodes,
+            sources,
+            scratch: Vec::new(),
+            carried: Vec::new(),
+            refs: Vec::new(),
+            free: Vec::new(),
+            timer_at: vec![None; hosts],
+            built_bytes: 0,
+            events_built: 0,
+            batches_incomplete: 0,
+        })
+    }
+
+    fn carry(&mut self, c: Carried) -> u64 {
+        match self.free.pop() {
+            Some(i) => {
+                self.carried[i] = c;
+                self.refs[i] = 2;
+                i as u64
+            }
+            None => {
+                self.carried.push(c);
+                self.refs.push(2);
+                (self.carried.len() - 1) as u64
+            }
+        }
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.refs[slot] -= 1;
+        if self.refs[slot] == 0 {
+            self.free.push(slot);
+        }
+    }
+
+    fn now_ns(net: &Net) -> u64 {
+        net.now() / PS_PER_NS
+    }
+
+    /// Carries out what node `host` asked for.
+    fn drain(&mut self, net: &mut Net, host: u32) {
+        let h = host as usize;
+        while let Some(action) = self.nodes[h].poll_action() {
+            let now = Self::now_ns(net);
+            match action {
+                Action::Send { to, msg } => {
+                    let tag = self.carry(Carried::Control(msg));
+                    // Control traffic on its own VL, as a real system would.
+                    net.post(host, u32::from(to), CONTROL_BYTES, 1, tag, None);
+                }
+                Action::Produce { mep } => {
+                    let source = self.sources[h].as_ref().expect("an RU produces");
+                    let header = source.describe(mep, &mut self.scratch);
+                    self.nodes[h].on_mep_ready(now, header);
+                }
+                Action::SendFragment { to, header } => {
+                    let tag = self.carry(Carried::Fragment(header));
+                    let bytes = u64::from(header.payload_len)
+                        + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
+                    net.post(host, u32::from(to), bytes, 0, tag, None);
+                }
+                Action::HandOver { header } => {
+                    self.nodes[h].on_local_fragment(now, &header, header.crc32c)
+                }
+                Action::Finish {
+                    outcome,
+                    bytes,
+                    events,
+                    ..
+                } => match outcome {
+                    Outcome::Built => {
+                        self.built_bytes += bytes;
+                        self.events_built += events;
+                    }
+                    _ => self.batches_incomplete += 1,
+                },
+                Action::Release { .. } | Action::Done => {}
+            }
+        }
+        if let Some(d) = self.nodes[h].next_deadline() {
+            let t = d * PS_PER_NS;
+            if self.timer_at[h].is_none_or(|armed| t < armed) {
+                self.timer_at[h] = Some(t);
+                net.set_timer(host, t, 0);
+            }
+        }
+    }
+}
+
+impl Traffic for EventBuilder {
+    fn start(&mut self, net: &mut Net) {
+        for h in 0..self.nodes.len() {
+            self.nodes[h].start(0);
+            self.drain(net, h as u32);
+        }
+    }
+
+    fn delivered(&mut self, net: &mut Net, msg: &Msg) {
+        let now = Self::now_ns(net);
+        let c = self.carried[msg.tag as usize];
+        self.release(msg.tag as usize);
+        let (to, from) = (msg.dst as usize, msg.src as u16);
+        match c {
+            Carried::Control(m) => self.nodes[to].on_message(now, from, m),
+            Carried::Fragment(h) => {
+                // No bytes are simulated: the CRC is taken as correct.
+                if self.nodes[to].admit_fragment(now, from, &h) == Admit::Keep {
+                    self.nodes[to].on_fragment(now, &h, h.crc32c);
+                }
+            }
+        }
+        self.drain(net, msg.dst);
+    }
+
+    fn send_done(&mut self, net: &mut Net, msg: &Msg) {
+        let c = self.carried[msg.tag as usize];
+        self.release(msg.tag as usize);
+        if let Carried::Fragment(h) = c {
+            let now = Self::now_ns(net);
+            self.nodes[msg.src as usize].on_send_complete(now, h.mep);
+            self.drain(net, msg.src);
+        }
+    }
+
+    fn timer(&mut self, net: &mut Net, host: u32, _: u64) {
+        let h = host as usize;
+        self.timer_at[h] = None;
+        let now = Self::now_ns(net);
+        if self.nodes[h].next_deadline().is_some_and(|d| d <= now) {
+            self.nodes[h].on_timeout(now);
+        }
+        self.drain(net, host);
+    }
+}

@@ -1,0 +1,154 @@
+//! Simulator tests against figures that follow from first principles.
+
+use evb_core::Config;
+use evb_sim::fabric::SimFabric;
+use evb_sim::{simulate, SimResult};
+
+fn sim(hosts: usize, traffic: &str, duration_us: f64, sets: &[&str]) -> SimResult {
+    let mut ov = vec![
+        format!("nodes.count={hosts}"),
+        format!("sim.traffic=\"{traffic}\""),
+        format!("sim.duration_us={duration_us}"),
+    ];
+    ov.extend(sets.iter().map(|s| s.to_string()));
+    let config =
+        Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap();
+    simulate(&config, SimFabric::single_switch(hosts), |_| {}).unwrap()
+}
+
+/// Payload efficiency of full MTU packets: 4096 / (4096 + LRH + BTH + ICRC + VCRC).
+const EFFICIENCY: f64 = 4096.0 / (4096.0 + 26.0);
+
+#[test]
+fn permutation_runs_at_link_rate_less_headers() {
+    let r = sim(8, "permutation", 300.0, &[]);
+    let expected = 100.0 * EFFICIENCY;
+    let s = &r.summary;
+    assert!(
+        s.throughput_per_host_gbps > expected - 1.0
+            && s.throughput_per_host_gbps <= expected + 0.01,
+        "{} vs {expected}",
+        s.throughput_per_host_gbps
+    );
+    assert!(
+        s.total_xmit_wait_s < 1e-6,
+        "a permutation never waits for credits"
+    );
+}
+
+#[test]
+fn incast_is_limited_by_the_receiver_and_waits_for_credits() {
+    let r = sim(8, "incast", 300.0, &[]);
+    let rx0 = r.hosts[0].received_gbps;
+    assert!(
+        rx0 > 100.0 * EFFICIENCY - 1.0 && rx0 <= 100.0 * EFFICIENCY + 0.01,
+        "{rx0}"
+    );
+    // Seven senders share one output: each gets about a seventh.
+    for h in &r.hosts[1..] {
+        assert!(
+            (h.sent_gbps - rx0 / 7.0).abs() < 2.0,
+            "{} vs {}",
+            h.sent_gbps,
+            rx0 / 7.0
+        );
+    }
+    assert!(
+        r.summary.total_xmit_wait_s > 100e-6,
+        "credits must run out: {}",
+        r.summary.total_xmit_wait_s
+    );
+}
+
+#[test]
+fn lossless_nothing_is_dropped() {
+    for traffic in ["uniform", "incast", "all-to-all", "shift-fixed"] {
+        let r = sim(12, traffic, 200.0, &[]);
+        let sent: f64 = r.hosts.iter().map(|h| h.sent_gbps).sum();
+        let received: f64 = r.hosts.iter().map(|h| h.received_gbps).sum();
+        // What was injected and not delivered must fit in the buffers:
+        // per port per VL 64 KiB, 12 host ports + 12 switch ports, 4 VLs,
+        // plus what is on the wires.
+        let secs = r.summary.simulated_seconds;
+        let in_flight_bytes = (sent - received) * 1e9 / 8.0 * secs;
+        let capacity = 24.0 * 4.0 * 65536.0;
+        assert!(
+            in_flight_bytes >= -1.0,
+            "{traffic}: received more than was sent"
+        );
+        assert!(
+            in_flight_bytes <= capacity,
+            "{traffic}: {in_flight_bytes} bytes unaccounted for"
+        );
+    }
+}
+
+#[test]
+fn shift_window_loses_its_grace_period() {
+    let r = sim(
+        8,
+        "shift-window",
+        500.0,
+        &["sim.window_ns=50000", "sim.grace_ns=5000"],
+    );
+    let expected = 100.0 * EFFICIENCY * 0.9;
+    let got = r.summary.throughput_per_host_gbps;
+    assert!((got - expected).abs() < 1.5, "{got} vs {expected}");
+}
+
+#[test]
+fn uniform_load_is_delivered_below_saturation() {
+    let r = sim(16, "uniform", 300.0, &["sim.load=0.3"]);
+    let offered = 30.0 * 4096.0 / 4122.0;
+    let got = r.summary.throughput_per_host_gbps;
+    assert!((got - offered).abs() < 3.0, "{got} vs {offered}");
+}
+
+#[test]
+fn event_builder_runs_on_the_fabric() {
+    let r = sim(
+        8,
+        "eb",
+        3000.0,
+        &[
+            "source.events_per_mep=512",
+            "event_builder.parallel_sends=4",
+        ],
+    );
+    let eb = r.summary.eb.as_ref().unwrap();
+    assert!(eb.events_built >= 512 * 8, "{eb:?}");
+    assert_eq!(eb.events_built % 512, 0);
+    assert_eq!(eb.batches_incomplete, 0);
+    assert!(eb.built_gbps_per_node > 10.0, "{eb:?}");
+    assert!(eb.latency_p99_us >= eb.latency_p50_us && eb.latency_p50_us > 0.0);
+    // Received payload per host cannot beat the link.
+    assert!(r.hosts.iter().all(|h| h.received_gbps <= 100.0));
+}
+
+#[test]
+fn same_seed_same_result() {
+    let a = sim(8, "eb", 1500.0, &["source.events_per_mep=256"]);
+    let b = sim(8, "eb", 1500.0, &["source.events_per_mep=256"]);
+    assert_eq!(a.summary.events_processed, b.summary.events_processed);
+    assert_eq!(
+        serde_json::to_string(&a.hosts).unwrap(),
+        serde_json::to_string(&b.hosts).unwrap()
+    );
+    let c = sim(8, "uniform", 100.0, &["sim.load=0.5", "run.seed=2"]);
+    let d = sim(8, "uniform", 100.0, &["sim.load=0.5", "run.seed=3"]);
+    assert_ne!(
+        serde_json::to_string(&c.hosts).unwrap(),
+        serde_json::to_string(&d.hosts).unwrap()
+    );
+}
+
+#[test]
+fn bad_routes_are_reported() {
+    let mut f = SimFabric::single_switch(4);
+    f.routes[0][2] = 1;
+    let e = f.validate().unwrap_err();
+    assert!(e.contains("host0 -> host2 ends at host1"), "{e}");
+    let mut f = SimFabric::single_switch(4);
+    f.routes[0][3] = 9;
+    assert!(f.validate().unwrap_err().contains("unconnected port 9"));
+}
