@@ -36,6 +36,8 @@ enum Command {
     Fabric(fabric::FabricArgs),
     /// Simulate an event builder or synthetic traffic on a credit-based fabric.
     Sim(sim::SimArgs),
+    /// Simulate the cartesian product of parameter values, in parallel.
+    Scan(sim::ScanArgs),
 }
 
 #[derive(Debug, Args)]
@@ -116,6 +118,7 @@ fn main() -> ExitCode {
         Command::Config(cmd) => cmd_config(cmd),
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
+        Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

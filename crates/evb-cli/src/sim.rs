@@ -138,3 +138,105 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub sim: SimArgs,
+    /// A scanned key and its values: `--param event_builder.credits=1,2,4` (repeatable).
+    #[arg(long = "param", value_name = "KEY=V1,V2,...", required = true)]
+    pub params: Vec<String>,
+}
+
+/// The configuration of one scan point: the base overrides, then the point's.
+fn point_overrides(base: &[String], point: &[String]) -> Vec<String> {
+    base.iter().chain(point).cloned().collect()
+}
+
+pub fn scan(args: ScanArgs) -> Result<()> {
+    let sim = args.sim;
+    let fabric = parse_topology(&sim.topology)?;
+    let axes = args
+        .params
+        .iter()
+        .map(|p| evb_sim::scan::Axis::parse(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let mut base = sim.overrides.clone();
+    if let Some(t) = &sim.traffic {
+        base.push(format!("sim.traffic=\"{t}\""));
+    }
+    if let Some(d) = sim.duration_us {
+        base.push(format!("sim.duration_us={d}"));
+    }
+    if let Some(l) = sim.load {
+        base.push(format!("sim.load={l}"));
+    }
+    if !base.iter().any(|o| o.starts_with("nodes.count")) {
+        base.insert(0, format!("nodes.count={}", fabric.hosts()));
+    }
+    let total: usize = axes.iter().map(|a| a.values.len()).product();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let tty = std::io::stderr().is_terminal();
+    let config_path = sim.config.clone();
+    let result = evb_sim::scan::run_scan(
+        &axes,
+        |point| {
+            Config::load(config_path.as_deref(), &point_overrides(&base, point))
+                .map_err(|e| e.to_string())
+        },
+        &fabric,
+        || {
+            let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            if tty {
+                eprint!("\rscan: {n}/{total} points");
+            }
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    if tty {
+        eprintln!();
+    }
+    let mut order: Vec<usize> = (0..result.points.len()).collect();
+    order.sort_by(|&a, &b| {
+        result.points[b]
+            .figure_gbps
+            .total_cmp(&result.points[a].figure_gbps)
+    });
+    println!(
+        "evb scan: {} points on {} in {:.1} s; {:.0}% of points within 2% of the best",
+        result.points.len(),
+        fabric.name,
+        result.wall_seconds,
+        result.fraction_within_2pct_of_best * 100.0
+    );
+    println!("{:>10}  {:>10}  parameters", "Gb/s", "% of link");
+    for &i in &order {
+        let p = &result.points[i];
+        let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:>10.2}  {:>9.1}%  {}",
+            p.figure_gbps,
+            p.figure_gbps / p.summary.link_rate_gbps * 100.0,
+            params.join(" ")
+        );
+    }
+    if let Some(path) = &sim.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &sim.csv {
+        let mut text = result.axes.join(",") + ",figure_gbps,throughput_per_host_gbps\n";
+        for p in &result.points {
+            let vals: Vec<&str> = p.params.iter().map(|(_, v)| v.as_str()).collect();
+            text += &format!(
+                "{},{:.4},{:.4}\n",
+                vals.join(","),
+                p.figure_gbps,
+                p.summary.throughput_per_host_gbps
+            );
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

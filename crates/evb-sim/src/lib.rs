@@ -11,6 +11,7 @@
 
 pub mod engine;
 pub mod fabric;
+pub mod scan;
 pub mod traffic;
 
 use std::time::Instant;

@@ -1,0 +1,148 @@
+//! `evb sim` and `evb scan` from the command line.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn evb(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+fn tmp(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("evb-simcli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name).display().to_string()
+}
+
+#[test]
+fn sim_writes_the_documented_json_and_csv() {
+    let json = tmp("sim.json");
+    let csv = tmp("sim.csv");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=8",
+        "--traffic",
+        "permutation",
+        "--duration-us",
+        "200",
+        "--json",
+        &json,
+        "--csv",
+        &csv,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let s = &v["summary"];
+    for key in [
+        "throughput_per_host_gbps",
+        "link_rate_gbps",
+        "simulated_seconds",
+        "wall_seconds",
+    ] {
+        assert!(s[key].as_f64().is_some(), "summary.{key} missing: {s}");
+    }
+    assert!(s["events_processed"].as_u64().unwrap() > 1000);
+    assert_eq!(s["link_rate_gbps"].as_f64(), Some(100.0));
+    assert!((s["simulated_seconds"].as_f64().unwrap() - 200e-6).abs() < 1e-9);
+    assert!(s["throughput_per_host_gbps"].as_f64().unwrap() > 95.0);
+    let lines = std::fs::read_to_string(&csv).unwrap();
+    assert!(lines.starts_with("t_us,mean_rx_gbps"));
+    assert_eq!(lines.lines().count(), 1 + 20, "a sample every 10 us");
+    assert!(out.contains("throughput per host"), "{out}");
+}
+
+#[test]
+fn sim_runs_the_event_builder_from_the_run_config() {
+    let cfg = tmp("eb.toml");
+    std::fs::write(
+        &cfg,
+        "[event_builder]\nparallel_sends = 4\ncredits = 2\n[source]\nevents_per_mep = 512\n",
+    )
+    .unwrap();
+    let json = tmp("eb.json");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--config",
+        &cfg,
+        "--topology",
+        "switch:hosts=8",
+        "--traffic",
+        "eb",
+        "--duration-us",
+        "2000",
+        "--json",
+        &json,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(v["summary"]["eb"]["events_built"].as_u64().unwrap() >= 512 * 8);
+    // The same file drives `evb run`.
+    let (ok, _, err) = evb(&["config", "check", &cfg]);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn scan_runs_every_point_and_ranks_them() {
+    let json = tmp("scan.json");
+    let (ok, out, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=6",
+        "--traffic",
+        "eb",
+        "--duration-us",
+        "1500",
+        "--set",
+        "source.events_per_mep=256",
+        "--param",
+        "event_builder.credits=1,2",
+        "--param",
+        "event_builder.parallel_sends=1,2,4",
+        "--json",
+        &json,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 6);
+    let best = v["best"].as_u64().unwrap() as usize;
+    let top = points[best]["figure_gbps"].as_f64().unwrap();
+    assert!(points
+        .iter()
+        .all(|p| p["figure_gbps"].as_f64().unwrap() <= top));
+    assert!(
+        out.lines()
+            .nth(2)
+            .unwrap()
+            .trim_start()
+            .starts_with(&format!("{top:.2}")),
+        "{out}"
+    );
+    // A bad value names the key before any point runs.
+    let (ok, _, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=4",
+        "--param",
+        "event_builder.credits=1,0",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("event_builder.credits"), "{err}");
+}
+
+#[test]
+fn bad_topology_is_a_clear_error() {
+    let (ok, _, err) = evb(&["sim", "--topology", "switch:hosts=x"]);
+    assert!(!ok && err.contains("hosts"), "{err}");
+    let (ok, _, err) = evb(&["sim", "--topology", "torus:hosts=8"]);
+    assert!(!ok && err.contains("unknown kind"), "{err}");
+}
