@@ -51,6 +51,10 @@ pub struct Params {
     /// Host latency histogram: (ps, weight).
     pub host_latency: Vec<(Ps, f64)>,
     pub seed: u64,
+    /// Flit granularity: buffer space goes back to the sender one 64-byte
+    /// block at a time as it drains, one event per flit, instead of once
+    /// per packet when its tail has left. For validating the fast mode.
+    pub flit: bool,
 }
 
 impl Params {
@@ -447,14 +451,8 @@ impl Net {
                 // The sink always drains: credits go back as the tail arrives.
                 let (s, port) = self.fabric.host_attach[host as usize];
                 let feeding = self.switch_base[s as usize] + u32::from(port);
-                self.at(
-                    tail + self.params.link_latency_ps,
-                    Ev::Credit {
-                        out: feeding,
-                        vl: p.vl,
-                        blocks: p.blocks,
-                    },
-                );
+                let head = self.now;
+                self.return_credits(feeding, p, head);
                 self.hosts[host as usize].payload_received += u64::from(p.payload);
                 self.sample_rx[host as usize] += u64::from(p.payload);
                 if p.last {
@@ -493,6 +491,35 @@ impl Net {
                 let t = self.now + self.sample_ps;
                 self.at(t, Ev::Sample);
             }
+        }
+    }
+
+    /// Credits for packet `p`, which starts leaving a buffer at `start`,
+    /// back to the output `to` that filled the buffer, a link latency later.
+    fn return_credits(&mut self, to: u32, p: Packet, start: Ps) {
+        let lat = self.params.link_latency_ps;
+        if self.params.flit {
+            for i in 1..=p.blocks {
+                let drained = self.params.tx_ps((i * CREDIT_BLOCK).min(p.wire));
+                self.at(
+                    start + drained + lat,
+                    Ev::Credit {
+                        out: to,
+                        vl: p.vl,
+                        blocks: 1,
+                    },
+                );
+            }
+        } else {
+            let t = start + self.params.tx_ps(p.wire) + lat;
+            self.at(
+                t,
+                Ev::Credit {
+                    out: to,
+                    vl: p.vl,
+                    blocks: p.blocks,
+                },
+            );
         }
     }
 
@@ -649,17 +676,10 @@ impl Net {
             .pop_front()
             .expect("a head packet");
         let p = self.packets[pkt as usize];
-        let tx = self.params.tx_ps(p.wire);
-        // The buffer space is free once the tail has left: tell the sender.
+        // The buffer space is free as the packet leaves: tell the sender.
         let upstream = self.ins[inp as usize].upstream;
-        self.at(
-            self.now + tx + self.params.link_latency_ps,
-            Ev::Credit {
-                out: upstream,
-                vl: v,
-                blocks: p.blocks,
-            },
-        );
+        let start = self.now;
+        self.return_credits(upstream, p, start);
         if let Some(&next) = self.ins[inp as usize].queues[v as usize].front() {
             let ready =
                 (self.packets[next as usize].head_at + self.params.switch_latency_ps).max(self.now);

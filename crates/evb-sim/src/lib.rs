@@ -106,6 +106,7 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         vl_weights: s.vl_weights.clone(),
         host_latency,
         seed: config.run.seed,
+        flit: s.granularity == "flit",
     })
 }
 

@@ -152,3 +152,39 @@ fn bad_routes_are_reported() {
     f.routes[0][3] = 9;
     assert!(f.validate().unwrap_err().contains("unconnected port 9"));
 }
+
+#[test]
+fn packet_and_flit_granularity_agree() {
+    for (traffic, sets) in [
+        ("permutation", vec![]),
+        ("incast", vec![]),
+        ("uniform", vec!["sim.load=0.9"]),
+        ("all-to-all", vec![]),
+        (
+            "eb",
+            vec![
+                "source.events_per_mep=512",
+                "event_builder.parallel_sends=4",
+            ],
+        ),
+    ] {
+        let duration = if traffic == "eb" { 2500.0 } else { 300.0 };
+        let packet = sim(8, traffic, duration, &sets);
+        let mut flit_sets = sets.clone();
+        flit_sets.push("sim.granularity=flit");
+        let flit = sim(8, traffic, duration, &flit_sets);
+        let (a, b) = (
+            packet.summary.throughput_per_host_gbps,
+            flit.summary.throughput_per_host_gbps,
+        );
+        assert!(
+            (a - b).abs() <= 0.02 * a.max(b),
+            "{traffic}: packet {a} vs flit {b}"
+        );
+        // The flit mode really is finer: more events for the same traffic.
+        assert!(
+            flit.summary.events_processed > packet.summary.events_processed * 3 / 2,
+            "{traffic}"
+        );
+    }
+}
