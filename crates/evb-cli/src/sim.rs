@@ -34,6 +34,9 @@ pub struct SimArgs {
     /// Write the throughput time series as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Write plots: PREFIX-throughput.{svg,png} and PREFIX-links.{svg,png}.
+    #[arg(long, value_name = "PREFIX")]
+    pub plot: Option<PathBuf>,
 }
 
 /// Parses the `--topology` short forms.
@@ -126,6 +129,11 @@ pub fn run(args: SimArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    if let Some(prefix) = &args.plot {
+        for p in write_plots(prefix, &result)? {
+            println!("wrote {}", p.display());
+        }
+    }
     if let Some(path) = &args.csv {
         let mut text = String::from("t_us,mean_rx_gbps,min_rx_gbps,max_rx_gbps\n");
         for p in &result.timeseries {
@@ -137,6 +145,77 @@ pub fn run(args: SimArgs) -> Result<()> {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// Throughput over time and link utilisation, as SVG and PNG.
+fn write_plots(prefix: &std::path::Path, r: &evb_sim::SimResult) -> Result<Vec<PathBuf>> {
+    use evb_plot::{line_chart, Series};
+    let name = |suffix: &str| {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let ts = &r.timeseries;
+    let pick = |f: fn(&evb_sim::engine::Sample) -> f64| ts.iter().map(|p| (p.t_us, f(p))).collect();
+    let s = &r.summary;
+    let title = format!("{} on {}: received payload per host", s.traffic, s.topology);
+    let mut out = Vec::new();
+    out.extend(line_chart(
+        &name("-throughput"),
+        &title,
+        "simulated time (us)",
+        "Gb/s",
+        &[
+            Series {
+                name: "max".into(),
+                points: pick(|p| p.max_rx_gbps),
+            },
+            Series {
+                name: "mean".into(),
+                points: pick(|p| p.mean_rx_gbps),
+            },
+            Series {
+                name: "min".into(),
+                points: pick(|p| p.min_rx_gbps),
+            },
+        ],
+    )?);
+    let mut util: Vec<f64> = r.links.iter().map(|l| l.utilisation * 100.0).collect();
+    util.sort_by(|a, b| b.total_cmp(a));
+    let mut wait: Vec<f64> = r
+        .links
+        .iter()
+        .map(|l| l.xmit_wait_s / s.simulated_seconds * 100.0)
+        .collect();
+    wait.sort_by(|a, b| b.total_cmp(a));
+    out.extend(line_chart(
+        &name("-links"),
+        &format!(
+            "{} on {}: link utilisation and credit wait, links sorted",
+            s.traffic, s.topology
+        ),
+        "links (sorted, busiest first)",
+        "% of simulated time",
+        &[
+            Series {
+                name: "utilisation".into(),
+                points: util
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &u)| (i as f64, u))
+                    .collect(),
+            },
+            Series {
+                name: "waiting for credits (PortXmitWait)".into(),
+                points: wait
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &w)| (i as f64, w))
+                    .collect(),
+            },
+        ],
+    )?);
+    Ok(out)
 }
 
 #[derive(Debug, Args)]

@@ -1,0 +1,302 @@
+//! `evb-plot`: the charts evb writes (line charts of throughput over time,
+//! heat maps of link load), each as an SVG and a PNG beside it.
+//!
+//! Text is laid out with a TrueType font found at run time (Debian's
+//! `fonts-dejavu-core`, installed by `scripts/setup.sh`).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("no TrueType font for PNG text: install fonts-dejavu-core (looked in {0})")]
+    NoFont(String),
+    #[error("drawing {path}: {message}")]
+    Draw { path: PathBuf, message: String },
+    #[error("nothing to plot: {0}")]
+    Empty(&'static str),
+}
+
+const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Registers the font PNG text is drawn with, once per process.
+fn ensure_font() -> Result<(), PlotError> {
+    static FONT: OnceLock<Result<(), String>> = OnceLock::new();
+    FONT.get_or_init(|| {
+        let bytes = FONT_PATHS
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .ok_or_else(|| FONT_PATHS.join(", "))?;
+        // plotters keeps fonts for the life of the process.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+            .map_err(|_| "bad font file".to_string())
+    })
+    .clone()
+    .map_err(PlotError::NoFont)
+}
+
+/// One line of a line chart.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart: writes `base.svg` and `base.png`; returns both paths.
+pub fn line_chart(
+    base: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<[PathBuf; 2], PlotError> {
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Err(PlotError::Empty("a line chart needs points"));
+    }
+    render(
+        base,
+        (1000, 600),
+        &LineChart {
+            title,
+            x_label,
+            y_label,
+            series,
+        },
+    )
+}
+
+/// A heat map of `rows` (each a row of cells), e.g. link load per step:
+/// writes `base.svg` and `base.png`.
+pub fn heat_map(
+    base: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    rows: &[Vec<f64>],
+) -> Result<[PathBuf; 2], PlotError> {
+    if rows.is_empty() || rows.iter().all(Vec::is_empty) {
+        return Err(PlotError::Empty("a heat map needs cells"));
+    }
+    render(
+        base,
+        (1000, 700),
+        &HeatMap {
+            title,
+            x_label,
+            y_label,
+            rows,
+        },
+    )
+}
+
+/// Something drawn the same way on any backend.
+trait Picture {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String>;
+}
+
+struct LineChart<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: &'a [Series],
+}
+
+impl Picture for LineChart<'_> {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let all: Vec<(f64, f64)> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().copied())
+            .collect();
+        let (x0, x1) = bounds(all.iter().map(|p| p.0));
+        let (_, y1) = bounds(all.iter().map(|p| p.1));
+        let y0 = 0.0f64.min(all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min));
+        area.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(self.title, ("sans-serif", 24))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d(x0..x1, y0..y1 * 1.05)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, s) in self.series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    s.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?
+                .label(s.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+        if self.series.len() > 1 {
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 14))
+                .draw()
+                .map_err(|e| e.to_string())?;
+        }
+        area.present().map_err(|e| e.to_string())
+    }
+}
+
+struct HeatMap<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    rows: &'a [Vec<f64>],
+}
+
+impl Picture for HeatMap<'_> {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let rows = self.rows;
+        let height = rows.len();
+        let width = rows.iter().map(Vec::len).max().unwrap_or(1);
+        let max = rows
+            .iter()
+            .flatten()
+            .copied()
+            .fold(0.0f64, f64::max)
+            .max(1e-12);
+        area.fill(&WHITE).map_err(|e| e.to_string())?;
+        let (w, _) = area.dim_in_pixel();
+        let (main, legend) = area.split_horizontally(w.saturating_sub(90));
+        let mut chart = ChartBuilder::on(&main)
+            .caption(self.title, ("sans-serif", 24))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d(0.0..width as f64, 0.0..height as f64)
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let cells = rows.iter().enumerate().flat_map(|(y, row)| {
+            row.iter().enumerate().map(move |(x, &v)| {
+                let c = ViridisRGB::get_color(v / max);
+                Rectangle::new(
+                    [(x as f64, y as f64), (x as f64 + 1.0, y as f64 + 1.0)],
+                    c.filled(),
+                )
+            })
+        });
+        chart.draw_series(cells).map_err(|e| e.to_string())?;
+        // Colour scale.
+        let mut scale = ChartBuilder::on(&legend)
+            .margin_top(50)
+            .margin_bottom(57)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0.0..1.0, 0.0..max)
+            .map_err(|e| e.to_string())?;
+        scale
+            .configure_mesh()
+            .disable_mesh()
+            .disable_x_axis()
+            .label_style(("sans-serif", 13))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let steps = 100;
+        scale
+            .draw_series((0..steps).map(|i| {
+                let lo = max * i as f64 / steps as f64;
+                let hi = max * (i + 1) as f64 / steps as f64;
+                Rectangle::new(
+                    [(0.0, lo), (1.0, hi)],
+                    ViridisRGB::get_color(lo / max).filled(),
+                )
+            }))
+            .map_err(|e| e.to_string())?;
+        area.present().map_err(|e| e.to_string())
+    }
+}
+
+fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+        (a.min(v), b.max(v))
+    });
+    if hi > lo {
+        (lo, hi)
+    } else {
+        (lo - 0.5, lo + 0.5)
+    }
+}
+
+/// Draws the same picture to SVG and PNG.
+fn render(
+    base: &Path,
+    size: (u32, u32),
+    picture: &impl Picture,
+) -> Result<[PathBuf; 2], PlotError> {
+    let svg = base.with_extension("svg");
+    let png = base.with_extension("png");
+    // Both backends lay text out with the registered font.
+    ensure_font()?;
+    picture
+        .draw(SVGBackend::new(&svg, size).into_drawing_area())
+        .map_err(|message| PlotError::Draw {
+            path: svg.clone(),
+            message,
+        })?;
+    picture
+        .draw(BitMapBackend::new(&png, size).into_drawing_area())
+        .map_err(|message| PlotError::Draw {
+            path: png.clone(),
+            message,
+        })?;
+    Ok([svg, png])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_svg_and_png() {
+        let dir = std::env::temp_dir().join(format!("evb-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let series = [Series {
+            name: "a".into(),
+            points: (0..50).map(|i| (f64::from(i), f64::from(i * i))).collect(),
+        }];
+        let [svg, png] =
+            line_chart(&dir.join("line"), "Throughput", "t (us)", "Gb/s", &series).unwrap();
+        let text = std::fs::read_to_string(svg).unwrap();
+        assert!(text.contains("<svg") && text.contains("Throughput"));
+        let bytes = std::fs::read(png).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        let rows: Vec<Vec<f64>> = (0..10)
+            .map(|y| (0..20).map(|x| f64::from(x * y)).collect())
+            .collect();
+        let [svg, png] = heat_map(&dir.join("heat"), "Load", "link", "step", &rows).unwrap();
+        assert!(std::fs::read_to_string(svg).unwrap().contains("<rect"));
+        assert!(std::fs::metadata(png).unwrap().len() > 1000);
+        assert!(matches!(
+            line_chart(&dir.join("e"), "t", "x", "y", &[]),
+            Err(PlotError::Empty(_))
+        ));
+    }
+}
