@@ -203,9 +203,10 @@ impl Traffic for Streams {
 }
 
 /// What a message of the `eb` traffic carries.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Carried {
-    Control(Message),
+    /// Control messages for one destination, sent together.
+    Control(Vec<Message>),
     Fragment(FragmentHeader),
 }
 
@@ -220,6 +221,8 @@ pub struct EventBuilder {
     free: Vec<usize>,
     /// Per host: the time its next timer event is already set for.
     timer_at: Vec<Option<Ps>>,
+    /// Control messages of the current step, by destination.
+    outbox: std::collections::BTreeMap<u16, Vec<Message>>,
     pub built_bytes: u64,
     pub events_built: u64,
     pub batches_incomplete: u64,
@@ -250,6 +253,7 @@ impl EventBuilder {
             refs: Vec::new(),
             free: Vec::new(),
             timer_at: vec![None; hosts],
+            outbox: std::collections::BTreeMap::new(),
             built_bytes: 0,
             events_built: 0,
             batches_incomplete: 0,
@@ -288,11 +292,7 @@ impl EventBuilder {
         while let Some(action) = self.nodes[h].poll_action() {
             let now = Self::now_ns(net);
             match action {
-                Action::Send { to, msg } => {
-                    let tag = self.carry(Carried::Control(msg));
-                    // Control traffic on its own VL, as a real system would.
-                    net.post(host, u32::from(to), CONTROL_BYTES, 1, tag, None);
-                }
+                Action::Send { to, msg } => self.outbox.entry(to).or_default().push(msg),
                 Action::Produce { mep } => {
                     let source = self.sources[h].as_ref().expect("an RU produces");
                     let header = source.describe(mep, &mut self.scratch);
@@ -322,6 +322,13 @@ impl EventBuilder {
                 Action::Release { .. } | Action::Done => {}
             }
         }
+        // Control messages of one step to one destination travel together,
+        // as the TCP runtime writes them in one go; on their own VL.
+        for (to, msgs) in std::mem::take(&mut self.outbox) {
+            let bytes = CONTROL_BYTES * msgs.len() as u64;
+            let tag = self.carry(Carried::Control(msgs));
+            net.post(host, u32::from(to), bytes, 1, tag, None);
+        }
         if let Some(d) = self.nodes[h].next_deadline() {
             let t = d * PS_PER_NS;
             if self.timer_at[h].is_none_or(|armed| t < armed) {
@@ -342,11 +349,15 @@ impl Traffic for EventBuilder {
 
     fn delivered(&mut self, net: &mut Net, msg: &Msg) {
         let now = Self::now_ns(net);
-        let c = self.carried[msg.tag as usize];
+        let c = self.carried[msg.tag as usize].clone();
         self.release(msg.tag as usize);
         let (to, from) = (msg.dst as usize, msg.src as u16);
         match c {
-            Carried::Control(m) => self.nodes[to].on_message(now, from, m),
+            Carried::Control(msgs) => {
+                for m in msgs {
+                    self.nodes[to].on_message(now, from, m);
+                }
+            }
             Carried::Fragment(h) => {
                 // No bytes are simulated: the CRC is taken as correct.
                 if self.nodes[to].admit_fragment(now, from, &h) == Admit::Keep {
@@ -358,9 +369,12 @@ impl Traffic for EventBuilder {
     }
 
     fn send_done(&mut self, net: &mut Net, msg: &Msg) {
-        let c = self.carried[msg.tag as usize];
+        let fragment = match &self.carried[msg.tag as usize] {
+            Carried::Fragment(h) => Some(*h),
+            Carried::Control(_) => None,
+        };
         self.release(msg.tag as usize);
-        if let Carried::Fragment(h) = c {
+        if let Some(h) = fragment {
             let now = Self::now_ns(net);
             self.nodes[msg.src as usize].on_send_complete(now, h.mep);
             self.drain(net, msg.src);
