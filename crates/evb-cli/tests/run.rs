@@ -181,6 +181,33 @@ fn a_missing_source_makes_a_batch_time_out_naming_the_source() {
 }
 
 #[test]
+fn pull_with_a_missing_source_finishes_and_counts_it() {
+    let (code, v, text) = run(
+        "missing-pull",
+        &[
+            "event_builder.protocol=pull",
+            "faults.source=1",
+            "faults.drop_meps=[10, 11]",
+            "event_builder.batch_timeout_ms=300",
+        ],
+        &["--nodes", "3"],
+    );
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(u(&v, "summary.events_incomplete"), 2 * 64, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 118 * 64, "{text}");
+    assert_eq!(u(&v, "summary.events_lost"), 0);
+    assert_eq!(v["summary"]["missing_by_source"][1], 2);
+    assert!(
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["drain_timed_out"] == false),
+        "{text}"
+    );
+}
+
+#[test]
 fn runs_for_its_duration_and_drains() {
     let json = tmp("duration.json");
     let out = evb()

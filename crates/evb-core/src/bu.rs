@@ -39,6 +39,9 @@ pub enum Outcome {
 pub enum BuAction {
     /// PULL: ask the RU on endpoint `ru` for its fragment of `mep`.
     Request { mep: MepId, ru: NodeId },
+    /// PULL: tell the RU on endpoint `ru` that `mep` is finished without
+    /// its fragment, so it frees the data.
+    Abandon { mep: MepId, ru: NodeId },
     /// Return `credits` to the EM.
     Credit { credits: u32 },
     /// The batch is finished: deliver it to the sink if built, then free
@@ -385,6 +388,15 @@ impl BuilderUnit {
                 .count() as u32;
             self.requests_in_flight -= outstanding;
             self.to_request.retain(|&(m, _)| m != mep);
+            // RUs hold PULL data until asked: release what will never be.
+            if batch.assigned {
+                for s in (0..batch.arrived.len()).filter(|&s| !batch.arrived[s]) {
+                    out.push(BuAction::Abandon {
+                        mep,
+                        ru: self.ru_nodes[s],
+                    });
+                }
+            }
         }
         self.finished.insert(mep);
         self.finished_order.push_back(mep);

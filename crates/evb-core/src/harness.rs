@@ -310,6 +310,7 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::Assign { mep, bu } => MessageKey(3, mep, bu.into()),
         Message::Request { mep, bu } => MessageKey(4, mep, bu.into()),
         Message::EndOfRun { meps } => MessageKey(6, meps, 0),
+        Message::Abandon { mep, bu } => MessageKey(8, mep, bu.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -329,6 +330,10 @@ fn decode_key(k: MessageKey) -> Message {
             bu: k.2 as u16,
         },
         6 => Message::EndOfRun { meps: k.1 },
+        8 => Message::Abandon {
+            mep: k.1,
+            bu: k.2 as u16,
+        },
         _ => Message::Heartbeat,
     }
 }

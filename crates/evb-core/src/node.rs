@@ -272,6 +272,10 @@ impl Node {
                 Some(r) => r.on_request(mep, bu, &mut self.ru_out),
                 None => self.control_rejected += 1,
             },
+            Message::Abandon { mep, bu } if from_bu && bu == from => match &mut self.ru {
+                Some(r) => r.on_abandon(mep, bu, &mut self.ru_out),
+                None => self.control_rejected += 1,
+            },
             Message::Hello { .. } | Message::Heartbeat => {}
             _ => self.control_rejected += 1,
         }
@@ -306,8 +310,11 @@ impl Node {
             for a in std::mem::take(&mut self.bu_out) {
                 progressed = true;
                 match a {
-                    BuAction::Request { mep, ru } => {
-                        let msg = Message::Request { mep, bu: self.id };
+                    BuAction::Request { mep, ru } | BuAction::Abandon { mep, ru } => {
+                        let msg = match a {
+                            BuAction::Request { .. } => Message::Request { mep, bu: self.id },
+                            _ => Message::Abandon { mep, bu: self.id },
+                        };
                         if ru == self.id {
                             self.internal.push_back(msg);
                         } else {

@@ -49,6 +49,8 @@ struct Held {
     requested: bool,
     /// Handed to the transport.
     sent: bool,
+    /// PULL: the BU gave the batch up before the assignment arrived here.
+    abandoned: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -120,12 +122,18 @@ impl ReadoutUnit {
             header: None,
             requested: false,
             sent: false,
+            abandoned: false,
         });
         if entry.assigned {
             return; // Duplicate assignment: already in hand.
         }
-        if entry.requested {
+        if entry.requested || entry.abandoned {
             self.orphan_requests -= 1;
+        }
+        if entry.abandoned {
+            // Given up already: never produced, nothing to hold.
+            self.held.remove(&mep);
+            return;
         }
         entry.assigned = true;
         entry.bu = bu;
@@ -187,9 +195,42 @@ impl ReadoutUnit {
                         header: None,
                         requested: true,
                         sent: false,
+                        abandoned: false,
                     },
                 );
             }
+        }
+    }
+
+    /// PULL: the BU on endpoint `bu` finished `mep` without this RU's
+    /// fragment: free the data unless it is already on its way.
+    pub fn on_abandon(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        match self.held.get_mut(&mep) {
+            Some(h) if h.bu == bu && !h.sent => {
+                let h = self.held.remove(&mep).expect("just seen");
+                if h.assigned {
+                    out.push(RuAction::Release { mep });
+                } else if h.requested {
+                    self.orphan_requests -= 1;
+                }
+            }
+            Some(_) => {}
+            None if self.orphan_requests < self.max_orphan_requests => {
+                // Overtook the assignment: remember, within a bound.
+                self.orphan_requests += 1;
+                self.held.insert(
+                    mep,
+                    Held {
+                        bu,
+                        assigned: false,
+                        header: None,
+                        requested: false,
+                        sent: false,
+                        abandoned: true,
+                    },
+                );
+            }
+            None => self.stats.requests_unexpected += 1,
         }
     }
 
@@ -226,7 +267,7 @@ impl ReadoutUnit {
                 if h.header.is_some() || h.assigned {
                     out.push(RuAction::Release { mep });
                 }
-                if h.requested && !h.assigned {
+                if (h.requested || h.abandoned) && !h.assigned {
                     self.orphan_requests -= 1;
                 }
             }

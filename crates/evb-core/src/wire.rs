@@ -52,6 +52,7 @@ pub enum Kind {
     Fragment = 5,
     EndOfRun = 6,
     Heartbeat = 7,
+    Abandon = 8,
 }
 
 impl Kind {
@@ -64,6 +65,7 @@ impl Kind {
             5 => Kind::Fragment,
             6 => Kind::EndOfRun,
             7 => Kind::Heartbeat,
+            8 => Kind::Abandon,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -78,6 +80,7 @@ impl Kind {
             Kind::Fragment => None,
             Kind::EndOfRun => Some(8),
             Kind::Heartbeat => Some(0),
+            Kind::Abandon => Some(12),
         }
     }
 
@@ -90,6 +93,7 @@ impl Kind {
             Kind::Fragment => "Fragment",
             Kind::EndOfRun => "EndOfRun",
             Kind::Heartbeat => "Heartbeat",
+            Kind::Abandon => "Abandon",
         }
     }
 }
@@ -228,6 +232,9 @@ pub enum Message {
     EndOfRun { meps: MepId },
     /// Liveness on an otherwise idle connection.
     Heartbeat,
+    /// BU -> RU (PULL): the batch of `mep` is finished without your
+    /// fragment; drop it.
+    Abandon { mep: MepId, bu: NodeId },
 }
 
 impl Message {
@@ -240,6 +247,7 @@ impl Message {
             Message::Fragment(_) => Kind::Fragment,
             Message::EndOfRun { .. } => Kind::EndOfRun,
             Message::Heartbeat => Kind::Heartbeat,
+            Message::Abandon { .. } => Kind::Abandon,
         }
     }
 
@@ -269,7 +277,9 @@ impl Message {
                 out.extend_from_slice(&[0, 0]);
                 out.extend_from_slice(&credits.to_le_bytes());
             }
-            Message::Assign { mep, bu } | Message::Request { mep, bu } => {
+            Message::Assign { mep, bu }
+            | Message::Request { mep, bu }
+            | Message::Abandon { mep, bu } => {
                 out.extend_from_slice(&mep.to_le_bytes());
                 out.extend_from_slice(&bu.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
@@ -324,6 +334,10 @@ impl Message {
             }
             Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
             Kind::Heartbeat => Message::Heartbeat,
+            Kind::Abandon => Message::Abandon {
+                mep: u64_at(0),
+                bu: u16_at(8),
+            },
         })
     }
 }
@@ -362,6 +376,7 @@ mod tests {
             (any::<u16>(), any::<u32>()).prop_map(|(bu, credits)| Message::Credit { bu, credits }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Assign { mep, bu }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Request { mep, bu }),
+            (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Abandon { mep, bu }),
             (
                 any::<u32>(),
                 any::<u16>(),
