@@ -42,8 +42,10 @@ pub enum BuAction {
     /// PULL: tell the RU on endpoint `ru` that `mep` is finished without
     /// its fragment, so it frees the data.
     Abandon { mep: MepId, ru: NodeId },
-    /// Return `credits` to the EM.
+    /// Grant `credits` to the EM (at the start).
     Credit { credits: u32 },
+    /// Tell the EM `mep` is finished (returns one credit).
+    Finished { mep: MepId, outcome: u8 },
     /// The batch is finished: deliver it to the sink if built, then free
     /// its buffers either way.
     Finish {
@@ -94,6 +96,8 @@ pub struct BuStats {
     pub latency_ns: Histogram<u64>,
     /// Most batches open at once.
     pub max_open: u32,
+    /// Batches built without a source the EM declared gone.
+    pub batches_masked: u64,
 }
 
 const MAX_INCIDENTS: usize = 32;
@@ -119,6 +123,7 @@ impl BuStats {
             incidents: Vec::new(),
             latency_ns: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"),
             max_open: 0,
+            batches_masked: 0,
         }
     }
 }
@@ -130,6 +135,9 @@ struct Batch {
     deadline: Nanos,
     /// Per source: fragment arrived (valid or not).
     arrived: Vec<bool>,
+    /// Per source: expected (false for sources gone before this MEP).
+    expected: Vec<bool>,
+    expected_count: usize,
     arrived_count: usize,
     corrupt_sources: Vec<u16>,
     bytes: u64,
@@ -157,6 +165,8 @@ pub struct BuilderUnit {
     /// PULL: requests not yet issued, in schedule order.
     to_request: VecDeque<(MepId, u16)>,
     requests_in_flight: u32,
+    /// Per source: the first MEP built without it (its RU is gone).
+    gone_from: Vec<Option<MepId>>,
     pub stats: BuStats,
 }
 
@@ -183,6 +193,7 @@ impl BuilderUnit {
             finished_order: VecDeque::new(),
             to_request: VecDeque::new(),
             requests_in_flight: 0,
+            gone_from: vec![None; layout.rus()],
             stats: BuStats::new(layout.rus()),
         }
     }
@@ -207,11 +218,19 @@ impl BuilderUnit {
         let sources = self.ru_nodes.len();
         let deadline = now + self.timeout_ns;
         self.deadlines.insert((deadline, mep));
+        let expected: Vec<bool> = self
+            .gone_from
+            .iter()
+            .map(|g| g.is_none_or(|from| mep < from))
+            .collect();
+        let expected_count = expected.iter().filter(|&&e| e).count();
         self.open.entry(mep).or_insert(Batch {
             assigned,
             opened_at: now,
             deadline,
             arrived: vec![false; sources],
+            expected,
+            expected_count,
             arrived_count: 0,
             corrupt_sources: Vec::new(),
             bytes: 0,
@@ -236,9 +255,12 @@ impl BuilderUnit {
         if self.protocol == Protocol::Pull {
             // Barrel order for requests: phase n asks RU (index + n) mod N.
             let n = self.ru_nodes.len();
+            let expected = self.open[&mep].expected.clone();
             for k in 0..n {
-                self.to_request
-                    .push_back((mep, ((self.index as usize + k) % n) as u16));
+                let src = (self.index as usize + k) % n;
+                if expected[src] {
+                    self.to_request.push_back((mep, src as u16));
+                }
             }
             self.issue_requests(out);
         }
@@ -258,6 +280,11 @@ impl BuilderUnit {
         let credits = self.credits as usize;
         let open_len = self.open.len();
         match self.open.get(&h.mep) {
+            Some(b) if !b.expected[h.source as usize] => {
+                // From a source declared gone for this MEP.
+                self.stats.fragments_unexpected += 1;
+                Admit::Drop
+            }
             Some(b) if b.arrived[h.source as usize] => {
                 self.stats.fragments_duplicate += 1;
                 Admit::Drop
@@ -332,7 +359,7 @@ impl BuilderUnit {
             let outcome = if !batch.assigned {
                 Outcome::Unexpected
             } else if !batch.corrupt_sources.is_empty()
-                && batch.arrived_count == batch.arrived.len()
+                && batch.arrived_count == batch.expected_count
             {
                 Outcome::Corrupt {
                     sources: batch.corrupt_sources.clone(),
@@ -340,7 +367,7 @@ impl BuilderUnit {
             } else {
                 Outcome::Incomplete {
                     missing: (0..batch.arrived.len() as u16)
-                        .filter(|&s| !batch.arrived[s as usize])
+                        .filter(|&s| batch.expected[s as usize] && !batch.arrived[s as usize])
                         .collect(),
                 }
             };
@@ -366,7 +393,7 @@ impl BuilderUnit {
         let Some(batch) = self.open.get(&mep) else {
             return;
         };
-        if !batch.assigned || batch.arrived_count < batch.arrived.len() {
+        if !batch.assigned || batch.arrived_count < batch.expected_count {
             return;
         }
         let outcome = if batch.corrupt_sources.is_empty() {
@@ -390,7 +417,9 @@ impl BuilderUnit {
             self.to_request.retain(|&(m, _)| m != mep);
             // RUs hold PULL data until asked: release what will never be.
             if batch.assigned {
-                for s in (0..batch.arrived.len()).filter(|&s| !batch.arrived[s]) {
+                for s in
+                    (0..batch.arrived.len()).filter(|&s| batch.expected[s] && !batch.arrived[s])
+                {
                     out.push(BuAction::Abandon {
                         mep,
                         ru: self.ru_nodes[s],
@@ -408,6 +437,9 @@ impl BuilderUnit {
         let s = &mut self.stats;
         match &outcome {
             Outcome::Built => {
+                if batch.expected_count < batch.expected.len() {
+                    s.batches_masked += 1;
+                }
                 s.batches_built += 1;
                 s.events_built += events;
                 s.bytes_built += batch.bytes;
@@ -445,7 +477,12 @@ impl BuilderUnit {
             bytes: batch.bytes,
         });
         if batch.assigned {
-            out.push(BuAction::Credit { credits: 1 });
+            let code = match outcome {
+                Outcome::Built => crate::wire::outcome::BUILT,
+                Outcome::Corrupt { .. } => crate::wire::outcome::CORRUPT,
+                _ => crate::wire::outcome::INCOMPLETE,
+            };
+            out.push(BuAction::Finished { mep, outcome: code });
         }
     }
 
@@ -467,6 +504,43 @@ impl BuilderUnit {
                 ru: self.ru_nodes[src as usize],
             });
         }
+    }
+
+    /// The EM says the RU of `source` is gone: MEPs from `from_mep` on are
+    /// built without it; earlier ones still wait for it (and time out).
+    pub fn on_source_down(
+        &mut self,
+        now: Nanos,
+        source: u16,
+        from_mep: MepId,
+        out: &mut Vec<BuAction>,
+    ) {
+        let Some(slot) = self.gone_from.get_mut(source as usize) else {
+            return;
+        };
+        if slot.is_some() {
+            return;
+        }
+        *slot = Some(from_mep);
+        let affected: Vec<MepId> = self.open.range(from_mep..).map(|(&m, _)| m).collect();
+        for mep in &affected {
+            let b = self.open.get_mut(mep).expect("in range");
+            let s = source as usize;
+            if b.expected[s] && !b.arrived[s] {
+                b.expected[s] = false;
+                b.expected_count -= 1;
+                if b.requested[s] {
+                    b.requested[s] = false;
+                    self.requests_in_flight -= 1;
+                }
+            }
+        }
+        self.to_request
+            .retain(|&(m, s)| !(s == source && m >= from_mep));
+        for mep in affected {
+            self.check_complete(now, mep, out);
+        }
+        self.issue_requests(out);
     }
 
     pub fn node(&self) -> NodeId {

@@ -38,6 +38,15 @@ enum Event {
         mep: MepId,
     },
     Stop,
+    /// The node dies: it takes no more input.
+    Crash {
+        node: NodeId,
+    },
+    /// `to` learns that `peer` is gone (heartbeat or connection loss).
+    PeerLost {
+        to: NodeId,
+        peer: NodeId,
+    },
 }
 
 /// Orderable copies of wire types for the event queue.
@@ -53,6 +62,10 @@ pub struct Faults {
     pub corrupt: BTreeSet<(MepId, u16)>,
     /// Source indices whose fragments are never delivered.
     pub silent_sources: BTreeSet<u16>,
+    /// A node that dies at this time (ns); the others learn of it
+    /// `detection_ns` later.
+    pub crash: Option<(NodeId, Nanos)>,
+    pub detection_ns: Nanos,
 }
 
 /// What a harness run produced.
@@ -91,6 +104,7 @@ pub struct Harness {
     outstanding: BTreeMap<NodeId, BTreeSet<MepId>>,
     scratch: Vec<u32>,
     pub bytes_per_ns: f64,
+    crashed: BTreeSet<NodeId>,
     report: Report,
 }
 
@@ -118,6 +132,7 @@ impl Harness {
             outstanding: BTreeMap::new(),
             scratch: Vec::new(),
             bytes_per_ns: 10.0,
+            crashed: BTreeSet::new(),
             report: Report::default(),
         }
     }
@@ -142,12 +157,18 @@ impl Harness {
         if let Some(t) = stop_at {
             self.schedule(t, Event::Stop);
         }
+        if let Some((node, t)) = self.faults.crash {
+            self.schedule(t, Event::Crash { node });
+        }
         for i in 0..self.nodes.len() {
             self.nodes[i].start(0);
             self.drain(i as NodeId);
         }
-        while self.nodes.iter().any(|n| !n.is_done()) {
-            let next_timer = self.nodes.iter().filter_map(Node::next_deadline).min();
+        while self.alive().any(|i| !self.nodes[i].is_done()) {
+            let next_timer = self
+                .alive()
+                .filter_map(|i| self.nodes[i].next_deadline())
+                .min();
             let next_event = self.queue.peek().map(|Reverse((t, _, _))| *t);
             let t = match (next_timer, next_event) {
                 (Some(a), Some(b)) => a.min(b),
@@ -161,6 +182,9 @@ impl Harness {
             self.now = self.now.max(t);
             if next_timer == Some(t) {
                 for i in 0..self.nodes.len() {
+                    if self.crashed.contains(&(i as NodeId)) {
+                        continue;
+                    }
                     if self.nodes[i].next_deadline().is_some_and(|d| d <= self.now) {
                         self.nodes[i].on_timeout(self.now);
                         self.drain(i as NodeId);
@@ -171,7 +195,8 @@ impl Harness {
             let Reverse((_, _, event)) = self.queue.pop().expect("peeked");
             self.handle(event);
         }
-        self.report.all_done = self.nodes.iter().all(Node::is_done);
+        let all_done = self.alive().all(|i| self.nodes[i].is_done());
+        self.report.all_done = all_done;
         self.report.meps_assigned = self.nodes[self.layout.em as usize]
             .em()
             .map_or(0, |e| e.meps_assigned());
@@ -180,9 +205,38 @@ impl Harness {
         self.report
     }
 
+    /// Indices of the nodes that have not crashed.
+    fn alive(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(|i| !self.crashed.contains(&(*i as NodeId)))
+    }
+
     fn handle(&mut self, event: Event) {
         let now = self.now;
+        let target = match &event {
+            Event::Message { to, .. } | Event::Fragment { to, .. } | Event::PeerLost { to, .. } => {
+                Some(*to)
+            }
+            Event::SendComplete { node, .. } => Some(*node),
+            Event::Stop => Some(self.layout.em),
+            Event::Crash { .. } => None,
+        };
+        if target.is_some_and(|t| self.crashed.contains(&t)) {
+            return; // The dead take no input.
+        }
         match event {
+            Event::Crash { node } => {
+                self.crashed.insert(node);
+                let at = now + self.faults.detection_ns;
+                for to in 0..self.nodes.len() as NodeId {
+                    if to != node {
+                        self.schedule(at, Event::PeerLost { to, peer: node });
+                    }
+                }
+            }
+            Event::PeerLost { to, peer } => {
+                self.nodes[to as usize].on_peer_lost(now, peer);
+                self.drain(to);
+            }
             Event::Stop => {
                 let em = self.layout.em;
                 self.nodes[em as usize].stop(now);
@@ -311,6 +365,10 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::Request { mep, bu } => MessageKey(4, mep, bu.into()),
         Message::EndOfRun { meps } => MessageKey(6, meps, 0),
         Message::Abandon { mep, bu } => MessageKey(8, mep, bu.into()),
+        Message::Finished { mep, bu, outcome } => {
+            MessageKey(9, mep, u64::from(bu) | u64::from(outcome) << 16)
+        }
+        Message::SourceDown { source, from_mep } => MessageKey(10, from_mep, source.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -333,6 +391,15 @@ fn decode_key(k: MessageKey) -> Message {
         8 => Message::Abandon {
             mep: k.1,
             bu: k.2 as u16,
+        },
+        9 => Message::Finished {
+            mep: k.1,
+            bu: k.2 as u16,
+            outcome: (k.2 >> 16) as u8,
+        },
+        10 => Message::SourceDown {
+            from_mep: k.1,
+            source: k.2 as u16,
         },
         _ => Message::Heartbeat,
     }

@@ -209,10 +209,14 @@ impl Node {
         }
     }
 
-    /// Endpoint `peer` is gone: stop shipping to its BU.
+    /// Endpoint `peer` is gone (its connection failed or went silent):
+    /// stop shipping to its BU; the EM reassigns and accounts.
     pub fn on_peer_lost(&mut self, now: Nanos, peer: NodeId) {
         if let Some(ru) = &mut self.ru {
             ru.forget_bu(peer, &mut self.ru_out);
+        }
+        if let Some(em) = &mut self.em {
+            em.on_node_lost(peer, &self.layout, &mut self.em_out);
         }
         self.flush(now);
     }
@@ -272,6 +276,18 @@ impl Node {
                 Some(r) => r.on_request(mep, bu, &mut self.ru_out),
                 None => self.control_rejected += 1,
             },
+            Message::Finished { mep, bu, outcome } if from_bu && bu == from => match &mut self.em {
+                Some(em) => {
+                    let idx = self.layout.bu_of[bu as usize].expect("from_bu") as usize;
+                    em.on_finished(idx, mep, outcome, &mut self.em_out);
+                }
+                None => self.control_rejected += 1,
+            },
+            Message::SourceDown { source, from_mep } if from_em => {
+                if let Some(b) = &mut self.bu {
+                    b.on_source_down(now, source, from_mep, &mut self.bu_out);
+                }
+            }
             Message::Abandon { mep, bu } if from_bu && bu == from => match &mut self.ru {
                 Some(r) => r.on_abandon(mep, bu, &mut self.ru_out),
                 None => self.control_rejected += 1,
@@ -335,6 +351,23 @@ impl Node {
                             });
                         }
                     }
+                    BuAction::Finished { mep, outcome } => {
+                        // Always, even after the end of the run: it is the
+                        // EM's accounting.
+                        let msg = Message::Finished {
+                            mep,
+                            bu: self.id,
+                            outcome,
+                        };
+                        if self.layout.em == self.id {
+                            self.internal.push_back(msg);
+                        } else {
+                            self.actions.push_back(Action::Send {
+                                to: self.layout.em,
+                                msg,
+                            });
+                        }
+                    }
                     BuAction::Finish {
                         mep,
                         outcome,
@@ -365,7 +398,9 @@ impl Node {
         }
         let ru_idle = self.ru.as_ref().is_none_or(ReadoutUnit::is_idle);
         let bu_idle = self.bu.as_ref().is_none_or(|b| b.open_batches() == 0);
-        if ru_idle && bu_idle {
+        // The EM stays until every MEP is accounted for.
+        let em_idle = self.em.as_ref().is_none_or(|e| e.outstanding() == 0);
+        if ru_idle && bu_idle && em_idle {
             self.done = true;
             self.actions.push_back(Action::Done);
         }

@@ -53,6 +53,8 @@ pub enum Kind {
     EndOfRun = 6,
     Heartbeat = 7,
     Abandon = 8,
+    Finished = 9,
+    SourceDown = 10,
 }
 
 impl Kind {
@@ -66,6 +68,8 @@ impl Kind {
             6 => Kind::EndOfRun,
             7 => Kind::Heartbeat,
             8 => Kind::Abandon,
+            9 => Kind::Finished,
+            10 => Kind::SourceDown,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -81,6 +85,8 @@ impl Kind {
             Kind::EndOfRun => Some(8),
             Kind::Heartbeat => Some(0),
             Kind::Abandon => Some(12),
+            Kind::Finished => Some(12),
+            Kind::SourceDown => Some(12),
         }
     }
 
@@ -94,6 +100,8 @@ impl Kind {
             Kind::EndOfRun => "EndOfRun",
             Kind::Heartbeat => "Heartbeat",
             Kind::Abandon => "Abandon",
+            Kind::Finished => "Finished",
+            Kind::SourceDown => "SourceDown",
         }
     }
 }
@@ -235,6 +243,19 @@ pub enum Message {
     /// BU -> RU (PULL): the batch of `mep` is finished without your
     /// fragment; drop it.
     Abandon { mep: MepId, bu: NodeId },
+    /// BU -> EM: `mep` is finished with `outcome` ([`outcome`] codes); one
+    /// credit returns with it.
+    Finished { mep: MepId, bu: NodeId, outcome: u8 },
+    /// EM -> BUs: the RU of `source` is gone; MEPs from `from_mep` on are
+    /// built without it.
+    SourceDown { source: u16, from_mep: MepId },
+}
+
+/// Outcome codes of [`Message::Finished`].
+pub mod outcome {
+    pub const BUILT: u8 = 0;
+    pub const INCOMPLETE: u8 = 1;
+    pub const CORRUPT: u8 = 2;
 }
 
 impl Message {
@@ -248,6 +269,8 @@ impl Message {
             Message::EndOfRun { .. } => Kind::EndOfRun,
             Message::Heartbeat => Kind::Heartbeat,
             Message::Abandon { .. } => Kind::Abandon,
+            Message::Finished { .. } => Kind::Finished,
+            Message::SourceDown { .. } => Kind::SourceDown,
         }
     }
 
@@ -286,6 +309,16 @@ impl Message {
             }
             Message::Fragment(h) => out.extend_from_slice(&h.encode()),
             Message::EndOfRun { meps } => out.extend_from_slice(&meps.to_le_bytes()),
+            Message::Finished { mep, bu, outcome } => {
+                out.extend_from_slice(&mep.to_le_bytes());
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&[outcome, 0]);
+            }
+            Message::SourceDown { source, from_mep } => {
+                out.extend_from_slice(&from_mep.to_le_bytes());
+                out.extend_from_slice(&source.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
             Message::Heartbeat => {}
         }
     }
@@ -338,6 +371,15 @@ impl Message {
                 mep: u64_at(0),
                 bu: u16_at(8),
             },
+            Kind::Finished => Message::Finished {
+                mep: u64_at(0),
+                bu: u16_at(8),
+                outcome: body[10],
+            },
+            Kind::SourceDown => Message::SourceDown {
+                from_mep: u64_at(0),
+                source: u16_at(8),
+            },
         })
     }
 }
@@ -377,6 +419,10 @@ mod tests {
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Assign { mep, bu }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Request { mep, bu }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Abandon { mep, bu }),
+            (any::<u64>(), any::<u16>(), any::<u8>())
+                .prop_map(|(mep, bu, outcome)| Message::Finished { mep, bu, outcome }),
+            (any::<u16>(), any::<u64>())
+                .prop_map(|(source, from_mep)| Message::SourceDown { source, from_mep }),
             (
                 any::<u32>(),
                 any::<u16>(),

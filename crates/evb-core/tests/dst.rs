@@ -177,3 +177,62 @@ fn faults_are_always_accounted_for() {
         }
     }
 }
+
+#[test]
+fn a_node_dying_is_survived_and_accounted_for() {
+    let mut checked = 0;
+    let mut detected = 0;
+    for case in 0..300u64 {
+        let mut config = random_config(5000 + case);
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 80;
+        let layout = evb_core::Layout::from_config(&config);
+        // Any node but the EM's may die; needs a BU left standing.
+        let candidates: Vec<u16> = (0..layout.nodes)
+            .filter(|&n| n != layout.em)
+            .filter(|&n| layout.bu_nodes.iter().any(|&b| b != n))
+            .filter(|&n| layout.ru_nodes.iter().any(|&r| r != n))
+            .collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        let mut rng = Pcg64Mcg::seed_from_u64(case);
+        let victim = candidates[rng.gen_range(0..candidates.len())];
+        for seed in 0..3u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let crash_at = rng.gen_range(0..400_000);
+            h.faults.crash = Some((victim, crash_at));
+            h.faults.detection_ns = 1_000_000;
+            let report = h.run(None, 600_000_000_000);
+            let what = format!("case {case} seed {seed}: node {victim} dies: {config:?}");
+            assert!(report.all_done, "survivors must finish: {what}");
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            let em = report.stats[layout.em as usize].em.clone().unwrap();
+            assert_eq!(em.meps_assigned, 80, "the run goes on: {what}");
+            // Exact accounting at the EM: every MEP has one fate.
+            assert_eq!(
+                em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
+                em.meps_assigned,
+                "{what}: {em:?}"
+            );
+            assert_eq!(em.meps_built, report.built.len() as u64, "{what}");
+            // Only what was in flight around the death can be missing.
+            let in_flight = u64::from(config.event_builder.credits) * layout.bus() as u64;
+            assert!(em.meps_built + 2 * in_flight >= 80, "{what}: {em:?}");
+            let victim_is_bu = layout.bu_of[victim as usize].is_some();
+            let victim_is_ru = layout.ru_of[victim as usize].is_some();
+            if report.end_time >= crash_at + 1_000_000 {
+                // The death happened during the run and was noticed.
+                assert_eq!(em.bus_lost.contains(&victim), victim_is_bu, "{what}");
+                assert_eq!(em.rus_lost.contains(&victim), victim_is_ru, "{what}");
+                detected += 1;
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 500, "only {checked} runs");
+    assert!(
+        detected > checked / 2,
+        "only {detected} of {checked} deaths during the run"
+    );
+}
