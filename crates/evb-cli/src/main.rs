@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use evb_core::Config;
-use evb_net::launch::{format_summary, loss_error, run_local, RunOptions};
+use evb_net::launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
 use evb_net::node::{run_node, Control, NodeOptions};
 
 #[derive(Debug, Parser)]
@@ -69,6 +69,12 @@ struct RunArgs {
     /// Live progress line: auto (on a terminal), always, never.
     #[arg(long, default_value = "auto")]
     progress: String,
+    /// Fault injection: `kill -9` node RANK at SECONDS into the run (repeatable).
+    #[arg(long, value_name = "RANK@SECONDS")]
+    kill: Vec<String>,
+    /// Fault injection: SIGSTOP node RANK at SECONDS (it goes silent, its connections stay open).
+    #[arg(long, value_name = "RANK@SECONDS")]
+    stop: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +151,16 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         allow_loss: args.allow_loss,
         progress,
         exe: None,
+        faults: args
+            .kill
+            .iter()
+            .map(|k| InjectedFault::parse(k, libc::SIGKILL))
+            .chain(
+                args.stop
+                    .iter()
+                    .map(|s| InjectedFault::parse(s, libc::SIGSTOP)),
+            )
+            .collect::<anyhow::Result<_>>()?,
     };
     let (result, clean) = run_local(&opts)?;
     print!("{}", format_summary(&result));

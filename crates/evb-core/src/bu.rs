@@ -167,6 +167,9 @@ pub struct BuilderUnit {
     requests_in_flight: u32,
     /// Per source: the first MEP built without it (its RU is gone).
     gone_from: Vec<Option<MepId>>,
+    /// Per source: this BU's own link from it is gone, so nothing more can
+    /// arrive from it.
+    link_lost: Vec<bool>,
     pub stats: BuStats,
 }
 
@@ -194,6 +197,7 @@ impl BuilderUnit {
             to_request: VecDeque::new(),
             requests_in_flight: 0,
             gone_from: vec![None; layout.rus()],
+            link_lost: vec![false; layout.rus()],
             stats: BuStats::new(layout.rus()),
         }
     }
@@ -540,7 +544,41 @@ impl BuilderUnit {
         for mep in affected {
             self.check_complete(now, mep, out);
         }
+        self.give_up_waiting_for(now, source, out);
         self.issue_requests(out);
+    }
+
+    /// This BU's own connection from the RU of `source` is gone: nothing
+    /// more will arrive from it.
+    pub fn on_source_link_lost(&mut self, now: Nanos, source: u16, out: &mut Vec<BuAction>) {
+        if let Some(l) = self.link_lost.get_mut(source as usize) {
+            *l = true;
+        }
+        self.give_up_waiting_for(now, source, out);
+        self.issue_requests(out);
+    }
+
+    /// Once a source is both gone (EM) and cut off (own link), the batches
+    /// before its masking that still wait for it never complete: finish
+    /// them now rather than at their timeout, freeing their credits.
+    fn give_up_waiting_for(&mut self, now: Nanos, source: u16, out: &mut Vec<BuAction>) {
+        let s = source as usize;
+        let (Some(Some(from)), Some(true)) = (self.gone_from.get(s), self.link_lost.get(s)) else {
+            return;
+        };
+        let waiting: Vec<MepId> = self
+            .open
+            .range(..*from)
+            .filter(|(_, b)| b.assigned && b.expected[s] && !b.arrived[s])
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in waiting {
+            let b = &self.open[&mep];
+            let missing = (0..b.arrived.len() as u16)
+                .filter(|&x| b.expected[x as usize] && !b.arrived[x as usize])
+                .collect();
+            self.finish(now, mep, Outcome::Incomplete { missing }, out);
+        }
     }
 
     pub fn node(&self) -> NodeId {

@@ -190,6 +190,8 @@ pub struct TransportSection {
     pub socket_buffer_bytes: u32,
     /// `host:port` of every endpoint, for `evb node` without `evb run`.
     pub addresses: Vec<String>,
+    /// A peer silent this long (no data, no heartbeat) is declared lost.
+    pub peer_timeout_ms: u64,
 }
 
 impl Default for TransportSection {
@@ -200,6 +202,7 @@ impl Default for TransportSection {
             base_port: 0,
             socket_buffer_bytes: 4 << 20,
             addresses: Vec::new(),
+            peer_timeout_ms: 800,
         }
     }
 }
@@ -479,6 +482,12 @@ impl Config {
                         "RUs"
                     }
                 ),
+            ));
+        }
+        if self.transport.peer_timeout_ms < 300 {
+            return Err(err(
+                "transport.peer_timeout_ms",
+                "must be at least 300 (heartbeats go every 100 ms)".into(),
             ));
         }
         if eb.batch_timeout_ms == 0 {

@@ -229,7 +229,10 @@ impl Harness {
                 let at = now + self.faults.detection_ns;
                 for to in 0..self.nodes.len() as NodeId {
                     if to != node {
-                        self.schedule(at, Event::PeerLost { to, peer: node });
+                        // A connection reports its loss after delivering what
+                        // was already on it.
+                        let last = self.last_delivery.get(&(node, to)).copied().unwrap_or(0);
+                        self.schedule(at.max(last + 1), Event::PeerLost { to, peer: node });
                     }
                 }
             }

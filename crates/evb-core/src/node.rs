@@ -218,7 +218,41 @@ impl Node {
         if let Some(em) = &mut self.em {
             em.on_node_lost(peer, &self.layout, &mut self.em_out);
         }
+        if let (Some(bu), Some(source)) = (
+            &mut self.bu,
+            self.layout.ru_of.get(peer as usize).copied().flatten(),
+        ) {
+            bu.on_source_link_lost(now, source, &mut self.bu_out);
+        }
         self.flush(now);
+    }
+
+    /// Why the node is not done, for diagnostics: empty when nothing is left.
+    pub fn pending_work(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(bu) = &self.bu {
+            if bu.open_batches() > 0 {
+                parts.push(format!("{} batches open", bu.open_batches()));
+            }
+        }
+        if let Some(ru) = &self.ru {
+            let (held, queued) = ru.holding();
+            if held > 0 || ru.in_flight() > 0 {
+                parts.push(format!(
+                    "RU holds {held} MEPs ({queued} queued, {} in flight)",
+                    ru.in_flight()
+                ));
+            }
+        }
+        if let Some(em) = &self.em {
+            if em.outstanding() > 0 {
+                parts.push(format!("EM waits for {} MEPs", em.outstanding()));
+            }
+        }
+        if self.end_of_run.is_none() {
+            parts.push("no end of run yet".into());
+        }
+        parts.join(", ")
     }
 
     pub fn stats(&self) -> NodeStats {

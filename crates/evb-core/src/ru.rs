@@ -106,6 +106,15 @@ impl ReadoutUnit {
         self.in_flight
     }
 
+    /// What the RU still holds: (assigned MEPs not yet released, of which
+    /// queued to send), for diagnostics.
+    pub fn holding(&self) -> (usize, usize) {
+        (
+            self.held.values().filter(|h| h.assigned).count(),
+            self.queued,
+        )
+    }
+
     /// Nothing held: every assigned MEP has been shipped and released.
     pub fn is_idle(&self) -> bool {
         self.held.values().all(|h| !h.assigned) && self.in_flight == 0

@@ -87,6 +87,8 @@ pub struct Conn {
     pub write_shut: bool,
     /// Closed after an error or the peer's close; kept for its token.
     pub closed: bool,
+    /// When bytes last arrived (heartbeats included).
+    pub last_rx: std::time::Instant,
 }
 
 impl Conn {
@@ -105,6 +107,7 @@ impl Conn {
             discard: Vec::new(),
             write_shut: false,
             closed: false,
+            last_rx: std::time::Instant::now(),
         }
     }
 
@@ -133,6 +136,20 @@ impl Conn {
         };
         self.tx_bytes_queued += item.len();
         self.tx.push_back(item);
+    }
+
+    /// Drops everything queued (the connection is gone) and returns the
+    /// MEPs whose fragments were among it, so their sends can be completed.
+    pub fn abort_tx(&mut self) -> Vec<MepId> {
+        self.tx_offset = 0;
+        self.tx_bytes_queued = 0;
+        self.tx
+            .drain(..)
+            .filter_map(|item| match item {
+                TxItem::Fragment { mep, .. } => Some(mep),
+                TxItem::Control(_) => None,
+            })
+            .collect()
     }
 
     pub fn has_pending_tx(&self) -> bool {
@@ -190,6 +207,7 @@ impl Conn {
 
     /// Reads everything available, handing complete messages to `handler`.
     pub fn read_ready(&mut self, handler: &mut impl RxHandler) -> Result<RxStatus, String> {
+        self.last_rx = std::time::Instant::now();
         loop {
             match self.read_step(handler) {
                 Ok(true) => continue,

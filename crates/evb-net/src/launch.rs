@@ -33,6 +33,46 @@ pub struct RunOptions {
     pub progress: Option<bool>,
     /// The `evb` executable to start nodes with (default: this one).
     pub exe: Option<PathBuf>,
+    /// Faults to inject: signal a node at a time into the run.
+    pub faults: Vec<InjectedFault>,
+}
+
+/// A signal sent to a node process at a time into the run (testing aid:
+/// `--kill RANK@SECONDS` is a real `kill -9`, `--stop` a SIGSTOP that leaves
+/// the connections open and silent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InjectedFault {
+    pub node: u16,
+    pub at_s: f64,
+    pub signal: i32,
+}
+
+impl InjectedFault {
+    /// Parses `RANK@SECONDS`.
+    pub fn parse(spec: &str, signal: i32) -> Result<InjectedFault> {
+        let (node, at) = spec
+            .split_once('@')
+            .ok_or_else(|| anyhow!("`{spec}`: expected RANK@SECONDS, e.g. 2@3.5"))?;
+        Ok(InjectedFault {
+            node: node
+                .trim()
+                .parse()
+                .with_context(|| format!("`{spec}`: bad rank"))?,
+            at_s: at
+                .trim()
+                .parse()
+                .with_context(|| format!("`{spec}`: bad time"))?,
+            signal,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self.signal {
+            libc::SIGKILL => "killed (SIGKILL)",
+            libc::SIGSTOP => "stopped (SIGSTOP)",
+            _ => "signalled",
+        }
+    }
 }
 
 /// One progress sample, also kept in the JSON timeline.
@@ -140,8 +180,42 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .map(|c| c.wait().ok().and_then(|s| s.code()))
         .collect();
     let _ = std::fs::remove_dir_all(&workdir);
-    let (finals, timeline) = result?;
-    let summary = Summary::from_reports(&finals, config.source.events_per_mep, config.nodes.count);
+    let Supervised {
+        finals,
+        latest,
+        timeline,
+        mut failures,
+        started_unix,
+    } = result?;
+    // A node without a final report died: use what it last reported.
+    let missing: Vec<u16> = (0..finals.len())
+        .filter(|&i| finals[i].is_none())
+        .map(|i| i as u16)
+        .collect();
+    let reports: Vec<Option<NodeReport>> = finals
+        .iter()
+        .zip(latest)
+        .map(|(f, l)| f.clone().or((l.elapsed_s > 0.0).then_some(l)))
+        .collect();
+    for r in reports.iter().flatten() {
+        for loss in &r.peers_lost {
+            failures.push(crate::report::FailureEvent {
+                at_s: loss.at_unix_s - started_unix,
+                node: loss.peer,
+                seen_by: format!("node {}", r.node),
+                what: format!("lost: {}", loss.reason),
+            });
+        }
+    }
+    failures.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    let mut summary = Summary::from_reports(
+        &reports,
+        &missing,
+        layout.em as usize,
+        config.source.events_per_mep,
+        config.nodes.count,
+    );
+    summary.failures = failures;
     let clean = summary.clean() && codes.iter().all(|c| *c == Some(0));
     let result = RunResult {
         evb_version: env!("CARGO_PKG_VERSION"),
@@ -189,6 +263,14 @@ fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Se
 
 type Finals = Vec<Option<NodeReport>>;
 
+struct Supervised {
+    finals: Finals,
+    latest: Vec<NodeReport>,
+    timeline: Vec<Sample>,
+    failures: Vec<crate::report::FailureEvent>,
+    started_unix: f64,
+}
+
 fn supervise(
     opts: &RunOptions,
     config: &Config,
@@ -196,7 +278,7 @@ fn supervise(
     children: &mut [Child],
     stdins: &mut [Option<ChildStdin>],
     rx: &mpsc::Receiver<FromNode>,
-) -> Result<(Finals, Vec<Sample>)> {
+) -> Result<Supervised> {
     let endpoints = children.len();
     // Rendezvous: every node's port, then everyone gets the list.
     let mut ports = vec![None; endpoints];
@@ -239,6 +321,9 @@ fn supervise(
         .progress
         .unwrap_or_else(|| std::io::stderr().is_terminal());
     let start = Instant::now();
+    let started_unix = crate::report::unix_now();
+    let mut pending_faults = opts.faults.clone();
+    let mut failures = Vec::new();
     let run_for = Duration::from_secs_f64(config.run.duration_s);
     let hard_deadline = start
         + run_for
@@ -247,6 +332,7 @@ fn supervise(
     let mut latest: Vec<NodeReport> = vec![NodeReport::default(); endpoints];
     let mut finals: Finals = vec![None; endpoints];
     let mut open = vec![true; endpoints];
+    let mut last_heard = vec![Instant::now(); endpoints];
     let mut timeline = Vec::new();
     let mut last_tick = Instant::now();
     let mut last_bytes = 0u64;
@@ -254,7 +340,11 @@ fn supervise(
     let mut stop_sent = false;
     let em = layout.em as usize;
     while open.iter().any(|&o| o) {
-        match rx.recv_timeout(Duration::from_millis(100)) {
+        let msg = rx.recv_timeout(Duration::from_millis(100));
+        if let Ok(FromNode::Stats(r, _) | FromNode::Final(r, _) | FromNode::Garbage(r, _)) = &msg {
+            last_heard[*r] = Instant::now();
+        }
+        match msg {
             Ok(FromNode::Stats(rank, r)) => latest[rank] = r,
             Ok(FromNode::Final(rank, r)) => {
                 latest[rank] = r.clone();
@@ -264,6 +354,31 @@ fn supervise(
             Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
             Ok(FromNode::Listen(..)) | Err(_) => {}
         }
+        // Everyone else is finished and a node has gone quiet (stopped,
+        // hung): it will not finish; end it.
+        let others_done = (0..endpoints)
+            .all(|i| finals[i].is_some() || last_heard[i].elapsed() > Duration::from_secs(3));
+        if others_done {
+            for i in (0..endpoints).filter(|&i| finals[i].is_none() && open[i]) {
+                let _ = children[i].kill();
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        for f in pending_faults.iter().filter(|f| f.at_s <= elapsed) {
+            if let Some(child) = children.get(f.node as usize) {
+                // SAFETY: signalling our own child process by its pid.
+                unsafe {
+                    libc::kill(child.id() as libc::pid_t, f.signal);
+                }
+                failures.push(crate::report::FailureEvent {
+                    at_s: elapsed,
+                    node: f.node,
+                    seen_by: "launcher".into(),
+                    what: f.name().into(),
+                });
+            }
+        }
+        pending_faults.retain(|f| f.at_s > elapsed);
         let n_int = interrupts.load(Ordering::SeqCst);
         if n_int >= 1 && !stop_sent {
             stop_sent = true;
@@ -315,7 +430,13 @@ fn supervise(
     if progress {
         eprintln!();
     }
-    Ok((finals, timeline))
+    Ok(Supervised {
+        finals,
+        latest,
+        timeline,
+        failures,
+        started_unix,
+    })
 }
 
 /// The summary table printed at the end of `evb run`.
@@ -386,6 +507,18 @@ pub fn format_summary(result: &RunResult) -> String {
             "fragments dropped: corrupt {}  duplicate {}  unexpected {}\n",
             s.fragments_corrupt, s.fragments_duplicate, s.fragments_unexpected
         );
+    }
+    if !s.failures.is_empty() {
+        out += "failure timeline:\n";
+        for f in &s.failures {
+            out += &format!(
+                "  {:8.3} s  node {:<3} {} (seen by {})\n",
+                f.at_s, f.node, f.what, f.seen_by
+            );
+        }
+    }
+    if s.events_lost_bu_gone > 0 {
+        out += &format!("lost with a dead BU: {} events\n", s.events_lost_bu_gone);
     }
     for (src, &m) in s.missing_by_source.iter().enumerate() {
         if m > 0 {

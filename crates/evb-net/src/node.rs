@@ -46,6 +46,10 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
 /// After its own work is done, how long a node waits for its peers to close.
 const LINGER: Duration = Duration::from_secs(5);
+/// Every connection carries at least this often a message or a heartbeat;
+/// silence is checked as often (a lost peer is seen within
+/// `transport.peer_timeout_ms` + this).
+const HEARTBEAT: Duration = Duration::from_millis(100);
 
 enum Command {
     Stop,
@@ -266,11 +270,15 @@ struct Runtime {
     conns: Vec<Conn>,
     /// Connection used to send to each endpoint.
     tx_conn: Vec<Option<usize>>,
-    lost: Vec<NodeId>,
+    /// Peers declared lost, with when and why.
+    lost: Vec<crate::report::PeerLoss>,
+    /// A peer silent this long is lost.
+    peer_timeout: Duration,
 }
 
 impl Runtime {
     fn new(config: Config, layout: Layout, rank: NodeId) -> Result<Runtime> {
+        let peer_timeout = Duration::from_millis(config.transport.peer_timeout_ms);
         let node = Node::new(&config, &layout, rank);
         let sources = layout.ru_of[rank as usize].map(|s| SourceModel::new(&config, s));
         let sink = match config.output.sink {
@@ -304,6 +312,7 @@ impl Runtime {
             config,
             conns: Vec::new(),
             lost: Vec::new(),
+            peer_timeout,
         })
     }
 
@@ -413,6 +422,7 @@ impl Runtime {
         self.process_actions()?;
         let mut events = Events::with_capacity(256);
         let mut next_stats = Instant::now() + STATS_INTERVAL;
+        let mut next_heartbeat = Instant::now() + HEARTBEAT;
         let duration = self.config.run.duration_s;
         let stop_at = (self.rank == self.layout.em && duration > 0.0)
             .then(|| self.engine.epoch + Duration::from_secs_f64(duration));
@@ -430,11 +440,22 @@ impl Runtime {
                 let now = self.engine.now();
                 self.engine.node.stop(now);
             }
-            if drain_deadline.is_none() && self.engine.node.end_of_run().is_some() {
+            // Without the EM nothing more will be assigned: drain.
+            let em_lost = self.lost.iter().any(|l| l.peer == self.layout.em);
+            if drain_deadline.is_none() && (self.engine.node.end_of_run().is_some() || em_lost) {
                 drain_deadline = Some(now_i + drain);
+            }
+            if now_i >= next_heartbeat {
+                next_heartbeat = now_i + HEARTBEAT;
+                self.heartbeat_and_check(now_i);
             }
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
+                    eprintln!(
+                        "evb node {}: drain timed out: {}",
+                        self.rank,
+                        self.engine.node.pending_work()
+                    );
                     drain_timed_out = true;
                     let now = self.engine.now();
                     self.engine.node.abandon(now);
@@ -467,7 +488,7 @@ impl Runtime {
                 }
             }
             // Sleep until the next thing that can happen.
-            let mut wake = next_stats;
+            let mut wake = next_stats.min(next_heartbeat);
             if let Some(t) = stop_at.filter(|_| !stopped) {
                 wake = wake.min(t);
             }
@@ -534,8 +555,10 @@ impl Runtime {
             let end = self.engine.node.end_of_run().is_some();
             // A clean close after the end of the run is how peers finish.
             let orderly = expected || (end && error.is_none());
-            if !orderly && p != self.rank {
-                self.lost.push(p);
+            if !orderly && p != self.rank && !self.lost.iter().any(|l| l.peer == p) {
+                let reason = error.clone().unwrap_or_else(|| "connection closed".into());
+                eprintln!("evb node {}: endpoint {p} lost: {reason}", self.rank);
+                self.lost.push(crate::report::PeerLoss::now(p, reason));
                 let now = self.engine.now();
                 self.engine.node.on_peer_lost(now, p);
             }
@@ -546,6 +569,38 @@ impl Runtime {
         let _ = self.conns[i].stream.shutdown(std::net::Shutdown::Both);
         // Kept in place (its position is its poll token), just marked.
         self.conns[i].closed = true;
+        // Fragments that were waiting to go on it never will: complete
+        // their sends so the RU frees them and its transfer slots.
+        let now = self.engine.now();
+        for mep in self.conns[i].abort_tx() {
+            self.engine.node.on_send_complete(now, mep);
+        }
+    }
+
+    /// Keeps every connection alive with a heartbeat and declares lost a
+    /// peer that has been silent for `transport.peer_timeout_ms`.
+    fn heartbeat_and_check(&mut self, now: Instant) {
+        if self.engine.node.is_done() {
+            return;
+        }
+        let mut silent = Vec::new();
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            if c.closed || c.write_shut {
+                continue;
+            }
+            if c.peer != Some(self.rank) {
+                if !c.has_pending_tx() {
+                    c.queue_control(&Message::Heartbeat);
+                }
+                if now.duration_since(c.last_rx) > self.peer_timeout {
+                    silent.push(i);
+                }
+            }
+        }
+        for i in silent {
+            let ms = self.peer_timeout.as_millis();
+            self.close_conn(i, Some(format!("silent for more than {ms} ms")));
+        }
     }
 
     fn flush_all(&mut self, completed: &mut Vec<MepId>) {
@@ -684,6 +739,12 @@ impl Runtime {
             full,
         );
         r.peers_lost = self.lost.clone();
+        if let Some(em) = &stats.em {
+            r.em_meps_built = em.meps_built;
+            r.em_meps_incomplete = em.meps_incomplete;
+            r.em_meps_corrupt = em.meps_corrupt;
+            r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
+        }
         r.drain_timed_out = drain_timed_out;
         let line = serde_json::to_string(&r).expect("report serialises");
         let mut out = std::io::stdout().lock();

@@ -80,7 +80,17 @@ pub struct NodeReport {
     pub incidents: Vec<IncidentReport>,
     /// Peers this node lost during the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peers_lost: Vec<u16>,
+    pub peers_lost: Vec<PeerLoss>,
+    /// (EM) MEPs finished by outcome, and lost with a BU, as the BUs
+    /// reported them to the EM: the run's authoritative accounting.
+    #[serde(default)]
+    pub em_meps_built: u64,
+    #[serde(default)]
+    pub em_meps_incomplete: u64,
+    #[serde(default)]
+    pub em_meps_corrupt: u64,
+    #[serde(default)]
+    pub em_meps_lost_bu_gone: u64,
     /// The drain period ran out before everything was finished.
     #[serde(default)]
     pub drain_timed_out: bool,
@@ -159,6 +169,31 @@ impl NodeReport {
     }
 }
 
+/// A peer declared lost, when (Unix time, s) and why.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PeerLoss {
+    pub peer: u16,
+    pub at_unix_s: f64,
+    pub reason: String,
+}
+
+impl PeerLoss {
+    pub fn now(peer: u16, reason: String) -> PeerLoss {
+        PeerLoss {
+            peer,
+            at_unix_s: unix_now(),
+            reason,
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (to compare times across processes).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Totals of a run, as in the `summary` object of the run JSON.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
@@ -185,27 +220,45 @@ pub struct Summary {
     pub missing_by_source: Vec<u64>,
     /// Nodes that never sent their final report (crashed or killed).
     pub nodes_missing: Vec<u16>,
+    /// Of `events_lost`: events of MEPs whose BU was lost before finishing them.
+    pub events_lost_bu_gone: u64,
+    /// Injected faults and peers declared lost, in time order.
+    pub failures: Vec<FailureEvent>,
+}
+
+/// One entry of the failure timeline.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FailureEvent {
+    /// Seconds since the launcher started.
+    pub at_s: f64,
+    /// The endpoint concerned.
+    pub node: u16,
+    /// Who saw it (`launcher` for injected faults, else `node N`).
+    pub seen_by: String,
+    pub what: String,
 }
 
 impl Summary {
-    /// Adds up the final node reports. `expected` lists every endpoint.
+    /// Adds up the node reports: finals, or the latest `STATS` of a node
+    /// listed in `missing` (it died). MEP fates come from the EM's
+    /// accounting when its report is there (endpoint `em`).
     pub fn from_reports(
         reports: &[Option<NodeReport>],
+        missing: &[u16],
+        em: usize,
         events_per_mep: u32,
         nodes: u16,
     ) -> Summary {
         let mut s = Summary {
             nodes,
             events_per_mep,
+            nodes_missing: missing.to_vec(),
             ..Default::default()
         };
+        let epm = u64::from(events_per_mep);
         let mut hist =
             Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds");
-        for (i, r) in reports.iter().enumerate() {
-            let Some(r) = r else {
-                s.nodes_missing.push(i as u16);
-                continue;
-            };
+        for r in reports.iter().flatten() {
             s.duration_s = s.duration_s.max(r.elapsed_s);
             s.meps_assigned += r.meps_assigned;
             s.events_built += r.events_built;
@@ -226,7 +279,19 @@ impl Summary {
                 *a += b;
             }
         }
-        s.events_generated = s.meps_assigned * u64::from(events_per_mep);
+        // The EM heard the fate of every MEP from the BUs, including BUs
+        // that died later: its counts are the exact ones.
+        let em_final = reports
+            .get(em)
+            .and_then(Option::as_ref)
+            .filter(|_| !missing.contains(&(em as u16)));
+        if let Some(r) = em_final {
+            s.events_built = r.em_meps_built * epm;
+            s.events_incomplete = r.em_meps_incomplete * epm;
+            s.events_corrupt = r.em_meps_corrupt * epm;
+            s.events_lost_bu_gone = r.em_meps_lost_bu_gone * epm;
+        }
+        s.events_generated = s.meps_assigned * epm;
         s.events_lost = s
             .events_generated
             .saturating_sub(s.events_built + s.events_incomplete + s.events_corrupt);
