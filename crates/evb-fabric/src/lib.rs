@@ -1,2 +1,29 @@
-//! `evb-fabric`: fat-tree topologies, routing engines, LFT import/export and
-//! conflict analysis of shift schedules. (Being built: see issue 3.)
+//! `evb-fabric`: what an event builder's barrel-shift traffic does to a
+//! fat-tree InfiniBand fabric.
+//!
+//! - [`topo`]: topology model, fat-tree generators, what-if edits;
+//! - [`io`]: `ibnetdiscover`, LFT dumps (both forms), hostfiles, OpenSM's
+//!   ftree CA order, ibsim net files, Slurm `topology.conf`;
+//! - [`ftree`] and [`routing`]: routing engines (`ftree` matching OpenSM's
+//!   for host destinations, `minhop`, `dmodk`, seeded `random`, and
+//!   per-destination routes chosen for a shift);
+//! - [`conflicts`]: traces every flow of every shift step through the LFTs
+//!   and counts conflicts (see [`conflicts`] for the definition);
+//! - [`optimize`]: rank orders and routes that remove conflicts;
+//! - [`plot`]: SVG/PNG plots of per-step link load.
+//!
+//! The crate depends on no other evb crate.
+
+pub mod conflicts;
+pub mod error;
+pub mod ftree;
+pub mod io;
+pub mod lft;
+pub mod optimize;
+pub mod plot;
+pub mod routing;
+pub mod topo;
+
+pub use error::{FabricError, Result};
+pub use lft::Lfts;
+pub use topo::Topology;

@@ -1,0 +1,284 @@
+//! Conflict analysis of shift schedules.
+//!
+//! A shift schedule has steps 1..N-1; in step `s` the host of rank `i`
+//! sends to the host of rank `(i + s) mod N`. Every flow is traced through
+//! the LFTs; a *directed link* is one output port of one node (a cable used
+//! in one direction). Within one step, a link carrying `f` flows has
+//! `max(0, f - 1)` **conflicts**: one per flow beyond the first, because
+//! those flows must share the link's bandwidth. The total is the sum over
+//! steps and links. Also reported: flows (all traced flows), steps with at
+//! least one conflict, flows on shared links (flows on links with `f >= 2`)
+//! and the maximum link load (largest `f`).
+
+use crate::error::Result;
+use crate::lft::{link_of, trace, Lfts, NO_PATH};
+use crate::topo::Topology;
+use serde::Serialize;
+
+/// Per-step figures.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StepStats {
+    pub step: usize,
+    pub flows: u64,
+    pub conflicts: u64,
+    pub max_link_load: u32,
+    pub shared_links: u64,
+    pub flows_on_shared_links: u64,
+}
+
+/// Totals over all steps.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
+pub struct Totals {
+    pub flows: u64,
+    pub conflicts: u64,
+    pub steps: usize,
+    pub steps_with_conflicts: usize,
+    pub max_link_load: u32,
+    pub flows_on_shared_links: u64,
+}
+
+/// A directed link and how badly it is shared.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkReport {
+    pub node: String,
+    pub port: u8,
+    pub to: String,
+    pub to_port: u8,
+    /// Conflicts on this link summed over steps.
+    pub conflicts: u64,
+    pub steps_shared: u64,
+    pub max_load: u32,
+}
+
+/// Result of an analysis.
+#[derive(Debug, Clone, Serialize)]
+pub struct Analysis {
+    pub hosts: usize,
+    pub total: Totals,
+    pub per_step: Vec<StepStats>,
+    pub worst_links: Vec<LinkReport>,
+}
+
+/// The full shift schedule for `n` ranks.
+pub fn shift_steps(n: usize) -> Vec<usize> {
+    (1..n).collect()
+}
+
+struct Partial {
+    steps: Vec<StepStats>,
+    link_conf: Vec<u64>,
+    link_steps: Vec<u64>,
+    link_max: Vec<u32>,
+}
+
+/// Traces all flows of `steps` for the rank order `order` (host node ids).
+pub fn analyze(
+    topo: &Topology,
+    lfts: &Lfts,
+    order: &[usize],
+    steps: &[usize],
+    top: usize,
+) -> Result<Analysis> {
+    let (offsets, nlinks) = topo.port_offsets();
+    let n = order.len();
+    // Precompute per host: first link, first switch and LID, so the inner
+    // loop is table lookups only.
+    let mut first_link = vec![0u32; n];
+    let mut first_node = vec![0usize; n];
+    for (i, &h) in order.iter().enumerate() {
+        let node = &topo.nodes[h];
+        let p = node.first_port().ok_or_else(|| {
+            crate::FabricError::Route(format!("host '{}' is not cabled", node.name))
+        })?;
+        first_link[i] = offsets[h] + p as u32;
+        first_node[i] = node.ports[p as usize].expect("cabled").node;
+    }
+    let lids: Vec<u16> = order.iter().map(|&h| topo.nodes[h].lid).collect();
+    let threads = std::thread::available_parallelism()
+        .map(|x| x.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
+        .min(steps.len().max(1));
+    let chunks: Vec<Vec<usize>> = (0..threads)
+        .map(|t| steps.iter().copied().skip(t).step_by(threads).collect())
+        .collect();
+    let work = |mine: &Vec<usize>| -> Result<Partial> {
+        let mut counts = vec![0u32; nlinks];
+        let mut touched: Vec<u32> = Vec::with_capacity(n * 6);
+        let mut part = Partial {
+            steps: vec![],
+            link_conf: vec![0; nlinks],
+            link_steps: vec![0; nlinks],
+            link_max: vec![0; nlinks],
+        };
+        let limit = topo.nodes.len();
+        for &s in mine {
+            touched.clear();
+            for i in 0..n {
+                let j = (i + s) % n;
+                let dst = order[j];
+                let dl = lids[j] as usize;
+                let mut link = first_link[i];
+                let mut cur = first_node[i];
+                let mut hops = 0;
+                loop {
+                    let c = &mut counts[link as usize];
+                    if *c == 0 {
+                        touched.push(link);
+                    }
+                    *c += 1;
+                    if cur == dst {
+                        break;
+                    }
+                    let node = &topo.nodes[cur];
+                    let port = lfts.tables[cur].get(dl).copied().unwrap_or(NO_PATH);
+                    let next = if port == 0 || port == NO_PATH {
+                        None
+                    } else {
+                        node.ports.get(port as usize).copied().flatten()
+                    };
+                    hops += 1;
+                    match next {
+                        Some(r) if node.is_switch() && hops <= limit => {
+                            link = offsets[cur] + port as u32;
+                            cur = r.node;
+                        }
+                        _ => {
+                            // Slow path: let `trace` explain what is wrong.
+                            let mut v = vec![];
+                            trace(topo, lfts, &offsets, order[i], dst, &mut v)?;
+                            return Err(crate::FabricError::Route(format!(
+                                "flow {} -> {} is not delivered (routing loop?)",
+                                topo.nodes[order[i]].name, topo.nodes[dst].name
+                            )));
+                        }
+                    }
+                }
+            }
+            let mut st = StepStats {
+                step: s,
+                flows: n as u64,
+                conflicts: 0,
+                max_link_load: 0,
+                shared_links: 0,
+                flows_on_shared_links: 0,
+            };
+            for &l in &touched {
+                let c = counts[l as usize];
+                counts[l as usize] = 0;
+                st.max_link_load = st.max_link_load.max(c);
+                if c > 1 {
+                    st.conflicts += (c - 1) as u64;
+                    st.shared_links += 1;
+                    st.flows_on_shared_links += c as u64;
+                    part.link_conf[l as usize] += (c - 1) as u64;
+                    part.link_steps[l as usize] += 1;
+                }
+                part.link_max[l as usize] = part.link_max[l as usize].max(c);
+            }
+            part.steps.push(st);
+        }
+        Ok(part)
+    };
+    let parts: Vec<Result<Partial>> = if threads <= 1 {
+        chunks.iter().map(work).collect()
+    } else {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = chunks.iter().map(|c| sc.spawn(|| work(c))).collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("analysis thread panicked"))
+                .collect()
+        })
+    };
+    let mut per_step = vec![];
+    let mut link_conf = vec![0u64; nlinks];
+    let mut link_steps = vec![0u64; nlinks];
+    let mut link_max = vec![0u32; nlinks];
+    for p in parts {
+        let p = p?;
+        per_step.extend(p.steps);
+        for l in 0..nlinks {
+            link_conf[l] += p.link_conf[l];
+            link_steps[l] += p.link_steps[l];
+            link_max[l] = link_max[l].max(p.link_max[l]);
+        }
+    }
+    per_step.sort_by_key(|s| s.step);
+    let mut total = Totals {
+        steps: per_step.len(),
+        ..Default::default()
+    };
+    for s in &per_step {
+        total.flows += s.flows;
+        total.conflicts += s.conflicts;
+        total.steps_with_conflicts += (s.conflicts > 0) as usize;
+        total.max_link_load = total.max_link_load.max(s.max_link_load);
+        total.flows_on_shared_links += s.flows_on_shared_links;
+    }
+    let mut worst: Vec<usize> = (0..nlinks).filter(|&l| link_conf[l] > 0).collect();
+    worst.sort_by(|&a, &b| link_conf[b].cmp(&link_conf[a]).then(a.cmp(&b)));
+    worst.truncate(top);
+    let worst_links = worst
+        .into_iter()
+        .map(|l| {
+            let (node, port) = link_of(&offsets, l as u32);
+            let r = topo.nodes[node].ports[port as usize];
+            LinkReport {
+                node: topo.nodes[node].name.clone(),
+                port,
+                to: r
+                    .map(|r| topo.nodes[r.node].name.clone())
+                    .unwrap_or_default(),
+                to_port: r.map(|r| r.port).unwrap_or(0),
+                conflicts: link_conf[l],
+                steps_shared: link_steps[l],
+                max_load: link_max[l],
+            }
+        })
+        .collect();
+    Ok(Analysis {
+        hosts: n,
+        total,
+        per_step,
+        worst_links,
+    })
+}
+
+impl Analysis {
+    /// Per-step CSV.
+    pub fn csv(&self) -> String {
+        let mut s =
+            String::from("step,flows,conflicts,max_link_load,shared_links,flows_on_shared_links\n");
+        for st in &self.per_step {
+            s.push_str(&format!(
+                "{},{},{},{},{},{}\n",
+                st.step,
+                st.flows,
+                st.conflicts,
+                st.max_link_load,
+                st.shared_links,
+                st.flows_on_shared_links
+            ));
+        }
+        s
+    }
+
+    /// Human-readable summary.
+    pub fn summary(&self) -> String {
+        let t = &self.total;
+        let mut s = format!(
+            "hosts {}, steps {}, flows {}\nconflicts {} (flows beyond the first on a directed link, summed over steps)\nsteps with conflicts {} of {}\nflows on shared links {}\nmax link load {}\n",
+            self.hosts, t.steps, t.flows, t.conflicts, t.steps_with_conflicts, t.steps, t.flows_on_shared_links, t.max_link_load
+        );
+        if !self.worst_links.is_empty() {
+            s.push_str("worst links (conflicts summed over steps):\n");
+            for l in &self.worst_links {
+                s.push_str(&format!(
+                    "  {} port {} -> {} port {}: {} conflicts in {} steps, max load {}\n",
+                    l.node, l.port, l.to, l.to_port, l.conflicts, l.steps_shared, l.max_load
+                ));
+            }
+        }
+        s
+    }
+}

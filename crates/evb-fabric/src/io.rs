@@ -1,0 +1,663 @@
+//! Readers and writers for the files of a real fabric: `ibnetdiscover`
+//! output, ibsim net files, LFT dumps (`opensm-lfts.dump` and
+//! `dump_lfts`/`ibroute` output), hostfiles, OpenSM's ftree CA order and
+//! Slurm's `topology.conf`.
+
+use crate::error::{io_err, parse_err, FabricError, Result};
+use crate::lft::{LftOrigin, Lfts, NO_PATH};
+use crate::topo::{NodeKind, Topology};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| io_err(path, e))
+}
+
+pub fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| io_err(path, e))
+}
+
+fn parse_hex(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if s.is_empty() {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
+/// Text between the first pair of double quotes, and the rest after it.
+fn quoted(s: &str) -> Option<(&str, &str)> {
+    let a = s.find('"')?;
+    let b = s[a + 1..].find('"')? + a + 1;
+    Some((&s[a + 1..b], &s[b + 1..]))
+}
+
+/// `[12]` at the start of `s`: the number and the rest.
+fn bracket_num(s: &str) -> Option<(u32, &str)> {
+    let s = s.trim_start().strip_prefix('[')?;
+    let e = s.find(']')?;
+    Some((s[..e].trim().parse().ok()?, &s[e + 1..]))
+}
+
+/// `(hex)` at the start of `s`.
+fn paren_hex(s: &str) -> Option<(u64, &str)> {
+    let s = s.trim_start().strip_prefix('(')?;
+    let e = s.find(')')?;
+    Some((parse_hex(&s[..e])?, &s[e + 1..]))
+}
+
+fn lid_after(comment: &str, key: &str) -> Option<u16> {
+    let mut it = comment.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == key {
+            return it.next()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// Reads `ibnetdiscover` output (also the ibsim net format it is compatible
+/// with).
+pub fn parse_ibnetdiscover(path: &Path) -> Result<Topology> {
+    let text = read_text(path)?;
+    parse_ibnetdiscover_str(path, &text)
+}
+
+pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
+    let mut topo = Topology::default();
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    // (line, node, port, remote id, remote port)
+    let mut cables: Vec<(usize, usize, u8, String, u8)> = vec![];
+    let mut cur: Option<usize> = None;
+    let mut pending_guid: Option<u64> = None;
+    let mut synthetic = 1u64;
+    let mut lines = 0;
+    for (i, raw) in text.lines().enumerate() {
+        let ln = i + 1;
+        lines = ln;
+        let line = raw.trim();
+        if line.is_empty() {
+            cur = None;
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            if !line.starts_with('[') && !line.contains('"') {
+                if matches!(k.trim(), "switchguid" | "caguid" | "rtguid") {
+                    let v = v.split('(').next().unwrap_or("");
+                    pending_guid = Some(
+                        parse_hex(v)
+                            .ok_or_else(|| parse_err(path, ln, format!("bad GUID in '{line}'")))?,
+                    );
+                }
+                continue;
+            }
+        }
+        let first = line.split_whitespace().next().unwrap_or("");
+        let kind = match first {
+            "Switch" => Some(NodeKind::Switch),
+            "Ca" | "Hca" => Some(NodeKind::Host),
+            "Rt" => return Err(parse_err(path, ln, "routers are not supported")),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            let rest = line[first.len()..].trim_start();
+            let nports: usize = rest
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse().ok())
+                .filter(|&n: &usize| (1..=254).contains(&n))
+                .ok_or_else(|| parse_err(path, ln, format!("bad port count in '{line}'")))?;
+            let (id, after) =
+                quoted(rest).ok_or_else(|| parse_err(path, ln, "missing quoted node id"))?;
+            let comment = after.split_once('#').map(|x| x.1).unwrap_or("");
+            let desc = quoted(comment).map(|x| x.0);
+            let guid = pending_guid
+                .take()
+                .or_else(|| {
+                    id.get(2..).and_then(|g| {
+                        if id.starts_with("S-") || id.starts_with("H-") {
+                            parse_hex(g)
+                        } else {
+                            None
+                        }
+                    })
+                })
+                .unwrap_or_else(|| {
+                    synthetic += 1;
+                    0x00e0_0000_0000_0000 + synthetic * 2
+                });
+            let name = match (kind, desc) {
+                (NodeKind::Host, Some(d)) if !d.trim().is_empty() => {
+                    d.split_whitespace().next().unwrap_or(d).to_string()
+                }
+                (_, Some(d)) if !d.trim().is_empty() => d.to_string(),
+                _ => id.to_string(),
+            };
+            if ids.contains_key(id) {
+                return Err(parse_err(path, ln, format!("node '{id}' appears twice")));
+            }
+            let n = topo.add_node(kind, &name, guid, nports);
+            if kind == NodeKind::Switch {
+                topo.nodes[n].lid = lid_after(comment, "lid").unwrap_or(0);
+            }
+            ids.insert(id.to_string(), n);
+            cur = Some(n);
+            continue;
+        }
+        if line.starts_with('[') {
+            let n =
+                cur.ok_or_else(|| parse_err(path, ln, "port line outside a Switch/Ca record"))?;
+            let (port, mut rest) = bracket_num(line)
+                .ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))?;
+            if port == 0 || port as usize > topo.nodes[n].nports() {
+                return Err(parse_err(
+                    path,
+                    ln,
+                    format!("port {port} out of range for '{}'", topo.nodes[n].name),
+                ));
+            }
+            // Some versions print an extra [ext port]; Ca lines carry (portguid).
+            if let Some((_, r)) = bracket_num(rest) {
+                rest = r;
+            }
+            if let Some((g, r)) = paren_hex(rest) {
+                if !topo.nodes[n].is_switch() {
+                    topo.nodes[n].port_guid = g;
+                }
+                rest = r;
+            }
+            let (rid, after) = quoted(rest)
+                .ok_or_else(|| parse_err(path, ln, format!("missing remote node in '{line}'")))?;
+            let (rport, after) = bracket_num(after)
+                .ok_or_else(|| parse_err(path, ln, format!("missing remote port in '{line}'")))?;
+            if rport == 0 || rport > 254 {
+                return Err(parse_err(path, ln, format!("bad remote port {rport}")));
+            }
+            let comment = after.split_once('#').map(|x| x.1).unwrap_or("");
+            if !topo.nodes[n].is_switch() {
+                if let Some(l) = lid_after(comment, "lid") {
+                    topo.nodes[n].lid = l;
+                }
+            }
+            cables.push((ln, n, port as u8, rid.to_string(), rport as u8));
+            continue;
+        }
+        if ["vendid", "devid", "sysimgguid"]
+            .iter()
+            .any(|k| line.starts_with(k))
+        {
+            continue;
+        }
+        return Err(parse_err(
+            path,
+            ln,
+            format!("not ibnetdiscover format: '{line}'"),
+        ));
+    }
+    if topo.nodes.is_empty() {
+        return Err(parse_err(
+            path,
+            lines,
+            "no Switch or Ca records (empty or not an ibnetdiscover file)",
+        ));
+    }
+    for (ln, n, p, rid, rp) in cables {
+        let r = *ids.get(&rid).ok_or_else(|| {
+            parse_err(
+                path,
+                ln,
+                format!("cable to unknown node '{rid}' (file truncated?)"),
+            )
+        })?;
+        if rp as usize > topo.nodes[r].nports() {
+            return Err(parse_err(path, ln, format!("'{rid}' has no port {rp}")));
+        }
+        let here = topo.nodes[n].ports[p as usize];
+        let there = topo.nodes[r].ports[rp as usize];
+        match (here, there) {
+            (None, None) => topo.connect(n, p, r, rp)?,
+            (Some(a), Some(b)) if a.node == r && a.port == rp && b.node == n && b.port == p => {}
+            _ => {
+                return Err(parse_err(
+                    path,
+                    ln,
+                    format!(
+                        "cable {}[{p}] - {rid}[{rp}] contradicts an earlier line",
+                        topo.nodes[n].name
+                    ),
+                ))
+            }
+        }
+    }
+    // Hosts whose LID was not printed keep LID 0 and are unusable: say so.
+    for n in &topo.nodes {
+        if n.lid == 0 && n.first_port().is_some() {
+            return Err(parse_err(
+                path,
+                lines,
+                format!(
+                    "node '{}' has no LID (run ibnetdiscover on a configured subnet)",
+                    n.name
+                ),
+            ));
+        }
+    }
+    Ok(topo)
+}
+
+/// Writes the fabric as an ibsim net file.
+pub fn write_ibsim_net(topo: &Topology) -> String {
+    let mut s = String::from("# ibsim net file written by evb fabric\n\n");
+    // Hosts first: ibsim attaches the SM to the first node.
+    let order: Vec<usize> = topo.hosts().into_iter().chain(topo.switches()).collect();
+    for i in order {
+        let n = &topo.nodes[i];
+        let kind = if n.is_switch() { "Switch" } else { "Hca" };
+        let _ = writeln!(s, "{kind}\t{} \"{}\"", n.nports(), n.name);
+        for p in 1..n.ports.len() {
+            if let Some(r) = n.ports[p] {
+                let _ = writeln!(s, "[{p}]\t\"{}\"[{}]", topo.nodes[r.node].name, r.port);
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Writes `ibnetdiscover`-style text (so evb can re-read a generated fabric).
+pub fn write_ibnetdiscover(topo: &Topology) -> String {
+    let id = |i: usize| {
+        let n = &topo.nodes[i];
+        format!("{}-{:016x}", if n.is_switch() { "S" } else { "H" }, n.guid)
+    };
+    let mut s = String::from("#\n# Topology file: written by evb fabric\n#\n\n");
+    for i in 0..topo.nodes.len() {
+        let n = &topo.nodes[i];
+        if n.is_switch() {
+            let _ = writeln!(s, "switchguid=0x{:x}", n.guid);
+            let _ = writeln!(
+                s,
+                "Switch\t{} \"{}\"\t\t# \"{}\" base port 0 lid {} lmc 0",
+                n.nports(),
+                id(i),
+                n.name,
+                n.lid
+            );
+            for p in 1..n.ports.len() {
+                if let Some(r) = n.ports[p] {
+                    let rn = &topo.nodes[r.node];
+                    let g = if rn.is_switch() {
+                        String::new()
+                    } else {
+                        format!("({:x})", rn.port_guid)
+                    };
+                    let _ = writeln!(
+                        s,
+                        "[{p}]\t\"{}\"[{}]{g}\t\t# \"{}\" lid {} 4xEDR",
+                        id(r.node),
+                        r.port,
+                        rn.name,
+                        rn.lid
+                    );
+                }
+            }
+        } else {
+            let _ = writeln!(s, "caguid=0x{:x}", n.guid);
+            let _ = writeln!(s, "Ca\t{} \"{}\"\t\t# \"{}\"", n.nports(), id(i), n.name);
+            for p in 1..n.ports.len() {
+                if let Some(r) = n.ports[p] {
+                    let rn = &topo.nodes[r.node];
+                    let _ = writeln!(
+                        s,
+                        "[{p}]({:x})\t\"{}\"[{}]\t\t# lid {} lmc 0 \"{}\" lid {} 4xEDR",
+                        n.port_guid,
+                        id(r.node),
+                        r.port,
+                        n.lid,
+                        rn.name,
+                        rn.lid
+                    );
+                }
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Reads LFTs in either form: OpenSM's `opensm-lfts.dump` or the output of
+/// `dump_lfts`/`ibroute`. Switches are matched by GUID.
+pub fn parse_lfts(path: &Path, topo: &Topology) -> Result<Lfts> {
+    let text = read_text(path)?;
+    parse_lfts_str(path, &text, topo)
+}
+
+pub fn parse_lfts_str(path: &Path, text: &str, topo: &Topology) -> Result<Lfts> {
+    let by_guid: HashMap<u64, usize> = topo
+        .switches()
+        .into_iter()
+        .map(|s| (topo.nodes[s].guid, s))
+        .collect();
+    let lid_table = topo.lid_table();
+    let mut lfts = Lfts::empty(topo);
+    let mut header_line = vec![0usize; topo.nodes.len()];
+    let mut cur: Option<usize> = None;
+    let mut tables = 0;
+    let mut lines = 0;
+    for (i, raw) in text.lines().enumerate() {
+        let ln = i + 1;
+        lines = ln;
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with("Unicast lids") {
+            let g = line
+                .split_once(" guid 0x")
+                .and_then(|(_, r)| {
+                    parse_hex(
+                        r.split(|c: char| c.is_whitespace() || c == ':')
+                            .next()
+                            .unwrap_or(""),
+                    )
+                })
+                .ok_or_else(|| parse_err(path, ln, "cannot read the switch GUID of this table"))?;
+            let s = *by_guid.get(&g).ok_or_else(|| {
+                parse_err(
+                    path,
+                    ln,
+                    format!("switch GUID 0x{g:016x} is not in the topology"),
+                )
+            })?;
+            if header_line[s] != 0 {
+                return Err(parse_err(
+                    path,
+                    ln,
+                    format!(
+                        "second table for switch '{}' (first at line {})",
+                        topo.nodes[s].name, header_line[s]
+                    ),
+                ));
+            }
+            header_line[s] = ln;
+            cur = Some(s);
+            tables += 1;
+            continue;
+        }
+        if line.starts_with("0x") {
+            let s = cur
+                .ok_or_else(|| parse_err(path, ln, "LFT entry before any 'Unicast lids' header"))?;
+            let mut it = line.split_whitespace();
+            let lid = it
+                .next()
+                .and_then(parse_hex)
+                .filter(|&l| l <= 0xBFFF)
+                .ok_or_else(|| parse_err(path, ln, format!("bad LID in '{line}'")))?
+                as u16;
+            let port: u8 = it
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+                .filter(|&p| p < 255)
+                .ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))?
+                as u8;
+            if lid as usize >= lid_table.len() || lid_table[lid as usize].is_none() {
+                return Err(parse_err(
+                    path,
+                    ln,
+                    format!("unknown LID {lid} (0x{lid:04x}): no node of the topology has it"),
+                ));
+            }
+            if port as usize > topo.nodes[s].nports() {
+                return Err(parse_err(
+                    path,
+                    ln,
+                    format!("switch '{}' has no port {port}", topo.nodes[s].name),
+                ));
+            }
+            lfts.set(s, lid, port);
+            continue;
+        }
+        let l = line.to_ascii_lowercase();
+        if l.contains("lids dumped")
+            || l.starts_with("lid")
+            || l.starts_with("port")
+            || l.starts_with("multicast")
+        {
+            continue;
+        }
+        return Err(parse_err(
+            path,
+            ln,
+            format!("not an LFT dump line: '{line}'"),
+        ));
+    }
+    if tables == 0 {
+        return Err(parse_err(
+            path,
+            lines,
+            "no 'Unicast lids' tables found (empty or not an LFT dump)",
+        ));
+    }
+    lfts.origin = Some(LftOrigin {
+        file: path.to_path_buf(),
+        header_line,
+    });
+    Ok(lfts)
+}
+
+/// Writes LFTs as `opensm-lfts.dump`, loadable by `opensm -R file -U FILE`.
+pub fn write_opensm_lfts(topo: &Topology, lfts: &Lfts) -> String {
+    let mut s = String::new();
+    let max = topo.max_lid();
+    let lid_table = topo.lid_table();
+    for sw in topo.switches() {
+        let n = &topo.nodes[sw];
+        let _ = writeln!(
+            s,
+            "Unicast lids [0-{max}] of switch Lid {} guid 0x{:016x} ('{}'):",
+            n.lid, n.guid, n.name
+        );
+        let mut count = 0;
+        for lid in 1..=max {
+            let p = lfts.get(sw, lid);
+            if p == NO_PATH {
+                continue;
+            }
+            let Some(dst) = lid_table.get(lid as usize).copied().flatten() else {
+                continue;
+            };
+            let d = &topo.nodes[dst];
+            let what = if d.is_switch() {
+                "Switch"
+            } else {
+                "Channel Adapter"
+            };
+            let _ = writeln!(
+                s,
+                "0x{lid:04x} {p:03} # {what} portguid 0x{:016x}: '{}'",
+                d.port_guid, d.name
+            );
+            count += 1;
+        }
+        let _ = writeln!(s, "{count} lids dumped");
+    }
+    s
+}
+
+/// Reads a rank order: a hostfile (one host name per line, `slots=` and
+/// comments allowed) or OpenSM's `opensm-ftree-ca-order.dump` (LID, name).
+pub fn parse_order(path: &Path, topo: &Topology) -> Result<Vec<usize>> {
+    let text = read_text(path)?;
+    let names = topo.by_name();
+    let lids = topo.lid_table();
+    let mut out = vec![];
+    let mut seen = vec![false; topo.nodes.len()];
+    for (i, raw) in text.lines().enumerate() {
+        let ln = i + 1;
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let first = line.split_whitespace().next().unwrap_or("");
+        // OpenSM pads leaves with fewer hosts with "0xFFFF DUMMY" lines.
+        if first.eq_ignore_ascii_case("0xffff") {
+            continue;
+        }
+        let host = if first.starts_with("0x") {
+            let lid = parse_hex(first)
+                .ok_or_else(|| parse_err(path, ln, format!("bad LID '{first}'")))?;
+            lids.get(lid as usize)
+                .copied()
+                .flatten()
+                .ok_or_else(|| parse_err(path, ln, format!("unknown LID {lid} (0x{lid:04x})")))?
+        } else {
+            let name = first.split(':').next().unwrap_or(first);
+            *names
+                .get(name)
+                .ok_or_else(|| parse_err(path, ln, format!("unknown host '{name}'")))?
+        };
+        if topo.nodes[host].is_switch() {
+            return Err(parse_err(
+                path,
+                ln,
+                format!("'{}' is a switch, not a host", topo.nodes[host].name),
+            ));
+        }
+        if seen[host] {
+            return Err(parse_err(
+                path,
+                ln,
+                format!("host '{}' listed twice", topo.nodes[host].name),
+            ));
+        }
+        seen[host] = true;
+        out.push(host);
+    }
+    if out.len() < 2 {
+        return Err(parse_err(
+            path,
+            text.lines().count(),
+            "fewer than 2 hosts in the order file",
+        ));
+    }
+    Ok(out)
+}
+
+/// Hostfile for mpirun / Slurm (`--distribution=arbitrary`): one name a line.
+pub fn write_hostfile(topo: &Topology, order: &[usize]) -> String {
+    order
+        .iter()
+        .map(|&h| format!("{}\n", topo.nodes[h].name))
+        .collect()
+}
+
+/// OpenSM's ftree CA order format: LID and host name per line.
+pub fn write_ca_order(topo: &Topology, order: &[usize]) -> String {
+    order
+        .iter()
+        .map(|&h| format!("0x{:04x}\t{}\n", topo.nodes[h].lid, topo.nodes[h].name))
+        .collect()
+}
+
+/// Slurm `topology.conf` (topology/tree plugin).
+pub fn write_slurm_topology(topo: &Topology) -> String {
+    let mut s = String::from("# Slurm topology.conf written by evb fabric\n");
+    for sw in topo.switches() {
+        let n = &topo.nodes[sw];
+        let mut hosts = vec![];
+        let mut sws = vec![];
+        for r in n.ports.iter().flatten() {
+            let rn = &topo.nodes[r.node];
+            if rn.is_switch() {
+                sws.push(rn.name.clone());
+            } else {
+                hosts.push(rn.name.clone());
+            }
+        }
+        sws.dedup();
+        // Slurm's tree: a switch lists nodes or its child switches; the
+        // children of a switch are the neighbours farther from the hosts'
+        // opposite end, i.e. those nearer to hosts.
+        if !hosts.is_empty() {
+            let _ = writeln!(s, "SwitchName={} Nodes={}", n.name, hosts.join(","));
+        }
+    }
+    // Upper levels: a switch's children are neighbours with a smaller height.
+    let height = switch_heights(topo);
+    for sw in topo.switches() {
+        if height[sw] == 0 {
+            continue;
+        }
+        let mut kids: Vec<String> = topo.nodes[sw]
+            .ports
+            .iter()
+            .flatten()
+            .filter(|r| topo.nodes[r.node].is_switch() && height[r.node] < height[sw])
+            .map(|r| topo.nodes[r.node].name.clone())
+            .collect();
+        kids.sort();
+        kids.dedup();
+        if !kids.is_empty() {
+            let _ = writeln!(
+                s,
+                "SwitchName={} Switches={}",
+                topo.nodes[sw].name,
+                kids.join(",")
+            );
+        }
+    }
+    s
+}
+
+/// Distance of each switch from the nearest host-carrying switch (hosts: 0).
+pub fn switch_heights(topo: &Topology) -> Vec<u32> {
+    let mut h = vec![u32::MAX; topo.nodes.len()];
+    let mut q = std::collections::VecDeque::new();
+    for s in topo.switches() {
+        if topo.nodes[s]
+            .ports
+            .iter()
+            .flatten()
+            .any(|r| !topo.nodes[r.node].is_switch())
+        {
+            h[s] = 0;
+            q.push_back(s);
+        }
+    }
+    while let Some(s) = q.pop_front() {
+        for r in topo.nodes[s].ports.iter().flatten() {
+            if topo.nodes[r.node].is_switch() && h[r.node] == u32::MAX {
+                h[r.node] = h[s] + 1;
+                q.push_back(r.node);
+            }
+        }
+    }
+    for n in 0..topo.nodes.len() {
+        if !topo.nodes[n].is_switch() {
+            h[n] = 0;
+        }
+    }
+    h
+}
+
+/// Loads a topology from a file or a `fat-tree:` generator spec.
+pub fn load_topology(spec: &str) -> Result<Topology> {
+    if spec.starts_with("fat-tree") {
+        return crate::topo::FatTreeSpec::parse(spec)?.build();
+    }
+    let p = Path::new(spec);
+    if !p.exists() {
+        return Err(FabricError::Invalid(format!(
+            "topology '{spec}': no such file (or use fat-tree:radix=36,hosts=648)"
+        )));
+    }
+    parse_ibnetdiscover(p)
+}

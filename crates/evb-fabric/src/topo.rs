@@ -1,0 +1,497 @@
+//! Topology model (hosts, switches, ports, links), fat-tree generators and
+//! what-if edits.
+
+use crate::error::{FabricError, Result};
+use std::collections::HashMap;
+
+/// Kind of a fabric node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum NodeKind {
+    Host,
+    Switch,
+}
+
+/// The far end of a cable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortRef {
+    pub node: usize,
+    pub port: u8,
+}
+
+/// A host (channel adapter) or a switch.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub kind: NodeKind,
+    /// Host name (node description) or switch name.
+    pub name: String,
+    pub guid: u64,
+    /// Port GUID of the (first) connected port; equal to `guid` for switches.
+    pub port_guid: u64,
+    /// Base LID (switch: port 0; host: its connected port). 0 = unassigned.
+    pub lid: u16,
+    /// `ports[p]` for p in 1..=nports; index 0 unused.
+    pub ports: Vec<Option<PortRef>>,
+}
+
+impl Node {
+    pub fn nports(&self) -> usize {
+        self.ports.len() - 1
+    }
+    pub fn is_switch(&self) -> bool {
+        self.kind == NodeKind::Switch
+    }
+    /// First connected port (hosts send and receive through it).
+    pub fn first_port(&self) -> Option<u8> {
+        (1..self.ports.len())
+            .find(|&p| self.ports[p].is_some())
+            .map(|p| p as u8)
+    }
+}
+
+/// A fabric: nodes and the cables between their ports.
+#[derive(Debug, Clone, Default)]
+pub struct Topology {
+    pub nodes: Vec<Node>,
+}
+
+impl Topology {
+    pub fn add_node(&mut self, kind: NodeKind, name: &str, guid: u64, nports: usize) -> usize {
+        self.nodes.push(Node {
+            kind,
+            name: name.to_string(),
+            guid,
+            port_guid: if kind == NodeKind::Host {
+                guid + 1
+            } else {
+                guid
+            },
+            lid: 0,
+            ports: vec![None; nports + 1],
+        });
+        self.nodes.len() - 1
+    }
+
+    /// Cables port `pa` of `a` to port `pb` of `b`.
+    pub fn connect(&mut self, a: usize, pa: u8, b: usize, pb: u8) -> Result<()> {
+        for (n, p) in [(a, pa), (b, pb)] {
+            let node = &self.nodes[n];
+            if p == 0 || p as usize > node.nports() {
+                return Err(FabricError::Invalid(format!(
+                    "{} has no port {}",
+                    node.name, p
+                )));
+            }
+            if node.ports[p as usize].is_some() {
+                return Err(FabricError::Invalid(format!(
+                    "port {} of {} is cabled twice",
+                    p, node.name
+                )));
+            }
+        }
+        self.nodes[a].ports[pa as usize] = Some(PortRef { node: b, port: pb });
+        self.nodes[b].ports[pb as usize] = Some(PortRef { node: a, port: pa });
+        Ok(())
+    }
+
+    pub fn hosts(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| !self.nodes[i].is_switch())
+            .collect()
+    }
+    pub fn switches(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_switch())
+            .collect()
+    }
+    pub fn max_lid(&self) -> u16 {
+        self.nodes.iter().map(|n| n.lid).max().unwrap_or(0)
+    }
+    /// `lid -> node` table.
+    pub fn lid_table(&self) -> Vec<Option<usize>> {
+        let mut t = vec![None; self.max_lid() as usize + 1];
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.lid != 0 {
+                t[n.lid as usize] = Some(i);
+            }
+        }
+        t
+    }
+    pub fn by_name(&self) -> HashMap<&str, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect()
+    }
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+    /// Switch a host is cabled to.
+    pub fn leaf_of(&self, host: usize) -> Option<usize> {
+        let n = &self.nodes[host];
+        n.first_port()
+            .and_then(|p| n.ports[p as usize])
+            .map(|r| r.node)
+    }
+    /// Assigns LIDs 1.. to hosts then switches (generated fabrics).
+    pub fn assign_lids(&mut self) {
+        let mut lid = 1u16;
+        for kind in [NodeKind::Host, NodeKind::Switch] {
+            for n in self.nodes.iter_mut().filter(|n| n.kind == kind) {
+                n.lid = lid;
+                lid += 1;
+            }
+        }
+    }
+    /// Offsets to number directed links: link id of (node, port) is
+    /// `offsets[node] + port`.
+    pub fn port_offsets(&self) -> (Vec<u32>, usize) {
+        let mut off = Vec::with_capacity(self.nodes.len());
+        let mut total = 0usize;
+        for n in &self.nodes {
+            off.push(total as u32);
+            total += n.ports.len();
+        }
+        (off, total)
+    }
+
+    // ---- what-if edits ----
+
+    fn unlink_port(&mut self, n: usize, p: u8) {
+        if let Some(r) = self.nodes[n].ports[p as usize].take() {
+            self.nodes[r.node].ports[r.port as usize] = None;
+        }
+    }
+    /// Removes a node (host or switch) and its cables.
+    pub fn remove_node(&mut self, name: &str) -> Result<()> {
+        let i = self
+            .find(name)
+            .ok_or_else(|| FabricError::Invalid(format!("no node named {name}")))?;
+        for p in 1..self.nodes[i].ports.len() {
+            self.unlink_port(i, p as u8);
+        }
+        self.nodes.remove(i);
+        for n in &mut self.nodes {
+            for r in n.ports.iter_mut().flatten() {
+                if r.node > i {
+                    r.node -= 1;
+                }
+            }
+        }
+        Ok(())
+    }
+    /// Removes the cable at `name` port `port`.
+    pub fn remove_link(&mut self, name: &str, port: u8) -> Result<()> {
+        let i = self
+            .find(name)
+            .ok_or_else(|| FabricError::Invalid(format!("no node named {name}")))?;
+        if port as usize >= self.nodes[i].ports.len()
+            || self.nodes[i].ports[port as usize].is_none()
+        {
+            return Err(FabricError::Invalid(format!(
+                "{name} port {port} is not cabled"
+            )));
+        }
+        self.unlink_port(i, port);
+        Ok(())
+    }
+    /// Swaps the far ends of two cables (a mis-cabling).
+    pub fn swap_cables(&mut self, a: &str, pa: u8, b: &str, pb: u8) -> Result<()> {
+        let ia = self
+            .find(a)
+            .ok_or_else(|| FabricError::Invalid(format!("no node named {a}")))?;
+        let ib = self
+            .find(b)
+            .ok_or_else(|| FabricError::Invalid(format!("no node named {b}")))?;
+        let ra = self.nodes[ia].ports.get(pa as usize).copied().flatten();
+        let rb = self.nodes[ib].ports.get(pb as usize).copied().flatten();
+        let (Some(ra), Some(rb)) = (ra, rb) else {
+            return Err(FabricError::Invalid(
+                "both swapped ports must be cabled".into(),
+            ));
+        };
+        self.unlink_port(ia, pa);
+        self.unlink_port(ib, pb);
+        self.connect(ia, pa, rb.node, rb.port)?;
+        self.connect(ib, pb, ra.node, ra.port)
+    }
+}
+
+/// How hosts are placed when a fat tree is only partly populated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Leaf by leaf, each leaf full before the next.
+    Fill,
+    /// Round-robin over the leaves (populations differ by at most one).
+    Spread,
+}
+
+/// Parameters of a generated fat tree.
+#[derive(Debug, Clone)]
+pub struct FatTreeSpec {
+    pub radix: usize,
+    /// 2 or 3 switch levels.
+    pub levels: usize,
+    pub hosts: usize,
+    /// Host ports per leaf (default radix/2, or set by `oversub`).
+    pub down: usize,
+    /// Up-links per leaf (default radix/2).
+    pub up: usize,
+    /// Number of leaves (2-level) or pods (3-level); 0 = as few as needed.
+    pub groups: usize,
+    pub placement: Placement,
+}
+
+impl FatTreeSpec {
+    /// Parses `fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,down=32,up=15][,leaves=N|pods=N][,spread]`.
+    pub fn parse(s: &str) -> Result<FatTreeSpec> {
+        let body = s
+            .strip_prefix("fat-tree:")
+            .or_else(|| s.strip_prefix("fat-tree"))
+            .ok_or_else(|| FabricError::Invalid(format!("not a fat-tree spec: {s}")))?;
+        let mut radix = 36;
+        let mut hosts = None;
+        let mut levels = 2;
+        let mut down = None;
+        let mut up = None;
+        let mut oversub: Option<f64> = None;
+        let mut groups = 0;
+        let mut placement = Placement::Fill;
+        for kv in body.split(',').filter(|x| !x.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let num = || -> Result<usize> {
+                v.parse()
+                    .map_err(|_| FabricError::Invalid(format!("bad value in fat-tree spec: {kv}")))
+            };
+            match k {
+                "radix" | "k" => radix = num()?,
+                "hosts" | "n" => hosts = Some(num()?),
+                "levels" => levels = num()?,
+                "down" => down = Some(num()?),
+                "up" => up = Some(num()?),
+                "leaves" | "pods" => groups = num()?,
+                "oversub" => {
+                    let r = v.trim_end_matches(":1");
+                    oversub =
+                        Some(r.parse().map_err(|_| {
+                            FabricError::Invalid(format!("bad oversubscription: {kv}"))
+                        })?)
+                }
+                "spread" => placement = Placement::Spread,
+                "fill" => placement = Placement::Fill,
+                "placement" => {
+                    placement = match v {
+                        "spread" => Placement::Spread,
+                        "fill" => Placement::Fill,
+                        _ => return Err(FabricError::Invalid(format!("bad placement: {v}"))),
+                    }
+                }
+                _ => {
+                    return Err(FabricError::Invalid(format!(
+                        "unknown fat-tree parameter: {k}"
+                    )))
+                }
+            }
+        }
+        if radix < 4 || radix > 254 {
+            return Err(FabricError::Invalid(format!(
+                "radix {radix} out of range 4..254"
+            )));
+        }
+        let (mut d, mut u) = (radix / 2, radix - radix / 2);
+        if let Some(r) = oversub {
+            if r < 1.0 {
+                return Err(FabricError::Invalid("oversubscription must be >= 1".into()));
+            }
+            d = ((radix as f64) * r / (r + 1.0)).floor() as usize;
+            u = radix - d;
+        }
+        let down = down.unwrap_or(d);
+        let up = up.unwrap_or(u);
+        if down == 0 || up == 0 || down + up > radix {
+            return Err(FabricError::Invalid(format!(
+                "leaf ports down={down} up={up} do not fit radix {radix}"
+            )));
+        }
+        if levels != 2 && levels != 3 {
+            return Err(FabricError::Invalid("levels must be 2 or 3".into()));
+        }
+        let hosts = match hosts {
+            Some(h) => h,
+            None if levels == 2 => radix * down,
+            None => radix * (radix / 2) * down,
+        };
+        Ok(FatTreeSpec {
+            radix,
+            levels,
+            hosts,
+            down,
+            up,
+            groups,
+            placement,
+        })
+    }
+
+    /// Builds the fabric.
+    pub fn build(&self) -> Result<Topology> {
+        if self.hosts < 2 {
+            return Err(FabricError::Invalid(
+                "a fabric needs at least 2 hosts".into(),
+            ));
+        }
+        let k = self.radix;
+        let mut t = Topology::default();
+        let width = self.hosts.to_string().len().max(3);
+        // Leaves per group: all leaves in 2 levels, k - k/2 ... per pod in 3 levels.
+        let (leaves, spines_per_group) = if self.levels == 2 {
+            let min_leaves = self.hosts.div_ceil(self.down);
+            let leaves = if self.groups > 0 {
+                self.groups
+            } else {
+                min_leaves
+            };
+            if leaves < min_leaves || leaves > k {
+                return Err(FabricError::Invalid(format!(
+                    "{} hosts need {min_leaves} leaves of {} hosts; a 2-level tree of radix {k} has at most {k} leaves (use levels=3)",
+                    self.hosts, self.down
+                )));
+            }
+            (leaves, 0)
+        } else {
+            let mid_down = k / 2;
+            let per_pod = mid_down * self.down;
+            let min_pods = self.hosts.div_ceil(per_pod);
+            let pods = if self.groups > 0 {
+                self.groups
+            } else {
+                min_pods
+            };
+            if pods < min_pods || pods > k {
+                return Err(FabricError::Invalid(format!(
+                    "{} hosts need {min_pods} pods; radix {k} allows at most {k}",
+                    self.hosts
+                )));
+            }
+            (pods * mid_down, k - mid_down)
+        };
+        // Host count per leaf.
+        let mut per_leaf = vec![0usize; leaves];
+        match self.placement {
+            Placement::Fill => {
+                let mut left = self.hosts;
+                for c in per_leaf.iter_mut() {
+                    *c = left.min(self.down);
+                    left -= *c;
+                }
+            }
+            Placement::Spread => {
+                for i in 0..self.hosts {
+                    per_leaf[i % leaves] += 1;
+                }
+            }
+        }
+        let mut hostno = 0usize;
+        let mut leaf_ids = Vec::new();
+        for (l, &count) in per_leaf.iter().enumerate() {
+            let leaf = t.add_node(
+                NodeKind::Switch,
+                &format!("leaf{:03}", l + 1),
+                0x0002_c902_0010_0000 + l as u64,
+                k,
+            );
+            leaf_ids.push(leaf);
+            for p in 0..count {
+                hostno += 1;
+                let h = t.add_node(
+                    NodeKind::Host,
+                    &format!("node{:0width$}", hostno),
+                    0x0002_c903_0000_0000 + 2 * hostno as u64,
+                    1,
+                );
+                t.connect(h, 1, leaf, (p + 1) as u8)?;
+            }
+        }
+        if self.levels == 2 {
+            for s in 0..self.up {
+                let sp = t.add_node(
+                    NodeKind::Switch,
+                    &format!("spine{:02}", s + 1),
+                    0x0002_c902_0020_0000 + s as u64,
+                    k,
+                );
+                for (l, &leaf) in leaf_ids.iter().enumerate() {
+                    t.connect(leaf, (self.down + s + 1) as u8, sp, (l + 1) as u8)?;
+                }
+            }
+        } else {
+            let mid_down = k / 2;
+            let pods = leaves / mid_down;
+            // Mid switches: `up` per pod, each cabled to every leaf of its pod.
+            let mut mids = vec![];
+            for pod in 0..pods {
+                let mut row = vec![];
+                for m in 0..self.up {
+                    let id = pod * self.up + m;
+                    let mid = t.add_node(
+                        NodeKind::Switch,
+                        &format!("mid{:03}", id + 1),
+                        0x0002_c902_0030_0000 + id as u64,
+                        k,
+                    );
+                    for j in 0..mid_down {
+                        let leaf = leaf_ids[pod * mid_down + j];
+                        t.connect(leaf, (self.down + m + 1) as u8, mid, (j + 1) as u8)?;
+                    }
+                    row.push(mid);
+                }
+                mids.push(row);
+            }
+            // Roots: group m holds the roots above mid m of every pod.
+            for m in 0..self.up {
+                for r in 0..spines_per_group {
+                    let id = m * spines_per_group + r;
+                    let root = t.add_node(
+                        NodeKind::Switch,
+                        &format!("root{:03}", id + 1),
+                        0x0002_c902_0040_0000 + id as u64,
+                        k,
+                    );
+                    for (pod, row) in mids.iter().enumerate() {
+                        t.connect(row[m], (mid_down + r + 1) as u8, root, (pod + 1) as u8)?;
+                    }
+                }
+            }
+        }
+        t.assign_lids();
+        Ok(t)
+    }
+}
+
+/// Sorts names the way people expect: `node2` before `node10`.
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = vec![];
+        let mut start = 0;
+        let b = s.as_bytes();
+        for i in 1..=b.len() {
+            if i == b.len() || b[i].is_ascii_digit() != b[i - 1].is_ascii_digit() {
+                out.push((b[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(cb.iter()) {
+        let o = if x.0 && y.0 {
+            let (tx, ty) = (x.1.trim_start_matches('0'), y.1.trim_start_matches('0'));
+            tx.len().cmp(&ty.len()).then(tx.cmp(ty))
+        } else {
+            x.1.cmp(y.1)
+        };
+        if o != std::cmp::Ordering::Equal {
+            return o;
+        }
+    }
+    ca.len().cmp(&cb.len()).then(a.cmp(b))
+}
