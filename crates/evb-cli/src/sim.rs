@@ -16,9 +16,20 @@ pub struct SimArgs {
     /// Override a key: `--set section.key=value` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
-    /// Fabric: `switch:hosts=N` (one switch).
+    /// Fabric: `switch:hosts=N` (one switch), `fat-tree:radix=36,hosts=72[,...]`
+    /// (see docs/fabric.md), or an `ibnetdiscover` file.
     #[arg(long, default_value = "switch:hosts=16")]
     pub topology: String,
+    /// Forwarding tables to use (OpenSM `opensm-lfts.dump` or `dump_lfts`
+    /// output); without it, `--routing` computes them.
+    #[arg(long)]
+    pub lfts: Option<PathBuf>,
+    /// Routing engine when no --lfts: ftree, minhop, dmodk, random:SEED.
+    #[arg(long, default_value = "ftree")]
+    pub routing: String,
+    /// Rank order: name, lid, leaf, random:SEED, ftree, or a hostfile.
+    #[arg(long, default_value = "name")]
+    pub order: String,
     /// Traffic (sets sim.traffic): eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
     #[arg(long)]
     pub traffic: Option<String>,
@@ -39,36 +50,57 @@ pub struct SimArgs {
     pub plot: Option<PathBuf>,
 }
 
-/// Parses the `--topology` short forms.
-pub fn parse_topology(spec: &str) -> Result<SimFabric> {
-    let (kind, params) = spec.split_once(':').unwrap_or((spec, ""));
-    let mut hosts = None;
-    for kv in params.split(',').filter(|s| !s.is_empty()) {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--topology {spec}: `{kv}` is not key=value"))?;
-        let v: usize = v
-            .parse()
-            .with_context(|| format!("--topology {spec}: `{k}` needs a whole number"))?;
-        match k {
-            "hosts" => hosts = Some(v),
-            other => bail!("--topology {spec}: unknown parameter `{other}`"),
-        }
-    }
-    match kind {
-        "switch" => {
-            let hosts = hosts.with_context(|| format!("--topology {spec}: needs hosts=N"))?;
-            if !(2..=4096).contains(&hosts) {
-                bail!("--topology {spec}: hosts must be between 2 and 4096");
+/// Builds the simulated fabric from `--topology`, `--lfts`/`--routing`, `--order`.
+pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
+    if let Some(params) = args.topology.strip_prefix("switch:") {
+        let mut hosts = None;
+        for kv in params.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').with_context(|| {
+                format!("--topology {}: `{kv}` is not key=value", args.topology)
+            })?;
+            match k {
+                "hosts" => {
+                    hosts = Some(v.parse::<usize>().with_context(|| {
+                        format!("--topology {}: hosts needs a whole number", args.topology)
+                    })?)
+                }
+                other => bail!("--topology {}: unknown parameter `{other}`", args.topology),
             }
-            Ok(SimFabric::single_switch(hosts))
         }
-        other => bail!("--topology: unknown kind `{other}` (available: switch:hosts=N)"),
+        let hosts =
+            hosts.with_context(|| format!("--topology {}: needs hosts=N", args.topology))?;
+        if !(2..=4096).contains(&hosts) {
+            bail!(
+                "--topology {}: hosts must be between 2 and 4096",
+                args.topology
+            );
+        }
+        return Ok(SimFabric::single_switch(hosts));
     }
+    if !args.topology.starts_with("fat-tree") && !std::path::Path::new(&args.topology).exists() {
+        bail!(
+            "--topology: unknown kind `{}` (switch:hosts=N, fat-tree:radix=R,hosts=N, or an ibnetdiscover file)",
+            args.topology
+        );
+    }
+    let topo = evb_fabric::io::load_topology(&args.topology)?;
+    let lfts = match &args.lfts {
+        Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
+        None => {
+            evb_fabric::routing::route(&topo, &evb_fabric::routing::Engine::parse(&args.routing)?)?
+        }
+    };
+    let order = evb_sim::fabric::resolve_order(&args.order, &topo).map_err(anyhow::Error::msg)?;
+    let routing = match &args.lfts {
+        Some(p) => format!("lfts {}", p.display()),
+        None => args.routing.clone(),
+    };
+    let name = format!("{} ({routing}, order {})", args.topology, args.order);
+    evb_sim::fabric::from_topology(&topo, &lfts, &order, &name).map_err(anyhow::Error::msg)
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
-    let fabric = parse_topology(&args.topology)?;
+    let fabric = build_fabric(&args)?;
     let mut overrides = args.overrides.clone();
     if let Some(t) = &args.traffic {
         overrides.push(format!("sim.traffic=\"{t}\""));
@@ -234,7 +266,7 @@ fn point_overrides(base: &[String], point: &[String]) -> Vec<String> {
 
 pub fn scan(args: ScanArgs) -> Result<()> {
     let sim = args.sim;
-    let fabric = parse_topology(&sim.topology)?;
+    let fabric = build_fabric(&sim)?;
     let axes = args
         .params
         .iter()

@@ -114,3 +114,101 @@ impl SimFabric {
         Ok(())
     }
 }
+
+/// Builds the simulated fabric from an `evb-fabric` topology, its
+/// forwarding tables and a rank order (host node indices; rank r is host
+/// `order[r]`).
+pub fn from_topology(
+    topo: &evb_fabric::Topology,
+    lfts: &evb_fabric::Lfts,
+    order: &[usize],
+    name: &str,
+) -> Result<SimFabric, String> {
+    let switches = topo.switches();
+    let mut switch_index = vec![usize::MAX; topo.nodes.len()];
+    for (i, &s) in switches.iter().enumerate() {
+        switch_index[s] = i;
+    }
+    let mut rank_of = vec![usize::MAX; topo.nodes.len()];
+    for (r, &h) in order.iter().enumerate() {
+        if topo.nodes.get(h).is_none_or(|n| n.is_switch()) {
+            return Err(format!("rank {r}: node {h} is not a host"));
+        }
+        rank_of[h] = r;
+    }
+    let mut host_attach = Vec::with_capacity(order.len());
+    for &h in order {
+        let node = &topo.nodes[h];
+        let peer = node
+            .first_port()
+            .and_then(|p| node.ports[p as usize])
+            .ok_or_else(|| format!("host {} is not cabled", node.name))?;
+        if !topo.nodes[peer.node].is_switch() {
+            return Err(format!("host {} is cabled to a host", node.name));
+        }
+        host_attach.push((switch_index[peer.node] as u32, u16::from(peer.port) - 1));
+    }
+    let mut ports = Vec::with_capacity(switches.len());
+    let mut routes = Vec::with_capacity(switches.len());
+    for &s in &switches {
+        let node = &topo.nodes[s];
+        ports.push(
+            (1..=node.nports())
+                .map(|p| match node.ports[p] {
+                    None => Peer::None,
+                    Some(r) if topo.nodes[r.node].is_switch() => Peer::Switch {
+                        switch: switch_index[r.node] as u32,
+                        port: u16::from(r.port) - 1,
+                    },
+                    // A host outside the rank order takes no part.
+                    Some(r) if rank_of[r.node] == usize::MAX => Peer::None,
+                    Some(r) => Peer::Host(rank_of[r.node] as u32),
+                })
+                .collect(),
+        );
+        routes.push(
+            order
+                .iter()
+                .map(|&h| match lfts.get(s, topo.nodes[h].lid) {
+                    // Port 0 is the switch itself; the validation names it.
+                    0 | 255 => u16::MAX,
+                    p => u16::from(p) - 1,
+                })
+                .collect(),
+        );
+    }
+    let fabric = SimFabric {
+        name: name.to_string(),
+        host_names: order.iter().map(|&h| topo.nodes[h].name.clone()).collect(),
+        switch_names: switches
+            .iter()
+            .map(|&s| topo.nodes[s].name.clone())
+            .collect(),
+        host_attach,
+        ports,
+        routes,
+    };
+    fabric.validate()?;
+    Ok(fabric)
+}
+
+/// Resolves a rank order: `name`, `lid`, `leaf`, `random:SEED`, `ftree`, or a
+/// file (hostfile or `opensm-ftree-ca-order.dump`).
+pub fn resolve_order(spec: &str, topo: &evb_fabric::Topology) -> Result<Vec<usize>, String> {
+    use evb_fabric::optimize as o;
+    Ok(match spec {
+        "name" => o::order_by_name(topo),
+        "lid" => o::order_by_lid(topo),
+        "leaf" => o::order_by_leaf(topo),
+        "ftree" => o::order_ftree(topo).map_err(|e| e.to_string())?,
+        _ => match spec.strip_prefix("random:") {
+            Some(seed) => o::order_random(
+                topo,
+                seed.parse()
+                    .map_err(|_| format!("--order {spec}: bad seed"))?,
+            ),
+            None => evb_fabric::io::parse_order(std::path::Path::new(spec), topo)
+                .map_err(|e| e.to_string())?,
+        },
+    })
+}

@@ -190,3 +190,181 @@ fn packet_and_flit_granularity_agree() {
         );
     }
 }
+
+/// The simulator and the conflict analysis agree: a rank order whose shift
+/// steps are free of conflicts runs the linear shift at full rate, one with
+/// conflicts does not.
+#[test]
+fn shift_throughput_follows_the_conflict_analysis_on_a_fat_tree() {
+    use evb_fabric::routing::{route, Engine};
+    use evb_sim::fabric::{from_topology, resolve_order};
+    let topo = evb_fabric::io::load_topology("fat-tree:radix=8,hosts=32").unwrap();
+    let lfts = route(&topo, &Engine::Ftree).unwrap();
+    let steps = evb_fabric::conflicts::shift_steps(32);
+    let config = Config::from_str_with_overrides(
+        "test",
+        "",
+        &[
+            "sim.traffic=\"shift-fixed\"".into(),
+            "sim.duration_us=400".into(),
+            "nodes.count=32".into(),
+        ],
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    let mut results = Vec::new();
+    for spec in ["name", "random:1", "random:2"] {
+        let order = resolve_order(spec, &topo).unwrap();
+        let conflicts = evb_fabric::conflicts::analyze(&topo, &lfts, &order, &steps, 5)
+            .unwrap()
+            .total
+            .conflicts;
+        let fabric = from_topology(&topo, &lfts, &order, spec).unwrap();
+        let gbps = simulate(&config, fabric, |_| {})
+            .unwrap()
+            .summary
+            .throughput_per_host_gbps;
+        results.push((spec, conflicts, gbps));
+    }
+    let (_, name_conflicts, name_gbps) = results[0];
+    assert_eq!(name_conflicts, 0, "{results:?}");
+    assert!(name_gbps > 97.0, "{results:?}");
+    for &(spec, conflicts, gbps) in &results[1..] {
+        assert!(conflicts > 0, "{spec}: {results:?}");
+        assert!(
+            gbps < name_gbps - 10.0,
+            "{spec}: conflicts must cost throughput: {results:?}"
+        );
+    }
+}
+
+#[test]
+fn one_flow_on_one_link_reaches_payload_line_rate() {
+    // Two hosts, host 1 streams to host 0: one flow per link.
+    let r = sim(2, "incast", 1000.0, &[]);
+    let expected = 100.0 * EFFICIENCY;
+    let got = r.hosts[0].received_gbps;
+    assert!(
+        (got - expected).abs() / expected < 0.005,
+        "{got} vs {expected}"
+    );
+}
+
+#[test]
+fn two_senders_share_one_receiver_evenly() {
+    let r = sim(3, "incast", 1000.0, &[]);
+    let (a, b) = (r.hosts[1].sent_gbps, r.hosts[2].sent_gbps);
+    assert!((a - b).abs() / (a + b) < 0.01, "{a} vs {b}");
+    let sum = r.hosts[0].received_gbps;
+    assert!((sum - 100.0 * EFFICIENCY).abs() < 0.5, "{sum}");
+}
+
+#[test]
+fn small_buffers_on_a_long_link_are_credit_limited() {
+    // 10 us links and 16 KiB per VL: three 4122-byte packets (195 of 256
+    // blocks) fit. The host link's credit loop: head over the link,
+    // switch latency, one packet time to leave, credits back over the link.
+    let r = sim(
+        2,
+        "incast",
+        2000.0,
+        &["sim.link_latency_ns=10000", "sim.vl_buffer_bytes=16384"],
+    );
+    let rtt_ns = 2.0 * 10_000.0 + 90.0 + 4122.0 * 8.0 / 100.0;
+    let bound = 3.0 * 4096.0 * 8.0 / rtt_ns;
+    let got = r.hosts[0].received_gbps;
+    assert!(
+        (got - bound).abs() / bound < 0.05,
+        "{got} Gb/s vs credit bound {bound}"
+    );
+}
+
+#[test]
+fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
+    use evb_fabric::routing::{route, Engine};
+    use evb_sim::fabric::{from_topology, resolve_order};
+    let config = Config::from_str_with_overrides(
+        "test",
+        "",
+        &[
+            "sim.traffic=\"shift-fixed\"".into(),
+            "sim.duration_us=400".into(),
+        ],
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    for spec in [
+        "fat-tree:radix=8,hosts=32",
+        "fat-tree:radix=12,hosts=72",
+        "fat-tree:radix=8,hosts=64,levels=3",
+    ] {
+        let topo = evb_fabric::io::load_topology(spec).unwrap();
+        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let order = resolve_order("ftree", &topo).unwrap();
+        let fabric = from_topology(&topo, &lfts, &order, spec).unwrap();
+        let gbps = simulate(&config, fabric, |_| {})
+            .unwrap()
+            .summary
+            .throughput_per_host_gbps;
+        assert!(gbps >= 0.97 * 100.0 * EFFICIENCY, "{spec}: {gbps}");
+    }
+    // Partially populated: the loss appears where the analysis finds conflicts.
+    let spec = "fat-tree:radix=8,hosts=27,spread";
+    let topo = evb_fabric::io::load_topology(spec).unwrap();
+    let lfts = route(&topo, &Engine::Ftree).unwrap();
+    let order = resolve_order("ftree", &topo).unwrap();
+    let steps = evb_fabric::conflicts::shift_steps(order.len());
+    let conflicts = evb_fabric::conflicts::analyze(&topo, &lfts, &order, &steps, 5)
+        .unwrap()
+        .total
+        .conflicts;
+    let fabric = from_topology(&topo, &lfts, &order, spec).unwrap();
+    let gbps = simulate(&config, fabric, |_| {})
+        .unwrap()
+        .summary
+        .throughput_per_host_gbps;
+    if conflicts == 0 {
+        assert!(
+            gbps >= 0.97 * 100.0 * EFFICIENCY,
+            "{spec}: no conflicts, {gbps}"
+        );
+    } else {
+        assert!(
+            gbps < 0.97 * 100.0 * EFFICIENCY,
+            "{spec}: {conflicts} conflicts but {gbps}"
+        );
+    }
+}
+
+#[test]
+fn random_schedule_delivers_clearly_less_than_barrel_at_64_hosts() {
+    use evb_fabric::routing::{route, Engine};
+    use evb_sim::fabric::{from_topology, resolve_order};
+    let topo = evb_fabric::io::load_topology("fat-tree:radix=16,hosts=64").unwrap();
+    let lfts = route(&topo, &Engine::Ftree).unwrap();
+    let order = resolve_order("ftree", &topo).unwrap();
+    let built = |schedule: &str| {
+        let config = Config::from_str_with_overrides(
+            "test",
+            "",
+            &[
+                "nodes.count=64".into(),
+                "sim.duration_us=6000".into(),
+                "source.events_per_mep=512".into(),
+                "event_builder.parallel_sends=1".into(),
+                format!("event_builder.schedule={schedule}"),
+            ],
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let fabric = from_topology(&topo, &lfts, &order, "ft64").unwrap();
+        simulate(&config, fabric, |_| {})
+            .unwrap()
+            .summary
+            .eb
+            .unwrap()
+            .built_gbps_per_node
+    };
+    let (barrel, random) = (built("barrel"), built("random"));
+    assert!(random < 0.85 * barrel, "random {random} vs barrel {barrel}");
+}
