@@ -640,8 +640,8 @@ pub fn switch_heights(topo: &Topology) -> Vec<u32> {
             }
         }
     }
-    for n in 0..topo.nodes.len() {
-        if !topo.nodes[n].is_switch() {
+    for (n, node) in topo.nodes.iter().enumerate() {
+        if !node.is_switch() {
             h[n] = 0;
         }
     }

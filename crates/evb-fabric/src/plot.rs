@@ -80,6 +80,7 @@ where
     };
     let panels = root.split_evenly((2, 1));
     let xmax = a.per_step.iter().map(|s| s.step).max().unwrap_or(1) + 1;
+    #[allow(clippy::type_complexity)]
     let series: [(
         &str,
         Box<dyn Fn(&crate::conflicts::StepStats) -> u64>,
