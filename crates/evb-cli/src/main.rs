@@ -118,6 +118,18 @@ enum ConfigCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Sim(_) | Command::Scan(_) | Command::Fabric(_) | Command::Config(_)
+    ) {
+        // Commands that only print may die quietly when their reader goes
+        // away (`| head`). Not `run` and `node`: they write to sockets and
+        // pipes where a vanished peer must be an error, not a signal.
+        // SAFETY: setting a signal disposition before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Node(args) => cmd_node(args),

@@ -251,12 +251,39 @@ fn write_plots(prefix: &std::path::Path, r: &evb_sim::SimResult) -> Result<Vec<P
 }
 
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ScanArgs {
+    #[command(subcommand)]
+    pub command: Option<ScanCommand>,
     #[command(flatten)]
     pub sim: SimArgs,
     /// A scanned key and its values: `--param event_builder.credits=1,2,4` (repeatable).
-    #[arg(long = "param", value_name = "KEY=V1,V2,...", required = true)]
+    #[arg(long = "param", value_name = "KEY=V1,V2,...")]
     pub params: Vec<String>,
+    /// Run only shard I of N (points whose index mod N is I), e.g. from a
+    /// Slurm job array: `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ScanCommand {
+    /// Join the JSON results of the shards of one scan.
+    Merge(MergeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Shard results (`evb scan --shard ... --json FILE`).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Write the heat map: PREFIX-heatmap.{svg,png}.
+    #[arg(long, value_name = "PREFIX")]
+    pub plot: Option<PathBuf>,
 }
 
 /// The configuration of one scan point: the base overrides, then the point's.
@@ -265,6 +292,29 @@ fn point_overrides(base: &[String], point: &[String]) -> Vec<String> {
 }
 
 pub fn scan(args: ScanArgs) -> Result<()> {
+    if let Some(ScanCommand::Merge(m)) = args.command {
+        return merge(m);
+    }
+    if args.params.is_empty() {
+        bail!("evb scan needs at least one --param KEY=V1,V2,...");
+    }
+    let shard = args
+        .shard
+        .as_deref()
+        .map(|s| -> Result<[usize; 2]> {
+            let (i, n) = s
+                .split_once('/')
+                .with_context(|| format!("--shard {s}: expected I/N"))?;
+            Ok([
+                i.trim()
+                    .parse()
+                    .with_context(|| format!("--shard {s}: bad I"))?,
+                n.trim()
+                    .parse()
+                    .with_context(|| format!("--shard {s}: bad N"))?,
+            ])
+        })
+        .transpose()?;
     let sim = args.sim;
     let fabric = build_fabric(&sim)?;
     let axes = args
@@ -297,6 +347,7 @@ pub fn scan(args: ScanArgs) -> Result<()> {
                 .map_err(|e| e.to_string())
         },
         &fabric,
+        shard,
         || {
             let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             if tty {
@@ -308,16 +359,49 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     if tty {
         eprintln!();
     }
+    print_scan(&result, &fabric.name);
+    write_scan(
+        &result,
+        sim.json.as_deref(),
+        sim.csv.as_deref(),
+        sim.plot.as_deref(),
+    )
+}
+
+fn merge(m: MergeArgs) -> Result<()> {
+    let shards = m
+        .inputs
+        .iter()
+        .map(|p| -> Result<evb_sim::scan::ScanResult> {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not an evb scan result", p.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let result = evb_sim::scan::merge(shards).map_err(anyhow::Error::msg)?;
+    print_scan(&result, "merged shards");
+    write_scan(
+        &result,
+        m.json.as_deref(),
+        m.csv.as_deref(),
+        m.plot.as_deref(),
+    )
+}
+
+fn print_scan(result: &evb_sim::scan::ScanResult, fabric: &str) {
     let mut order: Vec<usize> = (0..result.points.len()).collect();
     order.sort_by(|&a, &b| {
         result.points[b]
             .figure_gbps
             .total_cmp(&result.points[a].figure_gbps)
     });
+    let shard = result.shard.map_or(String::new(), |[i, n]| {
+        format!(" (shard {i}/{n} of {})", result.total_points)
+    });
     println!(
-        "evb scan: {} points on {} in {:.1} s; {:.0}% of points within 2% of the best",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s; {:.0}% of points within 2% of the best",
         result.points.len(),
-        fabric.name,
         result.wall_seconds,
         result.fraction_within_2pct_of_best * 100.0
     );
@@ -332,22 +416,56 @@ pub fn scan(args: ScanArgs) -> Result<()> {
             params.join(" ")
         );
     }
-    if let Some(path) = &sim.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+}
+
+fn write_scan(
+    result: &evb_sim::scan::ScanResult,
+    json: Option<&std::path::Path>,
+    csv: Option<&std::path::Path>,
+    plot: Option<&std::path::Path>,
+) -> Result<()> {
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(result)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &sim.csv {
-        let mut text = result.axes.join(",") + ",figure_gbps,throughput_per_host_gbps\n";
+    if let Some(path) = csv {
+        let mut text = String::from("index,")
+            + &result.axes.join(",")
+            + ",figure_gbps,throughput_per_host_gbps\n";
         for p in &result.points {
             let vals: Vec<&str> = p.params.iter().map(|(_, v)| v.as_str()).collect();
             text += &format!(
-                "{},{:.4},{:.4}\n",
+                "{},{},{:.4},{:.4}\n",
+                p.index,
                 vals.join(","),
                 p.figure_gbps,
                 p.summary.throughput_per_host_gbps
             );
         }
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(prefix) = plot {
+        let Some((xs, ys, rows)) = evb_sim::scan::heat_grid(result) else {
+            bail!("a heat map needs at least two --param axes");
+        };
+        let mut base = prefix.as_os_str().to_owned();
+        base.push("-heatmap");
+        let title = if result.axes.len() > 2 {
+            "best Gb/s over the other parameters"
+        } else {
+            "Gb/s"
+        };
+        for p in evb_plot::heat_map_labelled(
+            std::path::Path::new(&base),
+            title,
+            &result.axes[1],
+            &result.axes[0],
+            &rows,
+            &xs,
+            &ys,
+        )? {
+            println!("wrote {}", p.display());
+        }
     }
     Ok(())
 }

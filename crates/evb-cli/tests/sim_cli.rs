@@ -146,3 +146,71 @@ fn bad_topology_is_a_clear_error() {
     let (ok, _, err) = evb(&["sim", "--topology", "torus:hosts=8"]);
     assert!(!ok && err.contains("unknown kind"), "{err}");
 }
+
+#[test]
+fn scan_shards_merge_into_the_whole_scan() {
+    let common = [
+        "scan",
+        "--topology",
+        "switch:hosts=4",
+        "--traffic",
+        "eb",
+        "--duration-us",
+        "800",
+        "--set",
+        "source.events_per_mep=128",
+        "--param",
+        "event_builder.credits=1,2,3",
+        "--param",
+        "event_builder.parallel_sends=1,2",
+    ];
+    let whole = tmp("whole.json");
+    let (ok, out, err) = evb(&[&common[..], &["--json", &whole]].concat());
+    assert!(ok, "{out}{err}");
+    let mut shards = Vec::new();
+    for i in 0..3 {
+        let path = tmp(&format!("shard{i}.json"));
+        let shard = format!("{i}/3");
+        let (ok, out, err) = evb(&[&common[..], &["--shard", &shard, "--json", &path]].concat());
+        assert!(ok, "{out}{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(v["points"].as_array().unwrap().len(), 2, "shard {i}");
+        shards.push(path);
+    }
+    let merged = tmp("merged.json");
+    let plot = tmp("scan");
+    let (ok, out, err) = evb(&[
+        "scan", "merge", &shards[0], &shards[1], &shards[2], "--json", &merged, "--plot", &plot,
+    ]);
+    assert!(ok, "{out}{err}");
+    let a: Value = serde_json::from_str(&std::fs::read_to_string(&whole).unwrap()).unwrap();
+    let b: Value = serde_json::from_str(&std::fs::read_to_string(&merged).unwrap()).unwrap();
+    // Deterministic points: the merged shards are the whole scan.
+    let figures = |v: &Value| -> Vec<(u64, f64)> {
+        v["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["index"].as_u64().unwrap(),
+                    p["figure_gbps"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(figures(&a), figures(&b));
+    assert_eq!(a["best"], b["best"]);
+    assert!(std::fs::read_to_string(format!("{plot}-heatmap.svg"))
+        .unwrap()
+        .contains("event_builder.credits"));
+    assert!(
+        std::fs::metadata(format!("{plot}-heatmap.png"))
+            .unwrap()
+            .len()
+            > 1000
+    );
+    // A missing shard is refused.
+    let (ok, _, err) = evb(&["scan", "merge", &shards[0], &shards[2]]);
+    assert!(!ok && err.contains("missing"), "{err}");
+}

@@ -447,6 +447,15 @@ impl Config {
                     format!("node {bad} does not exist (nodes.count = {n})"),
                 ));
             }
+            // Duplicates would miscount the units (and underflow in
+            // `unit_counts` when the list is longer than `nodes.count`).
+            if let Some((_, twice)) = list
+                .iter()
+                .enumerate()
+                .find(|&(k, i)| list[..k].contains(i))
+            {
+                return Err(err(key, format!("node {twice} is listed twice")));
+            }
         }
         if let Some(both) = self
             .nodes
@@ -831,6 +840,17 @@ mod tests {
         assert_eq!(e.origin, "--set");
         let e = load("", &["credits"]).unwrap_err();
         assert!(e.message.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_node_lists_are_rejected() {
+        // Found reviewing for the config_parse fuzz target: used to underflow
+        // in `unit_counts` (1 node, 2 BU-only entries).
+        let e = load("[nodes]\ncount = 1\nbu_only = [0, 0]\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("nodes.bu_only"), "{e}");
+        assert!(e.message.contains("listed twice"), "{e}");
+        let e = load("[nodes]\ncount = 4\nru_only = [3, 3]\n", &[]).unwrap_err();
+        assert_eq!((e.line, e.key.as_deref()), (Some(3), Some("nodes.ru_only")));
     }
 
     #[test]

@@ -73,7 +73,7 @@ pub fn line_chart(
 }
 
 /// A heat map of `rows` (each a row of cells), e.g. link load per step:
-/// writes `base.svg` and `base.png`.
+/// writes `base.svg` and `base.png`. Cells are labelled by their index.
 pub fn heat_map(
     base: &Path,
     title: &str,
@@ -81,19 +81,32 @@ pub fn heat_map(
     y_label: &str,
     rows: &[Vec<f64>],
 ) -> Result<[PathBuf; 2], PlotError> {
+    heat_map_labelled(base, title, x_label, y_label, rows, &[], &[])
+}
+
+/// A heat map whose columns and rows are labelled with `x_ticks` and
+/// `y_ticks` (e.g. the scanned parameter values).
+pub fn heat_map_labelled(
+    base: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    rows: &[Vec<f64>],
+    x_ticks: &[String],
+    y_ticks: &[String],
+) -> Result<[PathBuf; 2], PlotError> {
     if rows.is_empty() || rows.iter().all(Vec::is_empty) {
         return Err(PlotError::Empty("a heat map needs cells"));
     }
-    render(
-        base,
-        (1000, 700),
-        &HeatMap {
-            title,
-            x_label,
-            y_label,
-            rows,
-        },
-    )
+    let picture = HeatMap {
+        title,
+        x_label,
+        y_label,
+        rows,
+        x_ticks,
+        y_ticks,
+    };
+    render(base, (1000, 700), &picture)
 }
 
 /// Something drawn the same way on any backend.
@@ -164,6 +177,8 @@ struct HeatMap<'a> {
     x_label: &'a str,
     y_label: &'a str,
     rows: &'a [Vec<f64>],
+    x_ticks: &'a [String],
+    y_ticks: &'a [String],
 }
 
 impl Picture for HeatMap<'_> {
@@ -180,18 +195,31 @@ impl Picture for HeatMap<'_> {
         area.fill(&WHITE).map_err(|e| e.to_string())?;
         let (w, _) = area.dim_in_pixel();
         let (main, legend) = area.split_horizontally(w.saturating_sub(90));
+        // Segmented axes: one segment per cell, labelled at its centre.
         let mut chart = ChartBuilder::on(&main)
             .caption(self.title, ("sans-serif", 24))
             .margin(12)
             .x_label_area_size(45)
             .y_label_area_size(65)
-            .build_cartesian_2d(0.0..width as f64, 0.0..height as f64)
+            .build_cartesian_2d(
+                // A segmented range a..b has b - a + 1 segments.
+                (0..width.saturating_sub(1).max(1)).into_segmented(),
+                (0..height.saturating_sub(1).max(1)).into_segmented(),
+            )
             .map_err(|e| e.to_string())?;
+        let label = |ticks: &[String], v: &SegmentValue<usize>| match v {
+            SegmentValue::CenterOf(i) => ticks.get(*i).cloned().unwrap_or_else(|| i.to_string()),
+            _ => String::new(),
+        };
         chart
             .configure_mesh()
             .disable_mesh()
             .x_desc(self.x_label)
             .y_desc(self.y_label)
+            .x_labels(width.min(40))
+            .y_labels(height.min(40))
+            .x_label_formatter(&|v| label(self.x_ticks, v))
+            .y_label_formatter(&|v| label(self.y_ticks, v))
             .label_style(("sans-serif", 15))
             .draw()
             .map_err(|e| e.to_string())?;
@@ -199,7 +227,10 @@ impl Picture for HeatMap<'_> {
             row.iter().enumerate().map(move |(x, &v)| {
                 let c = ViridisRGB::get_color(v / max);
                 Rectangle::new(
-                    [(x as f64, y as f64), (x as f64 + 1.0, y as f64 + 1.0)],
+                    [
+                        (SegmentValue::Exact(x), SegmentValue::Exact(y)),
+                        (SegmentValue::Exact(x + 1), SegmentValue::Exact(y + 1)),
+                    ],
                     c.filled(),
                 )
             })

@@ -17,13 +17,13 @@ pub mod traffic;
 use std::time::Instant;
 
 use evb_core::Config;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use engine::{default_host_latency, Net, Params, Ps, Traffic, PS_PER_NS};
 use fabric::SimFabric;
 
 /// The `summary` object of the simulation JSON.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimSummary {
     pub topology: String,
     pub traffic: String,
@@ -48,7 +48,7 @@ pub struct SimSummary {
 }
 
 /// Event-builder figures of an `eb` simulation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EbSummary {
     pub events_built: u64,
     pub batches_incomplete: u64,
