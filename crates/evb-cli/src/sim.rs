@@ -445,7 +445,8 @@ fn write_scan(
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(prefix) = plot {
-        let Some((xs, ys, rows)) = evb_sim::scan::heat_grid(result) else {
+        let Some(evb_sim::scan::HeatGrid { xs, ys, rows }) = evb_sim::scan::heat_grid(result)
+        else {
             bail!("a heat map needs at least two --param axes");
         };
         let mut base = prefix.as_os_str().to_owned();

@@ -207,9 +207,18 @@ pub fn merge(shards: Vec<ScanResult>) -> Result<ScanResult, String> {
     Ok(summarise(axes, total, None, points, wall))
 }
 
-/// Figures over the first two axes, each cell the best over the other axes:
-/// (x values, y values, rows[y][x]).
-pub fn heat_grid(result: &ScanResult) -> Option<(Vec<String>, Vec<String>, Vec<Vec<f64>>)> {
+/// Figures over the first two axes of a scan.
+pub struct HeatGrid {
+    /// Values of the second axis (columns).
+    pub xs: Vec<String>,
+    /// Values of the first axis (rows).
+    pub ys: Vec<String>,
+    /// `rows[y][x]`: the best figure over the other axes.
+    pub rows: Vec<Vec<f64>>,
+}
+
+/// The heat-map grid of a scan with at least two axes.
+pub fn heat_grid(result: &ScanResult) -> Option<HeatGrid> {
     if result.axes.len() < 2 {
         return None;
     }
@@ -229,5 +238,5 @@ pub fn heat_grid(result: &ScanResult) -> Option<(Vec<String>, Vec<String>, Vec<V
         let y = ys.iter().position(|v| *v == p.params[0].1)?;
         rows[y][x] = rows[y][x].max(p.figure_gbps);
     }
-    Some((xs, ys, rows))
+    Some(HeatGrid { xs, ys, rows })
 }
