@@ -50,9 +50,14 @@ pub enum Protocol {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
-    /// Phase n: RU i sends to BU (i + n) mod N (work-conserving: an empty
-    /// destination is skipped rather than waited for).
+    /// Barrel shift, phase-locked: phase n of RU i sends to BU (i + n) mod N
+    /// and waits for that BU's MEP if it is not there yet (lost BUs are
+    /// skipped; after the end of the run it no longer waits).
     Barrel,
+    /// Barrel shift that never waits: when the phase's BU has nothing, the
+    /// next one with work is served out of turn (the phase stays).
+    #[serde(rename = "barrel-skip")]
+    BarrelSkip,
     /// A seeded random destination among those with work.
     Random,
     /// Everything at once, no limit on transfers in flight.

@@ -298,6 +298,9 @@ impl Node {
             }
             Message::EndOfRun { meps } if from_em => {
                 self.end_of_run.get_or_insert(meps);
+                if let Some(r) = &mut self.ru {
+                    r.on_end_of_run(&mut self.ru_out);
+                }
             }
             Message::Credit { bu, credits } if from_bu && bu == from => match &mut self.em {
                 Some(em) => {

@@ -67,6 +67,10 @@ pub struct ReadoutUnit {
     queued: usize,
     /// Barrel: the next phase (destination BU = source + phase mod N).
     phase: usize,
+    /// Per BU index: lost, never to be served again.
+    dest_gone: Vec<bool>,
+    /// The run has ended: no MEP is coming that a locked barrel could wait for.
+    ended: bool,
     rng: Pcg64Mcg,
     in_flight: u32,
     /// Unassigned requests kept at most (guards against a flood of junk).
@@ -88,6 +92,8 @@ impl ReadoutUnit {
             queues: vec![VecDeque::new(); bus],
             queued: 0,
             phase: 0,
+            dest_gone: vec![false; bus],
+            ended: false,
             rng: Pcg64Mcg::seed_from_u64(mix64(
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
@@ -259,6 +265,7 @@ impl ReadoutUnit {
     /// it (it will never be built there) and release the data.
     pub fn forget_bu(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
         if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
+            self.dest_gone[idx as usize] = true;
             for mep in self.queues[idx as usize].drain(..) {
                 self.queued -= 1;
                 self.held.remove(&mep);
@@ -300,7 +307,9 @@ impl ReadoutUnit {
             _ => self.parallel_sends,
         };
         while self.queued > 0 && self.in_flight < limit {
-            let dest = self.pick_destination();
+            let Some(dest) = self.pick_destination() else {
+                return; // Phase-locked: waiting for this phase's MEP.
+            };
             let mep = self.queues[dest]
                 .pop_front()
                 .expect("picked a non-empty queue");
@@ -310,16 +319,34 @@ impl ReadoutUnit {
         }
     }
 
-    /// Index of a non-empty BU queue, chosen by the schedule.
-    fn pick_destination(&mut self) -> usize {
+    /// The run has ended: nothing more will be assigned, so a phase-locked
+    /// barrel must not wait for a MEP that will never come.
+    pub fn on_end_of_run(&mut self, out: &mut Vec<RuAction>) {
+        self.ended = true;
+        self.pump(out);
+    }
+
+    /// Index of the BU queue to serve next, chosen by the schedule; `None`
+    /// when a phase-locked barrel waits for its phase's MEP.
+    fn pick_destination(&mut self) -> Option<usize> {
         let n = self.queues.len();
-        match self.schedule {
-            Schedule::Barrel => {
-                // Phase n goes to BU (source + n) mod N. If that queue is
-                // empty the next non-empty one is served out of turn
-                // (waiting could deadlock on credits), and the phase stays:
-                // it is anchored at the source so RUs stay offset from each
-                // other instead of converging on one BU.
+        Some(match self.schedule {
+            Schedule::Barrel if !self.ended => {
+                // Phase n goes to BU (source + n) mod N, lost BUs skipped.
+                let start = self.source as usize + self.phase;
+                let k = (0..n).find(|k| !self.dest_gone[(start + k) % n])?;
+                let dest = (start + k) % n;
+                if self.queues[dest].is_empty() {
+                    return None;
+                }
+                self.phase = (self.phase + k + 1) % n;
+                dest
+            }
+            Schedule::Barrel | Schedule::BarrelSkip => {
+                // Never waits: when the phase's queue is empty the next
+                // non-empty one is served out of turn, and the phase stays,
+                // anchored at the source, so RUs stay offset from each other
+                // instead of converging on one BU.
                 let start = self.source as usize + self.phase;
                 let k = (0..n)
                     .find(|k| !self.queues[(start + k) % n].is_empty())
@@ -344,6 +371,6 @@ impl ReadoutUnit {
                     .min_by_key(|&i| self.queues[i][0])
                     .expect("queued > 0")
             }
-        }
+        })
     }
 }

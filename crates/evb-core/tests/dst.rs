@@ -30,8 +30,12 @@ fn random_config(case: u64) -> Config {
     } else {
         Protocol::Pull
     };
-    c.event_builder.schedule =
-        [Schedule::Barrel, Schedule::Random, Schedule::All][rng.gen_range(0..3)];
+    c.event_builder.schedule = [
+        Schedule::Barrel,
+        Schedule::BarrelSkip,
+        Schedule::Random,
+        Schedule::All,
+    ][rng.gen_range(0..4)];
     c.event_builder.local = if rng.gen_bool(0.5) {
         LocalTraffic::Memory
     } else {

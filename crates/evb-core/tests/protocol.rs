@@ -26,7 +26,12 @@ const SECOND: u64 = 1_000_000_000;
 #[test]
 fn every_event_built_exactly_once_in_every_mode() {
     for protocol in [Protocol::Push, Protocol::Pull] {
-        for schedule in [Schedule::Barrel, Schedule::Random, Schedule::All] {
+        for schedule in [
+            Schedule::Barrel,
+            Schedule::BarrelSkip,
+            Schedule::Random,
+            Schedule::All,
+        ] {
             for local in [LocalTraffic::Memory, LocalTraffic::Nic] {
                 for seed in 0..3 {
                     let c = config(protocol, schedule, local);
@@ -176,8 +181,8 @@ fn missing_source_times_out_naming_the_source() {
 /// Runs one RU with `parallel_sends = 1`: MEP m is assigned to BU m mod 5
 /// and its data becomes ready in `ready_order`; returns the destinations in
 /// the order sent.
-fn barrel_sends(source: u16, ready_order: &[u64]) -> Vec<u16> {
-    let mut c = config(Protocol::Push, Schedule::Barrel, LocalTraffic::Nic);
+fn barrel_sends(schedule: Schedule, source: u16, ready_order: &[u64]) -> Vec<u16> {
+    let mut c = config(Protocol::Push, schedule, LocalTraffic::Nic);
     c.nodes.count = 5;
     c.event_builder.parallel_sends = 1;
     let layout = Layout::from_config(&c);
@@ -218,15 +223,29 @@ fn barrel_sends(source: u16, ready_order: &[u64]) -> Vec<u16> {
 
 #[test]
 fn barrel_order_is_i_plus_n_mod_n() {
-    for source in 0..5u16 {
-        // Data for the phase-0 destination first: a clean shift.
-        let ready: Vec<u64> = (0..10).map(|k| (u64::from(source) + k) % 10).collect();
-        let expected: Vec<u16> = (0..10).map(|n| (source + n) % 5).collect();
-        assert_eq!(barrel_sends(source, &ready), expected, "RU {source}");
+    for schedule in [Schedule::Barrel, Schedule::BarrelSkip] {
+        for source in 0..5u16 {
+            // Data for the phase-0 destination first: a clean shift.
+            let ready: Vec<u64> = (0..10).map(|k| (u64::from(source) + k) % 10).collect();
+            let expected: Vec<u16> = (0..10).map(|n| (source + n) % 5).collect();
+            assert_eq!(
+                barrel_sends(schedule, source, &ready),
+                expected,
+                "{schedule:?} RU {source}"
+            );
+        }
     }
-    // Only MEP 0 (for BU 0) is ready at first: RU 2 ships it out of turn and
-    // then resumes its own phases (2, 3, 4, 0, 1, ...) rather than
-    // following BU 0 like every other RU would.
+    // Only MEP 0 (for BU 0) is ready at first. Phase-locked, RU 2 waits for
+    // its phase-0 MEP (BU 2) and keeps the shift exactly.
     let ready: Vec<u64> = (0..10).collect();
-    assert_eq!(barrel_sends(2, &ready), vec![0, 2, 3, 4, 0, 1, 2, 3, 4, 1]);
+    assert_eq!(
+        barrel_sends(Schedule::Barrel, 2, &ready),
+        vec![2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+    );
+    // Never waiting, it ships MEP 0 out of turn, then resumes its own
+    // phases (2, 3, 4, 0, 1, ...) rather than following BU 0.
+    assert_eq!(
+        barrel_sends(Schedule::BarrelSkip, 2, &ready),
+        vec![0, 2, 3, 4, 0, 1, 2, 3, 4, 1]
+    );
 }
