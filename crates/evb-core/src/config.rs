@@ -143,7 +143,9 @@ impl Default for EventBuilderSection {
     fn default() -> Self {
         EventBuilderSection {
             protocol: Protocol::Push,
-            schedule: Schedule::Barrel,
+            // Never waiting: a stalled BU (a source dropping data, a slow
+            // consumer) must not stall every RU's rotation.
+            schedule: Schedule::BarrelSkip,
             parallel_sends: 2,
             credits: 2,
             local: LocalTraffic::Memory,
