@@ -33,6 +33,8 @@ pub enum WireError {
     UnknownKind(u8),
     #[error("frame body of {len} bytes exceeds the maximum message size {max}")]
     TooLarge { len: u64, max: u64 },
+    #[error("{kind}: reserved bytes must be zero")]
+    NonZeroReserved { kind: &'static str },
     #[error("{kind} body must be {expected} bytes, got {got}")]
     BadLength {
         kind: &'static str,
@@ -334,6 +336,20 @@ impl Message {
                 got: body.len() as u64,
             });
         }
+        // Padding and reserved bytes must be zero: anything else is
+        // corruption or a peer speaking another dialect.
+        let reserved: &[usize] = match frame.kind {
+            Kind::Credit => &[2, 3],
+            Kind::Assign | Kind::Request | Kind::Abandon | Kind::SourceDown => &[10, 11],
+            Kind::Finished => &[11],
+            Kind::Fragment => &[28, 29, 30, 31],
+            _ => &[],
+        };
+        if reserved.iter().any(|&i| body[i] != 0) {
+            return Err(WireError::NonZeroReserved {
+                kind: frame.kind.name(),
+            });
+        }
         let u16_at = |i: usize| u16::from_le_bytes([body[i], body[i + 1]]);
         let u32_at =
             |i: usize| u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
@@ -509,6 +525,21 @@ mod tests {
             decode_stream(&bad, 64),
             Err(WireError::BadLength { .. })
         ));
+    }
+
+    /// Found by `cargo fuzz` (wire_decode): an Assign whose padding was
+    /// not zero decoded, and re-encoded to other bytes.
+    #[test]
+    fn nonzero_padding_is_rejected() {
+        let crash = [69, 66, 1, 3, 12, 0, 0, 0, 12, 0, 0, 0, 0, 255, 255, 105, 105, 105, 105, 105];
+        assert_eq!(
+            decode_stream(&crash, 1 << 16),
+            Err(WireError::NonZeroReserved { kind: "Assign" })
+        );
+        let mut frag = Vec::new();
+        Message::Fragment(FragmentHeader::default()).encode_into(&mut frag);
+        frag[FRAME_HEADER_LEN + 30] = 1;
+        assert!(matches!(decode_stream(&frag, 64), Err(WireError::NonZeroReserved { .. })));
     }
 
     #[test]
