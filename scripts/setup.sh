@@ -7,6 +7,7 @@ APT_PACKAGES=(
   build-essential pkg-config ca-certificates curl git
   iperf3                               # bench/: TCP peer for the event builder
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
+  fonts-dejavu-core                    # text in evb fabric PNG plots
 )
 
 missing=()

@@ -6,7 +6,11 @@ mod fabric;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "evb", version, about = "Event builders for trigger-less DAQ: run, analyse, simulate")]
+#[command(
+    name = "evb",
+    version,
+    about = "Event builders for trigger-less DAQ: run, analyse, simulate"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
