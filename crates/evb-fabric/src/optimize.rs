@@ -162,7 +162,6 @@ pub fn optimize_order(
     limit: Duration,
     seed: u64,
 ) -> Result<(Vec<usize>, SearchReport)> {
-    let t0 = Instant::now();
     let mut cands: Vec<(String, Vec<usize>)> = vec![
         ("name".into(), order_by_name(topo)),
         ("lid".into(), order_by_lid(topo)),
@@ -173,6 +172,19 @@ pub fn optimize_order(
             cands.push(("ftree".into(), o));
         }
     }
+    optimize_order_from(topo, lfts, steps, cands, limit, seed)
+}
+
+/// Like [`optimize_order`], starting from the best of the given orders.
+pub fn optimize_order_from(
+    topo: &Topology,
+    lfts: &Lfts,
+    steps: &[usize],
+    cands: Vec<(String, Vec<usize>)>,
+    limit: Duration,
+    seed: u64,
+) -> Result<(Vec<usize>, SearchReport)> {
+    let t0 = Instant::now();
     let mut best: Option<(u64, String, Vec<usize>)> = None;
     for (name, o) in cands {
         let full: Vec<usize> = steps
