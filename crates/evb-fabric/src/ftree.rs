@@ -175,6 +175,7 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
         ft.sws[s].rank = *r;
     }
     // Port groups, in port order, one per neighbour.
+    #[allow(clippy::needless_range_loop)] // `s` indexes several tables
     for s in 0..ft.sws.len() {
         if ft.sws[s].rank == UNRANKED {
             continue;
@@ -618,7 +619,7 @@ impl Ftree {
                     q.push_back(r);
                 }
                 let mut d = std::mem::take(&mut self.sws[s].down);
-                d.sort_by(|&a, &b| self.remote_tuple(a).cmp(&self.remote_tuple(b)));
+                d.sort_by_key(|&a| self.remote_tuple(a));
                 self.sws[s].down = d;
             }
             if self.sws[s].rank != 0 && (first_rank != 0 || !self.sws[s].is_leaf) {
@@ -635,7 +636,7 @@ impl Ftree {
                     q.push_back(r);
                 }
                 let mut u = std::mem::take(&mut self.sws[s].up);
-                u.sort_by(|&a, &b| self.remote_tuple(a).cmp(&self.remote_tuple(b)));
+                u.sort_by_key(|&a| self.remote_tuple(a));
                 self.sws[s].up = u;
             }
         }

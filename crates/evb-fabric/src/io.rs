@@ -642,9 +642,9 @@ pub fn switch_heights(topo: &Topology) -> Vec<u32> {
             }
         }
     }
-    for n in 0..topo.nodes.len() {
-        if !topo.nodes[n].is_switch() {
-            h[n] = 0;
+    for (n, hn) in topo.nodes.iter().zip(h.iter_mut()) {
+        if !n.is_switch() {
+            *hn = 0;
         }
     }
     h

@@ -293,7 +293,7 @@ impl FatTreeSpec {
                 }
             }
         }
-        if radix < 4 || radix > 254 {
+        if !(4..=254).contains(&radix) {
             return Err(FabricError::Invalid(format!(
                 "radix {radix} out of range 4..254"
             )));

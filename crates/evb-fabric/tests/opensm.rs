@@ -136,7 +136,7 @@ struct Indep {
     lft: HashMap<(String, u32), u32>,
 }
 
-fn between<'a>(s: &'a str, a: char, b: char) -> Option<&'a str> {
+fn between(s: &str, a: char, b: char) -> Option<&str> {
     let i = s.find(a)?;
     let j = s[i + 1..].find(b)? + i + 1;
     Some(&s[i + 1..j])
