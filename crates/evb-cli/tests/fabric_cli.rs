@@ -1,0 +1,295 @@
+//! `evb fabric` end to end: every subcommand, every output format.
+
+use std::path::Path;
+use std::process::Command;
+
+fn evb(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+        .arg("fabric")
+        .args(args)
+        .output()
+        .expect("run evb");
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(!e.contains("panicked"), "evb panicked: {e}");
+    (out.status.success(), o, e)
+}
+
+fn ok(args: &[&str]) -> String {
+    let (s, o, e) = evb(args);
+    assert!(s, "evb fabric {args:?} failed:\n{o}\n{e}");
+    o
+}
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn conflicts_outputs() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("c.json");
+    let csv = d.path().join("c.csv");
+    let svg = d.path().join("c.svg");
+    let png = d.path().join("c.png");
+    let out = ok(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=36,hosts=540",
+        "--routing",
+        "ftree",
+        "--order",
+        "random:5",
+        "--json",
+        j.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    let v = json(&j);
+    let t = &v["total"];
+    assert_eq!(t["flows"], 540 * 539);
+    assert!(t["conflicts"].as_u64().unwrap() > 0);
+    assert!(t["steps_with_conflicts"].as_u64().unwrap() > 0);
+    assert!(t["max_link_load"].as_u64().unwrap() >= 2);
+    assert_eq!(v["per_step"].as_array().unwrap().len(), 539);
+    let worst = &v["worst_links"][0];
+    assert!(
+        worst["node"].as_str().unwrap().starts_with("leaf")
+            || worst["node"].as_str().unwrap().starts_with("spine")
+    );
+    assert!(
+        out.contains("worst links") && out.contains(" port "),
+        "{out}"
+    );
+    let c = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(c.lines().count(), 540);
+    assert!(c.starts_with("step,flows,conflicts"));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("<svg") && s.contains("conflicts per step"));
+    let p = std::fs::read(&png).unwrap();
+    assert_eq!(&p[1..4], b"PNG");
+    assert!(p.len() > 10_000);
+    // The same fabric in ftree order is conflict-free.
+    ok(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=36,hosts=540",
+        "--order",
+        "ftree",
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    assert_eq!(json(&j)["total"]["conflicts"], 0);
+}
+
+#[test]
+fn export_then_read_back_and_fix() {
+    let d = tempfile::tempdir().unwrap();
+    let f = |n: &str| d.path().join(n).to_str().unwrap().to_string();
+    let spec = "fat-tree:radix=8,hosts=32";
+    ok(&[
+        "export",
+        "--topology",
+        spec,
+        "--ibsim",
+        &f("net"),
+        "--ibnetdiscover",
+        &f("ibnd"),
+        "--lfts-out",
+        &f("lfts"),
+        "--routing",
+        "minhop",
+        "--hostfile",
+        &f("hosts"),
+        "--slurm",
+        &f("topology.conf"),
+    ]);
+    let net = std::fs::read_to_string(f("net")).unwrap();
+    assert!(net.contains("Switch\t8 \"leaf001\"") && net.contains("Hca\t1 \"node001\""));
+    let slurm = std::fs::read_to_string(f("topology.conf")).unwrap();
+    assert!(
+        slurm.contains("SwitchName=leaf001 Nodes=node001,node002,node003,node004"),
+        "{slurm}"
+    );
+    assert!(
+        slurm.contains("SwitchName=spine01 Switches=leaf001"),
+        "{slurm}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(f("hosts")).unwrap().lines().count(),
+        32
+    );
+    // Read back the exported files; a bad rank order has conflicts...
+    ok(&[
+        "export",
+        "--topology",
+        spec,
+        "--hostfile",
+        &f("rr"),
+        "--order",
+        "random:3",
+    ]);
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("ibnd"),
+        "--lfts",
+        &f("lfts"),
+        "--order",
+        &f("rr"),
+        "--json",
+        &f("a.json"),
+    ]);
+    let before = json(Path::new(&f("a.json")))["total"]["conflicts"]
+        .as_u64()
+        .unwrap();
+    assert!(before > 0);
+    // ...`route --for-shift` gives tables without them...
+    let out = ok(&[
+        "route",
+        "--for-shift",
+        "--topology",
+        &f("ibnd"),
+        "--order",
+        &f("rr"),
+        "--out",
+        &f("shift.lfts"),
+        "--time-limit",
+        "4",
+    ]);
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("ibnd"),
+        "--lfts",
+        &f("shift.lfts"),
+        "--order",
+        &f("rr"),
+        "--json",
+        &f("b.json"),
+    ]);
+    let after = json(Path::new(&f("b.json")))["total"]["conflicts"]
+        .as_u64()
+        .unwrap();
+    assert!(after < before, "{out}");
+    // ...and `order` finds an order without them for the original tables.
+    let out = ok(&[
+        "order",
+        "--topology",
+        &f("ibnd"),
+        "--lfts",
+        &f("lfts"),
+        "--out",
+        &f("best"),
+        "--time-limit",
+        "20",
+    ]);
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("ibnd"),
+        "--lfts",
+        &f("lfts"),
+        "--order",
+        &f("best"),
+        "--json",
+        &f("c.json"),
+    ]);
+    assert_eq!(
+        json(Path::new(&f("c.json")))["total"]["conflicts"],
+        0,
+        "{out}"
+    );
+}
+
+#[test]
+fn oversubscribed_order_explains_why() {
+    let d = tempfile::tempdir().unwrap();
+    let h = d.path().join("h");
+    let out = ok(&[
+        "order",
+        "--topology",
+        "fat-tree:radix=12,hosts=60,oversub=2",
+        "--out",
+        h.to_str().unwrap(),
+        "--time-limit",
+        "2",
+    ]);
+    assert!(
+        out.contains("zero conflicts not reached")
+            && out.contains("oversubscribed")
+            && out.contains("lower bound"),
+        "{out}"
+    );
+}
+
+#[test]
+fn what_if_and_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let j = d.path().join("w.json");
+    ok(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--routing",
+        "minhop",
+        "--remove-link",
+        "leaf001:8",
+        "--json",
+        j.to_str().unwrap(),
+    ]);
+    assert!(json(&j)["total"]["conflicts"].as_u64().unwrap() > 0);
+    ok(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--routing",
+        "dmodk",
+        "--remove",
+        "node005",
+        "--swap-cables",
+        "leaf001:2,leaf002:2",
+    ]);
+    // Bad input: error names the file and line, exit status is non-zero.
+    let bad = d.path().join("bad.lfts");
+    std::fs::write(&bad, "Unicast lids [0-3] of switch Lid 1 guid 0x1 ('x'):\n").unwrap();
+    let ibnd = d.path().join("ibnd");
+    ok(&[
+        "export",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--ibnetdiscover",
+        ibnd.to_str().unwrap(),
+    ]);
+    let (s, _, e) = evb(&[
+        "conflicts",
+        "--topology",
+        ibnd.to_str().unwrap(),
+        "--lfts",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!s);
+    assert!(e.contains(&format!("{}:1", bad.display())), "{e}");
+    let (s, _, e) = evb(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--order",
+        "/no/such/file",
+    ]);
+    assert!(!s && e.contains("/no/such/file"), "{e}");
+    let (s, _, e) = evb(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--routing",
+        "bogus",
+    ]);
+    assert!(!s && e.contains("bogus"), "{e}");
+}
