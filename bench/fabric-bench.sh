@@ -47,7 +47,7 @@ UMAD=$(dpkg -L libumad2sim0 2>/dev/null | grep 'libumad2sim.so$' | head -1 || tr
 export IBSIM_SOCKNAME="evbbench$$"
 ibsim -s -n "$WORK/net" >"$WORK/ibsim.log" 2>&1 &
 SIM_PID=$!
-for _ in $(seq 200); do grep -q "simulator ready" "$WORK/ibsim.log" && break; sleep 0.05; done
+for _ in $(seq 200); do grep -qs "simulator ready" "$WORK/ibsim.log" && break; sleep 0.05; done
 grep -q "simulator ready" "$WORK/ibsim.log" || { echo "ibsim did not start"; cat "$WORK/ibsim.log"; exit 1; }
 OSM_BEST=999999
 for i in $(seq "$REPEATS"); do

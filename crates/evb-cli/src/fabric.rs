@@ -162,6 +162,9 @@ pub fn run(args: FabricArgs) -> Result<()> {
 }
 
 fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
+    if n < 2 {
+        bail!("a shift schedule needs at least 2 ranks, the order has {n}");
+    }
     let Some(s) = s else {
         return Ok(shift_steps(n));
     };
