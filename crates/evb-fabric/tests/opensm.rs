@@ -326,3 +326,13 @@ fn file_engine_round_trip() {
         assert!(n > 0);
     }
 }
+
+#[test]
+fn ftree_648_hosts_radix36() {
+    ftree_matches("fat-tree:radix=36,hosts=648", "ft_648");
+}
+
+#[test]
+fn engines_conflicts_match_independent_count_few_hundred() {
+    engines_on("fat-tree:radix=24,hosts=250,spread", "eng_250");
+}
