@@ -293,3 +293,125 @@ fn what_if_and_errors() {
     ]);
     assert!(!s && e.contains("bogus"), "{e}");
 }
+
+/// The command line on files written by the real OpenSM on ibsim: the
+/// issue's example command, and tables from `route --for-shift` handed to
+/// OpenSM's file engine. Fails (never skips) without opensm/ibsim.
+#[test]
+fn with_real_opensm_files() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    for p in [
+        "/usr/sbin/opensm",
+        "/usr/bin/ibsim",
+        "/usr/sbin/ibnetdiscover",
+        "/usr/sbin/dump_lfts",
+    ] {
+        assert!(
+            Path::new(p).exists(),
+            "{p} missing: install opensm, ibsim-utils, infiniband-diags (scripts/setup.sh)"
+        );
+    }
+    let umad = [
+        "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so",
+        "/usr/lib/aarch64-linux-gnu/umad2sim/libumad2sim.so",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    .expect("libumad2sim.so missing: install ibsim-utils (scripts/setup.sh)");
+    ok(&[
+        "export",
+        "--topology",
+        "fat-tree:radix=12,hosts=60",
+        "--ibsim",
+        &f("net"),
+    ]);
+    // One shell script, bounded by `timeout`, cleans up its ibsim.
+    let script = format!(
+        r#"set -e
+export IBSIM_SOCKNAME=evbcli$$ SIM_HOST=node001 OSM_CACHE_DIR={d} OSM_TMP_DIR={d}
+ibsim -s -n {d}/net > {d}/ibsim.log 2>&1 & SIM=$!
+trap 'kill $SIM' EXIT
+for i in $(seq 200); do grep -qs "simulator ready" {d}/ibsim.log && break; sleep 0.05; done
+mkdir -p {d}/dump
+export LD_PRELOAD={umad}
+opensm --once -R ftree -D 0x40 --dump_files_dir {d}/dump -f {d}/osm.log > /dev/null
+ibnetdiscover > {d}/topo
+unset LD_PRELOAD
+{evb} fabric route --for-shift --topology {d}/topo --order random:4 --out {d}/shift.lfts --time-limit 5 > {d}/route.out
+export LD_PRELOAD={umad}
+opensm --once -R file -U {d}/shift.lfts -f {d}/osm-file.log > /dev/null
+dump_lfts > {d}/back.lfts
+"#,
+        d = dir.display(),
+        umad = umad,
+        evb = env!("CARGO_BIN_EXE_evb")
+    );
+    let st = Command::new("timeout")
+        .args(["120", "bash", "-c", &script])
+        .status()
+        .unwrap();
+    assert!(st.success(), "OpenSM script failed: see {}", dir.display());
+    // The issue's command line.
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("topo"),
+        "--lfts",
+        &f("dump/opensm-lfts.dump"),
+        "--order",
+        &f("dump/opensm-ftree-ca-order.dump"),
+        "--json",
+        &f("a.json"),
+    ]);
+    let v = json(Path::new(&f("a.json")));
+    assert_eq!(
+        v["total"]["conflicts"], 0,
+        "a full tree in OpenSM's ftree order is conflict-free"
+    );
+    assert_eq!(v["total"]["flows"], 60 * 59);
+    // Tables for a random order, through OpenSM and back, give what evb promised.
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("topo"),
+        "--lfts",
+        &f("shift.lfts"),
+        "--order",
+        "random:4",
+        "--json",
+        &f("b.json"),
+    ]);
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("topo"),
+        "--lfts",
+        &f("back.lfts"),
+        "--order",
+        "random:4",
+        "--json",
+        &f("c.json"),
+    ]);
+    ok(&[
+        "conflicts",
+        "--topology",
+        &f("topo"),
+        "--lfts",
+        &f("dump/opensm-lfts.dump"),
+        "--order",
+        "random:4",
+        "--json",
+        &f("d.json"),
+    ]);
+    let promised = json(Path::new(&f("b.json")))["total"].clone();
+    assert_eq!(json(Path::new(&f("c.json")))["total"], promised);
+    let ftree = json(Path::new(&f("d.json")))["total"]["conflicts"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        promised["conflicts"].as_u64().unwrap() < ftree,
+        "for-shift tables should beat ftree on a random order"
+    );
+}
