@@ -6,7 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   build-essential pkg-config ca-certificates curl git
   iperf3                               # bench/: TCP peer for the event builder
-  fonts-dejavu-core                    # text in PNG and SVG plots
+  fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
 )
 

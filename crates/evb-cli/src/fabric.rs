@@ -1,12 +1,475 @@
-//! `evb fabric ...`: fabric analysis commands (issue 3).
+//! `evb fabric ...`: fabric analysis commands (issue 3). See docs/fabric.md.
 
-use clap::Args;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use evb_fabric::conflicts::{analyze, shift_steps, Analysis};
+use evb_fabric::io;
+use evb_fabric::lft::Lfts;
+use evb_fabric::optimize;
+use evb_fabric::routing::{route, Engine};
+use evb_fabric::Topology;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Arguments of `evb fabric`.
 #[derive(Debug, Args)]
-pub struct FabricArgs {}
+pub struct FabricArgs {
+    #[command(subcommand)]
+    cmd: FabricCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum FabricCmd {
+    /// Count link conflicts of a shift schedule on a fabric.
+    Conflicts(ConflictsArgs),
+    /// Find a rank order with the fewest conflicts; write it as a hostfile.
+    Order(OrderArgs),
+    /// Compute LFTs that make a given order conflict-free (for OpenSM's file engine).
+    Route(RouteArgs),
+    /// Write a fabric (generated or read) in other formats.
+    #[command(alias = "generate")]
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+struct FabricInput {
+    /// ibnetdiscover output, or a generator: fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,spread]
+    #[arg(long)]
+    topology: String,
+    /// LFT dump (opensm-lfts.dump, or dump_lfts / ibroute output).
+    #[arg(long, conflicts_with = "routing")]
+    lfts: Option<PathBuf>,
+    /// Routing engine when no --lfts: ftree, minhop, dmodk, random:SEED (default ftree).
+    #[arg(long)]
+    routing: Option<String>,
+    /// What-if: remove a host or switch by name (repeatable).
+    #[arg(long = "remove")]
+    remove: Vec<String>,
+    /// What-if: remove the cable at NAME:PORT (repeatable).
+    #[arg(long = "remove-link")]
+    remove_link: Vec<String>,
+    /// What-if: swap the far ends of two cables, A:PORT,B:PORT (repeatable).
+    #[arg(long = "swap-cables")]
+    swap_cables: Vec<String>,
+    /// Shift steps to analyse, e.g. 1,2,5 or 1-10 (default all 1..N-1).
+    #[arg(long)]
+    steps: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ConflictsArgs {
+    #[command(flatten)]
+    input: FabricInput,
+    /// Rank order: name, lid, random:SEED, ftree, optimized, or a file (hostfile or opensm-ftree-ca-order.dump).
+    #[arg(long, default_value = "name")]
+    order: String,
+    /// Write the report as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write per-step figures as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write a plot (.svg or .png; repeatable).
+    #[arg(long)]
+    plot: Vec<PathBuf>,
+    /// Number of worst links to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Time limit for --order optimized, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    time_limit: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct OrderArgs {
+    #[command(flatten)]
+    input: FabricInput,
+    /// Hostfile to write (one host name per line).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write the order in OpenSM's ftree CA order format.
+    #[arg(long)]
+    ca_order: Option<PathBuf>,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Search time limit, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    time_limit: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct RouteArgs {
+    /// Route for the shift schedule of --order (the only mode so far; required).
+    #[arg(long, required = true)]
+    for_shift: bool,
+    /// ibnetdiscover output or a fat-tree: generator.
+    #[arg(long)]
+    topology: String,
+    /// Rank order: name, lid, random:SEED, ftree, or a file.
+    #[arg(long, default_value = "name")]
+    order: String,
+    /// LFT file to write (opensm-lfts.dump format; load with opensm -R file -U FILE).
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[arg(long)]
+    steps: Option<String>,
+    #[arg(long, default_value_t = 10.0)]
+    time_limit: f64,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// ibnetdiscover output or a fat-tree: generator.
+    #[arg(long)]
+    topology: String,
+    /// Routing engine for --lfts-out (default ftree).
+    #[arg(long)]
+    routing: Option<String>,
+    /// ibsim net file.
+    #[arg(long)]
+    ibsim: Option<PathBuf>,
+    /// ibnetdiscover-format topology.
+    #[arg(long)]
+    ibnetdiscover: Option<PathBuf>,
+    /// LFTs in opensm-lfts.dump format.
+    #[arg(long)]
+    lfts_out: Option<PathBuf>,
+    /// Hostfile in --order.
+    #[arg(long)]
+    hostfile: Option<PathBuf>,
+    /// Rank order for --hostfile.
+    #[arg(long, default_value = "name")]
+    order: String,
+    /// Slurm topology.conf.
+    #[arg(long)]
+    slurm: Option<PathBuf>,
+}
 
 /// Runs `evb fabric`.
-pub fn run(_args: FabricArgs) -> anyhow::Result<()> {
-    anyhow::bail!("evb fabric is not implemented yet")
+pub fn run(args: FabricArgs) -> Result<()> {
+    match args.cmd {
+        FabricCmd::Conflicts(a) => conflicts(a),
+        FabricCmd::Order(a) => order(a),
+        FabricCmd::Route(a) => route_cmd(a),
+        FabricCmd::Export(a) => export(a),
+    }
+}
+
+fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
+    if n < 2 {
+        bail!("a shift schedule needs at least 2 ranks, the order has {n}");
+    }
+    let Some(s) = s else {
+        return Ok(shift_steps(n));
+    };
+    let mut out = vec![];
+    for part in s.split(',').filter(|x| !x.is_empty()) {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.trim().parse::<usize>()?, b.trim().parse::<usize>()?),
+            None => {
+                let v = part
+                    .trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("bad step '{part}'"))?;
+                (v, v)
+            }
+        };
+        for v in a..=b {
+            if v == 0 || v >= n {
+                bail!("step {v} out of range 1..{}", n - 1);
+            }
+            out.push(v);
+        }
+    }
+    if out.is_empty() {
+        bail!("no steps given");
+    }
+    Ok(out)
+}
+
+fn split_port(s: &str) -> Result<(String, u8)> {
+    let (n, p) = s
+        .rsplit_once(':')
+        .with_context(|| format!("expected NAME:PORT, got '{s}'"))?;
+    Ok((
+        n.to_string(),
+        p.parse().with_context(|| format!("bad port in '{s}'"))?,
+    ))
+}
+
+/// Loads topology and LFTs, applying what-if edits.
+fn load(input: &FabricInput) -> Result<(Topology, Lfts, String)> {
+    let orig = io::load_topology(&input.topology)?;
+    let mut topo = orig.clone();
+    for n in &input.remove {
+        topo.remove_node(n)?;
+    }
+    for l in &input.remove_link {
+        let (n, p) = split_port(l)?;
+        topo.remove_link(&n, p)?;
+    }
+    for s in &input.swap_cables {
+        let (a, b) = s
+            .split_once(',')
+            .with_context(|| format!("expected A:PORT,B:PORT, got '{s}'"))?;
+        let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
+        topo.swap_cables(&na, pa, &nb, pb)?;
+    }
+    let (lfts, what) = match &input.lfts {
+        Some(f) => {
+            let l = io::parse_lfts(f, &orig)?;
+            (remap(&orig, &topo, l), format!("LFTs from {}", f.display()))
+        }
+        None => {
+            let e = Engine::parse(input.routing.as_deref().unwrap_or("ftree"))?;
+            (
+                route(&topo, &e)?,
+                format!("{e:?} routing by evb").to_lowercase(),
+            )
+        }
+    };
+    Ok((topo, lfts, what))
+}
+
+/// Moves LFTs read for `orig` onto the edited `topo` (matched by GUID).
+fn remap(orig: &Topology, topo: &Topology, l: Lfts) -> Lfts {
+    let mut out = Lfts::empty(topo);
+    out.origin = l.origin.as_ref().map(|o| evb_fabric::lft::LftOrigin {
+        file: o.file.clone(),
+        header_line: vec![0; topo.nodes.len()],
+    });
+    for (i, n) in orig.nodes.iter().enumerate() {
+        if let Some(j) = topo
+            .nodes
+            .iter()
+            .position(|m| m.guid == n.guid && m.kind == n.kind)
+        {
+            out.tables[j] = l.tables[i].clone();
+            if let (Some(o), Some(src)) = (out.origin.as_mut(), l.origin.as_ref()) {
+                o.header_line[j] = src.header_line[i];
+            }
+        }
+    }
+    out
+}
+
+fn resolve_order(
+    spec: &str,
+    topo: &Topology,
+    lfts: Option<&Lfts>,
+    steps: &[usize],
+    limit: f64,
+    seed: u64,
+) -> Result<(Vec<usize>, Option<optimize::SearchReport>)> {
+    Ok(match spec {
+        "name" => (optimize::order_by_name(topo), None),
+        "lid" => (optimize::order_by_lid(topo), None),
+        "ftree" => (optimize::order_ftree(topo)?, None),
+        "optimized" | "optimised" => {
+            let lfts = lfts.context("--order optimized needs routing tables")?;
+            let (o, r) =
+                optimize::optimize_order(topo, lfts, steps, Duration::from_secs_f64(limit), seed)?;
+            (o, Some(r))
+        }
+        s if s.starts_with("random") => {
+            let seed = s
+                .strip_prefix("random:")
+                .map(|x| x.parse::<u64>())
+                .transpose()
+                .context("bad random seed")?
+                .unwrap_or(1);
+            (optimize::order_random(topo, seed), None)
+        }
+        f => {
+            if !Path::new(f).exists() {
+                bail!("order '{f}': not name, lid, random:SEED, ftree, optimized, nor an existing file");
+            }
+            (io::parse_order(Path::new(f), topo)?, None)
+        }
+    })
+}
+
+fn conflicts(a: ConflictsArgs) -> Result<()> {
+    let (topo, lfts, what) = load(&a.input)?;
+    let nh = topo.hosts().len();
+    let steps = parse_steps(&a.input.steps, nh)?;
+    let (order, search) =
+        resolve_order(&a.order, &topo, Some(&lfts), &steps, a.time_limit, a.seed)?;
+    if order.len() != nh {
+        eprintln!(
+            "note: order lists {} of {} hosts; only those ranks take part",
+            order.len(),
+            nh
+        );
+    }
+    let steps = if order.len() != nh {
+        parse_steps(&a.input.steps, order.len())?
+    } else {
+        steps
+    };
+    let t0 = std::time::Instant::now();
+    let an = analyze(&topo, &lfts, &order, &steps, a.top)?;
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "fabric: {} ({} hosts, {} switches), {what}, order '{}'",
+        a.input.topology,
+        nh,
+        topo.switches().len(),
+        a.order
+    );
+    print!("{}", an.summary());
+    println!("analysis time {:.3} s", secs);
+    if let Some(r) = &search {
+        for x in &r.reasons {
+            println!("  {x}");
+        }
+    }
+    write_outputs(&an, &a, &what, secs, search)?;
+    Ok(())
+}
+
+fn write_outputs(
+    an: &Analysis,
+    a: &ConflictsArgs,
+    what: &str,
+    secs: f64,
+    search: Option<optimize::SearchReport>,
+) -> Result<()> {
+    if let Some(j) = &a.json {
+        let v = serde_json::json!({
+            "topology": a.input.topology,
+            "routing": what,
+            "order": a.order,
+            "hosts": an.hosts,
+            "analysis_seconds": secs,
+            "conflict_definition": "per step and directed link: max(0, flows - 1), summed",
+            "total": an.total,
+            "per_step": an.per_step,
+            "worst_links": an.worst_links,
+            "order_search": search,
+        });
+        io::write_text(j, &serde_json::to_string_pretty(&v)?)?;
+    }
+    if let Some(c) = &a.csv {
+        io::write_text(c, &an.csv())?;
+    }
+    for p in &a.plot {
+        let title = format!(
+            "{}: {} hosts, order {}, {} conflicts",
+            a.input.topology, an.hosts, a.order, an.total.conflicts
+        );
+        evb_fabric::plot::plot(an, &title, p)?;
+    }
+    Ok(())
+}
+
+fn order(a: OrderArgs) -> Result<()> {
+    let (topo, lfts, what) = load(&a.input)?;
+    let steps = parse_steps(&a.input.steps, topo.hosts().len())?;
+    let (order, rep) = optimize::optimize_order(
+        &topo,
+        &lfts,
+        &steps,
+        Duration::from_secs_f64(a.time_limit),
+        a.seed,
+    )?;
+    io::write_text(&a.out, &io::write_hostfile(&topo, &order))?;
+    if let Some(c) = &a.ca_order {
+        io::write_text(c, &io::write_ca_order(&topo, &order))?;
+    }
+    println!(
+        "{what}; start '{}' with {} conflicts; best order: {} conflicts ({} swaps, {:.1} s)",
+        rep.start, rep.start_conflicts, rep.conflicts, rep.moves_tried, rep.seconds
+    );
+    if rep.conflicts == 0 {
+        println!("conflict-free order written to {}", a.out.display());
+    } else {
+        println!("zero conflicts not reached; why:");
+        for r in &rep.reasons {
+            println!("  {r}");
+        }
+        println!("best order written to {}", a.out.display());
+    }
+    if let Some(j) = &a.json {
+        io::write_text(j, &serde_json::to_string_pretty(&rep)?)?;
+    }
+    Ok(())
+}
+
+fn route_cmd(a: RouteArgs) -> Result<()> {
+    let _ = a.for_shift;
+    let topo = io::load_topology(&a.topology)?;
+    let nh = topo.hosts().len();
+    let steps = parse_steps(&a.steps, nh)?;
+    let (order, _) = resolve_order(&a.order, &topo, None, &steps, 0.0, 1)?;
+    let (lfts, rep) =
+        optimize::route_for_shift(&topo, &order, &steps, Duration::from_secs_f64(a.time_limit))?;
+    // Check the written tables with the analysis itself.
+    let an = analyze(&topo, &lfts, &order, &steps, 5)?;
+    io::write_text(&a.out, &io::write_opensm_lfts(&topo, &lfts))?;
+    println!(
+        "routing for order '{}': {} conflicts (D-mod-K by rank: {})",
+        a.order, an.total.conflicts, rep.start_conflicts
+    );
+    if an.total.conflicts > 0 {
+        println!("zero conflicts not reached; why:");
+        for r in &rep.reasons {
+            println!("  {r}");
+        }
+    }
+    println!(
+        "LFTs written to {} (load with: opensm -R file -U {})",
+        a.out.display(),
+        a.out.display()
+    );
+    if let Some(j) = &a.json {
+        let v = serde_json::json!({"search": rep, "total": an.total});
+        io::write_text(j, &serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> Result<()> {
+    let topo = io::load_topology(&a.topology)?;
+    let mut wrote = 0;
+    if let Some(p) = &a.ibsim {
+        io::write_text(p, &io::write_ibsim_net(&topo))?;
+        wrote += 1;
+    }
+    if let Some(p) = &a.ibnetdiscover {
+        io::write_text(p, &io::write_ibnetdiscover(&topo))?;
+        wrote += 1;
+    }
+    if let Some(p) = &a.lfts_out {
+        let e = Engine::parse(a.routing.as_deref().unwrap_or("ftree"))?;
+        io::write_text(p, &io::write_opensm_lfts(&topo, &route(&topo, &e)?))?;
+        wrote += 1;
+    }
+    if let Some(p) = &a.hostfile {
+        let (o, _) = resolve_order(&a.order, &topo, None, &[], 0.0, 1)?;
+        io::write_text(p, &io::write_hostfile(&topo, &o))?;
+        wrote += 1;
+    }
+    if let Some(p) = &a.slurm {
+        io::write_text(p, &io::write_slurm_topology(&topo))?;
+        wrote += 1;
+    }
+    if wrote == 0 {
+        bail!(
+            "nothing to export: give --ibsim, --ibnetdiscover, --lfts-out, --hostfile or --slurm"
+        );
+    }
+    println!(
+        "{}: {} hosts, {} switches; {wrote} file(s) written",
+        a.topology,
+        topo.hosts().len(),
+        topo.switches().len()
+    );
+    Ok(())
 }

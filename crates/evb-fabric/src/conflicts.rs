@@ -94,6 +94,33 @@ pub fn analyze(
         first_node[i] = node.ports[p as usize].expect("cabled").node;
     }
     let lids: Vec<u16> = order.iter().map(|&h| topo.nodes[h].lid).collect();
+    // Flat tables for the inner loop: the LFTs one switch after another
+    // (consecutive flows of a step have consecutive destinations, so they
+    // reuse cache lines of each switch's table) and the far end of every
+    // directed link.
+    let sw_nodes = topo.switches();
+    let nsw = sw_nodes.len();
+    let mut sw_of = vec![u32::MAX; topo.nodes.len()];
+    for (i, &s) in sw_nodes.iter().enumerate() {
+        sw_of[s] = i as u32;
+    }
+    let nl = lids.iter().copied().max().unwrap_or(0) as usize + 1;
+    let mut lft_t = vec![NO_PATH; nl * nsw];
+    for (i, &s) in sw_nodes.iter().enumerate() {
+        for (lid, &p) in lfts.tables[s].iter().enumerate().take(nl) {
+            lft_t[i * nl + lid] = p;
+        }
+    }
+    let mut next = vec![u32::MAX; nlinks];
+    let mut ends = vec![0u32; topo.nodes.len()];
+    for (i, node) in topo.nodes.iter().enumerate() {
+        ends[i] = offsets[i] + node.ports.len() as u32;
+        for (p, r) in node.ports.iter().enumerate() {
+            if let Some(r) = r {
+                next[offsets[i] as usize + p] = r.node as u32;
+            }
+        }
+    }
     let threads = std::thread::available_parallelism()
         .map(|x| x.get())
         .unwrap_or(1)
@@ -130,18 +157,23 @@ pub fn analyze(
                     if cur == dst {
                         break;
                     }
-                    let node = &topo.nodes[cur];
-                    let port = lfts.tables[cur].get(dl).copied().unwrap_or(NO_PATH);
-                    let next = if port == 0 || port == NO_PATH {
-                        None
+                    let swi = sw_of[cur];
+                    let port = if swi == u32::MAX {
+                        NO_PATH
                     } else {
-                        node.ports.get(port as usize).copied().flatten()
+                        lft_t[swi as usize * nl + dl]
                     };
+                    let l = offsets[cur] + port as u32;
                     hops += 1;
-                    match next {
-                        Some(r) if node.is_switch() && hops <= limit => {
-                            link = offsets[cur] + port as u32;
-                            cur = r.node;
+                    let nx = if port == 0 || port == NO_PATH || l >= ends[cur] || hops > limit {
+                        u32::MAX
+                    } else {
+                        next[l as usize]
+                    };
+                    match nx {
+                        nx if nx != u32::MAX => {
+                            link = l;
+                            cur = nx as usize;
                         }
                         _ => {
                             // Slow path: let `trace` explain what is wrong.

@@ -13,12 +13,9 @@ pub enum FabricError {
         msg: String,
     },
     /// A file could not be read or written.
-    #[error("{}: {source}", file.display())]
-    Io {
-        file: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The cause is in the message, not chained, so it is printed once.
+    #[error("{}: {err}", file.display())]
+    Io { file: PathBuf, err: std::io::Error },
     /// Routing tables do not deliver a flow (missing route, loop, dead port).
     #[error("{0}")]
     Route(String),
@@ -41,9 +38,9 @@ pub(crate) fn parse_err(
     }
 }
 
-pub(crate) fn io_err(file: &std::path::Path, source: std::io::Error) -> FabricError {
+pub(crate) fn io_err(file: &std::path::Path, err: std::io::Error) -> FabricError {
     FabricError::Io {
         file: file.to_path_buf(),
-        source,
+        err,
     }
 }

@@ -175,7 +175,7 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
         ft.sws[s].rank = *r;
     }
     // Port groups, in port order, one per neighbour.
-    #[allow(clippy::needless_range_loop)] // indexes two parallel tables
+    #[allow(clippy::needless_range_loop)] // `s` indexes several tables
     for s in 0..ft.sws.len() {
         if ft.sws[s].rank == UNRANKED {
             continue;
@@ -466,8 +466,8 @@ impl Ftree {
                 continue;
             }
             self.sws[r].lft[t] = self.groups[g].ports[mp].remote_port;
-            self.sws[r].hops[t] = hops + 1;
-            let routed = self.up_by_down(r, None, target, hops + 1);
+            self.sws[r].hops[t] = hops.saturating_add(1);
+            let routed = self.up_by_down(r, None, target, hops.saturating_add(1));
             created |= routed;
             if routed {
                 self.groups[g].ports[mp].counter_up += 1;
@@ -517,9 +517,9 @@ impl Ftree {
             }
             if self.sws[r].lft[t] == NO_PATH || (hops as u32 + 1) < self.sws[r].hops[t] as u32 {
                 self.sws[r].lft[t] = self.groups[min_g].ports[min_p].remote_port;
-                self.sws[r].hops[t] = hops + 1;
+                self.sws[r].hops[t] = hops.saturating_add(1);
             }
-            created |= self.down_by_up(r, Some(s), target, main, hops + 1);
+            created |= self.down_by_up(r, Some(s), target, main, hops.saturating_add(1));
         }
         for &g in ups.iter().skip(if main { 1 } else { 0 }) {
             let r = self.groups[g].remote;
@@ -531,8 +531,8 @@ impl Ftree {
             }
             let p = self.min_port(g, false);
             self.sws[r].lft[t] = self.groups[g].ports[p].remote_port;
-            self.sws[r].hops[t] = hops + 1;
-            created |= self.down_by_up(r, Some(s), target, false, hops + 1);
+            self.sws[r].hops[t] = hops.saturating_add(1);
+            created |= self.down_by_up(r, Some(s), target, false, hops.saturating_add(1));
         }
         if !self.sws[s].sib.is_empty() {
             let mut sib = std::mem::take(&mut self.sws[s].sib);
@@ -548,8 +548,8 @@ impl Ftree {
                 }
                 let min_p = self.min_port(g, false);
                 self.sws[r].lft[t] = self.groups[g].ports[min_p].remote_port;
-                self.sws[r].hops[t] = hops + 1;
-                let routed = self.down_by_up(r, Some(s), target, false, hops + 1);
+                self.sws[r].hops[t] = hops.saturating_add(1);
+                let routed = self.down_by_up(r, Some(s), target, false, hops.saturating_add(1));
                 created |= routed;
                 if routed {
                     // The engine we match charges the main up-group here.

@@ -30,6 +30,13 @@ fn ensure_font() -> bool {
     })
 }
 
+/// A panel: title, value per step, colour.
+type Series<'a> = (
+    &'a str,
+    Box<dyn Fn(&crate::conflicts::StepStats) -> u64>,
+    RGBColor,
+);
+
 fn perr<E: std::fmt::Display>(e: E) -> FabricError {
     FabricError::Invalid(format!("plot: {e}"))
 }
@@ -80,12 +87,7 @@ where
     };
     let panels = root.split_evenly((2, 1));
     let xmax = a.per_step.iter().map(|s| s.step).max().unwrap_or(1) + 1;
-    #[allow(clippy::type_complexity)]
-    let series: [(
-        &str,
-        Box<dyn Fn(&crate::conflicts::StepStats) -> u64>,
-        RGBColor,
-    ); 2] = [
+    let series: [Series; 2] = [
         ("conflicts per step", Box::new(|s| s.conflicts), RED),
         (
             "max link load per step (flows on the busiest link)",

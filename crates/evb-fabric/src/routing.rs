@@ -158,8 +158,13 @@ impl Graph {
     /// Ports of `sw` on a shortest path toward switch `target` (sorted).
     pub fn candidates(&self, topo: &Topology, sw: usize, target: usize, out: &mut Vec<u8>) {
         out.clear();
-        let row = &self.dist[self.sw_index[target]];
-        let d = row[self.sw_index[sw]];
+        // Either end may not be a switch on a mis-cabled fabric.
+        let (ti, si) = (self.sw_index[target], self.sw_index[sw]);
+        if ti == usize::MAX || si == usize::MAX {
+            return;
+        }
+        let row = &self.dist[ti];
+        let d = row[si];
         if d == FAR || d == 0 {
             return;
         }

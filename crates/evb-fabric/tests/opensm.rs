@@ -119,3 +119,220 @@ fn ftree_refuses_what_opensm_refuses() {
 fn ftree_few_hundred_hosts_radix24() {
     ftree_matches("fat-tree:radix=24,hosts=270,spread", "ft_270");
 }
+
+// ---------------------------------------------------------------------
+// An independent conflict counter: its own parsing of ibnetdiscover and
+// dump_lfts text, its own tracing, a hash map of link loads per step.
+// ---------------------------------------------------------------------
+
+use std::collections::HashMap;
+
+struct Indep {
+    /// (node id, port) -> (remote node id, remote port)
+    cable: HashMap<(String, u32), (String, u32)>,
+    /// host description -> (node id, lid)
+    hosts: HashMap<String, (String, u32)>,
+    /// (switch node id, lid) -> port
+    lft: HashMap<(String, u32), u32>,
+}
+
+fn between(s: &str, a: char, b: char) -> Option<&str> {
+    let i = s.find(a)?;
+    let j = s[i + 1..].find(b)? + i + 1;
+    Some(&s[i + 1..j])
+}
+
+fn indep_load(ibnd: &std::path::Path, lfts: &std::path::Path) -> Indep {
+    let mut x = Indep {
+        cable: HashMap::new(),
+        hosts: HashMap::new(),
+        lft: HashMap::new(),
+    };
+    let mut cur = String::new();
+    let mut cur_desc = String::new();
+    let mut is_ca = false;
+    for line in std::fs::read_to_string(ibnd).unwrap().lines() {
+        if line.starts_with("Switch") || line.starts_with("Ca") {
+            is_ca = line.starts_with("Ca");
+            cur = between(line, '"', '"').unwrap().to_string();
+            let comment = &line[line.find('#').unwrap() + 1..];
+            cur_desc = between(comment, '"', '"').unwrap().to_string();
+        } else if line.starts_with('[') {
+            let port: u32 = between(line, '[', ']').unwrap().parse().unwrap();
+            let rest = &line[line.find('"').unwrap()..];
+            let rid = between(rest, '"', '"').unwrap().to_string();
+            let after = &rest[rid.len() + 2..];
+            let rport: u32 = between(after, '[', ']').unwrap().parse().unwrap();
+            x.cable.insert((cur.clone(), port), (rid, rport));
+            if is_ca {
+                let comment = &line[line.find('#').unwrap()..];
+                let lid: u32 = comment.split_whitespace().nth(2).unwrap().parse().unwrap();
+                x.hosts.insert(cur_desc.clone(), (cur.clone(), lid));
+            }
+        }
+    }
+    let mut sw = String::new();
+    for line in std::fs::read_to_string(lfts).unwrap().lines() {
+        if line.starts_with("Unicast lids") {
+            let g = line
+                .split(" guid 0x")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            sw = format!("S-{g}");
+        } else if line.starts_with("0x") {
+            let mut it = line.split_whitespace();
+            let lid = u32::from_str_radix(&it.next().unwrap()[2..], 16).unwrap();
+            let port: u32 = it.next().unwrap().parse().unwrap();
+            x.lft.insert((sw.clone(), lid), port);
+        }
+    }
+    x
+}
+
+/// Conflicts of the full shift schedule over `names` (rank order).
+fn indep_conflicts(x: &Indep, names: &[String]) -> u64 {
+    let n = names.len();
+    let mut total = 0u64;
+    for s in 1..n {
+        let mut load: HashMap<(String, u32), u64> = HashMap::new();
+        for i in 0..n {
+            let (src, _) = &x.hosts[&names[i]];
+            let (dst, dlid) = &x.hosts[&names[(i + s) % n]];
+            let mut node = src.clone();
+            let mut port = 1u32;
+            for _ in 0..64 {
+                *load.entry((node.clone(), port)).or_default() += 1;
+                let (next, _) = x.cable[&(node.clone(), port)].clone();
+                if &next == dst {
+                    break;
+                }
+                port = x.lft[&(next.clone(), *dlid)];
+                node = next;
+            }
+        }
+        total += load.values().map(|&c| c.saturating_sub(1)).sum::<u64>();
+    }
+    total
+}
+
+fn engines_on(spec: &str, tag: &str) {
+    let _g = SIM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let topo = FatTreeSpec::parse(spec).unwrap().build().unwrap();
+    let dir = test_dir(tag);
+    let sim = Sim::start(&topo, &dir, tag);
+    sim.opensm_tagged("ftree", "initial", &[]); // assigns LIDs
+    let ibnd = sim.ibnetdiscover();
+    let real = parse_ibnetdiscover(&ibnd).unwrap();
+    let order = evb_fabric::optimize::order_by_name(&real);
+    let names: Vec<String> = order.iter().map(|&h| real.nodes[h].name.clone()).collect();
+    let steps = evb_fabric::conflicts::shift_steps(order.len());
+    let mut seen = vec![];
+    for engine in ["ftree", "minhop", "updn", "dfsssp"] {
+        let dump = sim.opensm(engine, &[]);
+        let dl = sim.dump_lfts(&format!("dump_lfts-{engine}.out"));
+        // Both LFT forms read the same tables.
+        let a = parse_lfts(&dump.join("opensm-lfts.dump"), &real).unwrap();
+        let b = parse_lfts(&dl, &real).unwrap();
+        for sw in real.switches() {
+            for h in real.hosts() {
+                let lid = real.nodes[h].lid;
+                assert_eq!(
+                    a.get(sw, lid),
+                    b.get(sw, lid),
+                    "{engine}: opensm-lfts.dump and dump_lfts disagree"
+                );
+            }
+        }
+        let ours = evb_fabric::conflicts::analyze(&real, &b, &order, &steps, 5).unwrap();
+        let theirs = indep_conflicts(&indep_load(&ibnd, &dl), &names);
+        assert_eq!(
+            ours.total.conflicts, theirs,
+            "{spec} {engine}: evb counts {} conflicts, independent counter {}",
+            ours.total.conflicts, theirs
+        );
+        assert_eq!(ours.total.flows, (order.len() * (order.len() - 1)) as u64);
+        seen.push((engine, theirs));
+    }
+    eprintln!("{spec}: conflicts by engine (name order): {seen:?}");
+}
+
+#[test]
+fn engines_conflicts_match_independent_count_partial() {
+    engines_on("fat-tree:radix=8,hosts=27,leaves=8,spread", "eng_spread");
+}
+
+#[test]
+fn engines_conflicts_match_independent_count_oversubscribed() {
+    engines_on("fat-tree:radix=12,hosts=60,oversub=2", "eng_over");
+}
+
+/// LFTs exported by evb load into OpenSM's file engine and come back
+/// unchanged (read back from the simulated switches with dump_lfts).
+#[test]
+fn file_engine_round_trip() {
+    let _g = SIM_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let topo = FatTreeSpec::parse("fat-tree:radix=8,hosts=30,spread,leaves=8")
+        .unwrap()
+        .build()
+        .unwrap();
+    let dir = test_dir("file_rt");
+    let sim = Sim::start(&topo, &dir, "file_rt");
+    sim.opensm("minhop", &[]); // assigns LIDs
+    let real = parse_ibnetdiscover(&sim.ibnetdiscover()).unwrap();
+    let order = evb_fabric::optimize::order_by_name(&real);
+    let steps = evb_fabric::conflicts::shift_steps(order.len());
+    let (shift, _) = evb_fabric::optimize::route_for_shift(
+        &real,
+        &order,
+        &steps,
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    let candidates = [
+        (
+            "random",
+            evb_fabric::routing::route(&real, &evb_fabric::routing::Engine::Random(7)).unwrap(),
+        ),
+        (
+            "dmodk",
+            evb_fabric::routing::route(&real, &evb_fabric::routing::Engine::Dmodk).unwrap(),
+        ),
+        ("for-shift", shift),
+    ];
+    for (name, lfts) in candidates {
+        let file = dir.join(format!("evb-{name}.lfts"));
+        std::fs::write(&file, evb_fabric::io::write_opensm_lfts(&real, &lfts)).unwrap();
+        sim.opensm_tagged(
+            "file",
+            &format!("file-{name}"),
+            &["-U", file.to_str().unwrap()],
+        );
+        let back = parse_lfts(&sim.dump_lfts(&format!("back-{name}.out")), &real).unwrap();
+        let mut n = 0;
+        for sw in real.switches() {
+            for lid in 1..=real.max_lid() {
+                assert_eq!(
+                    back.get(sw, lid),
+                    lfts.get(sw, lid),
+                    "{name}: switch {} LID {lid} changed on the way through OpenSM",
+                    real.nodes[sw].name
+                );
+                n += 1;
+            }
+        }
+        assert!(n > 0);
+    }
+}
+
+#[test]
+fn ftree_648_hosts_radix36() {
+    ftree_matches("fat-tree:radix=36,hosts=648", "ft_648");
+}
+
+#[test]
+fn engines_conflicts_match_independent_count_few_hundred() {
+    engines_on("fat-tree:radix=24,hosts=250,spread", "eng_250");
+}

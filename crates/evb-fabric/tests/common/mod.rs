@@ -139,12 +139,15 @@ impl Sim {
 
     /// Runs `opensm --once` with a routing engine; returns its dump dir.
     pub fn opensm(&self, engine: &str, extra: &[&str]) -> PathBuf {
-        let dump = self
-            .dir
-            .join(format!("dump-{}", engine.replace([' ', '/'], "_")));
+        self.opensm_tagged(engine, engine, extra)
+    }
+
+    /// Like `opensm`, with `tag` naming the dump dir and logs.
+    pub fn opensm_tagged(&self, engine: &str, tag: &str, extra: &[&str]) -> PathBuf {
+        let dump = self.dir.join(format!("dump-{tag}"));
         std::fs::create_dir_all(&dump).unwrap();
-        let log = self.dir.join(format!("opensm-{engine}.log"));
-        let out = std::fs::File::create(self.dir.join(format!("opensm-{engine}.out"))).unwrap();
+        let log = self.dir.join(format!("opensm-{tag}.log"));
+        let out = std::fs::File::create(self.dir.join(format!("opensm-{tag}.out"))).unwrap();
         let child = self
             .cmd("opensm")
             .args(["--once", "-R", engine, "-D", "0x40", "--dump_files_dir"])
