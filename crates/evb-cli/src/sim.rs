@@ -8,7 +8,7 @@ use clap::Args;
 use evb_core::Config;
 use evb_sim::fabric::SimFabric;
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct SimArgs {
     /// Event builder and simulation configuration (TOML, `[sim]` section).
     #[arg(long, short)]
@@ -45,9 +45,29 @@ pub struct SimArgs {
     /// Write the throughput time series as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
+    /// Write every host's received payload over time as CSV (t_us, one column per host).
+    #[arg(long)]
+    pub csv_hosts: Option<PathBuf>,
     /// Write plots: PREFIX-throughput.{svg,png} and PREFIX-links.{svg,png}.
     #[arg(long, value_name = "PREFIX")]
     pub plot: Option<PathBuf>,
+}
+
+/// A progress bar on a terminal; hidden in pipes and CI.
+fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {percent:>3}% {elapsed} (eta {eta})",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
 }
 
 /// Builds the simulated fabric from `--topology`, `--lfts`/`--routing`, `--order`.
@@ -117,19 +137,10 @@ pub fn run(args: SimArgs) -> Result<()> {
         overrides.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
     let config = Config::load(args.config.as_deref(), &overrides)?;
-    let tty = std::io::stderr().is_terminal();
-    let mut last = -1i64;
-    let result = evb_sim::simulate(&config, fabric, |f| {
-        let pct = (f * 100.0) as i64;
-        if tty && pct != last {
-            last = pct;
-            eprint!("\rsimulating: {pct:3}%");
-        }
-    })
-    .map_err(anyhow::Error::msg)?;
-    if tty {
-        eprintln!("\rsimulating: done");
-    }
+    let bar = progress_bar(1000, "simulating");
+    let result = evb_sim::simulate(&config, fabric, |f| bar.set_position((f * 1000.0) as u64))
+        .map_err(anyhow::Error::msg)?;
+    bar.finish_and_clear();
     let s = &result.summary;
     println!(
         "evb sim: {} on {} ({} hosts), {:.1} us simulated in {:.2} s ({} events, {:.0} us/s)",
@@ -160,6 +171,21 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.csv_hosts {
+        let mut text = String::from("t_us");
+        for h in &result.hosts {
+            text += &format!(",{}", h.host);
+        }
+        text.push('\n');
+        for (sample, rates) in result.timeseries.iter().zip(&result.host_series) {
+            text += &format!("{:.3}", sample.t_us);
+            for r in rates {
+                text += &format!(",{r:.3}");
+            }
+            text.push('\n');
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(prefix) = &args.plot {
         for p in write_plots(prefix, &result)? {
@@ -257,7 +283,9 @@ pub struct ScanArgs {
     pub command: Option<ScanCommand>,
     #[command(flatten)]
     pub sim: SimArgs,
-    /// A scanned key and its values: `--param event_builder.credits=1,2,4` (repeatable).
+    /// A scanned key and its values: `--param event_builder.credits=1,2,4`
+    /// (repeatable); `order` and `routing` scan the rank order and routing
+    /// engine (`--param order=name,ftree,random:1`).
     #[arg(long = "param", value_name = "KEY=V1,V2,...")]
     pub params: Vec<String>,
     /// Run only shard I of N (points whose index mod N is I), e.g. from a
@@ -337,28 +365,36 @@ pub fn scan(args: ScanArgs) -> Result<()> {
         base.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
     let total: usize = axes.iter().map(|a| a.values.len()).product();
-    let done = std::sync::atomic::AtomicUsize::new(0);
-    let tty = std::io::stderr().is_terminal();
-    let config_path = sim.config.clone();
-    let result = evb_sim::scan::run_scan(
-        &axes,
-        |point| {
-            Config::load(config_path.as_deref(), &point_overrides(&base, point))
-                .map_err(|e| e.to_string())
-        },
-        &fabric,
-        shard,
-        || {
-            let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-            if tty {
-                eprint!("\rscan: {n}/{total} points");
+    let bar = progress_bar(total as u64, "scan points");
+    // One fabric per (order, routing) met in the scan.
+    let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
+    let load = |point: &[(String, String)]| -> Result<(Config, SimFabric), String> {
+        let mut args = sim.clone();
+        let mut overrides = Vec::new();
+        for (k, v) in point {
+            match k.as_str() {
+                "order" => args.order = v.clone(),
+                "routing" => args.routing = v.clone(),
+                _ => overrides.push(format!("{k}={v}")),
             }
-        },
-    )
-    .map_err(anyhow::Error::msg)?;
-    if tty {
-        eprintln!();
-    }
+        }
+        let key = (args.order.clone(), args.routing.clone());
+        let cached = fabrics.lock().expect("not poisoned").get(&key).cloned();
+        let fabric = match cached {
+            Some(f) => f,
+            None => {
+                let f = build_fabric(&args).map_err(|e| format!("{e:#}"))?;
+                fabrics.lock().expect("not poisoned").insert(key, f.clone());
+                f
+            }
+        };
+        let config = Config::load(sim.config.as_deref(), &point_overrides(&base, &overrides))
+            .map_err(|e| e.to_string())?;
+        Ok((config, fabric))
+    };
+    let result =
+        evb_sim::scan::run_scan(&axes, load, shard, || bar.inc(1)).map_err(anyhow::Error::msg)?;
+    bar.finish_and_clear();
     print_scan(&result, &fabric.name);
     write_scan(
         &result,

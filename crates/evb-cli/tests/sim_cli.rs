@@ -214,3 +214,54 @@ fn scan_shards_merge_into_the_whole_scan() {
     let (ok, _, err) = evb(&["scan", "merge", &shards[0], &shards[2]]);
     assert!(!ok && err.contains("missing"), "{err}");
 }
+
+#[test]
+fn scan_over_rank_orders_and_per_host_series() {
+    let json = tmp("orders.json");
+    let (ok, out, err) = evb(&[
+        "scan",
+        "--topology",
+        "fat-tree:radix=8,hosts=32",
+        "--traffic",
+        "shift-fixed",
+        "--duration-us",
+        "300",
+        "--param",
+        "order=ftree,random:1",
+        "--json",
+        &json,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let fig = |i: usize| v["points"][i]["figure_gbps"].as_f64().unwrap();
+    assert_eq!(v["points"][0]["params"][0][1], "ftree");
+    assert!(
+        fig(0) > 97.0 && fig(1) < fig(0) - 10.0,
+        "ftree order {} vs random {}",
+        fig(0),
+        fig(1)
+    );
+    // Every host's received payload over time.
+    let csv = tmp("hosts.csv");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=4",
+        "--traffic",
+        "incast",
+        "--duration-us",
+        "100",
+        "--csv-hosts",
+        &csv,
+    ]);
+    assert!(ok, "{out}{err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next().unwrap(), "t_us,host0,host1,host2,host3");
+    let rows: Vec<Vec<f64>> = lines
+        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 10);
+    // Incast: host 0 receives everything, the others nothing.
+    assert!(rows[5][1] > 90.0 && rows[5][2] == 0.0, "{:?}", rows[5]);
+}

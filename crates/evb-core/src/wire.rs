@@ -531,7 +531,9 @@ mod tests {
     /// not zero decoded, and re-encoded to other bytes.
     #[test]
     fn nonzero_padding_is_rejected() {
-        let crash = [69, 66, 1, 3, 12, 0, 0, 0, 12, 0, 0, 0, 0, 255, 255, 105, 105, 105, 105, 105];
+        let crash = [
+            69, 66, 1, 3, 12, 0, 0, 0, 12, 0, 0, 0, 0, 255, 255, 105, 105, 105, 105, 105,
+        ];
         assert_eq!(
             decode_stream(&crash, 1 << 16),
             Err(WireError::NonZeroReserved { kind: "Assign" })
@@ -539,7 +541,10 @@ mod tests {
         let mut frag = Vec::new();
         Message::Fragment(FragmentHeader::default()).encode_into(&mut frag);
         frag[FRAME_HEADER_LEN + 30] = 1;
-        assert!(matches!(decode_stream(&frag, 64), Err(WireError::NonZeroReserved { .. })));
+        assert!(matches!(
+            decode_stream(&frag, 64),
+            Err(WireError::NonZeroReserved { .. })
+        ));
     }
 
     #[test]

@@ -218,6 +218,8 @@ pub struct Net {
     /// Payload received per host in the current sample interval.
     sample_rx: Vec<u64>,
     pub samples: Vec<Sample>,
+    /// Per sample, per host: received payload Gb/s.
+    pub host_samples: Vec<Vec<f32>>,
     pub sample_ps: Ps,
 }
 
@@ -313,6 +315,7 @@ impl Net {
             events_processed: 0,
             sample_rx: vec![0; hosts as usize],
             samples: Vec::new(),
+            host_samples: Vec::new(),
             sample_ps,
             params,
         };
@@ -487,6 +490,8 @@ impl Net {
                     min_rx_gbps: rates.iter().copied().fold(f64::INFINITY, f64::min),
                     max_rx_gbps: rates.iter().copied().fold(0.0, f64::max),
                 });
+                self.host_samples
+                    .push(rates.iter().map(|&r| r as f32).collect());
                 self.sample_rx.iter_mut().for_each(|b| *b = 0);
                 let t = self.now + self.sample_ps;
                 self.at(t, Ev::Sample);

@@ -82,6 +82,9 @@ pub struct SimResult {
     pub hosts: Vec<HostResult>,
     pub links: Vec<LinkResult>,
     pub timeseries: Vec<engine::Sample>,
+    /// Per sample, per host: received payload Gb/s (CSV only: large).
+    #[serde(skip)]
+    pub host_series: Vec<Vec<f32>>,
 }
 
 /// Link-layer parameters from the configuration's `[sim]` section.
@@ -215,6 +218,7 @@ pub fn simulate(
         hosts: host_results,
         links,
         timeseries: net.samples.clone(),
+        host_series: std::mem::take(&mut net.host_samples),
     })
 }
 

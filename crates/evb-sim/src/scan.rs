@@ -79,12 +79,12 @@ pub fn combinations(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
     out
 }
 
-/// Runs every point. `load` turns a point's overrides into a validated
-/// configuration (so errors name the offending `--param`).
+/// Runs every point. `load` turns a point's `(key, value)` pairs into a
+/// validated configuration and the fabric to run it on (so errors name the
+/// offending `--param`, and axes such as the rank order can change the fabric).
 pub fn run_scan(
     axes: &[Axis],
-    load: impl Fn(&[String]) -> Result<Config, String> + Sync,
-    fabric: &SimFabric,
+    load: impl Fn(&[(String, String)]) -> Result<(Config, SimFabric), String> + Sync,
     shard: Option<[usize; 2]>,
     on_point_done: impl Fn() + Sync,
 ) -> Result<ScanResult, String> {
@@ -102,19 +102,16 @@ pub fn run_scan(
         .filter(|(k, _)| shard.is_none_or(|[i, n]| k % n == i))
         .unzip();
     // Validate every point before spending time on any.
-    let configs: Vec<Config> = combos
+    let configs: Vec<(Config, SimFabric)> = combos
         .iter()
-        .map(|params| {
-            let ov: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            load(&ov)
-        })
+        .map(|params| load(params))
         .collect::<Result<_, _>>()?;
     let points: Vec<ScanPoint> = combos
         .into_par_iter()
         .zip(configs.into_par_iter())
         .zip(indices.into_par_iter())
-        .map(|((params, config), index)| {
-            let r = simulate(&config, fabric.clone(), |_| {})?;
+        .map(|((params, (config, fabric)), index)| {
+            let r = simulate(&config, fabric, |_| {})?;
             on_point_done();
             let figure = r
                 .summary
