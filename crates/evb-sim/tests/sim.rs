@@ -368,3 +368,26 @@ fn random_schedule_delivers_clearly_less_than_barrel_at_64_hosts() {
     let (barrel, random) = (built("barrel"), built("random"));
     assert!(random < 0.85 * barrel, "random {random} vs barrel {barrel}");
 }
+
+#[test]
+fn host_latency_comes_from_the_histogram_file() {
+    let dir = std::env::temp_dir().join(format!("evb-hostlat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("lat.txt");
+    std::fs::write(&file, "# ns weight\n20000 1\n").unwrap();
+    let set = format!("sim.host_latency=\"{}\"", file.display());
+    // One 4 KiB message at a time: each step waits for its completion,
+    // which the host reports 20 us after the last packet left.
+    let r = sim(4, "shift-fixed", 1000.0, &["sim.message_bytes=4096", &set]);
+    let step_ns = 20_000.0 + (4096.0 + 42.0) * 8.0 / 100.0;
+    let expected = 4096.0 * 8.0 / step_ns;
+    let got = r.summary.throughput_per_host_gbps;
+    assert!(
+        (got - expected).abs() / expected < 0.05,
+        "{got} vs {expected}"
+    );
+    let fast = sim(4, "shift-fixed", 1000.0, &["sim.message_bytes=4096"])
+        .summary
+        .throughput_per_host_gbps;
+    assert!(fast > 5.0 * got, "default ~1 us latency: {fast}");
+}
