@@ -45,7 +45,8 @@ pub struct SimArgs {
     /// Write the throughput time series as CSV.
     #[arg(long)]
     pub csv: Option<PathBuf>,
-    /// Write every host's received payload over time as CSV (t_us, one column per host).
+    /// Write every host's sent and received payload over time as CSV
+    /// (t_us, then `<host>.tx`, `<host>.rx` per host, Gb/s).
     #[arg(long)]
     pub csv_hosts: Option<PathBuf>,
     /// Write plots: PREFIX-throughput.{svg,png} and PREFIX-links.{svg,png}.
@@ -175,13 +176,13 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(path) = &args.csv_hosts {
         let mut text = String::from("t_us");
         for h in &result.hosts {
-            text += &format!(",{}", h.host);
+            text += &format!(",{0}.tx,{0}.rx", h.host);
         }
         text.push('\n');
         for (sample, rates) in result.timeseries.iter().zip(&result.host_series) {
             text += &format!("{:.3}", sample.t_us);
-            for r in rates {
-                text += &format!(",{r:.3}");
+            for (tx, rx) in rates {
+                text += &format!(",{tx:.3},{rx:.3}");
             }
             text.push('\n');
         }

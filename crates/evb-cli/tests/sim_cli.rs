@@ -257,11 +257,18 @@ fn scan_over_rank_orders_and_per_host_series() {
     assert!(ok, "{out}{err}");
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
-    assert_eq!(lines.next().unwrap(), "t_us,host0,host1,host2,host3");
+    assert_eq!(
+        lines.next().unwrap(),
+        "t_us,host0.tx,host0.rx,host1.tx,host1.rx,host2.tx,host2.rx,host3.tx,host3.rx"
+    );
     let rows: Vec<Vec<f64>> = lines
         .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
         .collect();
     assert_eq!(rows.len(), 10);
-    // Incast: host 0 receives everything, the others nothing.
-    assert!(rows[5][1] > 90.0 && rows[5][2] == 0.0, "{:?}", rows[5]);
+    // Incast: host 0 receives everything and sends nothing; the others
+    // share its link.
+    let r = &rows[5];
+    assert!(r[2] > 90.0 && r[1] == 0.0 && r[4] == 0.0, "{r:?}");
+    let sent: f64 = [r[3], r[5], r[7]].iter().sum();
+    assert!((sent - r[2]).abs() < 10.0, "{r:?}");
 }

@@ -217,9 +217,11 @@ pub struct Net {
     pub events_processed: u64,
     /// Payload received per host in the current sample interval.
     sample_rx: Vec<u64>,
+    /// Payload injected per host in the current sample interval.
+    sample_tx: Vec<u64>,
     pub samples: Vec<Sample>,
-    /// Per sample, per host: received payload Gb/s.
-    pub host_samples: Vec<Vec<f32>>,
+    /// Per sample, per host: (sent, received) payload Gb/s.
+    pub host_samples: Vec<Vec<(f32, f32)>>,
     pub sample_ps: Ps,
 }
 
@@ -314,6 +316,7 @@ impl Net {
             latency_index,
             events_processed: 0,
             sample_rx: vec![0; hosts as usize],
+            sample_tx: vec![0; hosts as usize],
             samples: Vec::new(),
             host_samples: Vec::new(),
             sample_ps,
@@ -490,9 +493,16 @@ impl Net {
                     min_rx_gbps: rates.iter().copied().fold(f64::INFINITY, f64::min),
                     max_rx_gbps: rates.iter().copied().fold(0.0, f64::max),
                 });
-                self.host_samples
-                    .push(rates.iter().map(|&r| r as f32).collect());
+                let gbps = |b: u64| (b as f64 * 8.0 / secs / 1e9) as f32;
+                self.host_samples.push(
+                    self.sample_tx
+                        .iter()
+                        .zip(&self.sample_rx)
+                        .map(|(&tx, &rx)| (gbps(tx), gbps(rx)))
+                        .collect(),
+                );
                 self.sample_rx.iter_mut().for_each(|b| *b = 0);
+                self.sample_tx.iter_mut().for_each(|b| *b = 0);
                 let t = self.now + self.sample_ps;
                 self.at(t, Ev::Sample);
             }
@@ -614,6 +624,7 @@ impl Net {
             let last = m.sent >= m.bytes;
             let dst = m.dst;
             self.hosts[host as usize].payload_sent += u64::from(payload);
+            self.sample_tx[host as usize] += u64::from(payload);
             let pkt = self.alloc_packet(Packet {
                 msg: id,
                 dst,

@@ -82,9 +82,9 @@ pub struct SimResult {
     pub hosts: Vec<HostResult>,
     pub links: Vec<LinkResult>,
     pub timeseries: Vec<engine::Sample>,
-    /// Per sample, per host: received payload Gb/s (CSV only: large).
+    /// Per sample, per host: (sent, received) payload Gb/s (CSV only: large).
     #[serde(skip)]
-    pub host_series: Vec<Vec<f32>>,
+    pub host_series: Vec<Vec<(f32, f32)>>,
 }
 
 /// Link-layer parameters from the configuration's `[sim]` section.
