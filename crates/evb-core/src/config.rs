@@ -51,8 +51,9 @@ pub enum Protocol {
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
     /// Barrel shift, phase-locked: phase n of RU i sends to BU (i + n) mod N
-    /// and waits for that BU's MEP if it is not there yet (lost BUs are
-    /// skipped; after the end of the run it no longer waits).
+    /// and waits for that BU's MEP if it is not there yet, at most
+    /// `barrel_wait_us` (then another BU is served out of turn); lost BUs
+    /// are skipped; after the end of the run it no longer waits.
     Barrel,
     /// Barrel shift that never waits: when the phase's BU has nothing, the
     /// next one with work is served out of turn (the phase stays).
@@ -130,6 +131,9 @@ pub struct EventBuilderSection {
     pub parallel_sends: u32,
     /// Batches a BU builds at once (credits it grants the EM).
     pub credits: u32,
+    /// Phase-locked barrel: longest wait for the phase's MEP before another
+    /// BU is served out of turn (bounds the stall a slow BU can cause).
+    pub barrel_wait_us: u64,
     pub local: LocalTraffic,
     /// A batch not complete this long after it was opened is incomplete.
     pub batch_timeout_ms: u64,
@@ -143,11 +147,10 @@ impl Default for EventBuilderSection {
     fn default() -> Self {
         EventBuilderSection {
             protocol: Protocol::Push,
-            // Never waiting: a stalled BU (a source dropping data, a slow
-            // consumer) must not stall every RU's rotation.
-            schedule: Schedule::BarrelSkip,
+            schedule: Schedule::Barrel,
             parallel_sends: 2,
             credits: 2,
+            barrel_wait_us: 1000,
             local: LocalTraffic::Memory,
             batch_timeout_ms: 2000,
             drain_timeout_ms: 10000,

@@ -94,6 +94,13 @@ impl Node {
         }
     }
 
+    /// Every input brings the time: the RU keeps it for its phase waits.
+    fn tick(&mut self, now: Nanos) {
+        if let Some(ru) = &mut self.ru {
+            ru.set_now(now);
+        }
+    }
+
     pub fn id(&self) -> NodeId {
         self.id
     }
@@ -117,6 +124,7 @@ impl Node {
 
     /// Starts the run: the BU grants its credits.
     pub fn start(&mut self, now: Nanos) {
+        self.tick(now);
         if let Some(bu) = &mut self.bu {
             bu.start(&mut self.bu_out);
         }
@@ -125,6 +133,7 @@ impl Node {
 
     /// Ends the run (on the node hosting the EM): stop assigning, drain.
     pub fn stop(&mut self, now: Nanos) {
+        self.tick(now);
         if let Some(em) = &mut self.em {
             em.stop(&mut self.em_out);
         }
@@ -133,6 +142,7 @@ impl Node {
 
     /// A control message from endpoint `from`.
     pub fn on_message(&mut self, now: Nanos, from: NodeId, msg: Message) {
+        self.tick(now);
         self.dispatch(now, from, msg);
         self.flush(now);
     }
@@ -150,6 +160,7 @@ impl Node {
 
     /// The payload of an admitted fragment is in; `crc` was computed over it.
     pub fn on_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
+        self.tick(now);
         if let Some(bu) = &mut self.bu {
             bu.on_fragment(now, header, crc, &mut self.bu_out);
         }
@@ -158,6 +169,7 @@ impl Node {
 
     /// A [`Action::HandOver`] is done: `crc` was computed over the RU's data.
     pub fn on_local_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
+        self.tick(now);
         if let Some(bu) = &mut self.bu {
             if bu.admit(now, self.id, header) == Admit::Keep {
                 bu.on_fragment(now, header, crc, &mut self.bu_out);
@@ -171,6 +183,7 @@ impl Node {
 
     /// The data asked for by [`Action::Produce`] is ready.
     pub fn on_mep_ready(&mut self, now: Nanos, header: FragmentHeader) {
+        self.tick(now);
         if let Some(ru) = &mut self.ru {
             ru.on_mep_ready(header, &mut self.ru_out);
         }
@@ -179,6 +192,7 @@ impl Node {
 
     /// The transport is done with the fragment of `mep`.
     pub fn on_send_complete(&mut self, now: Nanos, mep: MepId) {
+        self.tick(now);
         if let Some(ru) = &mut self.ru {
             ru.on_send_complete(mep, &mut self.ru_out);
         }
@@ -187,18 +201,25 @@ impl Node {
 
     /// Earliest time at which [`Node::on_timeout`] has work.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        self.bu.as_ref().and_then(BuilderUnit::next_deadline)
+        let bu = self.bu.as_ref().and_then(BuilderUnit::next_deadline);
+        let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
+        bu.into_iter().chain(ru).min()
     }
 
     pub fn on_timeout(&mut self, now: Nanos) {
+        self.tick(now);
         if let Some(bu) = &mut self.bu {
             bu.on_timeout(now, &mut self.bu_out);
+        }
+        if let Some(ru) = &mut self.ru {
+            ru.on_timeout(&mut self.ru_out);
         }
         self.flush(now);
     }
 
     /// The drain period is over: give up whatever is still open.
     pub fn abandon(&mut self, now: Nanos) {
+        self.tick(now);
         if let Some(bu) = &mut self.bu {
             bu.abandon_all(now, &mut self.bu_out);
         }
@@ -212,6 +233,7 @@ impl Node {
     /// Endpoint `peer` is gone (its connection failed or went silent):
     /// stop shipping to its BU; the EM reassigns and accounts.
     pub fn on_peer_lost(&mut self, now: Nanos, peer: NodeId) {
+        self.tick(now);
         if let Some(ru) = &mut self.ru {
             ru.forget_bu(peer, &mut self.ru_out);
         }

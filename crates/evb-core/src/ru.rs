@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
+use crate::bu::Nanos;
 use crate::config::{Config, Protocol, Schedule};
 use crate::layout::Layout;
 use crate::source::mix64;
@@ -71,6 +72,11 @@ pub struct ReadoutUnit {
     dest_gone: Vec<bool>,
     /// The run has ended: no MEP is coming that a locked barrel could wait for.
     ended: bool,
+    /// The driver's clock, as of the last input (set by the node).
+    now: Nanos,
+    /// Phase-locked barrel: since when the phase's BU has had nothing.
+    waiting_since: Option<Nanos>,
+    wait_ns: Nanos,
     rng: Pcg64Mcg,
     in_flight: u32,
     /// Unassigned requests kept at most (guards against a flood of junk).
@@ -94,6 +100,9 @@ impl ReadoutUnit {
             phase: 0,
             dest_gone: vec![false; bus],
             ended: false,
+            now: 0,
+            waiting_since: None,
+            wait_ns: config.event_builder.barrel_wait_us * 1000,
             rng: Pcg64Mcg::seed_from_u64(mix64(
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
@@ -319,6 +328,26 @@ impl ReadoutUnit {
         }
     }
 
+    /// Advances the RU's clock (the node does this on every input).
+    pub fn set_now(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+    }
+
+    /// When a phase-locked barrel stops waiting for its phase's MEP.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        let limit = self.parallel_sends;
+        let can_send = self.queued > 0 && self.in_flight < limit;
+        match (self.schedule, self.ended, self.waiting_since) {
+            (Schedule::Barrel, false, Some(since)) if can_send => Some(since + self.wait_ns),
+            _ => None,
+        }
+    }
+
+    /// The wait for the phase's MEP may be over.
+    pub fn on_timeout(&mut self, out: &mut Vec<RuAction>) {
+        self.pump(out);
+    }
+
     /// The run has ended: nothing more will be assigned, so a phase-locked
     /// barrel must not wait for a MEP that will never come.
     pub fn on_end_of_run(&mut self, out: &mut Vec<RuAction>) {
@@ -337,8 +366,17 @@ impl ReadoutUnit {
                 let k = (0..n).find(|k| !self.dest_gone[(start + k) % n])?;
                 let dest = (start + k) % n;
                 if self.queues[dest].is_empty() {
-                    return None;
+                    // Wait for it, but not for ever: a slow or stalled BU
+                    // must not hold every rotation.
+                    let since = *self.waiting_since.get_or_insert(self.now);
+                    if self.now < since + self.wait_ns {
+                        return None;
+                    }
+                    self.waiting_since = Some(self.now);
+                    let k = (1..n).find(|k| !self.queues[(start + k) % n].is_empty())?;
+                    return Some((start + k) % n);
                 }
+                self.waiting_since = None;
                 self.phase = (self.phase + k + 1) % n;
                 dest
             }
