@@ -443,11 +443,20 @@ impl Ftree {
         // Index the live arrays (recursion below never re-sorts this
         // switch's groups), without copying them for every visit.
         let nd = self.sws[s].down.len();
-        let total = nd + if target != 0 { self.sws[s].sib.len() } else { 0 };
+        let total = nd
+            + if target != 0 {
+                self.sws[s].sib.len()
+            } else {
+                0
+            };
         let mut created = false;
         let t = target as usize;
         for k in 0..total {
-            let g = if k < nd { self.sws[s].down[k] } else { self.sws[s].sib[k - nd] };
+            let g = if k < nd {
+                self.sws[s].down[k]
+            } else {
+                self.sws[s].sib[k - nd]
+            };
             if !self.groups[g].remote_is_sw {
                 created = true;
                 continue;
