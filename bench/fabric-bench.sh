@@ -16,7 +16,7 @@ EVB=$PWD/target/release/evb
 WORK=$(mktemp -d /tmp/evb-fabric-bench.XXXXXX)
 SIM_PID=""
 cleanup() { [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null; rm -rf "$WORK"; }
-trap cleanup EXIT
+trap cleanup EXIT INT TERM
 
 # Best of REPEATS of the analysis time evb reports (excludes building the
 # fabric and routing), and the whole command's wall time.

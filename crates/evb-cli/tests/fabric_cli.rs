@@ -332,7 +332,7 @@ fn with_real_opensm_files() {
         r#"set -e
 export IBSIM_SOCKNAME=evbcli$$ SIM_HOST=node001 OSM_CACHE_DIR={d} OSM_TMP_DIR={d}
 ibsim -s -n {d}/net > {d}/ibsim.log 2>&1 & SIM=$!
-trap 'kill $SIM' EXIT
+trap 'kill $SIM' EXIT INT TERM
 for i in $(seq 200); do grep -qs "simulator ready" {d}/ibsim.log && break; sleep 0.05; done
 mkdir -p {d}/dump
 export LD_PRELOAD={umad}

@@ -440,13 +440,23 @@ impl Ftree {
             self.bubble(&mut arr, Self::cmp_load_up);
             self.sws[s].sib = arr;
         }
-        let mut list = self.sws[s].down.clone();
-        if target != 0 {
-            list.extend(self.sws[s].sib.iter().copied());
-        }
+        // Index the live arrays (recursion below never re-sorts this
+        // switch's groups), without copying them for every visit.
+        let nd = self.sws[s].down.len();
+        let total = nd
+            + if target != 0 {
+                self.sws[s].sib.len()
+            } else {
+                0
+            };
         let mut created = false;
         let t = target as usize;
-        for g in list {
+        for k in 0..total {
+            let g = if k < nd {
+                self.sws[s].down[k]
+            } else {
+                self.sws[s].sib[k - nd]
+            };
             if !self.groups[g].remote_is_sw {
                 created = true;
                 continue;

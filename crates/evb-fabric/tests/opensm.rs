@@ -336,3 +336,21 @@ fn ftree_648_hosts_radix36() {
 fn engines_conflicts_match_independent_count_few_hundred() {
     engines_on("fat-tree:radix=24,hosts=250,spread", "eng_250");
 }
+
+#[test]
+fn ftree_3level_radix12_432_hosts() {
+    ftree_matches("fat-tree:radix=12,levels=3", "ft_3l12");
+}
+
+#[test]
+fn ftree_3level_radix16_spread_1000_hosts() {
+    ftree_matches("fat-tree:radix=16,levels=3,hosts=1000,spread", "ft_3l16");
+}
+
+#[test]
+fn ftree_3level_oversubscribed() {
+    ftree_matches(
+        "fat-tree:radix=12,levels=3,oversub=2,hosts=300,spread",
+        "ft_3lover",
+    );
+}
