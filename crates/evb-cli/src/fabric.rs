@@ -8,7 +8,7 @@ use evb_fabric::lft::Lfts;
 use evb_fabric::optimize;
 use evb_fabric::routing::{route, Engine};
 use evb_fabric::Topology;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Arguments of `evb fabric`.
@@ -268,30 +268,13 @@ fn resolve_order(
     seed: u64,
 ) -> Result<(Vec<usize>, Option<optimize::SearchReport>)> {
     Ok(match spec {
-        "name" => (optimize::order_by_name(topo), None),
-        "lid" => (optimize::order_by_lid(topo), None),
-        "ftree" => (optimize::order_ftree(topo)?, None),
         "optimized" | "optimised" => {
             let lfts = lfts.context("--order optimized needs routing tables")?;
             let (o, r) =
                 optimize::optimize_order(topo, lfts, steps, Duration::from_secs_f64(limit), seed)?;
             (o, Some(r))
         }
-        s if s.starts_with("random") => {
-            let seed = s
-                .strip_prefix("random:")
-                .map(|x| x.parse::<u64>())
-                .transpose()
-                .context("bad random seed")?
-                .unwrap_or(1);
-            (optimize::order_random(topo, seed), None)
-        }
-        f => {
-            if !Path::new(f).exists() {
-                bail!("order '{f}': not name, lid, random:SEED, ftree, optimized, nor an existing file");
-            }
-            (io::parse_order(Path::new(f), topo)?, None)
-        }
+        other => (optimize::order_from_spec(other, topo)?, None),
     })
 }
 

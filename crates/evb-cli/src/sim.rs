@@ -111,7 +111,7 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
             evb_fabric::routing::route(&topo, &evb_fabric::routing::Engine::parse(&args.routing)?)?
         }
     };
-    let order = evb_sim::fabric::resolve_order(&args.order, &topo).map_err(anyhow::Error::msg)?;
+    let order = evb_fabric::optimize::order_from_spec(&args.order, &topo)?;
     let routing = match &args.lfts {
         Some(p) => format!("lfts {}", p.display()),
         None => args.routing.clone(),

@@ -39,6 +39,35 @@ pub fn order_random(topo: &Topology, seed: u64) -> Vec<usize> {
     h
 }
 
+/// A rank order from its name: `name`, `lid`, `leaf`, `ftree`, `random` or
+/// `random:SEED`, or a file (hostfile or `opensm-ftree-ca-order.dump`).
+/// (`optimized` needs routing tables: see [`optimize_order`].)
+pub fn order_from_spec(spec: &str, topo: &Topology) -> Result<Vec<usize>> {
+    Ok(match spec {
+        "name" => order_by_name(topo),
+        "lid" => order_by_lid(topo),
+        "leaf" => order_by_leaf(topo),
+        "ftree" => order_ftree(topo)?,
+        s if s == "random" || s.starts_with("random:") => {
+            let seed = match s.strip_prefix("random:") {
+                Some(x) => x
+                    .parse()
+                    .map_err(|_| FabricError::Invalid(format!("order '{s}': bad random seed")))?,
+                None => 1,
+            };
+            order_random(topo, seed)
+        }
+        f => {
+            if !std::path::Path::new(f).exists() {
+                return Err(FabricError::Invalid(format!(
+                    "order '{f}': not name, lid, leaf, random:SEED, ftree, optimized, nor an existing file"
+                )));
+            }
+            crate::io::parse_order(std::path::Path::new(f), topo)?
+        }
+    })
+}
+
 /// The order in which the ftree engine routes hosts (OpenSM's CA order).
 pub fn order_ftree(topo: &Topology) -> Result<Vec<usize>> {
     let r = crate::ftree::route_ftree(topo)?;

@@ -191,24 +191,3 @@ pub fn from_topology(
     fabric.validate()?;
     Ok(fabric)
 }
-
-/// Resolves a rank order: `name`, `lid`, `leaf`, `random:SEED`, `ftree`, or a
-/// file (hostfile or `opensm-ftree-ca-order.dump`).
-pub fn resolve_order(spec: &str, topo: &evb_fabric::Topology) -> Result<Vec<usize>, String> {
-    use evb_fabric::optimize as o;
-    Ok(match spec {
-        "name" => o::order_by_name(topo),
-        "lid" => o::order_by_lid(topo),
-        "leaf" => o::order_by_leaf(topo),
-        "ftree" => o::order_ftree(topo).map_err(|e| e.to_string())?,
-        _ => match spec.strip_prefix("random:") {
-            Some(seed) => o::order_random(
-                topo,
-                seed.parse()
-                    .map_err(|_| format!("--order {spec}: bad seed"))?,
-            ),
-            None => evb_fabric::io::parse_order(std::path::Path::new(spec), topo)
-                .map_err(|e| e.to_string())?,
-        },
-    })
-}

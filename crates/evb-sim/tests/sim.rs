@@ -205,8 +205,9 @@ fn packet_and_flit_granularity_agree() {
 /// conflicts does not.
 #[test]
 fn shift_throughput_follows_the_conflict_analysis_on_a_fat_tree() {
+    use evb_fabric::optimize::order_from_spec as resolve_order;
     use evb_fabric::routing::{route, Engine};
-    use evb_sim::fabric::{from_topology, resolve_order};
+    use evb_sim::fabric::from_topology;
     let topo = evb_fabric::io::load_topology("fat-tree:radix=8,hosts=32").unwrap();
     let lfts = route(&topo, &Engine::Ftree).unwrap();
     let steps = evb_fabric::conflicts::shift_steps(32);
@@ -290,8 +291,9 @@ fn small_buffers_on_a_long_link_are_credit_limited() {
 
 #[test]
 fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
+    use evb_fabric::optimize::order_from_spec as resolve_order;
     use evb_fabric::routing::{route, Engine};
-    use evb_sim::fabric::{from_topology, resolve_order};
+    use evb_sim::fabric::from_topology;
     let config = Config::from_str_with_overrides(
         "test",
         "",
@@ -347,8 +349,9 @@ fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
 
 #[test]
 fn random_schedule_delivers_clearly_less_than_barrel_at_64_hosts() {
+    use evb_fabric::optimize::order_from_spec as resolve_order;
     use evb_fabric::routing::{route, Engine};
-    use evb_sim::fabric::{from_topology, resolve_order};
+    use evb_sim::fabric::from_topology;
     let topo = evb_fabric::io::load_topology("fat-tree:radix=16,hosts=64").unwrap();
     let lfts = route(&topo, &Engine::Ftree).unwrap();
     let order = resolve_order("ftree", &topo).unwrap();
