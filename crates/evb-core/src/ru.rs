@@ -206,24 +206,30 @@ impl ReadoutUnit {
             None => {
                 // The request overtook the assignment (another connection):
                 // remember it, within a bound.
-                if self.orphan_requests >= self.max_orphan_requests {
-                    self.stats.requests_unexpected += 1;
-                    return;
-                }
-                self.orphan_requests += 1;
-                self.held.insert(
-                    mep,
-                    Held {
-                        bu,
-                        assigned: false,
-                        header: None,
-                        requested: true,
-                        sent: false,
-                        abandoned: false,
-                    },
-                );
+                self.hold_orphan(mep, bu, true);
             }
         }
+    }
+
+    /// Remembers a request (or, if not `requested`, an abandon) that came
+    /// before the MEP's assignment, within a bound against junk.
+    fn hold_orphan(&mut self, mep: MepId, bu: NodeId, requested: bool) {
+        if self.orphan_requests >= self.max_orphan_requests {
+            self.stats.requests_unexpected += 1;
+            return;
+        }
+        self.orphan_requests += 1;
+        self.held.insert(
+            mep,
+            Held {
+                bu,
+                assigned: false,
+                header: None,
+                requested,
+                sent: false,
+                abandoned: !requested,
+            },
+        );
     }
 
     /// PULL: the BU on endpoint `bu` finished `mep` without this RU's
@@ -239,22 +245,8 @@ impl ReadoutUnit {
                 }
             }
             Some(_) => {}
-            None if self.orphan_requests < self.max_orphan_requests => {
-                // Overtook the assignment: remember, within a bound.
-                self.orphan_requests += 1;
-                self.held.insert(
-                    mep,
-                    Held {
-                        bu,
-                        assigned: false,
-                        header: None,
-                        requested: false,
-                        sent: false,
-                        abandoned: true,
-                    },
-                );
-            }
-            None => self.stats.requests_unexpected += 1,
+            // Overtook the assignment: remember it.
+            None => self.hold_orphan(mep, bu, false),
         }
     }
 

@@ -16,6 +16,24 @@ fn sim(hosts: usize, traffic: &str, duration_us: f64, sets: &[&str]) -> SimResul
     simulate(&config, SimFabric::single_switch(hosts), |_| {}).unwrap()
 }
 
+/// A fat tree from its spec, routed by ftree, ranks in `order`.
+fn fat_tree(
+    spec: &str,
+    order: &str,
+) -> (
+    evb_fabric::Topology,
+    evb_fabric::Lfts,
+    Vec<usize>,
+    SimFabric,
+) {
+    use evb_fabric::routing::{route, Engine};
+    let topo = evb_fabric::io::load_topology(spec).unwrap();
+    let lfts = route(&topo, &Engine::Ftree).unwrap();
+    let order = evb_fabric::optimize::order_from_spec(order, &topo).unwrap();
+    let fabric = evb_sim::fabric::from_topology(&topo, &lfts, &order, spec).unwrap();
+    (topo, lfts, order, fabric)
+}
+
 /// Payload efficiency of full MTU packets: 4096 / (4096 + LRH + BTH + ICRC + VCRC).
 const EFFICIENCY: f64 = 4096.0 / (4096.0 + 26.0);
 
@@ -291,9 +309,6 @@ fn small_buffers_on_a_long_link_are_credit_limited() {
 
 #[test]
 fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
-    use evb_fabric::optimize::order_from_spec as resolve_order;
-    use evb_fabric::routing::{route, Engine};
-    use evb_sim::fabric::from_topology;
     let config = Config::from_str_with_overrides(
         "test",
         "",
@@ -309,10 +324,7 @@ fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
         "fat-tree:radix=12,hosts=72",
         "fat-tree:radix=8,hosts=64,levels=3",
     ] {
-        let topo = evb_fabric::io::load_topology(spec).unwrap();
-        let lfts = route(&topo, &Engine::Ftree).unwrap();
-        let order = resolve_order("ftree", &topo).unwrap();
-        let fabric = from_topology(&topo, &lfts, &order, spec).unwrap();
+        let (_, _, _, fabric) = fat_tree(spec, "ftree");
         let gbps = simulate(&config, fabric, |_| {})
             .unwrap()
             .summary
@@ -321,15 +333,12 @@ fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
     }
     // Partially populated: the loss appears where the analysis finds conflicts.
     let spec = "fat-tree:radix=8,hosts=27,spread";
-    let topo = evb_fabric::io::load_topology(spec).unwrap();
-    let lfts = route(&topo, &Engine::Ftree).unwrap();
-    let order = resolve_order("ftree", &topo).unwrap();
+    let (topo, lfts, order, fabric) = fat_tree(spec, "ftree");
     let steps = evb_fabric::conflicts::shift_steps(order.len());
     let conflicts = evb_fabric::conflicts::analyze(&topo, &lfts, &order, &steps, 5)
         .unwrap()
         .total
         .conflicts;
-    let fabric = from_topology(&topo, &lfts, &order, spec).unwrap();
     let gbps = simulate(&config, fabric, |_| {})
         .unwrap()
         .summary
@@ -349,12 +358,7 @@ fn linear_shift_on_fat_trees_with_ftree_routing_and_order() {
 
 #[test]
 fn random_schedule_delivers_clearly_less_than_barrel_at_64_hosts() {
-    use evb_fabric::optimize::order_from_spec as resolve_order;
-    use evb_fabric::routing::{route, Engine};
-    use evb_sim::fabric::from_topology;
-    let topo = evb_fabric::io::load_topology("fat-tree:radix=16,hosts=64").unwrap();
-    let lfts = route(&topo, &Engine::Ftree).unwrap();
-    let order = resolve_order("ftree", &topo).unwrap();
+    let (_, _, _, fabric) = fat_tree("fat-tree:radix=16,hosts=64", "ftree");
     let built = |schedule: &str| {
         let config = Config::from_str_with_overrides(
             "test",
@@ -369,8 +373,7 @@ fn random_schedule_delivers_clearly_less_than_barrel_at_64_hosts() {
             std::path::Path::new("."),
         )
         .unwrap();
-        let fabric = from_topology(&topo, &lfts, &order, "ft64").unwrap();
-        simulate(&config, fabric, |_| {})
+        simulate(&config, fabric.clone(), |_| {})
             .unwrap()
             .summary
             .eb
