@@ -160,7 +160,8 @@ pub struct BuilderUnit {
     ru_nodes: Vec<NodeId>,
     open: BTreeMap<MepId, Batch>,
     deadlines: BTreeSet<(Nanos, MepId)>,
-    finished: BTreeSet<MepId>,
+    /// Finished MEPs (recent ones), and whether they had been assigned.
+    finished: BTreeMap<MepId, bool>,
     finished_order: VecDeque<MepId>,
     /// PULL: requests not yet issued, in schedule order.
     to_request: VecDeque<(MepId, u16)>,
@@ -192,7 +193,7 @@ impl BuilderUnit {
             ru_nodes: layout.ru_nodes.clone(),
             open: BTreeMap::new(),
             deadlines: BTreeSet::new(),
-            finished: BTreeSet::new(),
+            finished: BTreeMap::new(),
             finished_order: VecDeque::new(),
             to_request: VecDeque::new(),
             requests_in_flight: 0,
@@ -247,8 +248,40 @@ impl BuilderUnit {
 
     /// The EM assigned `mep` to this BU.
     pub fn on_assign(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
-        if self.finished.contains(&mep) {
-            return;
+        match self.finished.get(&mep) {
+            Some(true) => return, // A duplicate assignment.
+            Some(false) => {
+                // Its fragments came first and were given up before this
+                // assignment arrived: it cannot be built any more, but the
+                // EM must hear its fate (and get the credit back).
+                self.finished.insert(mep, true);
+                let sources = self.ru_nodes.len() as u16;
+                let outcome = Outcome::Incomplete {
+                    missing: (0..sources).collect(),
+                };
+                let events = u64::from(self.events_per_mep);
+                self.stats.batches_incomplete += 1;
+                self.stats.events_incomplete += events;
+                if self.stats.incidents.len() < MAX_INCIDENTS {
+                    self.stats.incidents.push(Incident {
+                        mep,
+                        at: now,
+                        outcome: outcome.clone(),
+                    });
+                }
+                out.push(BuAction::Finish {
+                    mep,
+                    outcome,
+                    events,
+                    bytes: 0,
+                });
+                out.push(BuAction::Finished {
+                    mep,
+                    outcome: crate::wire::outcome::INCOMPLETE,
+                });
+                return;
+            }
+            None => {}
         }
         match self.open.get_mut(&mep) {
             Some(b) => b.assigned = true,
@@ -275,7 +308,7 @@ impl BuilderUnit {
     /// Counts and drops what can be rejected before the payload is read.
     pub fn admit(&mut self, now: Nanos, from: NodeId, h: &FragmentHeader) -> Admit {
         let source_ok = self.ru_of.get(from as usize).copied().flatten() == Some(h.source);
-        if h.run_id != self.run_id || !source_ok || self.finished.contains(&h.mep) {
+        if h.run_id != self.run_id || !source_ok || self.finished.contains_key(&h.mep) {
             // Another run, an impostor, or a batch already given up.
             self.stats.fragments_unexpected += 1;
             return Admit::Drop;
@@ -431,7 +464,7 @@ impl BuilderUnit {
                 }
             }
         }
-        self.finished.insert(mep);
+        self.finished.insert(mep, batch.assigned);
         self.finished_order.push_back(mep);
         if self.finished_order.len() > FINISHED_MEMORY {
             let old = self.finished_order.pop_front().expect("non-empty");

@@ -344,6 +344,9 @@ pub struct Config {
     /// Histogram bins `(size, weight)` loaded from `source.histogram`.
     #[serde(skip)]
     pub histogram_bins: Vec<(u32, f64)>,
+    /// Host latency bins `(ns, weight)` loaded from `sim.host_latency`.
+    #[serde(skip)]
+    pub host_latency_bins: Vec<(u32, f64)>,
 }
 
 /// The documented default configuration, as TOML.
@@ -533,7 +536,7 @@ impl Config {
                     ));
                 }
                 let path = base_dir.join(&self.source.histogram);
-                self.histogram_bins = load_histogram(&path)?;
+                self.histogram_bins = load_histogram(&path, "source.histogram")?;
             }
             SizeModel::Normal if self.source.max_fragment_bytes < self.source.mean_bytes => {
                 return Err(err(
@@ -558,6 +561,11 @@ impl Config {
                 "run.duration_s",
                 "must be a non-negative number of seconds".into(),
             ));
+        }
+        if !self.sim.host_latency.is_empty() {
+            // Relative to the configuration file, like source.histogram.
+            let path = base_dir.join(&self.sim.host_latency);
+            self.host_latency_bins = load_histogram(&path, "sim.host_latency")?;
         }
         let sim = &self.sim;
         if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
@@ -734,14 +742,28 @@ fn apply_override(doc: &mut toml_edit::DocumentMut, ov: &str) -> Result<(), Conf
 
 /// Reads a fragment-size histogram: one `size weight` pair per line, `#`
 /// comments. Sizes in bytes, weights relative.
-pub fn load_histogram(path: &Path) -> Result<Vec<(u32, f64)>, ConfigError> {
+pub fn load_histogram(path: &Path, key: &str) -> Result<Vec<(u32, f64)>, ConfigError> {
+    use std::io::Read;
+    const MAX_BYTES: u64 = 16 << 20;
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+    let fail = |message: String| ConfigError {
         origin: origin.clone(),
         line: None,
-        key: Some("source.histogram".into()),
-        message: format!("cannot read histogram: {e}"),
-    })?;
+        key: Some(key.into()),
+        message,
+    };
+    // Bounded: a histogram naming /dev/zero or a huge file is an error, not
+    // a hang or an exhausted memory.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| fail(format!("cannot read histogram: {e}")))?;
+    if text.len() as u64 > MAX_BYTES {
+        return Err(fail(format!(
+            "histogram file larger than {} MiB",
+            MAX_BYTES >> 20
+        )));
+    }
     let mut bins = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -773,7 +795,7 @@ pub fn load_histogram(path: &Path) -> Result<Vec<(u32, f64)>, ConfigError> {
         return Err(ConfigError {
             origin,
             line: None,
-            key: Some("source.histogram".into()),
+            key: Some(key.into()),
             message: "histogram has no bin with positive weight".into(),
         });
     }
@@ -861,6 +883,21 @@ mod tests {
         assert!(e.message.contains("listed twice"), "{e}");
         let e = load("[nodes]\ncount = 4\nru_only = [3, 3]\n", &[]).unwrap_err();
         assert_eq!((e.line, e.key.as_deref()), (Some(3), Some("nodes.ru_only")));
+    }
+
+    #[test]
+    fn named_files_are_bounded_and_relative_to_the_config() {
+        let e = load("", &["source.size=histogram", "source.histogram=/dev/zero"]).unwrap_err();
+        assert!(e.message.contains("larger than 16 MiB"), "{e}");
+        let dir = std::env::temp_dir().join(format!("evb-lat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("lat.txt"), "1000 1\n2000 3\n").unwrap();
+        let ov = vec!["sim.host_latency=lat.txt".to_string()];
+        let c = Config::from_str_with_overrides("t.toml", "", &ov, &dir).unwrap();
+        assert_eq!(c.host_latency_bins, vec![(1000, 1.0), (2000, 3.0)]);
+        let e = Config::from_str_with_overrides("t.toml", "", &ov, Path::new("/nonexistent"))
+            .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.host_latency"), "{e}");
     }
 
     #[test]

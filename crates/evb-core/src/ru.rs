@@ -154,6 +154,13 @@ impl ReadoutUnit {
         if entry.requested || entry.abandoned {
             self.orphan_requests -= 1;
         }
+        if entry.bu != bu {
+            // An early request or abandon from a BU other than the one
+            // assigned: it was not entitled to it.
+            self.stats.requests_unexpected += 1;
+            entry.requested = false;
+            entry.abandoned = false;
+        }
         if entry.abandoned {
             // Given up already: never produced, nothing to hold.
             self.held.remove(&mep);
@@ -235,6 +242,12 @@ impl ReadoutUnit {
     /// PULL: the BU on endpoint `bu` finished `mep` without this RU's
     /// fragment: free the data unless it is already on its way.
     pub fn on_abandon(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        if self.protocol != Protocol::Pull {
+            // PUSH data is on its way or queued: a confused BU cannot
+            // take it out of the send queue.
+            self.stats.requests_unexpected += 1;
+            return;
+        }
         match self.held.get_mut(&mep) {
             Some(h) if h.bu == bu && !h.sent => {
                 let h = self.held.remove(&mep).expect("just seen");

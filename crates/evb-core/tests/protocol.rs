@@ -249,3 +249,118 @@ fn barrel_order_is_i_plus_n_mod_n() {
         vec![0, 2, 3, 4, 0, 1, 2, 3, 4, 1]
     );
 }
+
+/// Found by reading the code: an Abandon under PUSH took a queued MEP out
+/// of the RU's table but not out of its send queue, and the next send
+/// panicked. It is now refused and counted.
+#[test]
+fn abandon_under_push_is_refused() {
+    let c = config(Protocol::Push, Schedule::All, LocalTraffic::Nic);
+    let layout = Layout::from_config(&c);
+    let mut ru = ReadoutUnit::new(&c, &layout, 0);
+    let mut out = Vec::new();
+    for mep in 0..4 {
+        ru.on_assign(mep, 1, &mut out);
+        ru.on_mep_ready(
+            FragmentHeader {
+                mep,
+                payload_len: 64,
+                ..Default::default()
+            },
+            &mut out,
+        );
+    }
+    ru.on_abandon(3, 1, &mut out);
+    assert_eq!(ru.stats.requests_unexpected, 1);
+    // Everything still ships.
+    let mut sent = 0;
+    for _ in 0..10 {
+        let meps: Vec<u64> = out
+            .drain(..)
+            .filter_map(|a| match a {
+                RuAction::Send { header, .. } => Some(header.mep),
+                _ => None,
+            })
+            .collect();
+        sent += meps.len();
+        for m in meps {
+            ru.on_send_complete(m, &mut out);
+        }
+    }
+    assert_eq!(sent, 4);
+}
+
+/// PULL: a request that overtook the assignment but came from another BU
+/// than the one assigned is not honoured.
+#[test]
+fn early_request_from_the_wrong_bu_is_dropped() {
+    let c = config(Protocol::Pull, Schedule::Barrel, LocalTraffic::Nic);
+    let layout = Layout::from_config(&c);
+    let mut ru = ReadoutUnit::new(&c, &layout, 0);
+    let mut out = Vec::new();
+    ru.on_request(5, 2, &mut out);
+    ru.on_assign(5, 1, &mut out);
+    ru.on_mep_ready(
+        FragmentHeader {
+            mep: 5,
+            payload_len: 64,
+            ..Default::default()
+        },
+        &mut out,
+    );
+    assert!(
+        !out.iter().any(|a| matches!(a, RuAction::Send { .. })),
+        "{out:?}"
+    );
+    assert_eq!(ru.stats.requests_unexpected, 1);
+    // The assigned BU's own request is served.
+    ru.on_request(5, 1, &mut out);
+    assert!(
+        out.iter()
+            .any(|a| matches!(a, RuAction::Send { to: 1, .. })),
+        "{out:?}"
+    );
+}
+
+/// PUSH: fragments opened a provisional batch that timed out before its
+/// assignment arrived. The late assignment must still reach the EM as a
+/// finished (incomplete) MEP, or the EM would wait for it and the BU lose
+/// a credit.
+#[test]
+fn a_late_assignment_of_a_given_up_batch_is_reported() {
+    use evb_core::bu::{Admit, BuAction, BuilderUnit};
+    let mut c = config(Protocol::Push, Schedule::Barrel, LocalTraffic::Nic);
+    c.event_builder.batch_timeout_ms = 1;
+    let layout = Layout::from_config(&c);
+    let mut bu = BuilderUnit::new(&c, &layout, 1);
+    let mut out = Vec::new();
+    let h = FragmentHeader {
+        run_id: 1,
+        source: 0,
+        mep: 9,
+        event_count: 16,
+        payload_len: 64,
+        ..Default::default()
+    };
+    assert_eq!(bu.admit(0, 0, &h), Admit::Keep);
+    bu.on_fragment(0, &h, 0, &mut out);
+    bu.on_timeout(2_000_000, &mut out);
+    assert!(
+        out.iter().all(|a| !matches!(a, BuAction::Finished { .. })),
+        "not ours yet: {out:?}"
+    );
+    out.clear();
+    bu.on_assign(3_000_000, 9, &mut out);
+    assert!(
+        out.contains(&BuAction::Finished {
+            mep: 9,
+            outcome: evb_core::wire::outcome::INCOMPLETE
+        }),
+        "{out:?}"
+    );
+    assert_eq!(bu.stats.batches_incomplete, 1);
+    // A second copy of the assignment changes nothing.
+    out.clear();
+    bu.on_assign(3_000_001, 9, &mut out);
+    assert!(out.is_empty());
+}

@@ -118,16 +118,19 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         overrides.push(format!("run.duration_s={d}"));
     }
     let mut config = Config::load(opts.config.as_deref(), &overrides)?;
-    if !config.source.histogram.is_empty() {
-        // Nodes read the histogram again: give them an absolute path.
-        let base = opts
-            .config
-            .as_deref()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("."));
-        config.source.histogram = std::path::absolute(base.join(&config.source.histogram))?
-            .display()
-            .to_string();
+    // Nodes read the configuration again from elsewhere: make the files it
+    // names absolute.
+    let base = opts
+        .config
+        .as_deref()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
+    for file in [&mut config.source.histogram, &mut config.sim.host_latency] {
+        if !file.is_empty() {
+            *file = std::path::absolute(base.join(&*file))?
+                .display()
+                .to_string();
+        }
     }
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;

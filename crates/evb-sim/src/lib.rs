@@ -93,9 +93,11 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
     let host_latency = if s.host_latency.is_empty() {
         default_host_latency()
     } else {
-        evb_core::config::load_histogram(std::path::Path::new(&s.host_latency))
-            .map_err(|e| e.to_string())?
-            .into_iter()
+        // Loaded (relative to the configuration file) when it was validated.
+        config
+            .host_latency_bins
+            .iter()
+            .copied()
             .map(|(ns, w)| (u64::from(ns) * PS_PER_NS, w))
             .collect()
     };
