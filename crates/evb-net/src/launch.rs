@@ -85,6 +85,8 @@ pub struct Sample {
     pub events_per_second: f64,
     pub events_incomplete: u64,
     pub events_corrupt: u64,
+    /// Resident memory of all node processes, bytes.
+    pub rss_bytes: u64,
 }
 
 /// The JSON written by `--json`.
@@ -412,6 +414,7 @@ fn supervise(
                 events_per_second: (events - last_events.min(events)) as f64 / dt,
                 events_incomplete: latest.iter().map(|r| r.events_incomplete).sum(),
                 events_corrupt: latest.iter().map(|r| r.events_corrupt).sum(),
+                rss_bytes: latest.iter().map(|r| r.rss_bytes).sum(),
             };
             last_bytes = bytes;
             last_events = events;

@@ -739,6 +739,7 @@ impl Runtime {
             full,
         );
         r.peers_lost = self.lost.clone();
+        r.rss_bytes = crate::report::resident_bytes();
         if let Some(em) = &stats.em {
             r.em_meps_built = em.meps_built;
             r.em_meps_incomplete = em.meps_incomplete;

@@ -94,6 +94,9 @@ pub struct NodeReport {
     /// The drain period ran out before everything was finished.
     #[serde(default)]
     pub drain_timed_out: bool,
+    /// Resident memory of the node process, bytes.
+    #[serde(default)]
+    pub rss_bytes: u64,
 }
 
 impl NodeReport {
@@ -185,6 +188,21 @@ impl PeerLoss {
             reason,
         }
     }
+}
+
+/// Resident memory of this process (Linux `/proc/self/statm`), bytes.
+pub fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * page.max(0) as u64
 }
 
 /// Seconds since the Unix epoch (to compare times across processes).
