@@ -101,8 +101,10 @@ pub struct BuStats {
 }
 
 const MAX_INCIDENTS: usize = 32;
-/// Finished MEP ids remembered to recognise late duplicates.
-const FINISHED_MEMORY: usize = 1 << 16;
+/// Finished MEP ids remembered to recognise late duplicates: far more than
+/// can be in flight (credits x BUs), and small enough that memory is flat
+/// within seconds of the start.
+const FINISHED_MEMORY: usize = 1 << 13;
 
 impl BuStats {
     fn new(sources: usize) -> BuStats {
