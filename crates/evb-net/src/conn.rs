@@ -89,6 +89,9 @@ pub struct Conn {
     pub closed: bool,
     /// When bytes last arrived (heartbeats included).
     pub last_rx: std::time::Instant,
+    /// The peer's Hello has arrived on this connection (for an opened
+    /// connection: the peer has accepted it and is set up).
+    pub hello_seen: bool,
 }
 
 impl Conn {
@@ -108,6 +111,7 @@ impl Conn {
             write_shut: false,
             closed: false,
             last_rx: std::time::Instant::now(),
+            hello_seen: false,
         }
     }
 
@@ -284,6 +288,12 @@ impl Conn {
                     Message::Hello { node, .. } if self.peer.is_none() => {
                         handler.on_control(None, msg).map_err(StepError::Fatal)?;
                         self.peer = Some(node);
+                        self.hello_seen = true;
+                        self.reset_rx();
+                    }
+                    Message::Hello { .. } => {
+                        // The answer to our Hello: the peer is set up.
+                        self.hello_seen = true;
                         self.reset_rx();
                     }
                     _ => {

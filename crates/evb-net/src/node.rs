@@ -43,6 +43,9 @@ pub struct NodeOptions {
 
 const WAKER: Token = Token(usize::MAX - 1);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an accepted connection may take to say Hello: a stranger that
+/// connects and stays silent must not hold up the setup.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
 /// After its own work is done, how long a node waits for its peers to close.
 const LINGER: Duration = Duration::from_secs(5);
@@ -274,6 +277,9 @@ struct Runtime {
     lost: Vec<crate::report::PeerLoss>,
     /// A peer silent this long is lost.
     peer_timeout: Duration,
+    /// Connections we opened to other endpoints: the run starts when each
+    /// has been answered with a Hello (the peer finished its own setup).
+    awaiting_hello: Vec<usize>,
 }
 
 impl Runtime {
@@ -313,6 +319,7 @@ impl Runtime {
             conns: Vec::new(),
             lost: Vec::new(),
             peer_timeout,
+            awaiting_hello: Vec::new(),
         })
     }
 
@@ -358,6 +365,8 @@ impl Runtime {
             s.write_all(&hello)?;
             opened.push((s, Some(peer)));
         }
+        // The connections opened so far are ours; the rest will be accepted.
+        let outgoing = opened.len();
         let expected_accepts = (0..=me).filter(|&p| self.needs_link(p)).count();
         listener.set_nonblocking(true)?;
         let mut accepted = 0;
@@ -365,16 +374,26 @@ impl Runtime {
             match listener.accept() {
                 Ok((s, _)) => {
                     s.set_nonblocking(false)?;
+                    let left = deadline.saturating_duration_since(Instant::now());
                     s.set_read_timeout(Some(
-                        deadline
-                            .saturating_duration_since(Instant::now())
-                            .max(Duration::from_millis(1)),
+                        left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
                     ))?;
                     match read_hello(&s, run_id, endpoints) {
                         Ok(peer) => {
                             // With another node the accepted socket carries
                             // both directions; the self-link only receives on
                             // it (we send on the socket we opened).
+                            if peer != me {
+                                // Answer: tells the peer we are set up.
+                                let mut hello = Vec::new();
+                                Message::Hello {
+                                    run_id,
+                                    node: me,
+                                    nodes: endpoints,
+                                }
+                                .encode_into(&mut hello);
+                                (&s).write_all(&hello)?;
+                            }
                             opened.push((s, (peer != me).then_some(peer)));
                             accepted += 1;
                         }
@@ -409,13 +428,56 @@ impl Runtime {
             let rx_peer = peer.or(Some(me));
             if let Some(p) = peer {
                 self.tx_conn[p as usize] = Some(i);
+                if i < outgoing && p != me {
+                    self.awaiting_hello.push(i);
+                }
             }
             self.conns.push(Conn::new(stream, rx_peer, max_body));
         }
         Ok(())
     }
 
+    /// Waits until every peer we connected to has answered our Hello, so
+    /// that no batch opens (and starts its timeout) while a peer is still
+    /// setting up. Messages that arrive meanwhile are handled as usual.
+    fn wait_for_peers(&mut self, poll: &mut Poll) -> Result<()> {
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let mut events = Events::with_capacity(64);
+        let mut completed = Vec::new();
+        loop {
+            let waiting: Vec<usize> = self
+                .awaiting_hello
+                .iter()
+                .copied()
+                .filter(|&i| !self.conns[i].hello_seen && !self.conns[i].closed)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let peers: Vec<Option<NodeId>> =
+                    waiting.iter().map(|&i| self.conns[i].peer).collect();
+                bail!("endpoints {peers:?} did not finish their setup within {SETUP_TIMEOUT:?}");
+            }
+            poll.poll(&mut events, Some(Duration::from_millis(50)))?;
+            for event in events.iter() {
+                let i = event.token().0;
+                if i >= self.conns.len() || self.conns[i].closed {
+                    continue;
+                }
+                match self.conns[i].read_ready(&mut self.engine) {
+                    Ok(RxStatus::Open) => {}
+                    Ok(RxStatus::Closed) => self.close_conn(i, None),
+                    Err(e) => self.close_conn(i, Some(e)),
+                }
+            }
+            self.process_actions()?;
+            self.flush_all(&mut completed);
+        }
+    }
+
     fn run(&mut self, poll: &mut Poll, commands: Option<&mpsc::Receiver<Command>>) -> Result<()> {
+        self.wait_for_peers(poll)?;
         self.engine.epoch = Instant::now();
         let now = self.engine.now();
         self.engine.node.start(now);
@@ -505,24 +567,6 @@ impl Runtime {
             poll.poll(&mut events, Some(timeout))?;
             for event in events.iter() {
                 if event.token() == WAKER {
-                    if let Some(rx) = commands {
-                        while let Ok(cmd) = rx.try_recv() {
-                            match cmd {
-                                Command::Stop if !stopped => {
-                                    stopped = true;
-                                    let now = self.engine.now();
-                                    self.engine.node.stop(now);
-                                }
-                                // Our parent is gone or asked twice: drain.
-                                Command::Eof if !stopped => {
-                                    stopped = true;
-                                    let now = self.engine.now();
-                                    self.engine.node.stop(now);
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
                     continue;
                 }
                 let i = event.token().0;
@@ -534,6 +578,17 @@ impl Runtime {
                         Ok(RxStatus::Open) => {}
                         Ok(RxStatus::Closed) => self.close_conn(i, None),
                         Err(e) => self.close_conn(i, Some(e)),
+                    }
+                }
+            }
+            // Commands every turn (a wake-up may have been taken during setup).
+            if let Some(rx) = commands {
+                while let Ok(cmd) = rx.try_recv() {
+                    // STOP, or our parent is gone: drain.
+                    if matches!(cmd, Command::Stop | Command::Eof) && !stopped {
+                        stopped = true;
+                        let now = self.engine.now();
+                        self.engine.node.stop(now);
                     }
                 }
             }
