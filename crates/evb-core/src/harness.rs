@@ -87,6 +87,17 @@ pub struct Report {
     pub stats: Vec<crate::node::NodeStats>,
 }
 
+impl Report {
+    /// A BU counter summed over every node.
+    pub fn bu_total(&self, counter: fn(&crate::bu::BuStats) -> u64) -> u64 {
+        self.stats
+            .iter()
+            .filter_map(|s| s.bu.as_ref())
+            .map(counter)
+            .sum()
+    }
+}
+
 pub struct Harness {
     pub config: Config,
     pub layout: Layout,

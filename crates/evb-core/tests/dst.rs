@@ -132,14 +132,7 @@ fn faults_are_always_accounted_for() {
             // Every MEP has exactly one outcome and none is built twice.
             assert_eq!(report.outcomes.len() as u64, meps, "{what}");
             assert!(report.built.values().all(|&n| n == 1), "{what}");
-            let bu = |f: fn(&evb_core::bu::BuStats) -> u64| -> u64 {
-                report
-                    .stats
-                    .iter()
-                    .filter_map(|s| s.bu.as_ref())
-                    .map(f)
-                    .sum()
-            };
+            let bu = |f| report.bu_total(f);
             let epm = u64::from(config.source.events_per_mep);
             assert_eq!(
                 bu(|b| b.events_built) + bu(|b| b.events_incomplete) + bu(|b| b.events_corrupt),

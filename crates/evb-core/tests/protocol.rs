@@ -132,14 +132,7 @@ fn corrupt_fragment_is_counted_and_not_built() {
             assert_eq!(report.built.len(), 298, "{protocol:?} {local:?}");
             assert_eq!(report.outcomes[&17], Outcome::Corrupt { sources: vec![2] });
             assert_eq!(report.outcomes[&18], Outcome::Corrupt { sources: vec![0] });
-            let bu = |f: fn(&evb_core::bu::BuStats) -> u64| -> u64 {
-                report
-                    .stats
-                    .iter()
-                    .filter_map(|s| s.bu.as_ref())
-                    .map(f)
-                    .sum()
-            };
+            let bu = |f| report.bu_total(f);
             assert_eq!(bu(|b| b.fragments_corrupt), 2);
             assert_eq!(bu(|b| b.batches_corrupt), 2);
             assert_eq!(bu(|b| b.events_corrupt), 32);

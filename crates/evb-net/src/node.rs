@@ -348,6 +348,15 @@ impl Runtime {
         let run_id = self.config.run.run_id;
         let endpoints = self.layout.endpoints;
         let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
+        // Our Hello: first on every connection we open, and the answer on
+        // every one we accept.
+        let mut hello = Vec::new();
+        Message::Hello {
+            run_id,
+            node: me,
+            nodes: endpoints,
+        }
+        .encode_into(&mut hello);
         for peer in me..endpoints {
             if !self.needs_link(peer) {
                 continue;
@@ -355,13 +364,6 @@ impl Runtime {
             let mut s = connect_retry(addrs[peer as usize], deadline).with_context(|| {
                 format!("connecting to endpoint {peer} at {}", addrs[peer as usize])
             })?;
-            let mut hello = Vec::new();
-            Message::Hello {
-                run_id,
-                node: me,
-                nodes: endpoints,
-            }
-            .encode_into(&mut hello);
             s.write_all(&hello)?;
             opened.push((s, Some(peer)));
         }
@@ -385,13 +387,6 @@ impl Runtime {
                             // it (we send on the socket we opened).
                             if peer != me {
                                 // Answer: tells the peer we are set up.
-                                let mut hello = Vec::new();
-                                Message::Hello {
-                                    run_id,
-                                    node: me,
-                                    nodes: endpoints,
-                                }
-                                .encode_into(&mut hello);
                                 (&s).write_all(&hello)?;
                             }
                             opened.push((s, (peer != me).then_some(peer)));
