@@ -57,6 +57,9 @@ struct RunArgs {
     /// Number of nodes (sets nodes.count).
     #[arg(long, short)]
     nodes: Option<u16>,
+    /// Transport: tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS> (sets transport.kind).
+    #[arg(short, long)]
+    transport: Option<String>,
     /// Seconds to build before draining (sets run.duration_s).
     #[arg(long, short)]
     duration: Option<f64>,
@@ -154,9 +157,13 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         "never" => Some(false),
         other => anyhow::bail!("--progress takes auto, always or never, not `{other}`"),
     };
+    let mut overrides = args.config.overrides;
+    if let Some(t) = &args.transport {
+        overrides.push(format!("transport.kind={t}"));
+    }
     let opts = RunOptions {
         config: args.config.config,
-        overrides: args.config.overrides,
+        overrides,
         nodes: args.nodes,
         duration_s: args.duration,
         json: args.json,

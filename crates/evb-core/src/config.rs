@@ -202,6 +202,14 @@ pub struct TransportSection {
     pub addresses: Vec<String>,
     /// A peer silent this long (no data, no heartbeat) is declared lost.
     pub peer_timeout_ms: u64,
+    /// How a node waits for its transport: `blocking` sleeps on the
+    /// library's wait object (right when processes outnumber cores),
+    /// `busy` spins on progress (lowest latency with a core to spare).
+    pub progress: String,
+    /// `shm`: bytes of each sender-to-receiver ring (control messages and
+    /// small fragments go through it; large payloads are copied once,
+    /// straight from the sender's memory).
+    pub shm_ring_bytes: u32,
 }
 
 impl Default for TransportSection {
@@ -213,6 +221,8 @@ impl Default for TransportSection {
             socket_buffer_bytes: 4 << 20,
             addresses: Vec::new(),
             peer_timeout_ms: 800,
+            progress: "blocking".into(),
+            shm_ring_bytes: 1 << 20,
         }
     }
 }
@@ -634,13 +644,30 @@ impl Config {
         if sim.message_bytes == 0 {
             return Err(err("sim.message_bytes", "must be at least 1".into()));
         }
-        if self.transport.kind != "tcp" {
+        let kind = self.transport.kind.as_str();
+        let known = ["tcp", "shm", "mpi", "ucx", "ofi"]
+            .iter()
+            .any(|k| kind == *k || kind.strip_prefix(k).is_some_and(|r| r.starts_with(':')));
+        if !known || kind == "ofi:" || kind == "ucx:" {
             return Err(err(
                 "transport.kind",
                 format!(
-                    "unknown transport `{}` (available: tcp)",
-                    self.transport.kind
+                    "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
                 ),
+            ));
+        }
+        if !["blocking", "busy"].contains(&self.transport.progress.as_str()) {
+            return Err(err(
+                "transport.progress",
+                "must be `blocking` or `busy`".into(),
+            ));
+        }
+        if !(1 << 16..=1 << 30).contains(&self.transport.shm_ring_bytes)
+            || !self.transport.shm_ring_bytes.is_power_of_two()
+        {
+            return Err(err(
+                "transport.shm_ring_bytes",
+                "must be a power of two from 65536 to 1073741824".into(),
             ));
         }
         Ok(())

@@ -92,7 +92,7 @@ impl Kind {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Hello => "Hello",
             Kind::Credit => "Credit",

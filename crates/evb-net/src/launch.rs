@@ -103,7 +103,8 @@ pub struct RunResult {
 }
 
 enum FromNode {
-    Listen(usize, u16),
+    /// The node's address token: a port (TCP) or hex bytes.
+    Listen(usize, String),
     Stats(usize, NodeReport),
     Final(usize, NodeReport),
     Closed(usize),
@@ -242,9 +243,11 @@ fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Se
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
         let msg = if let Some(p) = line.strip_prefix("LISTEN ") {
-            match p.trim().parse() {
-                Ok(port) => FromNode::Listen(rank, port),
-                Err(_) => FromNode::Garbage(rank, line),
+            let token = p.trim();
+            if token.is_empty() || token.contains(char::is_whitespace) {
+                FromNode::Garbage(rank, line)
+            } else {
+                FromNode::Listen(rank, token.to_string())
             }
         } else if let Some(j) = line.strip_prefix("STATS ") {
             match serde_json::from_str(j) {
@@ -291,7 +294,7 @@ fn supervise(
     while ports.iter().any(Option::is_none) {
         let left = setup_deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
-            Ok(FromNode::Listen(rank, port)) => ports[rank] = Some(port),
+            Ok(FromNode::Listen(rank, token)) => ports[rank] = Some(token),
             Ok(FromNode::Closed(rank)) => {
                 bail!("node {rank} exited during start-up (see its messages above)")
             }
@@ -301,9 +304,16 @@ fn supervise(
         }
     }
     let bind = &config.transport.bind;
+    // A TCP node announces its port; other transports an opaque token.
     let peers: Vec<String> = ports
-        .iter()
-        .map(|p| format!("{bind}:{}", p.expect("all known")))
+        .into_iter()
+        .map(|p| {
+            let token = p.expect("all known");
+            match token.parse::<u16>() {
+                Ok(port) => format!("{bind}:{port}"),
+                Err(_) => token,
+            }
+        })
         .collect();
     let line = format!("PEERS {}\n", peers.join(" "));
     for (rank, s) in stdins.iter_mut().enumerate() {

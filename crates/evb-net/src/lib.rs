@@ -2,12 +2,13 @@
 //! `evb-core` over real transports, one process per endpoint (`evb node`),
 //! and launches a whole event builder on one machine (`evb run`).
 //!
-//! - [`conn`]: one TCP connection, framing and zero-copy payload receive;
-//! - [`node`]: the node process (mio event loop around `evb_core::Node`);
+//! - [`transport`]: the transports behind one interface: TCP, shared
+//!   memory, and message engines (libfabric, UCX, MPI);
+//! - [`node`]: the node process (an event loop around `evb_core::Node`);
 //! - [`launch`]: `evb run`, the local launcher, progress and summary;
 //! - [`report`]: the per-node reports and the run summary (JSON).
 
-pub mod conn;
 pub mod launch;
 pub mod node;
 pub mod report;
+pub mod transport;

@@ -1,15 +1,16 @@
 //! `evb node`: one endpoint of an event builder, as a process.
 //!
-//! Drives an [`evb_core::Node`] over TCP with a single-threaded mio loop.
-//! Connection setup is blocking and simple (lower rank connects to higher,
-//! every link identified by a Hello); the run itself is non-blocking.
-//! Under `evb run` (`--control stdio`) the node prints `LISTEN <port>`,
-//! reads `PEERS <addr>...` and later `STOP` on stdin, and prints `STATS` and
-//! `FINAL` JSON lines on stdout.
+//! Drives an [`evb_core::Node`] over a [`Transport`] with a single-threaded
+//! loop: time-driven inputs (deadlines, heartbeats, the end of the run),
+//! then the transport's input, then the actions the node asked for.
+//! Under `evb run` (`--control stdio`) the node prints `LISTEN <token>`,
+//! reads `PEERS <token>...` and later `STOP` on stdin, and prints `STATS`
+//! and `FINAL` JSON lines on stdout. Under `mpirun`/`srun`
+//! (`--control mpi`) rank, size and the tokens come from MPI.
 
 use std::collections::HashMap;
-use std::io::{BufRead, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream, ToSocketAddrs};
+use std::io::{BufRead, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::mpsc;
@@ -19,12 +20,11 @@ use anyhow::{anyhow, bail, Context, Result};
 use evb_core::bu::Admit;
 use evb_core::config::{Config, SinkKind};
 use evb_core::source::{payload_crc, SourceModel};
-use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN};
+use evb_core::wire::{FragmentHeader, Message};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
-use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::conn::{Conn, RxHandler, RxStatus};
 use crate::report::NodeReport;
+use crate::transport::{self, LinkEvent, RxHandler, Transport, TransportKind};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,18 +41,16 @@ pub struct NodeOptions {
     pub control: Control,
 }
 
-const WAKER: Token = Token(usize::MAX - 1);
-const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long an accepted connection may take to say Hello: a stranger that
-/// connects and stays silent must not hold up the setup.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
-/// After its own work is done, how long a node waits for its peers to close.
+/// After its own work is done, how long a node waits for its peers to finish.
 const LINGER: Duration = Duration::from_secs(5);
-/// Every connection carries at least this often a message or a heartbeat;
+/// Every link carries at least this often a message or a heartbeat;
 /// silence is checked as often (a lost peer is seen within
 /// `transport.peer_timeout_ms` + this).
 const HEARTBEAT: Duration = Duration::from_millis(100);
+/// The longest a wait for input lasts, so that commands from stdin are
+/// seen promptly.
+const MAX_WAIT: Duration = Duration::from_millis(50);
 
 enum Command {
     Stop,
@@ -70,98 +68,135 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
             layout.endpoints
         );
     }
-    let (listener, addresses, commands) = rendezvous(&config, &layout, rank, opts.control)?;
-    let mut poll = Poll::new()?;
-    let waker = std::sync::Arc::new(Waker::new(poll.registry(), WAKER)?);
-    let commands = commands.then(|| spawn_stdin_forwarder(waker));
-
+    let mut transport = open_transport(&config, &layout, rank, opts.control)?;
+    let peers = rendezvous(&config, &layout, rank, opts.control, transport.as_ref())?;
+    let commands = (opts.control == Control::Stdio).then(spawn_stdin_forwarder);
     let mut rt = Runtime::new(config, layout, rank)?;
-    rt.connect_all(&listener, &addresses, &mut poll)?;
-    drop(listener);
-    rt.run(&mut poll, commands.as_ref())
+    transport
+        .connect(&peers, &mut rt.engine)
+        .with_context(|| format!("setting up the {} transport", transport.name()))?;
+    rt.run(transport.as_mut(), commands.as_ref())
 }
 
-/// Binds the listener and learns every endpoint's address.
-fn rendezvous(
+/// Opens this node's end of the configured transport.
+fn open_transport(
     config: &Config,
     layout: &Layout,
     rank: NodeId,
     control: Control,
-) -> Result<(TcpListener, Vec<SocketAddr>, bool)> {
+) -> Result<Box<dyn Transport>> {
+    let progress = transport::Progress::from_config(config);
+    match TransportKind::parse(&config.transport.kind)? {
+        TransportKind::Tcp => {
+            let listen = match control {
+                Control::Stdio => None,
+                Control::Config => Some(config_addresses(config, layout)?[rank as usize]),
+            };
+            Ok(Box::new(transport::tcp::TcpTransport::bind(
+                config, layout, rank, listen,
+            )?))
+        }
+        TransportKind::Shm => {
+            let ep = transport::shm::ShmEndpoint::open(
+                config.run.run_id,
+                rank,
+                layout.endpoints,
+                config.transport.shm_ring_bytes,
+                progress,
+            )?;
+            Ok(Box::new(transport::msg::MsgTransport::new(
+                ep, config, layout, rank,
+            )?))
+        }
+        other => bail!(
+            "transport `{}` ({other:?}) is not built into this evb",
+            config.transport.kind
+        ),
+    }
+}
+
+/// The addresses of `transport.addresses` or `bind:base_port + i`.
+fn config_addresses(config: &Config, layout: &Layout) -> Result<Vec<SocketAddr>> {
+    let t = &config.transport;
+    if !t.addresses.is_empty() {
+        if t.addresses.len() != layout.endpoints as usize {
+            bail!(
+                "transport.addresses has {} entries but the run has {} endpoints",
+                t.addresses.len(),
+                layout.endpoints
+            );
+        }
+        t.addresses
+            .iter()
+            .map(|a| {
+                a.to_socket_addrs()
+                    .with_context(|| format!("transport.addresses: cannot resolve `{a}`"))?
+                    .next()
+                    .ok_or_else(|| anyhow!("transport.addresses: `{a}` has no address"))
+            })
+            .collect()
+    } else if t.base_port != 0 {
+        (0..layout.endpoints)
+            .map(|i| {
+                format!("{}:{}", t.bind, t.base_port + i)
+                    .parse()
+                    .with_context(|| format!("transport.bind `{}` is not an IP address", t.bind))
+            })
+            .collect()
+    } else {
+        bail!("without `evb run`, set transport.addresses or transport.base_port");
+    }
+}
+
+/// Learns every endpoint's token (address).
+fn rendezvous(
+    config: &Config,
+    layout: &Layout,
+    _rank: NodeId,
+    control: Control,
+    transport: &dyn Transport,
+) -> Result<Vec<String>> {
     match control {
         Control::Stdio => {
-            let listener =
-                TcpListener::bind((config.transport.bind.as_str(), 0)).with_context(|| {
-                    format!("binding to transport.bind = {}", config.transport.bind)
-                })?;
-            let port = listener.local_addr()?.port();
-            println!("LISTEN {port}");
+            println!("LISTEN {}", transport.local_token());
             std::io::stdout().flush()?;
             let mut line = String::new();
             if std::io::stdin().lock().read_line(&mut line)? == 0 {
                 bail!("stdin closed before the PEERS line");
             }
             let line = line.trim_end();
-            let addrs = line
+            let tokens: Vec<String> = line
                 .strip_prefix("PEERS ")
-                .ok_or_else(|| anyhow!("expected `PEERS addr...`, got `{line}`"))?
+                .ok_or_else(|| anyhow!("expected `PEERS token...`, got `{line}`"))?
                 .split_whitespace()
-                .map(|a| {
-                    a.parse::<SocketAddr>()
-                        .with_context(|| format!("bad peer address `{a}`"))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            if addrs.len() != layout.endpoints as usize {
+                .map(str::to_string)
+                .collect();
+            if tokens.len() != layout.endpoints as usize {
                 bail!(
                     "PEERS lists {} addresses for {} endpoints",
-                    addrs.len(),
+                    tokens.len(),
                     layout.endpoints
                 );
             }
-            Ok((listener, addrs, true))
+            Ok(tokens)
         }
         Control::Config => {
-            let t = &config.transport;
-            let addrs: Vec<SocketAddr> = if !t.addresses.is_empty() {
-                if t.addresses.len() != layout.endpoints as usize {
-                    bail!(
-                        "transport.addresses has {} entries but the run has {} endpoints",
-                        t.addresses.len(),
-                        layout.endpoints
-                    );
-                }
-                t.addresses
-                    .iter()
-                    .map(|a| {
-                        a.to_socket_addrs()
-                            .with_context(|| format!("transport.addresses: cannot resolve `{a}`"))?
-                            .next()
-                            .ok_or_else(|| anyhow!("transport.addresses: `{a}` has no address"))
-                    })
-                    .collect::<Result<_>>()?
-            } else if t.base_port != 0 {
-                (0..layout.endpoints)
-                    .map(|i| {
-                        format!("{}:{}", t.bind, t.base_port + i)
-                            .parse()
-                            .with_context(|| {
-                                format!("transport.bind `{}` is not an IP address", t.bind)
-                            })
-                    })
-                    .collect::<Result<_>>()?
-            } else {
-                bail!("without `evb run`, set transport.addresses or transport.base_port");
-            };
-            let own = addrs[rank as usize];
-            let listener = TcpListener::bind((config.transport.bind.as_str(), own.port()))
-                .with_context(|| format!("binding to {}:{}", config.transport.bind, own.port()))?;
-            Ok((listener, addrs, false))
+            if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
+                bail!(
+                    "transport `{}` needs `evb run` or a launcher (mpirun, srun) to exchange addresses",
+                    config.transport.kind
+                );
+            }
+            Ok(config_addresses(config, layout)?
+                .iter()
+                .map(|a| a.to_string())
+                .collect())
         }
     }
 }
 
 /// Forwards `STOP` (and the end of stdin) from a thread to the event loop.
-fn spawn_stdin_forwarder(waker: std::sync::Arc<Waker>) -> mpsc::Receiver<Command> {
+fn spawn_stdin_forwarder() -> mpsc::Receiver<Command> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = std::io::stdin().lines();
@@ -172,11 +207,7 @@ fn spawn_stdin_forwarder(waker: std::sync::Arc<Waker>) -> mpsc::Receiver<Command
                 _ => Command::Eof,
             };
             let eof = matches!(cmd, Command::Eof);
-            if tx.send(cmd).is_err() {
-                return;
-            }
-            let _ = waker.wake();
-            if eof {
+            if tx.send(cmd).is_err() || eof {
                 return;
             }
         }
@@ -191,13 +222,17 @@ struct BatchSlots {
 
 enum Slot {
     /// Received over the network into a pooled buffer.
-    Received { data: Vec<u8>, len: usize },
+    Received {
+        data: Vec<u8>,
+        start: usize,
+        len: usize,
+    },
     /// Handed over in memory from this node's RU.
     Local(Rc<Vec<u8>>),
 }
 
 /// The node's buffers and counters the receive path needs (split from the
-/// connections so both can be borrowed at once).
+/// transport so both can be borrowed at once).
 struct Engine {
     node: Node,
     epoch: Instant,
@@ -205,11 +240,16 @@ struct Engine {
     size_scratch: Vec<u32>,
     /// RU data of MEPs not yet released.
     meps: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader)>,
-    /// Spare buffers, reused for MEP data and received payloads.
+    /// Spare buffers for MEP data.
     pool: Vec<Vec<u8>>,
+    /// Spare receive buffers. Kept apart from `pool` so that they keep
+    /// their length: growing a buffer again would clear it byte by byte.
+    rx_pool: Vec<Vec<u8>>,
     batches: HashMap<MepId, BatchSlots>,
     rus: usize,
     sink: Option<std::fs::File>,
+    /// When each endpoint was last heard from.
+    last_rx: Vec<Instant>,
 }
 
 impl Engine {
@@ -217,14 +257,16 @@ impl Engine {
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
-    fn take_buffer(&mut self) -> Vec<u8> {
-        self.pool.pop().unwrap_or_default()
-    }
-
     fn give_back(&mut self, buf: Vec<u8>) {
         // Keep enough spares for the steady state, not every buffer ever used.
         if self.pool.len() < 256 {
             self.pool.push(buf);
+        }
+    }
+
+    fn give_back_rx(&mut self, buf: Vec<u8>) {
+        if self.rx_pool.len() < 256 {
+            self.rx_pool.push(buf);
         }
     }
 
@@ -237,29 +279,48 @@ impl Engine {
 }
 
 impl RxHandler for Engine {
-    fn on_control(&mut self, conn_peer: Option<NodeId>, msg: Message) -> Result<(), String> {
-        let Some(from) = conn_peer else {
-            return Ok(()); // A Hello on an accepted connection: identifies the peer.
-        };
-        let now = self.now();
-        self.node.on_message(now, from, msg);
-        Ok(())
-    }
-
-    fn payload_buffer(&mut self, peer: NodeId, header: &FragmentHeader) -> Option<Vec<u8>> {
-        let now = self.now();
-        match self.node.admit_fragment(now, peer, header) {
-            Admit::Keep => Some(self.take_buffer()),
-            Admit::Drop => None,
+    fn on_alive(&mut self, peer: NodeId) {
+        if let Some(t) = self.last_rx.get_mut(peer as usize) {
+            *t = Instant::now();
         }
     }
 
-    fn on_fragment(&mut self, _peer: NodeId, header: FragmentHeader, crc: u32, payload: Vec<u8>) {
+    fn on_control(&mut self, peer: NodeId, msg: Message) {
+        let now = self.now();
+        self.node.on_message(now, peer, msg);
+    }
+
+    fn admit(&mut self, peer: NodeId, header: &FragmentHeader) -> bool {
+        let now = self.now();
+        self.node.admit_fragment(now, peer, header) == Admit::Keep
+    }
+
+    fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
+        match self.rx_pool.pop() {
+            Some(b) if b.len() >= min_len => b,
+            // A new zeroed allocation: large ones come from the kernel as
+            // untouched pages, so a generous size costs only what is used.
+            _ => vec![0; min_len],
+        }
+    }
+
+    fn on_fragment(
+        &mut self,
+        _peer: NodeId,
+        header: FragmentHeader,
+        crc: u32,
+        buf: Vec<u8>,
+        offset: usize,
+    ) {
         let now = self.now();
         let len = header.payload_len as usize;
         let src = header.source as usize;
         if let Some(slot) = self.batch(header.mep).slots.get_mut(src) {
-            *slot = Some(Slot::Received { data: payload, len });
+            *slot = Some(Slot::Received {
+                data: buf,
+                start: offset,
+                len,
+            });
         }
         self.node.on_fragment(now, &header, crc);
     }
@@ -270,16 +331,15 @@ struct Runtime {
     layout: Layout,
     rank: NodeId,
     config: Config,
-    conns: Vec<Conn>,
-    /// Connection used to send to each endpoint.
-    tx_conn: Vec<Option<usize>>,
+    /// The endpoints this one has a link to.
+    linked: Vec<NodeId>,
     /// Peers declared lost, with when and why.
     lost: Vec<crate::report::PeerLoss>,
     /// A peer silent this long is lost.
     peer_timeout: Duration,
-    /// Connections we opened to other endpoints: the run starts when each
-    /// has been answered with a Hello (the peer finished its own setup).
-    awaiting_hello: Vec<usize>,
+    /// This node told its peers it has finished.
+    finished: bool,
+    events: Vec<LinkEvent>,
 }
 
 impl Runtime {
@@ -308,176 +368,34 @@ impl Runtime {
                 size_scratch: Vec::new(),
                 meps: HashMap::new(),
                 pool: Vec::new(),
+                rx_pool: Vec::new(),
                 batches: HashMap::new(),
                 rus: layout.rus(),
                 sink,
+                last_rx: vec![Instant::now(); layout.endpoints as usize],
             },
-            tx_conn: vec![None; layout.endpoints as usize],
+            linked: transport::linked_peers(&config, &layout, rank),
             layout,
             rank,
             config,
-            conns: Vec::new(),
             lost: Vec::new(),
             peer_timeout,
-            awaiting_hello: Vec::new(),
+            finished: false,
+            events: Vec::new(),
         })
     }
 
-    /// Which endpoints this one talks to directly.
-    fn needs_link(&self, peer: NodeId) -> bool {
-        if peer == self.rank {
-            // Only a folded node sending its own fragments through the NIC.
-            let i = self.rank as usize;
-            return self.config.event_builder.local == evb_core::config::LocalTraffic::Nic
-                && self.layout.ru_of[i].is_some()
-                && self.layout.bu_of[i].is_some();
-        }
-        true
-    }
-
-    /// Opens one connection per pair: the lower rank connects, the higher
-    /// accepts; a folded node with `local = "nic"` also connects to itself.
-    fn connect_all(
+    fn run(
         &mut self,
-        listener: &TcpListener,
-        addrs: &[SocketAddr],
-        poll: &mut Poll,
+        transport: &mut dyn Transport,
+        commands: Option<&mpsc::Receiver<Command>>,
     ) -> Result<()> {
-        let deadline = Instant::now() + SETUP_TIMEOUT;
-        let me = self.rank;
-        let run_id = self.config.run.run_id;
-        let endpoints = self.layout.endpoints;
-        let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
-        // Our Hello: first on every connection we open, and the answer on
-        // every one we accept.
-        let mut hello = Vec::new();
-        Message::Hello {
-            run_id,
-            node: me,
-            nodes: endpoints,
-        }
-        .encode_into(&mut hello);
-        for peer in me..endpoints {
-            if !self.needs_link(peer) {
-                continue;
-            }
-            let mut s = connect_retry(addrs[peer as usize], deadline).with_context(|| {
-                format!("connecting to endpoint {peer} at {}", addrs[peer as usize])
-            })?;
-            s.write_all(&hello)?;
-            opened.push((s, Some(peer)));
-        }
-        // The connections opened so far are ours; the rest will be accepted.
-        let outgoing = opened.len();
-        let expected_accepts = (0..=me).filter(|&p| self.needs_link(p)).count();
-        listener.set_nonblocking(true)?;
-        let mut accepted = 0;
-        while accepted < expected_accepts {
-            match listener.accept() {
-                Ok((s, _)) => {
-                    s.set_nonblocking(false)?;
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    s.set_read_timeout(Some(
-                        left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
-                    ))?;
-                    match read_hello(&s, run_id, endpoints) {
-                        Ok(peer) => {
-                            // With another node the accepted socket carries
-                            // both directions; the self-link only receives on
-                            // it (we send on the socket we opened).
-                            if peer != me {
-                                // Answer: tells the peer we are set up.
-                                (&s).write_all(&hello)?;
-                            }
-                            opened.push((s, (peer != me).then_some(peer)));
-                            accepted += 1;
-                        }
-                        Err(e) => eprintln!("evb node {me}: rejected a connection: {e:#}"),
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        bail!("only {accepted} of {expected_accepts} peers connected within {SETUP_TIMEOUT:?}");
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let max_body = self.config.event_builder.max_message_bytes;
-        let bufsize = self.config.transport.socket_buffer_bytes;
-        for (i, (s, peer)) in opened.into_iter().enumerate() {
-            s.set_read_timeout(None)?;
-            s.set_nodelay(true)?;
-            if bufsize > 0 {
-                set_socket_buffers(&s, bufsize);
-            }
-            s.set_nonblocking(true)?;
-            let mut stream = mio::net::TcpStream::from_std(s);
-            poll.registry().register(
-                &mut stream,
-                Token(i),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
-            // Receive-only self-link: the peer is us, but we never send on it.
-            let rx_peer = peer.or(Some(me));
-            if let Some(p) = peer {
-                self.tx_conn[p as usize] = Some(i);
-                if i < outgoing && p != me {
-                    self.awaiting_hello.push(i);
-                }
-            }
-            self.conns.push(Conn::new(stream, rx_peer, max_body));
-        }
-        Ok(())
-    }
-
-    /// Waits until every peer we connected to has answered our Hello, so
-    /// that no batch opens (and starts its timeout) while a peer is still
-    /// setting up. Messages that arrive meanwhile are handled as usual.
-    fn wait_for_peers(&mut self, poll: &mut Poll) -> Result<()> {
-        let deadline = Instant::now() + SETUP_TIMEOUT;
-        let mut events = Events::with_capacity(64);
-        let mut completed = Vec::new();
-        loop {
-            let waiting: Vec<usize> = self
-                .awaiting_hello
-                .iter()
-                .copied()
-                .filter(|&i| !self.conns[i].hello_seen && !self.conns[i].closed)
-                .collect();
-            if waiting.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                let peers: Vec<Option<NodeId>> =
-                    waiting.iter().map(|&i| self.conns[i].peer).collect();
-                bail!("endpoints {peers:?} did not finish their setup within {SETUP_TIMEOUT:?}");
-            }
-            poll.poll(&mut events, Some(Duration::from_millis(50)))?;
-            for event in events.iter() {
-                let i = event.token().0;
-                if i >= self.conns.len() || self.conns[i].closed {
-                    continue;
-                }
-                match self.conns[i].read_ready(&mut self.engine) {
-                    Ok(RxStatus::Open) => {}
-                    Ok(RxStatus::Closed) => self.close_conn(i, None),
-                    Err(e) => self.close_conn(i, Some(e)),
-                }
-            }
-            self.process_actions()?;
-            self.flush_all(&mut completed);
-        }
-    }
-
-    fn run(&mut self, poll: &mut Poll, commands: Option<&mpsc::Receiver<Command>>) -> Result<()> {
-        self.wait_for_peers(poll)?;
         self.engine.epoch = Instant::now();
+        // Silence is counted from the start of the run, not the setup.
+        self.engine.last_rx.fill(Instant::now());
         let now = self.engine.now();
         self.engine.node.start(now);
-        self.process_actions()?;
-        let mut events = Events::with_capacity(256);
+        self.process_actions(transport)?;
         let mut next_stats = Instant::now() + STATS_INTERVAL;
         let mut next_heartbeat = Instant::now() + HEARTBEAT;
         let duration = self.config.run.duration_s;
@@ -488,7 +406,6 @@ impl Runtime {
         let mut drain_deadline: Option<Instant> = None;
         let mut drain_timed_out = false;
         let mut done_at: Option<Instant> = None;
-        let mut completed = Vec::new();
         loop {
             // Time-driven inputs first.
             let now_i = Instant::now();
@@ -504,7 +421,7 @@ impl Runtime {
             }
             if now_i >= next_heartbeat {
                 next_heartbeat = now_i + HEARTBEAT;
-                self.heartbeat_and_check(now_i);
+                self.heartbeat_and_check(transport, now_i);
             }
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
@@ -522,29 +439,24 @@ impl Runtime {
             if self.engine.node.next_deadline().is_some_and(|d| d <= now) {
                 self.engine.node.on_timeout(now);
             }
-            self.process_actions()?;
-            self.flush_all(&mut completed);
+            self.process_actions(transport)?;
+            transport.flush(&mut self.events);
+            self.handle_link_events(transport)?;
             if now_i >= next_stats {
                 self.print_report("STATS", false, drain_timed_out);
                 next_stats = now_i + STATS_INTERVAL;
             }
-            if self.engine.node.is_done()
-                && done_at.is_none()
-                && self.conns.iter().all(|c| c.closed || !c.has_pending_tx())
-            {
+            if self.engine.node.is_done() && done_at.is_none() && !transport.has_pending_tx(None) {
                 done_at = Some(Instant::now());
-                for c in &mut self.conns {
-                    let _ = c.stream.shutdown(std::net::Shutdown::Write);
-                    c.write_shut = true;
-                }
+                self.finished = true;
+                transport.finish();
             }
             if let Some(t) = done_at {
-                let all_closed = self.conns.iter().all(|c| c.closed);
-                if all_closed || t.elapsed() > LINGER {
+                if transport.all_finished() || t.elapsed() > LINGER {
                     break;
                 }
             }
-            // Sleep until the next thing that can happen.
+            // Wait until the next thing that can happen.
             let mut wake = next_stats.min(next_heartbeat);
             if let Some(t) = stop_at.filter(|_| !stopped) {
                 wake = wake.min(t);
@@ -558,25 +470,10 @@ impl Runtime {
             if let Some(t) = done_at {
                 wake = wake.min(t + LINGER);
             }
-            let timeout = wake.saturating_duration_since(Instant::now());
-            poll.poll(&mut events, Some(timeout))?;
-            for event in events.iter() {
-                if event.token() == WAKER {
-                    continue;
-                }
-                let i = event.token().0;
-                if i >= self.conns.len() || self.conns[i].closed {
-                    continue;
-                }
-                if event.is_readable() || event.is_read_closed() || event.is_error() {
-                    match self.conns[i].read_ready(&mut self.engine) {
-                        Ok(RxStatus::Open) => {}
-                        Ok(RxStatus::Closed) => self.close_conn(i, None),
-                        Err(e) => self.close_conn(i, Some(e)),
-                    }
-                }
-            }
-            // Commands every turn (a wake-up may have been taken during setup).
+            let timeout = wake.saturating_duration_since(Instant::now()).min(MAX_WAIT);
+            transport.poll(timeout, &mut self.engine, &mut self.events)?;
+            self.handle_link_events(transport)?;
+            // Commands every turn.
             if let Some(rx) = commands {
                 while let Ok(cmd) = rx.try_recv() {
                     // STOP, or our parent is gone: drain.
@@ -592,104 +489,82 @@ impl Runtime {
         Ok(())
     }
 
-    fn close_conn(&mut self, i: usize, error: Option<String>) {
-        let peer = self.conns[i].peer;
-        let expected = self.engine.node.is_done() || self.conns[i].write_shut;
+    /// Completed sends go to the node; closed links are judged orderly
+    /// (the peer finished with the run) or a loss.
+    fn handle_link_events(&mut self, transport: &mut dyn Transport) -> Result<()> {
+        while !self.events.is_empty() {
+            let events = std::mem::take(&mut self.events);
+            for event in events {
+                match event {
+                    LinkEvent::SendDone(mep) => {
+                        let now = self.engine.now();
+                        self.engine.node.on_send_complete(now, mep);
+                    }
+                    LinkEvent::Closed { peer, error } => self.link_closed(transport, peer, error),
+                }
+            }
+            self.process_actions(transport)?;
+            transport.flush(&mut self.events);
+        }
+        Ok(())
+    }
+
+    fn link_closed(&mut self, transport: &mut dyn Transport, peer: NodeId, error: Option<String>) {
         if let Some(e) = &error {
             eprintln!(
-                "evb node {}: connection to endpoint {peer:?} failed: {e}",
+                "evb node {}: link to endpoint {peer} failed: {e}",
                 self.rank
             );
         }
-        if let Some(p) = peer {
-            let end = self.engine.node.end_of_run().is_some();
-            // A clean close after the end of the run is how peers finish.
-            let orderly = expected || (end && error.is_none());
-            if !orderly && p != self.rank && !self.lost.iter().any(|l| l.peer == p) {
-                let reason = error.clone().unwrap_or_else(|| "connection closed".into());
-                eprintln!("evb node {}: endpoint {p} lost: {reason}", self.rank);
-                self.lost.push(crate::report::PeerLoss::now(p, reason));
-                let now = self.engine.now();
-                self.engine.node.on_peer_lost(now, p);
-            }
-            if self.tx_conn[p as usize] == Some(i) {
-                self.tx_conn[p as usize] = None;
-            }
-        }
-        let _ = self.conns[i].stream.shutdown(std::net::Shutdown::Both);
-        // Kept in place (its position is its poll token), just marked.
-        self.conns[i].closed = true;
-        // Fragments that were waiting to go on it never will: complete
-        // their sends so the RU frees them and its transfer slots.
-        let now = self.engine.now();
-        for mep in self.conns[i].abort_tx() {
-            self.engine.node.on_send_complete(now, mep);
+        let end = self.engine.node.end_of_run().is_some();
+        // A clean close after the end of the run is how peers finish.
+        let orderly = self.engine.node.is_done() || self.finished || (end && error.is_none());
+        if !orderly && peer != self.rank && !self.lost.iter().any(|l| l.peer == peer) {
+            let reason = error.unwrap_or_else(|| "connection closed".into());
+            self.declare_lost(transport, peer, reason);
         }
     }
 
-    /// Keeps every connection alive with a heartbeat and declares lost a
-    /// peer that has been silent for `transport.peer_timeout_ms`.
-    fn heartbeat_and_check(&mut self, now: Instant) {
-        if self.engine.node.is_done() {
+    fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
+        eprintln!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
+        self.lost.push(crate::report::PeerLoss::now(peer, reason));
+        transport.drop_peer(peer, &mut self.events);
+        let now = self.engine.now();
+        self.engine.node.on_peer_lost(now, peer);
+    }
+
+    /// Keeps every link alive with a heartbeat and declares lost a peer
+    /// that has been silent for `transport.peer_timeout_ms`.
+    fn heartbeat_and_check(&mut self, transport: &mut dyn Transport, now: Instant) {
+        if self.engine.node.is_done() || self.finished {
             return;
         }
         let mut silent = Vec::new();
-        for (i, c) in self.conns.iter_mut().enumerate() {
-            if c.closed || c.write_shut {
+        for &p in &self.linked {
+            if p == self.rank || self.lost.iter().any(|l| l.peer == p) {
                 continue;
             }
-            if c.peer != Some(self.rank) {
-                if !c.has_pending_tx() {
-                    c.queue_control(&Message::Heartbeat);
-                }
-                if now.duration_since(c.last_rx) > self.peer_timeout {
-                    silent.push(i);
-                }
+            if !transport.has_pending_tx(Some(p)) {
+                transport.send_control(p, &Message::Heartbeat);
+            }
+            if now.duration_since(self.engine.last_rx[p as usize]) > self.peer_timeout {
+                silent.push(p);
             }
         }
-        for i in silent {
+        for p in silent {
             let ms = self.peer_timeout.as_millis();
-            self.close_conn(i, Some(format!("silent for more than {ms} ms")));
-        }
-    }
-
-    fn flush_all(&mut self, completed: &mut Vec<MepId>) {
-        loop {
-            completed.clear();
-            let mut failed = Vec::new();
-            for (i, c) in self.conns.iter_mut().enumerate() {
-                if !c.closed && c.has_pending_tx() {
-                    if let Err(e) = c.flush(completed) {
-                        failed.push((i, e.to_string()));
-                    }
-                }
-            }
-            for (i, e) in failed {
-                self.close_conn(i, Some(e));
-            }
-            if completed.is_empty() {
-                return;
-            }
-            let now = self.engine.now();
-            for &mep in completed.iter() {
-                self.engine.node.on_send_complete(now, mep);
-            }
-            if self.process_actions().is_err() {
-                return;
-            }
+            self.declare_lost(transport, p, format!("silent for more than {ms} ms"));
         }
     }
 
     /// Carries out what the node asked for.
-    fn process_actions(&mut self) -> Result<()> {
+    fn process_actions(&mut self, transport: &mut dyn Transport) -> Result<()> {
         while let Some(action) = self.engine.node.poll_action() {
             match action {
                 Action::Send { to, msg } => {
                     // A peer that is gone gets nothing; the protocol copes
                     // (timeouts, accounting).
-                    if let Some(c) = self.tx_conn.get(to as usize).copied().flatten() {
-                        self.conns[c].queue_control(&msg);
-                    }
+                    transport.send_control(to, &msg);
                 }
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
@@ -715,14 +590,12 @@ impl Runtime {
                 }
                 Action::SendFragment { to, header } => {
                     let data = self.engine.meps.get(&header.mep).map(|(d, _)| d.clone());
-                    match (data, self.tx_conn.get(to as usize).copied().flatten()) {
-                        (Some(data), Some(c)) => self.conns[c].queue_fragment(&header, data),
-                        _ => {
-                            // No route: complete it so the RU releases it; the BU
-                            // side will count the batch incomplete.
-                            let now = self.engine.now();
-                            self.engine.node.on_send_complete(now, header.mep);
-                        }
+                    let queued = data.is_some_and(|d| transport.send_fragment(to, &header, d));
+                    if !queued {
+                        // No route: complete it so the RU releases it; the BU
+                        // side will count the batch incomplete.
+                        let now = self.engine.now();
+                        self.engine.node.on_send_complete(now, header.mep);
                     }
                 }
                 Action::HandOver { header } => {
@@ -756,7 +629,7 @@ impl Runtime {
                     if let Some(b) = batch {
                         for slot in b.slots.into_iter().flatten() {
                             match slot {
-                                Slot::Received { data, .. } => self.engine.give_back(data),
+                                Slot::Received { data, .. } => self.engine.give_back_rx(data),
                                 Slot::Local(rc) => {
                                     if let Ok(buf) = Rc::try_unwrap(rc) {
                                         self.engine.give_back(buf);
@@ -812,7 +685,7 @@ fn write_batch(file: &mut std::fs::File, mep: MepId, b: &BatchSlots) -> std::io:
         .slots
         .iter()
         .map(|s| match s {
-            Some(Slot::Received { data, len }) => &data[..*len],
+            Some(Slot::Received { data, start, len }) => &data[*start..*start + *len],
             Some(Slot::Local(rc)) => &rc[..],
             None => &[][..],
         })
@@ -829,60 +702,4 @@ fn write_batch(file: &mut std::fs::File, mep: MepId, b: &BatchSlots) -> std::io:
         file.write_all(p)?;
     }
     Ok(())
-}
-
-fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<StdTcpStream> {
-    let mut delay = Duration::from_millis(5);
-    loop {
-        match StdTcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            Ok(s) => return Ok(s),
-            Err(e) if Instant::now() + delay < deadline => {
-                let _ = e;
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_millis(500));
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Reads and checks the Hello that opens every connection.
-fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<NodeId> {
-    let mut buf = [0u8; FRAME_HEADER_LEN + 8];
-    s.read_exact(&mut buf).context("reading Hello")?;
-    let (msg, _) =
-        evb_core::wire::decode_stream(&buf, 64)?.ok_or_else(|| anyhow!("short Hello"))?;
-    match msg {
-        Message::Hello {
-            run_id: r,
-            node,
-            nodes,
-        } => {
-            if r != run_id {
-                bail!("peer is in run {r}, this node in run {run_id}");
-            }
-            if nodes != endpoints || node >= endpoints {
-                bail!("peer says it is endpoint {node} of {nodes}; this run has {endpoints}");
-            }
-            Ok(node)
-        }
-        other => bail!("expected Hello, got {other:?}"),
-    }
-}
-
-fn set_socket_buffers(s: &StdTcpStream, bytes: u32) {
-    use std::os::fd::AsRawFd;
-    let v = bytes as libc::c_int;
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        // SAFETY: valid fd, pointer to a c_int of the right size.
-        unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &v as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
 }

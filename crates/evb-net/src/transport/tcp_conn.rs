@@ -16,16 +16,7 @@ use evb_core::wire::{
 use evb_core::{MepId, NodeId};
 use mio::net::TcpStream;
 
-/// What the receive side hands to its owner.
-pub trait RxHandler {
-    fn on_control(&mut self, conn_peer: Option<NodeId>, msg: Message) -> Result<(), String>;
-    /// A fragment header arrived: return a buffer (of any capacity) to
-    /// receive the payload into, or `None` to discard the payload.
-    fn payload_buffer(&mut self, peer: NodeId, header: &FragmentHeader) -> Option<Vec<u8>>;
-    /// A kept payload is complete in `payload[..header.payload_len]`; `crc`
-    /// is its CRC-32C.
-    fn on_fragment(&mut self, peer: NodeId, header: FragmentHeader, crc: u32, payload: Vec<u8>);
-}
+use super::RxHandler;
 
 enum Rx {
     Frame {
@@ -210,8 +201,11 @@ impl Conn {
     }
 
     /// Reads everything available, handing complete messages to `handler`.
-    pub fn read_ready(&mut self, handler: &mut impl RxHandler) -> Result<RxStatus, String> {
+    pub fn read_ready(&mut self, handler: &mut dyn RxHandler) -> Result<RxStatus, String> {
         self.last_rx = std::time::Instant::now();
+        if let Some(p) = self.peer {
+            handler.on_alive(p);
+        }
         loop {
             match self.read_step(handler) {
                 Ok(true) => continue,
@@ -223,7 +217,7 @@ impl Conn {
     }
 
     /// One read; `Ok(false)` when the socket has nothing more now.
-    fn read_step(&mut self, handler: &mut impl RxHandler) -> Result<bool, StepError> {
+    fn read_step(&mut self, handler: &mut dyn RxHandler) -> Result<bool, StepError> {
         let max_body = self.max_body;
         match &mut self.rx {
             Rx::Frame { buf, got } => {
@@ -269,12 +263,9 @@ impl Conn {
                         // Pooled buffers stay initialised between uses, so
                         // only a buffer that is too small is touched here.
                         let total = header.payload_len as usize;
-                        let dest = handler.payload_buffer(peer, &header).map(|mut v| {
-                            if v.len() < total {
-                                v.resize(total, 0);
-                            }
-                            v
-                        });
+                        let dest = handler
+                            .admit(peer, &header)
+                            .then(|| handler.spare_buffer(total));
                         self.rx = Rx::Payload {
                             header,
                             dest,
@@ -286,7 +277,7 @@ impl Conn {
                         }
                     }
                     Message::Hello { node, .. } if self.peer.is_none() => {
-                        handler.on_control(None, msg).map_err(StepError::Fatal)?;
+                        // Identifies the peer of an accepted connection.
                         self.peer = Some(node);
                         self.hello_seen = true;
                         self.reset_rx();
@@ -298,9 +289,13 @@ impl Conn {
                     }
                     _ => {
                         let _ = frame;
-                        handler
-                            .on_control(self.peer, msg)
-                            .map_err(StepError::Fatal)?;
+                        let Some(peer) = self.peer else {
+                            return Err(StepError::Fatal(format!(
+                                "{} before Hello",
+                                msg.kind().name()
+                            )));
+                        };
+                        handler.on_control(peer, msg);
                         self.reset_rx();
                     }
                 }
@@ -340,7 +335,7 @@ impl Conn {
         }
     }
 
-    fn finish_payload(&mut self, handler: &mut impl RxHandler) -> Result<(), StepError> {
+    fn finish_payload(&mut self, handler: &mut dyn RxHandler) -> Result<(), StepError> {
         let rx = std::mem::replace(
             &mut self.rx,
             Rx::Frame {
@@ -356,7 +351,7 @@ impl Conn {
         } = rx
         {
             let peer = self.peer.expect("checked at the fragment header");
-            handler.on_fragment(peer, header, crc, payload);
+            handler.on_fragment(peer, header, crc, payload, 0);
         }
         Ok(())
     }

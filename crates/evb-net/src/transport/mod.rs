@@ -1,0 +1,170 @@
+//! The transports a node runs over, behind one interface.
+//!
+//! The runtime ([`crate::node`]) speaks in messages to endpoints: control
+//! messages and fragments (a header plus a payload shared with the RU's MEP
+//! buffer). A [`Transport`] moves them and hands what arrives to an
+//! [`RxHandler`]. Two families:
+//!
+//! - byte streams ([`tcp`]): one connection per pair, framing on the wire,
+//!   payloads read straight into the buffer the batch keeps;
+//! - message engines ([`msg`]): libraries that deliver whole messages
+//!   (shared memory, libfabric, UCX, MPI) behind the small [`msg::Endpoint`]
+//!   interface; one adapter turns any of them into a [`Transport`].
+//!
+//! Liveness is the runtime's job, the same for all: every received message
+//! counts as a sign of life ([`RxHandler::on_alive`]), heartbeats fill the
+//! silences, and a peer silent for `transport.peer_timeout_ms` is dropped.
+
+pub mod msg;
+pub mod shm;
+pub mod tcp;
+pub mod tcp_conn;
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use evb_core::config::Config;
+use evb_core::wire::{FragmentHeader, Message};
+use evb_core::{Layout, MepId, NodeId};
+
+/// What a transport hands to the node that owns it.
+pub trait RxHandler {
+    /// Something arrived from `peer` (any message, heartbeats included).
+    fn on_alive(&mut self, peer: NodeId);
+    fn on_control(&mut self, peer: NodeId, msg: Message);
+    /// A fragment header arrived: keep its payload (true) or drop it.
+    fn admit(&mut self, peer: NodeId, header: &FragmentHeader) -> bool;
+    /// A buffer to receive into, at least `min_len` bytes long (pooled).
+    fn spare_buffer(&mut self, min_len: usize) -> Vec<u8>;
+    /// A kept payload is complete in `buf[offset..offset + payload_len]`;
+    /// `crc` is its CRC-32C.
+    fn on_fragment(
+        &mut self,
+        peer: NodeId,
+        header: FragmentHeader,
+        crc: u32,
+        buf: Vec<u8>,
+        offset: usize,
+    );
+}
+
+/// What happened to sends and links during a poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// A fragment of this MEP has left (or can never leave): the RU may
+    /// count the transfer done.
+    SendDone(MepId),
+    /// The link to `peer` ended: an error, or the peer's orderly finish
+    /// (`error: None`).
+    Closed { peer: NodeId, error: Option<String> },
+}
+
+/// One node's view of the network.
+pub trait Transport {
+    /// Short name for messages (`tcp`, `shm`, `ofi:tcp;ofi_rxm`, ...).
+    fn name(&self) -> String;
+    /// How other nodes reach this one: one token without spaces, printed
+    /// after `LISTEN` for `evb run` (a port for TCP, hex bytes otherwise).
+    fn local_token(&self) -> String;
+    /// Opens the links to `peers` (every endpoint's token, by rank) and
+    /// returns when every linked peer is set up (the start barrier).
+    /// Messages arriving meanwhile are handed to `handler`.
+    fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()>;
+    /// Queues a control message; false when there is no link to `to`.
+    fn send_control(&mut self, to: NodeId, msg: &Message) -> bool;
+    /// Queues a fragment whose payload is `data[..header.payload_len]`;
+    /// false when there is no link to `to` (nothing was queued).
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool;
+    /// Sends not yet handed to the network, to one peer or to any.
+    fn has_pending_tx(&self, to: Option<NodeId>) -> bool;
+    /// Moves queued sends along and waits up to `timeout` for input,
+    /// which it hands to `handler`.
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        handler: &mut dyn RxHandler,
+        events: &mut Vec<LinkEvent>,
+    ) -> Result<()>;
+    /// Moves queued sends along without waiting.
+    fn flush(&mut self, events: &mut Vec<LinkEvent>);
+    /// Gives up the link to a peer the runtime declared lost; its queued
+    /// fragments come back as `SendDone`.
+    fn drop_peer(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>);
+    /// This node has nothing more to send: tell every peer.
+    fn finish(&mut self);
+    /// Every linked peer has finished too (or is gone).
+    fn all_finished(&self) -> bool;
+}
+
+/// The transport a config asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportKind {
+    Tcp,
+    Shm,
+    /// libfabric with a provider name as users write it (`tcp`, `shm`, ...).
+    Ofi(String),
+    /// UCX with an optional UCX_TLS value.
+    Ucx(Option<String>),
+    Mpi,
+}
+
+impl TransportKind {
+    pub fn parse(kind: &str) -> Result<TransportKind> {
+        Ok(match kind.split_once(':') {
+            None if kind == "tcp" => TransportKind::Tcp,
+            None if kind == "shm" => TransportKind::Shm,
+            None if kind == "mpi" => TransportKind::Mpi,
+            None if kind == "ucx" => TransportKind::Ucx(None),
+            None if kind == "ofi" => TransportKind::Ofi("tcp".into()),
+            Some(("ofi", p)) if !p.is_empty() => TransportKind::Ofi(p.into()),
+            Some(("ucx", t)) if !t.is_empty() => TransportKind::Ucx(Some(t.into())),
+            _ => bail!(
+                "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
+            ),
+        })
+    }
+}
+
+/// Whether this node spins on its transport or sleeps on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    Blocking,
+    Busy,
+}
+
+impl Progress {
+    pub fn from_config(config: &Config) -> Progress {
+        if config.transport.progress == "busy" {
+            Progress::Busy
+        } else {
+            Progress::Blocking
+        }
+    }
+}
+
+/// Which endpoints `rank` has a link to: every other one, and itself only
+/// for a folded node that sends its own fragments through the NIC.
+pub fn linked_peers(config: &Config, layout: &Layout, rank: NodeId) -> Vec<NodeId> {
+    (0..layout.endpoints)
+        .filter(|&p| {
+            if p != rank {
+                return true;
+            }
+            let i = rank as usize;
+            config.event_builder.local == evb_core::config::LocalTraffic::Nic
+                && layout.ru_of[i].is_some()
+                && layout.bu_of[i].is_some()
+        })
+        .collect()
+}
+
+/// The largest message a node can receive: a fragment of the biggest MEP
+/// the sources can produce, with its headers.
+pub fn max_message_bytes(config: &Config) -> usize {
+    let frame = evb_core::wire::FRAME_HEADER_LEN + evb_core::wire::FRAGMENT_HEADER_LEN;
+    let fragment = config.max_fragment_payload() as usize + frame;
+    fragment
+        .max(4096)
+        .min(config.event_builder.max_message_bytes as usize + frame)
+}

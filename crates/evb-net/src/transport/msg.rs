@@ -1,0 +1,502 @@
+//! Message engines (shared memory, libfabric, UCX, MPI) as a [`Transport`].
+//!
+//! An engine implements the small [`Endpoint`] interface: post receive
+//! buffers, send one message made of a head and a body (the body is the
+//! RU's MEP buffer, kept alive until the send completes), and report
+//! completions. [`MsgTransport`] adds what evb needs on top, the same for
+//! every engine: the sender's rank in the tag, the start barrier (a Hello
+//! from every linked peer), retries when the engine says "not now", the
+//! orderly finish (an empty message with the `BYE` tag bit) and turning
+//! sends to a lost peer into completions.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use evb_core::config::Config;
+use evb_core::wire::{
+    FragmentHeader, FrameHeader, Kind, Message, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN,
+};
+use evb_core::{Layout, MepId, NodeId};
+
+use super::{linked_peers, max_message_bytes, LinkEvent, RxHandler, Transport};
+
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tag bit of the message that says "this peer has finished".
+const TAG_BYE: u64 = 1 << 15;
+/// Ranks fit in 15 bits so that tags stay within MPI's guaranteed range.
+const TAG_RANK_MASK: u64 = TAG_BYE - 1;
+
+/// What an engine reports.
+#[derive(Debug)]
+pub enum Completion {
+    /// A send finished; its buffers are released.
+    Sent { ctx: u64 },
+    /// A message arrived in a buffer given to [`Endpoint::post_recv`].
+    Received { buf: Vec<u8>, len: usize, tag: u64 },
+    /// A send failed (peer gone, ...).
+    SendFailed { ctx: u64, reason: String },
+}
+
+/// The body of a message: a range of a shared buffer.
+pub type Body = Option<(Rc<Vec<u8>>, Range<usize>)>;
+
+/// One process's endpoint of a message engine.
+pub trait Endpoint {
+    fn name(&self) -> String;
+    /// Opaque bytes other endpoints need to reach this one.
+    fn local_address(&self) -> Vec<u8>;
+    /// Adds a peer by its address; returns its index for `send`.
+    fn add_peer(&mut self, address: &[u8]) -> Result<usize>;
+    /// Hands over a buffer to receive into (its length is the largest
+    /// message accepted); it comes back in a `Received` completion.
+    fn post_recv(&mut self, buf: Vec<u8>) -> Result<()>;
+    /// Sends `head ++ body` as one message. `Ok(false)`: the engine cannot
+    /// take it now (nothing was sent; try again later).
+    fn send(&mut self, peer: usize, tag: u64, head: Vec<u8>, body: Body, ctx: u64) -> Result<bool>;
+    /// Drives the engine without waiting; appends completions.
+    fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()>;
+    /// Waits until something may have happened, at most `timeout`.
+    fn wait(&mut self, timeout: Duration) -> Result<()>;
+    /// Every peer has reached this endpoint (the start barrier passed).
+    fn setup_done(&mut self) {}
+}
+
+struct Queued {
+    peer: NodeId,
+    tag: u64,
+    head: Vec<u8>,
+    body: Body,
+    mep: Option<MepId>,
+}
+
+pub struct MsgTransport<E: Endpoint> {
+    ep: E,
+    rank: NodeId,
+    run_id: u32,
+    endpoints: u16,
+    linked: Vec<NodeId>,
+    /// The engine's index of each endpoint we are linked to.
+    peer_index: Vec<Option<usize>>,
+    /// Sends the engine could not take yet, in order, per peer.
+    queued: Vec<VecDeque<Queued>>,
+    queued_total: usize,
+    /// Sends handed to the engine: their peer and MEP (for fragments).
+    in_flight: HashMap<u64, (NodeId, Option<MepId>)>,
+    next_ctx: u64,
+    hello_from: Vec<bool>,
+    bye_from: Vec<bool>,
+    dropped: Vec<bool>,
+    finished: bool,
+    max_message: usize,
+    max_body: u64,
+    completions: Vec<Completion>,
+    recv_buffers: usize,
+}
+
+impl<E: Endpoint> MsgTransport<E> {
+    pub fn new(ep: E, config: &Config, layout: &Layout, rank: NodeId) -> Result<Self> {
+        if layout.endpoints as u64 > TAG_RANK_MASK {
+            bail!("message transports carry at most {TAG_RANK_MASK} endpoints");
+        }
+        let n = layout.endpoints as usize;
+        let linked = linked_peers(config, layout, rank);
+        Ok(MsgTransport {
+            ep,
+            rank,
+            run_id: config.run.run_id,
+            endpoints: layout.endpoints,
+            // Enough to keep every peer busy, bounded in memory.
+            recv_buffers: (2 * linked.len() + 4).min(64),
+            linked,
+            peer_index: vec![None; n],
+            queued: (0..n).map(|_| VecDeque::new()).collect(),
+            queued_total: 0,
+            in_flight: HashMap::new(),
+            next_ctx: 1,
+            hello_from: vec![false; n],
+            bye_from: vec![false; n],
+            dropped: vec![false; n],
+            finished: false,
+            max_message: max_message_bytes(config),
+            max_body: config.event_builder.max_message_bytes,
+            completions: Vec::new(),
+        })
+    }
+
+    pub fn endpoint(&self) -> &E {
+        &self.ep
+    }
+
+    fn tag(&self) -> u64 {
+        u64::from(self.rank)
+    }
+
+    fn queue(&mut self, q: Queued) -> bool {
+        let p = q.peer as usize;
+        if self.peer_index.get(p).copied().flatten().is_none() || self.dropped[p] {
+            return false;
+        }
+        self.queued[p].push_back(q);
+        self.queued_total += 1;
+        true
+    }
+
+    /// Hands queued sends to the engine, in order per peer, until it says
+    /// "not now" for a peer.
+    fn push_queued(&mut self, events: &mut Vec<LinkEvent>) {
+        if self.queued_total == 0 {
+            return;
+        }
+        for p in 0..self.queued.len() {
+            while let Some(q) = self.queued[p].pop_front() {
+                let Some(index) = self.peer_index[p] else {
+                    break;
+                };
+                let ctx = self.next_ctx;
+                // The engine drops the buffers when it cannot take them, so
+                // keep a second handle to requeue them.
+                let retry_head = q.head.clone();
+                let retry_body = q.body.clone();
+                match self.ep.send(index, q.tag, q.head, q.body, ctx) {
+                    Ok(true) => {
+                        self.next_ctx += 1;
+                        self.queued_total -= 1;
+                        self.in_flight.insert(ctx, (q.peer, q.mep));
+                    }
+                    Ok(false) => {
+                        self.queued[p].push_front(Queued {
+                            head: retry_head,
+                            body: retry_body,
+                            ..q
+                        });
+                        break;
+                    }
+                    Err(e) => {
+                        self.queued_total -= 1;
+                        if let Some(mep) = q.mep {
+                            events.push(LinkEvent::SendDone(mep));
+                        }
+                        self.fail_peer(q.peer, format!("{e:#}"), events);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The link to `peer` failed: forget its sends, tell the runtime.
+    fn fail_peer(&mut self, peer: NodeId, reason: String, events: &mut Vec<LinkEvent>) {
+        if self.dropped[peer as usize] {
+            return;
+        }
+        self.drop_peer(peer, events);
+        events.push(LinkEvent::Closed {
+            peer,
+            error: Some(reason),
+        });
+    }
+
+    fn handle_completions(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) {
+        let completions = std::mem::take(&mut self.completions);
+        for c in completions {
+            match c {
+                Completion::Sent { ctx } => {
+                    if let Some((_, Some(mep))) = self.in_flight.remove(&ctx) {
+                        events.push(LinkEvent::SendDone(mep));
+                    }
+                }
+                Completion::SendFailed { ctx, reason } => {
+                    if let Some((peer, mep)) = self.in_flight.remove(&ctx) {
+                        if let Some(mep) = mep {
+                            events.push(LinkEvent::SendDone(mep));
+                        }
+                        if !self.finished && !self.bye_from[peer as usize] {
+                            self.fail_peer(peer, reason, events);
+                        }
+                    }
+                }
+                Completion::Received { buf, len, tag } => {
+                    let keep = self.on_message(buf, len, tag, handler, events);
+                    let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
+                    if let Err(e) = self.ep.post_recv(buf) {
+                        eprintln!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles one received message; returns the buffer if it can be
+    /// posted again (the payload was not kept).
+    fn on_message(
+        &mut self,
+        buf: Vec<u8>,
+        len: usize,
+        tag: u64,
+        handler: &mut dyn RxHandler,
+        events: &mut Vec<LinkEvent>,
+    ) -> Option<Vec<u8>> {
+        let peer = (tag & TAG_RANK_MASK) as NodeId;
+        if peer >= self.endpoints || self.dropped[peer as usize] {
+            return Some(buf);
+        }
+        handler.on_alive(peer);
+        if tag & TAG_BYE != 0 {
+            if !self.bye_from[peer as usize] {
+                self.bye_from[peer as usize] = true;
+                events.push(LinkEvent::Closed { peer, error: None });
+            }
+            return Some(buf);
+        }
+        match self.decode(&buf[..len.min(buf.len())]) {
+            Ok(Message::Fragment(header)) => {
+                if handler.admit(peer, &header) {
+                    let at = FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN;
+                    let payload = &buf[at..at + header.payload_len as usize];
+                    let crc = crc32c::crc32c(payload);
+                    handler.on_fragment(peer, header, crc, buf, at);
+                    return None;
+                }
+            }
+            Ok(Message::Hello { .. }) => self.hello_from[peer as usize] = true,
+            Ok(Message::Heartbeat) => {}
+            Ok(msg) => handler.on_control(peer, msg),
+            Err(e) => {
+                // A peer that speaks garbage is not one of ours any more.
+                self.fail_peer(peer, format!("protocol error: {e:#}"), events);
+            }
+        }
+        Some(buf)
+    }
+
+    fn decode(&self, msg: &[u8]) -> Result<Message> {
+        let head: &[u8; FRAME_HEADER_LEN] = msg
+            .get(..FRAME_HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| anyhow!("message of {} bytes is too short", msg.len()))?;
+        let frame = FrameHeader::decode(head, self.max_body)?;
+        let body = &msg[FRAME_HEADER_LEN..];
+        if body.len() != frame.body_len as usize {
+            bail!(
+                "{} frame says {} body bytes, the message has {}",
+                frame.kind.name(),
+                frame.body_len,
+                body.len()
+            );
+        }
+        let msg = Message::decode_body(&frame, body)?;
+        if let Message::Fragment(h) = &msg {
+            if FRAGMENT_HEADER_LEN + h.payload_len as usize != body.len() {
+                bail!(
+                    "fragment payload_len {} does not match its frame",
+                    h.payload_len
+                );
+            }
+        }
+        if frame.kind == Kind::Hello {
+            let node = super::tcp::check_hello(&msg, self.run_id, self.endpoints)?;
+            let _ = node;
+        }
+        Ok(msg)
+    }
+
+    fn pump(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) -> Result<bool> {
+        self.push_queued(events);
+        self.ep.progress(&mut self.completions)?;
+        let any = !self.completions.is_empty();
+        self.handle_completions(handler, events);
+        self.push_queued(events);
+        Ok(any)
+    }
+}
+
+/// Hex for the `LISTEN` token of an engine address.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn from_hex(token: &str) -> Result<Vec<u8>> {
+    if !token.len().is_multiple_of(2) || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("`{token}` is not an endpoint address (hex digits)");
+    }
+    (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&token[i..i + 2], 16).map_err(Into::into))
+        .collect()
+}
+
+impl<E: Endpoint> Transport for MsgTransport<E> {
+    fn name(&self) -> String {
+        self.ep.name()
+    }
+
+    fn local_token(&self) -> String {
+        to_hex(&self.ep.local_address())
+    }
+
+    fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
+        if peers.len() != self.endpoints as usize {
+            bail!("{} addresses for {} endpoints", peers.len(), self.endpoints);
+        }
+        for _ in 0..self.recv_buffers {
+            let buf = handler.spare_buffer(self.max_message);
+            self.ep.post_recv(buf)?;
+        }
+        for &p in &self.linked.clone() {
+            let addr =
+                from_hex(&peers[p as usize]).with_context(|| format!("address of endpoint {p}"))?;
+            let index = self
+                .ep
+                .add_peer(&addr)
+                .with_context(|| format!("reaching endpoint {p}"))?;
+            self.peer_index[p as usize] = Some(index);
+        }
+        let hello = Message::Hello {
+            run_id: self.run_id,
+            node: self.rank,
+            nodes: self.endpoints,
+        };
+        for &p in &self.linked.clone() {
+            if p != self.rank {
+                self.send_control(p, &hello);
+            }
+        }
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let mut events = Vec::new();
+        loop {
+            let missing: Vec<NodeId> = self
+                .linked
+                .iter()
+                .copied()
+                .filter(|&p| p != self.rank && !self.hello_from[p as usize])
+                .collect();
+            if missing.is_empty() {
+                self.ep.setup_done();
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("endpoints {missing:?} did not say Hello within {SETUP_TIMEOUT:?}");
+            }
+            self.poll(Duration::from_millis(20), handler, &mut events)?;
+            if let Some(LinkEvent::Closed { peer, error }) = events
+                .iter()
+                .find(|e| matches!(e, LinkEvent::Closed { .. }))
+            {
+                bail!(
+                    "endpoint {peer} failed during setup: {}",
+                    error.as_deref().unwrap_or("it finished")
+                );
+            }
+        }
+    }
+
+    fn send_control(&mut self, to: NodeId, msg: &Message) -> bool {
+        let mut head = Vec::with_capacity(48);
+        msg.encode_into(&mut head);
+        let tag = self.tag();
+        self.queue(Queued {
+            peer: to,
+            tag,
+            head,
+            body: None,
+            mep: None,
+        })
+    }
+
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool {
+        let mut head = Vec::with_capacity(FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN);
+        head.extend_from_slice(&header.frame_header().encode());
+        head.extend_from_slice(&header.encode());
+        let tag = self.tag();
+        let len = header.payload_len as usize;
+        self.queue(Queued {
+            peer: to,
+            tag,
+            head,
+            body: Some((data, 0..len)),
+            mep: Some(header.mep),
+        })
+    }
+
+    fn has_pending_tx(&self, to: Option<NodeId>) -> bool {
+        match to {
+            Some(p) => !self.queued[p as usize].is_empty(),
+            None => self.queued_total > 0,
+        }
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        handler: &mut dyn RxHandler,
+        events: &mut Vec<LinkEvent>,
+    ) -> Result<()> {
+        if self.pump(handler, events)? || timeout.is_zero() {
+            return Ok(());
+        }
+        self.ep.wait(timeout)?;
+        self.pump(handler, events)?;
+        Ok(())
+    }
+
+    fn flush(&mut self, events: &mut Vec<LinkEvent>) {
+        self.push_queued(events);
+    }
+
+    fn drop_peer(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>) {
+        let p = peer as usize;
+        if self.dropped[p] {
+            return;
+        }
+        self.dropped[p] = true;
+        for q in self.queued[p].drain(..) {
+            self.queued_total -= 1;
+            if let Some(mep) = q.mep {
+                events.push(LinkEvent::SendDone(mep));
+            }
+        }
+        // Whatever the engine still holds for it may never complete.
+        let stuck: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, (to, _))| *to == peer)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in stuck {
+            if let Some((_, Some(mep))) = self.in_flight.remove(&ctx) {
+                events.push(LinkEvent::SendDone(mep));
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let tag = self.tag() | TAG_BYE;
+        for &p in &self.linked.clone() {
+            if p != self.rank {
+                self.queue(Queued {
+                    peer: p,
+                    tag,
+                    head: Vec::new(),
+                    body: None,
+                    mep: None,
+                });
+            }
+        }
+    }
+
+    fn all_finished(&self) -> bool {
+        self.queued_total == 0
+            && self.in_flight.is_empty()
+            && self
+                .linked
+                .iter()
+                .all(|&p| p == self.rank || self.bye_from[p as usize] || self.dropped[p as usize])
+    }
+}

@@ -1,0 +1,419 @@
+//! TCP: one connection per pair of endpoints, driven by a mio poll.
+//!
+//! Setup is blocking and simple: the lower rank connects to the higher and
+//! opens with a Hello; the accepting side answers with its own Hello once
+//! it is set up, which is the start barrier. During the run everything is
+//! non-blocking. A folded node with `local = "nic"` also connects to
+//! itself: it sends on the socket it opened and receives on the one it
+//! accepted.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream, ToSocketAddrs};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use evb_core::config::Config;
+use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN};
+use evb_core::{Layout, MepId, NodeId};
+use mio::{Events, Interest, Poll, Token};
+
+use super::tcp_conn::{Conn, RxStatus};
+use super::{linked_peers, LinkEvent, RxHandler, Transport};
+
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an accepted connection may take to say Hello: a stranger that
+/// connects and stays silent must not hold up the setup.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct TcpTransport {
+    rank: NodeId,
+    run_id: u32,
+    endpoints: u16,
+    linked: Vec<NodeId>,
+    listener: Option<TcpListener>,
+    poll: Poll,
+    events: Events,
+    conns: Vec<Conn>,
+    /// Connection used to send to each endpoint.
+    tx_conn: Vec<Option<usize>>,
+    /// Connections we opened: set up when each has been answered.
+    awaiting_hello: Vec<usize>,
+    max_body: u64,
+    socket_buffer_bytes: u32,
+    finished: bool,
+}
+
+impl TcpTransport {
+    /// Binds the listening socket: on `listen` if given (a fixed address
+    /// from the config), else on `transport.bind` with a port the OS picks.
+    pub fn bind(
+        config: &Config,
+        layout: &Layout,
+        rank: NodeId,
+        listen: Option<SocketAddr>,
+    ) -> Result<TcpTransport> {
+        let bind = config.transport.bind.as_str();
+        let port = listen.map(|a| a.port()).unwrap_or(0);
+        let listener = TcpListener::bind((bind, port))
+            .with_context(|| format!("binding to transport.bind = {bind}, port {port}"))?;
+        Ok(TcpTransport {
+            rank,
+            run_id: config.run.run_id,
+            endpoints: layout.endpoints,
+            linked: linked_peers(config, layout, rank),
+            listener: Some(listener),
+            poll: Poll::new()?,
+            events: Events::with_capacity(256),
+            conns: Vec::new(),
+            tx_conn: vec![None; layout.endpoints as usize],
+            awaiting_hello: Vec::new(),
+            max_body: config.event_builder.max_message_bytes,
+            socket_buffer_bytes: config.transport.socket_buffer_bytes,
+            finished: false,
+        })
+    }
+
+    fn hello(&self) -> Vec<u8> {
+        let mut hello = Vec::new();
+        Message::Hello {
+            run_id: self.run_id,
+            node: self.rank,
+            nodes: self.endpoints,
+        }
+        .encode_into(&mut hello);
+        hello
+    }
+
+    fn open_links(&mut self, addrs: &[SocketAddr]) -> Result<()> {
+        let listener = self.listener.take().expect("connect runs once");
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let me = self.rank;
+        let hello = self.hello();
+        let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
+        for &peer in self.linked.iter().filter(|&&p| p >= me) {
+            let addr = addrs[peer as usize];
+            let mut s = connect_retry(addr, deadline)
+                .with_context(|| format!("connecting to endpoint {peer} at {addr}"))?;
+            s.write_all(&hello)?;
+            opened.push((s, Some(peer)));
+        }
+        let outgoing = opened.len();
+        let expected_accepts = self.linked.iter().filter(|&&p| p <= me).count();
+        listener.set_nonblocking(true)?;
+        let mut accepted = 0;
+        while accepted < expected_accepts {
+            match listener.accept() {
+                Ok((s, _)) => {
+                    s.set_nonblocking(false)?;
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    s.set_read_timeout(Some(
+                        left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
+                    ))?;
+                    match read_hello(&s, self.run_id, self.endpoints) {
+                        Ok(peer) => {
+                            // With another node the accepted socket carries
+                            // both directions; the self-link only receives.
+                            if peer != me {
+                                // The answer: tells the peer we are set up.
+                                (&s).write_all(&hello)?;
+                            }
+                            opened.push((s, (peer != me).then_some(peer)));
+                            accepted += 1;
+                        }
+                        Err(e) => eprintln!("evb node {me}: rejected a connection: {e:#}"),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        bail!("only {accepted} of {expected_accepts} peers connected within {SETUP_TIMEOUT:?}");
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (i, (s, peer)) in opened.into_iter().enumerate() {
+            s.set_read_timeout(None)?;
+            s.set_nodelay(true)?;
+            if self.socket_buffer_bytes > 0 {
+                set_socket_buffers(&s, self.socket_buffer_bytes);
+            }
+            s.set_nonblocking(true)?;
+            let mut stream = mio::net::TcpStream::from_std(s);
+            self.poll.registry().register(
+                &mut stream,
+                Token(i),
+                Interest::READABLE | Interest::WRITABLE,
+            )?;
+            // Receive-only self-link: the peer is us, but we never send on it.
+            let rx_peer = peer.or(Some(me));
+            if let Some(p) = peer {
+                self.tx_conn[p as usize] = Some(i);
+                if i < outgoing && p != me {
+                    self.awaiting_hello.push(i);
+                }
+            }
+            self.conns.push(Conn::new(stream, rx_peer, self.max_body));
+        }
+        Ok(())
+    }
+
+    fn close_conn(&mut self, i: usize, error: Option<String>, events: &mut Vec<LinkEvent>) {
+        let c = &mut self.conns[i];
+        if c.closed {
+            return;
+        }
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        // Kept in place (its position is its poll token), just marked.
+        c.closed = true;
+        // Fragments waiting to go on it never will: their sends are done.
+        for mep in c.abort_tx() {
+            events.push(LinkEvent::SendDone(mep));
+        }
+        if let Some(p) = c.peer {
+            if self.tx_conn[p as usize] == Some(i) {
+                self.tx_conn[p as usize] = None;
+            }
+            if p != self.rank {
+                events.push(LinkEvent::Closed { peer: p, error });
+            }
+        }
+    }
+
+    fn read_events(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) {
+        let ready: Vec<usize> = self
+            .events
+            .iter()
+            .filter(|e| e.is_readable() || e.is_read_closed() || e.is_error())
+            .map(|e| e.token().0)
+            .collect();
+        for i in ready {
+            if i >= self.conns.len() || self.conns[i].closed {
+                continue;
+            }
+            match self.conns[i].read_ready(handler) {
+                Ok(RxStatus::Open) => {}
+                Ok(RxStatus::Closed) => self.close_conn(i, None, events),
+                Err(e) => self.close_conn(i, Some(e), events),
+            }
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn name(&self) -> String {
+        "tcp".into()
+    }
+
+    fn local_token(&self) -> String {
+        let port = self
+            .listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.port())
+            .unwrap_or(0);
+        port.to_string()
+    }
+
+    fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
+        let addrs = peers
+            .iter()
+            .map(|a| {
+                a.to_socket_addrs()
+                    .with_context(|| format!("cannot resolve endpoint address `{a}`"))?
+                    .next()
+                    .ok_or_else(|| anyhow!("endpoint address `{a}` has no address"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if addrs.len() != self.endpoints as usize {
+            bail!("{} addresses for {} endpoints", addrs.len(), self.endpoints);
+        }
+        self.open_links(&addrs)?;
+        // Start barrier: every peer we connected to has answered.
+        let deadline = Instant::now() + SETUP_TIMEOUT;
+        let mut events = Vec::new();
+        loop {
+            let waiting: Vec<usize> = self
+                .awaiting_hello
+                .iter()
+                .copied()
+                .filter(|&i| !self.conns[i].hello_seen && !self.conns[i].closed)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let peers: Vec<Option<NodeId>> =
+                    waiting.iter().map(|&i| self.conns[i].peer).collect();
+                bail!("endpoints {peers:?} did not finish their setup within {SETUP_TIMEOUT:?}");
+            }
+            self.poll(Duration::from_millis(50), handler, &mut events)?;
+            if let Some(LinkEvent::Closed { peer, error }) = events
+                .iter()
+                .find(|e| matches!(e, LinkEvent::Closed { .. }))
+            {
+                bail!(
+                    "endpoint {peer} closed during setup: {}",
+                    error.as_deref().unwrap_or("connection closed")
+                );
+            }
+        }
+    }
+
+    fn send_control(&mut self, to: NodeId, msg: &Message) -> bool {
+        match self.tx_conn.get(to as usize).copied().flatten() {
+            Some(c) => {
+                self.conns[c].queue_control(msg);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool {
+        match self.tx_conn.get(to as usize).copied().flatten() {
+            Some(c) => {
+                self.conns[c].queue_fragment(header, data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn has_pending_tx(&self, to: Option<NodeId>) -> bool {
+        match to {
+            Some(p) => self
+                .tx_conn
+                .get(p as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|c| self.conns[c].has_pending_tx()),
+            None => self.conns.iter().any(|c| !c.closed && c.has_pending_tx()),
+        }
+    }
+
+    fn poll(
+        &mut self,
+        timeout: Duration,
+        handler: &mut dyn RxHandler,
+        events: &mut Vec<LinkEvent>,
+    ) -> Result<()> {
+        self.flush(events);
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        self.read_events(handler, events);
+        self.flush(events);
+        Ok(())
+    }
+
+    fn flush(&mut self, events: &mut Vec<LinkEvent>) {
+        let mut completed: Vec<MepId> = Vec::new();
+        let mut failed = Vec::new();
+        for (i, c) in self.conns.iter_mut().enumerate() {
+            if !c.closed && c.has_pending_tx() {
+                if let Err(e) = c.flush(&mut completed) {
+                    failed.push((i, e.to_string()));
+                }
+            }
+        }
+        events.extend(completed.into_iter().map(LinkEvent::SendDone));
+        for (i, e) in failed {
+            self.close_conn(i, Some(e), events);
+        }
+    }
+
+    fn drop_peer(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>) {
+        let ids: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| self.conns[i].peer == Some(peer) && !self.conns[i].closed)
+            .collect();
+        let mut ignored = Vec::new();
+        for i in ids {
+            self.close_conn(i, None, &mut ignored);
+        }
+        // Only the completed sends matter: the runtime already knows.
+        events.extend(
+            ignored
+                .into_iter()
+                .filter(|e| matches!(e, LinkEvent::SendDone(_))),
+        );
+    }
+
+    fn finish(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        for c in &mut self.conns {
+            let _ = c.stream.shutdown(std::net::Shutdown::Write);
+            c.write_shut = true;
+        }
+    }
+
+    fn all_finished(&self) -> bool {
+        self.conns.iter().all(|c| c.closed)
+    }
+}
+
+fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<StdTcpStream> {
+    let mut delay = Duration::from_millis(5);
+    loop {
+        match StdTcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(_) if Instant::now() + delay < deadline => {
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Reads and checks the Hello that opens every connection.
+fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<NodeId> {
+    let mut buf = [0u8; FRAME_HEADER_LEN + 8];
+    s.read_exact(&mut buf).context("reading Hello")?;
+    let (msg, _) =
+        evb_core::wire::decode_stream(&buf, 64)?.ok_or_else(|| anyhow!("short Hello"))?;
+    check_hello(&msg, run_id, endpoints)
+}
+
+/// The peer a Hello names, if it belongs to this run.
+pub(crate) fn check_hello(msg: &Message, run_id: u32, endpoints: u16) -> Result<NodeId> {
+    match *msg {
+        Message::Hello {
+            run_id: r,
+            node,
+            nodes,
+        } => {
+            if r != run_id {
+                bail!("peer is in run {r}, this node in run {run_id}");
+            }
+            if nodes != endpoints || node >= endpoints {
+                bail!("peer says it is endpoint {node} of {nodes}; this run has {endpoints}");
+            }
+            Ok(node)
+        }
+        ref other => bail!("expected Hello, got {other:?}"),
+    }
+}
+
+fn set_socket_buffers(s: &StdTcpStream, bytes: u32) {
+    use std::os::fd::AsRawFd;
+    let v = bytes as libc::c_int;
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        // SAFETY: valid fd, pointer to a c_int of the right size.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
