@@ -1,6 +1,7 @@
 //! `evb`: one binary, several subcommands. The work lives in the library
 //! crates; this file only parses the command line and dispatches.
 
+mod bench;
 mod fabric;
 mod sim;
 
@@ -38,6 +39,9 @@ enum Command {
     Sim(sim::SimArgs),
     /// Simulate the cartesian product of parameter values, in parallel.
     Scan(sim::ScanArgs),
+    /// Transport micro-benchmarks and conformance checks (real processes).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +140,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Node(args) => cmd_node(args),
+        Command::Bench(cmd) => bench::run(cmd),
         Command::Config(cmd) => cmd_config(cmd),
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),

@@ -8,6 +8,7 @@
 //! - [`launch`]: `evb run`, the local launcher, progress and summary;
 //! - [`report`]: the per-node reports and the run summary (JSON).
 
+pub mod bench;
 pub mod launch;
 pub mod node;
 pub mod report;

@@ -79,7 +79,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
 }
 
 /// Opens this node's end of the configured transport.
-fn open_transport(
+pub(crate) fn open_transport(
     config: &Config,
     layout: &Layout,
     rank: NodeId,
@@ -149,7 +149,7 @@ fn config_addresses(config: &Config, layout: &Layout) -> Result<Vec<SocketAddr>>
 }
 
 /// Learns every endpoint's token (address).
-fn rendezvous(
+pub(crate) fn rendezvous(
     config: &Config,
     layout: &Layout,
     _rank: NodeId,
@@ -547,7 +547,9 @@ impl Runtime {
             if !transport.has_pending_tx(Some(p)) {
                 transport.send_control(p, &Message::Heartbeat);
             }
-            if now.duration_since(self.engine.last_rx[p as usize]) > self.peer_timeout {
+            if transport.input_pending(p) {
+                self.engine.last_rx[p as usize] = now;
+            } else if now.duration_since(self.engine.last_rx[p as usize]) > self.peer_timeout {
                 silent.push(p);
             }
         }

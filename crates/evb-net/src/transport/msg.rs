@@ -62,6 +62,10 @@ pub trait Endpoint {
     fn wait(&mut self, timeout: Duration) -> Result<()>;
     /// Every peer has reached this endpoint (the start barrier passed).
     fn setup_done(&mut self) {}
+    /// Messages from this peer wait to be received (if the engine can tell).
+    fn input_pending(&self, _peer: usize) -> bool {
+        false
+    }
 }
 
 struct Queued {
@@ -470,6 +474,10 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 events.push(LinkEvent::SendDone(mep));
             }
         }
+    }
+
+    fn input_pending(&self, peer: NodeId) -> bool {
+        self.peer_index[peer as usize].is_some_and(|i| self.ep.input_pending(i))
     }
 
     fn finish(&mut self) {

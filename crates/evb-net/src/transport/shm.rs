@@ -141,6 +141,8 @@ struct Peer {
     map: Mapping,
     ring: usize,
     pid: i32,
+    /// The peer's rank: which of our rings it writes into.
+    rank: usize,
     /// Our next write position (we are the only producer).
     head: u64,
     /// Sends waiting for the consumer to pass their end: (end, ctx, body).
@@ -433,6 +435,7 @@ impl Endpoint for ShmEndpoint {
             map,
             ring,
             pid,
+            rank,
             head,
             pending: VecDeque::new(),
             last_tail,
@@ -573,6 +576,18 @@ impl Endpoint for ShmEndpoint {
                 }
             }
         }
+    }
+
+    fn input_pending(&self, peer: usize) -> bool {
+        let Some(p) = self.peers.get(peer) else {
+            return false;
+        };
+        let s = p.rank;
+        let head = self
+            .inbox
+            .atomic_u64(self.geo.ring(s) + Geometry::HEAD)
+            .load(Ordering::Acquire);
+        head != self.tails[s]
     }
 
     fn setup_done(&mut self) {

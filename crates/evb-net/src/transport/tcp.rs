@@ -299,7 +299,14 @@ impl Transport for TcpTransport {
         handler: &mut dyn RxHandler,
         events: &mut Vec<LinkEvent>,
     ) -> Result<()> {
+        let before = events.len();
         self.flush(events);
+        // Sends that completed are news for the caller: do not sleep on them.
+        let timeout = if events.len() > before {
+            Duration::ZERO
+        } else {
+            timeout
+        };
         match self.poll.poll(&mut self.events, Some(timeout)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(()),
@@ -340,6 +347,19 @@ impl Transport for TcpTransport {
                 .into_iter()
                 .filter(|e| matches!(e, LinkEvent::SendDone(_))),
         );
+    }
+
+    fn input_pending(&self, peer: NodeId) -> bool {
+        use std::os::fd::AsRawFd;
+        self.conns
+            .iter()
+            .filter(|c| c.peer == Some(peer) && !c.closed)
+            .any(|c| {
+                let mut n: libc::c_int = 0;
+                // SAFETY: FIONREAD writes one c_int.
+                let rc = unsafe { libc::ioctl(c.stream.as_raw_fd(), libc::FIONREAD, &mut n) };
+                rc == 0 && n > 0
+            })
     }
 
     fn finish(&mut self) {
