@@ -8,6 +8,7 @@ APT_PACKAGES=(
   iperf3                               # bench/: TCP peer for the event builder
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
+  libopenmpi-dev openmpi-bin           # bench/: the MPI_Alltoall peer
 )
 
 missing=()

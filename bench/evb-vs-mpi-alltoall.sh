@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The event builder on one machine against MPI_Alltoall, in one run:
+# `evb run` with RANKS folded RU+BU nodes over a transport (default shm),
+# MEP fragments of BLOCK bytes, against bench/peers/mpi_alltoall.c moving
+# the same block size between the same number of ranks under OpenMPI.
+# Both move fresh data every time. Prints both figures and the ratio.
+#
+#   bench/evb-vs-mpi-alltoall.sh [RANKS=4] [BLOCK=1048576] [SECONDS=5] [TRANSPORT=shm]
+set -euo pipefail
+ranks=${1:-4}
+block=${2:-1048576}
+seconds=${3:-5}
+transport=${4:-shm}
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+command -v mpicc >/dev/null || { echo "needs mpicc (apt install libopenmpi-dev openmpi-bin)" >&2; exit 2; }
+mpicc -O2 -o "$work/mpi_alltoall" "$here/peers/mpi_alltoall.c"
+cargo build --release -q -p evb-cli --manifest-path "$root/Cargo.toml"
+evb="$root/target/release/evb"
+
+# One fragment per source per MEP of exactly BLOCK bytes: 4-byte size
+# table entry + (BLOCK/EVENTS - 4) bytes per event.
+events=4096
+mean=$(( block / events - 4 ))
+[ "$mean" -gt 0 ] || { echo "BLOCK too small for $events events per MEP" >&2; exit 2; }
+
+echo "== evb run: $ranks nodes over $transport, fragments of $block bytes, $seconds s"
+"$evb" run --progress never -n "$ranks" -t "$transport" -d "$seconds" --json "$work/evb.json" \
+  --set source.size=fixed --set source.mean_bytes="$mean" --set source.events_per_mep="$events" | tail -2
+evb_gbps=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['summary']['built_gbps'])" "$work/evb.json")
+
+echo "== MPI_Alltoall: $ranks ranks, blocks of $block bytes, $seconds s (OpenMPI)"
+mpi_line=$(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
+  "$work/mpi_alltoall" "$block" "$seconds")
+echo "$mpi_line"
+mpi_gbps=$(echo "$mpi_line" | sed -n 's/.* gbps_with_local=\([0-9.]*\).*/\1/p')
+
+python3 - "$evb_gbps" "$mpi_gbps" <<'PY'
+import sys
+e, m = float(sys.argv[1]), float(sys.argv[2])
+print(f"evb built {e:.2f} Gb/s, MPI_Alltoall {m:.2f} Gb/s (all blocks, own included): ratio evb/MPI = {e/m:.2f}")
+PY
