@@ -88,12 +88,16 @@ struct RunArgs {
 struct NodeArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// This endpoint's index.
+    /// This endpoint's index (under mpirun/srun: from the launcher's environment).
     #[arg(long)]
-    rank: u16,
-    /// `config`: peers from transport.addresses or base_port; `stdio`: driven by `evb run`.
+    rank: Option<u16>,
+    /// `config`: peers from transport.addresses or base_port; `stdio`: driven by `evb run`;
+    /// `launcher`: under mpirun/srun, addresses exchanged in --rendezvous DIR.
     #[arg(long, default_value = "config")]
     control: String,
+    /// `--control launcher`: a directory every rank can see (shared filesystem).
+    #[arg(long)]
+    rendezvous: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -200,13 +204,37 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let control = match args.control.as_str() {
         "config" => Control::Config,
         "stdio" => Control::Stdio,
-        other => anyhow::bail!("--control takes config or stdio, not `{other}`"),
+        "launcher" => Control::Launcher,
+        other => anyhow::bail!("--control takes config, stdio or launcher, not `{other}`"),
     };
-    let config = Config::load(args.config.config.as_deref(), &args.config.overrides)?;
+    let mut overrides = args.config.overrides.clone();
+    let launcher = evb_net::cluster::launcher_rank();
+    let rank = match (args.rank, launcher, control) {
+        (Some(r), _, _) => r,
+        (None, Some((r, size, who)), Control::Launcher) => {
+            // The launcher's size is the number of endpoints.
+            overrides.insert(0, format!("nodes.count={size}"));
+            eprintln!("evb node: rank {r} of {size} from {who}");
+            r
+        }
+        (None, None, Control::Launcher) => anyhow::bail!(
+            "no launcher environment (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID): give --rank"
+        ),
+        (None, _, _) => anyhow::bail!("--rank is required outside a launcher"),
+    };
+    let config = Config::load(args.config.config.as_deref(), &overrides)?;
+    if let (Control::Launcher, Some((_, size, who))) = (control, launcher) {
+        let endpoints = evb_core::Layout::from_config(&config).endpoints;
+        anyhow::ensure!(
+            endpoints == size,
+            "{who} started {size} ranks but the configuration has {endpoints} endpoints (nodes.count, nodes.em)"
+        );
+    }
     run_node(NodeOptions {
         config,
-        rank: args.rank,
+        rank,
         control,
+        rendezvous: args.rendezvous,
     })?;
     Ok(ExitCode::SUCCESS)
 }

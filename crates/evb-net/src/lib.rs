@@ -9,6 +9,7 @@
 //! - [`report`]: the per-node reports and the run summary (JSON).
 
 pub mod bench;
+pub mod cluster;
 pub mod launch;
 pub mod node;
 pub mod report;

@@ -33,12 +33,17 @@ pub enum Control {
     Config,
     /// Driven by `evb run` over stdin/stdout.
     Stdio,
+    /// Under a cluster launcher: tokens through a rendezvous directory
+    /// (`NodeOptions::rendezvous`); stops after `run.duration_s`.
+    Launcher,
 }
 
 pub struct NodeOptions {
     pub config: Config,
     pub rank: NodeId,
     pub control: Control,
+    /// `Control::Launcher`: the directory where ranks exchange addresses.
+    pub rendezvous: Option<PathBuf>,
 }
 
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
@@ -69,9 +74,39 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         );
     }
     let mut transport = open_transport(&config, &layout, rank, opts.control)?;
-    let peers = rendezvous(&config, &layout, rank, opts.control, transport.as_ref())?;
+    let peers = match opts.control {
+        Control::Launcher => {
+            let dir = opts
+                .rendezvous
+                .as_deref()
+                .ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))?;
+            let mut token = transport.local_token();
+            if token.parse::<u16>().is_ok() {
+                // A TCP port: others need our address too.
+                token = format!("{}:{token}", config.transport.bind);
+            }
+            crate::cluster::exchange_tokens(
+                dir,
+                config.run.run_id,
+                rank,
+                layout.endpoints,
+                &token,
+                Duration::from_secs(60),
+            )?
+        }
+        control => rendezvous(&config, &layout, rank, control, transport.as_ref())?,
+    };
     let commands = (opts.control == Control::Stdio).then(spawn_stdin_forwarder);
+    let run_id = config.run.run_id;
     let mut rt = Runtime::new(config, layout, rank)?;
+    if opts.control == Control::Launcher {
+        // Many ranks share the launcher's stdout, where long lines of
+        // different ranks interleave: the final report also goes to a file.
+        rt.report_file = opts.rendezvous.as_ref().map(|d| {
+            d.join(format!("run{run_id}"))
+                .join(format!("final-{rank}.json"))
+        });
+    }
     transport
         .connect(&peers, &mut rt.engine)
         .with_context(|| format!("setting up the {} transport", transport.name()))?;
@@ -89,7 +124,7 @@ pub(crate) fn open_transport(
     match TransportKind::parse(&config.transport.kind)? {
         TransportKind::Tcp => {
             let listen = match control {
-                Control::Stdio => None,
+                Control::Stdio | Control::Launcher => None,
                 Control::Config => Some(config_addresses(config, layout)?[rank as usize]),
             };
             Ok(Box::new(transport::tcp::TcpTransport::bind(
@@ -180,6 +215,7 @@ pub(crate) fn rendezvous(
             }
             Ok(tokens)
         }
+        Control::Launcher => bail!("launcher rendezvous is handled by run_node"),
         Control::Config => {
             if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
                 bail!(
@@ -340,6 +376,8 @@ struct Runtime {
     /// This node told its peers it has finished.
     finished: bool,
     events: Vec<LinkEvent>,
+    /// Where the final report is also written (launcher mode).
+    report_file: Option<PathBuf>,
 }
 
 impl Runtime {
@@ -382,6 +420,7 @@ impl Runtime {
             peer_timeout,
             finished: false,
             events: Vec::new(),
+            report_file: None,
         })
     }
 
@@ -673,6 +712,14 @@ impl Runtime {
         }
         r.drain_timed_out = drain_timed_out;
         let line = serde_json::to_string(&r).expect("report serialises");
+        if let (Some(path), true) = (&self.report_file, full) {
+            if let Err(e) = std::fs::write(path, &line) {
+                eprintln!("evb node {}: writing {}: {e}", self.rank, path.display());
+            }
+        }
+        if self.report_file.is_some() && !full {
+            return; // No STATS lines on a launcher's shared stdout.
+        }
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{tag} {line}");
         let _ = out.flush();

@@ -1,0 +1,154 @@
+//! `evb node --control launcher`: the event builder started by a cluster
+//! launcher. Real OpenMPI `mpirun` (installed by scripts/setup.sh), and the
+//! Slurm environment path with the variables `srun` sets.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("evb-cluster-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The final reports the nodes wrote into the rendezvous directory.
+fn finals(dir: &std::path::Path, nodes: usize) -> Vec<Value> {
+    (0..nodes)
+        .map(|r| {
+            let path = dir.join("run1").join(format!("final-{r}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
+}
+
+/// Every MEP the EM assigned was built, none incomplete or lost.
+fn assert_exact(reports: &[Value], nodes: usize, text: &str) {
+    assert_eq!(reports.len(), nodes, "{text}");
+    let em = &reports[0];
+    let assigned = em["meps_assigned"].as_u64().unwrap();
+    assert!(assigned > 10, "{text}");
+    assert_eq!(em["em_meps_built"].as_u64().unwrap(), assigned, "{text}");
+    let built: u64 = reports
+        .iter()
+        .map(|r| r["batches_built"].as_u64().unwrap())
+        .sum();
+    assert_eq!(built, assigned, "{text}");
+    for r in reports {
+        assert_eq!(r["batches_incomplete"], 0, "{text}");
+        assert!(
+            r.get("peers_lost")
+                .is_none_or(|p| p.as_array().unwrap().is_empty()),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn under_openmpi_mpirun() {
+    let mpirun = Command::new("mpirun").arg("--version").output();
+    assert!(
+        mpirun.is_ok_and(|o| o.status.success()),
+        "mpirun is missing: scripts/setup.sh installs openmpi-bin"
+    );
+    for transport in ["tcp", "shm"] {
+        let dir = tmp(transport);
+        let child = Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "-np",
+                "4",
+            ])
+            .arg(env!("CARGO_BIN_EXE_evb"))
+            .args(["node", "--control", "launcher", "--rendezvous"])
+            .arg(&dir)
+            .args(["--set", "run.duration_s=1.5", "--set"])
+            .arg(format!("transport.kind={transport}"))
+            .args(["--set", "source.events_per_mep=256"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read the output while waiting (it is more than a pipe holds).
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let Ok(out) = rx.recv_timeout(Duration::from_secs(90)) else {
+            // SAFETY: signalling the mpirun we started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("mpirun did not finish within 90 s");
+        };
+        let out = out.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{transport}: {text}");
+        assert_exact(&finals(&dir, 4), 4, &text);
+        assert!(text.contains("rank 3 of 4 from OpenMPI"), "{text}");
+    }
+}
+
+#[test]
+fn slurm_environment() {
+    // What srun gives each task: SLURM_PROCID and SLURM_NTASKS.
+    let dir = tmp("slurm");
+    let children: Vec<_> = (0..3)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_evb"))
+                .args(["node", "--control", "launcher", "--rendezvous"])
+                .arg(&dir)
+                .args([
+                    "--set",
+                    "run.duration_s=1",
+                    "--set",
+                    "source.events_per_mep=256",
+                ])
+                .env("SLURM_PROCID", rank.to_string())
+                .env("SLURM_NTASKS", "3")
+                .env_remove("OMPI_COMM_WORLD_RANK")
+                .env_remove("PMI_RANK")
+                .env_remove("PMIX_RANK")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut text = String::new();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let t = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{t}");
+        text.push_str(&t);
+    }
+    assert_exact(&finals(&dir, 3), 3, &text);
+    assert!(text.contains("from Slurm"), "{text}");
+}
+
+#[test]
+fn launcher_without_environment_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["node", "--control", "launcher", "--rendezvous", "/tmp"])
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .env_remove("PMI_RANK")
+        .env_remove("PMIX_RANK")
+        .env_remove("SLURM_PROCID")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no launcher environment") && err.contains("--rank"),
+        "{err}"
+    );
+}
