@@ -561,6 +561,14 @@ impl Worker {
                     progress = true;
                 }
             }
+            // A peer that closed before sending everything died (a killed
+            // process's socket closes as cleanly as a finished one's).
+            for &p in &others {
+                let pi = p as usize;
+                if self.closed[pi] && !self.lost[pi] && self.rx.count[pi] < spec.messages {
+                    self.declare_lost(p, "closed before sending everything".into());
+                }
+            }
             let all_sent = others
                 .iter()
                 .all(|&p| !self.live(p) || sent[p as usize] >= spec.messages);
