@@ -2,6 +2,8 @@
 //! crates; this file only parses the command line and dispatches.
 
 mod fabric;
+mod progress;
+mod report;
 mod sim;
 
 use std::path::PathBuf;
@@ -38,6 +40,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// Simulate the cartesian product of parameter values, in parallel.
     Scan(sim::ScanArgs),
+    /// One self-contained HTML report from the JSON files evb writes.
+    Report(report::ReportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -120,7 +124,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Sim(_) | Command::Scan(_) | Command::Fabric(_) | Command::Config(_)
+        Command::Sim(_)
+            | Command::Scan(_)
+            | Command::Fabric(_)
+            | Command::Config(_)
+            | Command::Report(_)
     ) {
         // Commands that only print may die quietly when their reader goes
         // away (`| head`). Not `run` and `node`: they write to sockets and
@@ -137,6 +145,7 @@ fn main() -> ExitCode {
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
+        Command::Report(args) => report::run(args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
