@@ -440,6 +440,31 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
             "{name}: wrote a report anyway"
         );
     }
+    // The other JSON evb writes, named for what it is.
+    evb_ok(
+        dir,
+        &[
+            "fabric",
+            "order",
+            "--topology",
+            "fat-tree:radix=4,hosts=8",
+            "--out",
+            "hosts.txt",
+            "--json",
+            "order.json",
+            "--time-limit",
+            "1",
+        ],
+    );
+    let out = evb(dir, &["report", "order.json", "-o", "out.html"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "order.json: not a file evb wrote: this is an `evb fabric order --json` result"
+        ),
+        "{}",
+        out.stderr
+    );
     let out = evb(dir, &["report", "absent.json", "-o", "out.html"]);
     assert_eq!(out.code, Some(2));
     assert!(

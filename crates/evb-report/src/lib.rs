@@ -153,8 +153,17 @@ pub fn detect(file: &Path, value: &Value) -> Result<Kind> {
         None if object.contains_key("conflict_definition") && object.contains_key("per_step") => {
             Ok(Kind::FabricConflicts)
         }
+        None if object.contains_key("start_conflicts") && object.contains_key("moves_tried") => {
+            Err(not_evb(
+                "this is an `evb fabric order --json` result; the report reads \
+                 `evb fabric conflicts --json`"
+                    .into(),
+            ))
+        }
         None if object.contains_key("search") && object.contains_key("total") => Err(not_evb(
-            "this is an `evb fabric order --json` result; the report reads `evb fabric conflicts --json`".into(),
+            "this is an `evb fabric route --for-shift --json` result; the report reads \
+             `evb fabric conflicts --json`"
+                .into(),
         )),
         None => Err(not_evb(
             "no `kind` field (evb-run, evb-sim, evb-scan) and no `conflict_definition` and \
