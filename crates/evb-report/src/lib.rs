@@ -387,6 +387,45 @@ mod tests {
     }
 
     #[test]
+    fn degenerate_files_render_without_panicking() {
+        let max = u64::MAX;
+        let run = json!({"kind": "evb-run",
+            "summary": {"nodes": 2, "duration_s": 0.0, "events_generated": max,
+                "events_built": max, "events_incomplete": max, "events_corrupt": max,
+                "events_lost": max, "built_gbps": 0.0, "built_gbps_per_node": 0.0,
+                "events_per_second": 0.0, "latency_ns": null},
+            "nodes": [null, {"elapsed_s": 0.0, "bytes_sent": max,
+                "latency_buckets": [[1e300, max], [0, 1]]}],
+            "timeline": [{"t_s": 1.0, "built_gbps": 0.0, "node_built_gbps": []}],
+            "node_exit_codes": [null, 0]});
+        let sim = json!({"kind": "evb-sim", "summary": {"hosts": 0,
+            "throughput_per_host_gbps": 0.0, "link_rate_gbps": 0.0, "fraction_of_link": 0.0,
+            "min_host_gbps": 0.0, "max_host_gbps": 0.0, "simulated_seconds": 0.0},
+            "hosts": [], "links": [], "timeseries": []});
+        let scan = json!({"kind": "evb-scan", "axes": ["a"], "points": []});
+        let fabric = json!({"conflict_definition": "", "per_step": [], "hosts": 0,
+            "total": {"conflicts": 0, "flows": 0, "flows_on_shared_links": 0,
+                "max_link_load": 0, "steps": 0, "steps_with_conflicts": 0}});
+        let inputs = [
+            (p("r1.json"), run.clone()),
+            (p("r2.json"), run),
+            (p("s1.json"), sim.clone()),
+            (p("s2.json"), sim),
+            (p("c1.json"), scan.clone()),
+            (p("c2.json"), scan),
+            (p("f1.json"), fabric.clone()),
+            (p("f2.json"), fabric),
+        ];
+        let html = render(&inputs).unwrap();
+        assert!(
+            html.contains("off by"),
+            "the overflowing accounting is flagged"
+        );
+        assert!(html.contains("no final report"));
+        assert!(!html.contains("NaN") && !html.contains("inf"));
+    }
+
+    #[test]
     fn a_missing_field_is_named() {
         let v = json!({"kind": "evb-run", "summary": {"nodes": 2}, "nodes": [], "timeline": []});
         let e = render(&[(p("run.json"), v)]).unwrap_err().to_string();

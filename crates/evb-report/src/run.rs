@@ -448,6 +448,10 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
     for input in inputs {
         let s = Summary::read(&input.root)?;
         let name = short_name(input.file);
+        let not_built = s
+            .incomplete
+            .saturating_add(s.corrupt)
+            .saturating_add(s.lost);
         let [p50, p99, max, _] = s
             .latency
             .map(|v| v.map_or_else(|| "\u{2013}".into(), nanos));
@@ -461,13 +465,7 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
             Cell::num(format!("{p50} / {p99} / {max}")),
             Cell::num(count(s.generated)),
             Cell::num(count(s.built)),
-            Cell::num(count(s.incomplete + s.corrupt + s.lost)).with_class(
-                if s.incomplete + s.corrupt + s.lost > 0 {
-                    "bad"
-                } else {
-                    "num"
-                },
-            ),
+            Cell::num(count(not_built)).with_class(if not_built > 0 { "bad" } else { "num" }),
             accounting_cell(&s),
         ]);
         bars.push(Bar {
