@@ -3,6 +3,8 @@
 
 mod bench;
 mod fabric;
+mod progress;
+mod report;
 mod sim;
 
 use std::path::PathBuf;
@@ -42,6 +44,8 @@ enum Command {
     /// Transport micro-benchmarks and conformance checks (real processes).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// One self-contained HTML report from the JSON files evb writes.
+    Report(report::ReportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -131,7 +135,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
         cli.command,
-        Command::Sim(_) | Command::Scan(_) | Command::Fabric(_) | Command::Config(_)
+        Command::Sim(_)
+            | Command::Scan(_)
+            | Command::Fabric(_)
+            | Command::Config(_)
+            | Command::Report(_)
     ) {
         // Commands that only print may die quietly when their reader goes
         // away (`| head`). Not `run` and `node`: they write to sockets and
@@ -149,6 +157,7 @@ fn main() -> ExitCode {
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
+        Command::Report(args) => report::run(args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,5 @@
 //! `evb sim`: simulate an event builder (or synthetic traffic) on a fabric.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -52,23 +51,6 @@ pub struct SimArgs {
     /// Write plots: PREFIX-throughput.{svg,png} and PREFIX-links.{svg,png}.
     #[arg(long, value_name = "PREFIX")]
     pub plot: Option<PathBuf>,
-}
-
-/// A progress bar on a terminal; hidden in pipes and CI.
-fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg} [{bar:40}] {percent:>3}% {elapsed} (eta {eta})",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
 }
 
 /// Builds the simulated fabric from `--topology`, `--lfts`/`--routing`, `--order`.
@@ -138,7 +120,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         overrides.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
     let config = Config::load(args.config.as_deref(), &overrides)?;
-    let bar = progress_bar(1000, "simulating");
+    let bar = crate::progress::bar(1000, "simulating");
     let result = evb_sim::simulate(&config, fabric, |f| bar.set_position((f * 1000.0) as u64))
         .map_err(anyhow::Error::msg)?;
     bar.finish_and_clear();
@@ -366,7 +348,7 @@ pub fn scan(args: ScanArgs) -> Result<()> {
         base.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
     let total: usize = axes.iter().map(|a| a.values.len()).product();
-    let bar = progress_bar(total as u64, "scan points");
+    let bar = crate::progress::bar(total as u64, "scan points");
     // One fabric per (order, routing) met in the scan.
     let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
     let load = |point: &[(String, String)]| -> Result<(Config, SimFabric), String> {

@@ -87,6 +87,8 @@ pub struct Sample {
     pub events_corrupt: u64,
     /// Resident memory of all node processes, bytes.
     pub rss_bytes: u64,
+    /// Built payload rate of each endpoint over the last second, Gb/s.
+    pub node_built_gbps: Vec<f64>,
 }
 
 /// The JSON written by `--json`.
@@ -351,6 +353,7 @@ fn supervise(
     let mut timeline = Vec::new();
     let mut last_tick = Instant::now();
     let mut last_bytes = 0u64;
+    let mut last_node_bytes: Vec<u64> = Vec::new();
     let mut last_events = 0u64;
     let mut stop_sent = false;
     let em = layout.em as usize;
@@ -416,7 +419,16 @@ fn supervise(
             last_tick = Instant::now();
             let bytes: u64 = latest.iter().map(|r| r.bytes_built).sum();
             let events: u64 = latest.iter().map(|r| r.events_built).sum();
+            let node_bytes: Vec<u64> = latest.iter().map(|r| r.bytes_built).collect();
+            last_node_bytes.resize(node_bytes.len(), 0);
+            let node_built_gbps = node_bytes
+                .iter()
+                .zip(&last_node_bytes)
+                .map(|(&now, &before)| (now - before.min(now)) as f64 * 8.0 / dt / 1e9)
+                .collect();
+            last_node_bytes = node_bytes;
             let sample = Sample {
+                node_built_gbps,
                 t_s: start.elapsed().as_secs_f64(),
                 events_built: events,
                 bytes_built: bytes,

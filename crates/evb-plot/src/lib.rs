@@ -1,5 +1,6 @@
 //! `evb-plot`: the charts evb writes (line charts of throughput over time,
-//! heat maps of link load), each as an SVG and a PNG beside it.
+//! heat maps of link load, bar charts), each as an SVG and a PNG beside it,
+//! or as an SVG string to inline in an HTML report (`*_svg`).
 //!
 //! Text is laid out with a TrueType font found at run time (Debian's
 //! `fonts-dejavu-core`, installed by `scripts/setup.sh`).
@@ -107,6 +108,103 @@ pub fn heat_map_labelled(
         y_ticks,
     };
     render(base, (1000, 700), &picture)
+}
+
+/// One bar of a bar chart: a category and its value.
+pub struct Bar {
+    pub label: String,
+    pub value: f64,
+}
+
+/// A bar chart, one bar per category (e.g. latency bins, runs compared):
+/// writes `base.svg` and `base.png`.
+pub fn bar_chart(
+    base: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    bars: &[Bar],
+) -> Result<[PathBuf; 2], PlotError> {
+    if bars.is_empty() {
+        return Err(PlotError::Empty("a bar chart needs bars"));
+    }
+    render(
+        base,
+        (1000, 600),
+        &BarChart {
+            title,
+            x_label,
+            y_label,
+            bars,
+        },
+    )
+}
+
+/// [`line_chart`] as an SVG document in a string (for inlining in HTML).
+pub fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<String, PlotError> {
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Err(PlotError::Empty("a line chart needs points"));
+    }
+    render_svg_string(
+        (1000, 500),
+        &LineChart {
+            title,
+            x_label,
+            y_label,
+            series,
+        },
+    )
+}
+
+/// [`heat_map_labelled`] as an SVG document in a string.
+pub fn heat_map_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    rows: &[Vec<f64>],
+    x_ticks: &[String],
+    y_ticks: &[String],
+) -> Result<String, PlotError> {
+    if rows.is_empty() || rows.iter().all(Vec::is_empty) {
+        return Err(PlotError::Empty("a heat map needs cells"));
+    }
+    render_svg_string(
+        (1000, 600),
+        &HeatMap {
+            title,
+            x_label,
+            y_label,
+            rows,
+            x_ticks,
+            y_ticks,
+        },
+    )
+}
+
+/// [`bar_chart`] as an SVG document in a string.
+pub fn bar_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    bars: &[Bar],
+) -> Result<String, PlotError> {
+    if bars.is_empty() {
+        return Err(PlotError::Empty("a bar chart needs bars"));
+    }
+    render_svg_string(
+        (1000, 500),
+        &BarChart {
+            title,
+            x_label,
+            y_label,
+            bars,
+        },
+    )
 }
 
 /// Something drawn the same way on any backend.
@@ -265,6 +363,66 @@ impl Picture for HeatMap<'_> {
     }
 }
 
+struct BarChart<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    bars: &'a [Bar],
+}
+
+impl Picture for BarChart<'_> {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let n = self.bars.len();
+        let finite = |v: f64| if v.is_finite() { v } else { 0.0 };
+        let top = self
+            .bars
+            .iter()
+            .map(|b| finite(b.value))
+            .fold(0.0f64, f64::max);
+        let top = if top > 0.0 { top * 1.05 } else { 1.0 };
+        area.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(self.title, ("sans-serif", 24))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(75)
+            .build_cartesian_2d((0..n.saturating_sub(1).max(1)).into_segmented(), 0.0..top)
+            .map_err(|e| e.to_string())?;
+        let labels = self.bars;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .x_labels(n)
+            // Every bar up to 12, then every k-th, so that labels never overlap.
+            .x_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) if i % n.div_ceil(12) == 0 => {
+                    labels.get(*i).map_or(String::new(), |b| b.label.clone())
+                }
+                _ => String::new(),
+            })
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let color = Palette99::pick(0).to_rgba();
+        chart
+            .draw_series(self.bars.iter().enumerate().map(|(i, b)| {
+                let mut bar = Rectangle::new(
+                    [
+                        (SegmentValue::Exact(i), 0.0),
+                        (SegmentValue::Exact(i + 1), finite(b.value)),
+                    ],
+                    color.filled(),
+                );
+                bar.set_margin(0, 0, 2, 2);
+                bar
+            }))
+            .map_err(|e| e.to_string())?;
+        area.present().map_err(|e| e.to_string())
+    }
+}
+
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
         (a.min(v), b.max(v))
@@ -301,6 +459,20 @@ fn render(
     Ok([svg, png])
 }
 
+/// Draws a picture to an SVG document held in memory.
+fn render_svg_string(size: (u32, u32), picture: &impl Picture) -> Result<String, PlotError> {
+    ensure_font()?;
+    let mut text = String::new();
+    // The backend writes into `text` when it is dropped at the end of `draw`.
+    picture
+        .draw(SVGBackend::with_string(&mut text, size).into_drawing_area())
+        .map_err(|message| PlotError::Draw {
+            path: PathBuf::from("<svg string>"),
+            message,
+        })?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,6 +499,43 @@ mod tests {
         assert!(std::fs::metadata(png).unwrap().len() > 1000);
         assert!(matches!(
             line_chart(&dir.join("e"), "t", "x", "y", &[]),
+            Err(PlotError::Empty(_))
+        ));
+    }
+
+    #[test]
+    fn svg_strings_are_whole_documents() {
+        let series = [Series {
+            name: "a".into(),
+            points: vec![(0.0, 1.0), (1.0, 3.0)],
+        }];
+        let line = line_chart_svg("Rate", "t", "Gb/s", &series).unwrap();
+        assert!(line.starts_with("<svg") && line.trim_end().ends_with("</svg>"));
+        assert!(line.contains("Rate"));
+        let heat = heat_map_svg(
+            "Grid",
+            "x",
+            "y",
+            &[vec![1.0, 2.0], vec![3.0, 4.0]],
+            &["a".into(), "b".into()],
+            &["c".into(), "d".into()],
+        )
+        .unwrap();
+        assert!(heat.matches("<rect").count() >= 4, "{heat}");
+        let bars = [
+            Bar {
+                label: "first".into(),
+                value: 2.0,
+            },
+            Bar {
+                label: "second".into(),
+                value: f64::NAN,
+            },
+        ];
+        let svg = bar_chart_svg("Bars", "what", "n", &bars).unwrap();
+        assert!(svg.contains("first") && svg.contains("second") && !svg.contains("NaN"));
+        assert!(matches!(
+            bar_chart_svg("t", "x", "y", &[]),
             Err(PlotError::Empty(_))
         ));
     }

@@ -1,0 +1,229 @@
+//! `evb fabric conflicts --json` files: how the shift schedule loads the
+//! fabric's links, step by step, and which links are shared most.
+
+use evb_plot::{Bar, Series};
+
+use crate::html::{count, facts, short_name, table, Cell};
+use crate::json::At;
+use crate::{figure, Input, Result};
+
+/// Worst links listed and charted.
+const WORST_LINKS: usize = 20;
+/// Widest row of the per-step heat map.
+const MAX_GRID_COLUMNS: usize = 50;
+
+struct Totals {
+    conflicts: u64,
+    flows: u64,
+    flows_on_shared_links: u64,
+    max_link_load: u64,
+    steps: u64,
+    steps_with_conflicts: u64,
+}
+
+impl Totals {
+    fn read(t: &At) -> Result<Totals> {
+        Ok(Totals {
+            conflicts: t.get("conflicts").u64()?,
+            flows: t.get("flows").u64()?,
+            flows_on_shared_links: t.get("flows_on_shared_links").u64()?,
+            max_link_load: t.get("max_link_load").u64()?,
+            steps: t.get("steps").u64()?,
+            steps_with_conflicts: t.get("steps_with_conflicts").u64()?,
+        })
+    }
+}
+
+struct Step {
+    step: u64,
+    conflicts: u64,
+    max_link_load: u64,
+}
+
+fn steps(root: &At) -> Result<Vec<Step>> {
+    root.get("per_step")
+        .array()?
+        .iter()
+        .map(|s| {
+            Ok(Step {
+                step: s.get("step").u64()?,
+                conflicts: s.get("conflicts").u64()?,
+                max_link_load: s.get("max_link_load").u64()?,
+            })
+        })
+        .collect()
+}
+
+fn label(root: &At, key: &str) -> Result<String> {
+    Ok(match root.get(key).value {
+        serde_json::Value::Null => "?".into(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+pub(crate) fn section(input: &Input) -> Result<String> {
+    let root = &input.root;
+    let totals = Totals::read(&root.get("total"))?;
+    let mut out = facts(&[
+        ("topology", label(root, "topology")?),
+        ("routing", label(root, "routing")?),
+        ("rank order", label(root, "order")?),
+        ("hosts", count(root.get("hosts").u64()?)),
+        ("flows", count(totals.flows)),
+        ("conflicts", count(totals.conflicts)),
+        (
+            "steps with conflicts",
+            format!(
+                "{} of {}",
+                count(totals.steps_with_conflicts),
+                count(totals.steps)
+            ),
+        ),
+        ("flows on shared links", count(totals.flows_on_shared_links)),
+        (
+            "largest link load",
+            format!("{} flows", totals.max_link_load),
+        ),
+        ("definition", label(root, "conflict_definition")?),
+    ]);
+
+    let steps = steps(root)?;
+    out.push_str("<h3>Link load per step</h3>\n");
+    // Steps wrapped into a grid, row by row, so that thousands of steps fit.
+    let columns = (steps.len() as f64)
+        .sqrt()
+        .ceil()
+        .clamp(1.0, MAX_GRID_COLUMNS as f64) as usize;
+    let grid_rows = steps.len().div_ceil(columns);
+    let mut grid = vec![vec![0.0; columns]; grid_rows];
+    for (i, s) in steps.iter().enumerate() {
+        grid[i / columns][i % columns] = s.max_link_load as f64;
+    }
+    let x_ticks: Vec<String> = (0..columns).map(|c| format!("+{c}")).collect();
+    let y_ticks: Vec<String> = (0..grid_rows)
+        .map(|r| {
+            steps
+                .get(r * columns)
+                .map_or(String::new(), |s| s.step.to_string())
+        })
+        .collect();
+    let chart = if steps.is_empty() {
+        Err(evb_plot::PlotError::Empty("the file has no steps"))
+    } else {
+        evb_plot::heat_map_svg(
+            "Most loaded link in each step (flows on it)",
+            "step offset in the row",
+            "first step of the row",
+            &grid,
+            &x_ticks,
+            &y_ticks,
+        )
+    };
+    out.push_str(&figure(input.file, chart)?);
+    out.push_str(
+        "<p class=\"note\">Each cell is one step of the shift schedule; its colour is the load \
+         of the busiest directed link in that step (1 = no sharing). Cells after the last step are 0.</p>\n",
+    );
+    let conflicts: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| (s.step as f64, s.conflicts as f64))
+        .collect();
+    out.push_str(&figure(
+        input.file,
+        evb_plot::line_chart_svg(
+            "Conflicts per step",
+            "step",
+            "conflicts",
+            &[Series {
+                name: "conflicts".into(),
+                points: conflicts,
+            }],
+        ),
+    )?);
+
+    let mut rows = Vec::new();
+    let mut bars = Vec::new();
+    for l in root
+        .get("worst_links")
+        .opt_array()?
+        .iter()
+        .take(WORST_LINKS)
+    {
+        let name = format!(
+            "{} port {} -> {} port {}",
+            l.get("node").str()?,
+            l.get("port").u64()?,
+            l.get("to").str()?,
+            l.get("to_port").u64()?
+        );
+        let conflicts = l.get("conflicts").u64()?;
+        rows.push(vec![
+            Cell::new(name.clone()),
+            Cell::num(count(conflicts)),
+            Cell::num(count(l.get("steps_shared").u64()?)),
+            Cell::num(l.get("max_load").u64()?.to_string()),
+        ]);
+        bars.push(Bar {
+            label: format!("{}:{}", l.get("node").str()?, l.get("port").u64()?),
+            value: conflicts as f64,
+        });
+    }
+    if !rows.is_empty() {
+        out.push_str("<h3>Most shared links</h3>\n");
+        out.push_str(&figure(
+            input.file,
+            evb_plot::bar_chart_svg(
+                "Conflicts on the most shared links, over all steps",
+                "link (switch:port)",
+                "conflicts",
+                &bars,
+            ),
+        )?);
+        out.push_str(&table(
+            &["directed link", "conflicts", "steps shared", "max load"],
+            &rows,
+        ));
+    }
+    Ok(out)
+}
+
+/// Several fabric analyses (orders, routings) side by side.
+pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
+    let mut rows = Vec::new();
+    let mut bars = Vec::new();
+    for input in inputs {
+        let root = &input.root;
+        let t = Totals::read(&root.get("total"))?;
+        rows.push(vec![
+            Cell::new(input.file.display().to_string()),
+            Cell::new(label(root, "topology")?),
+            Cell::new(label(root, "routing")?),
+            Cell::new(label(root, "order")?),
+            Cell::num(count(t.conflicts)),
+            Cell::num(format!("{} / {}", t.steps_with_conflicts, t.steps)),
+            Cell::num(t.max_link_load.to_string()),
+        ]);
+        bars.push(Bar {
+            label: short_name(input.file),
+            value: t.conflicts as f64,
+        });
+    }
+    let mut out = table(
+        &[
+            "file",
+            "topology",
+            "routing",
+            "order",
+            "conflicts",
+            "steps with conflicts",
+            "max link load",
+        ],
+        &rows,
+    );
+    out.push_str(&figure(
+        inputs[0].file,
+        evb_plot::bar_chart_svg("Conflicts, by analysis", "analysis", "conflicts", &bars),
+    )?);
+    Ok(out)
+}
