@@ -10,6 +10,7 @@ APT_PACKAGES=(
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
   libopenmpi-dev openmpi-bin           # cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
   chromium                             # evb report tests: the HTML report in a real browser
+  prometheus                           # metrics test: the real scraper
 )
 
 missing=()

@@ -265,6 +265,25 @@ impl Default for OutputSection {
     }
 }
 
+/// Prometheus metrics served by every node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSection {
+    /// Interface the metrics endpoints listen on.
+    pub bind: String,
+    /// 0: no metrics; otherwise endpoint i serves `/metrics` on base_port + i.
+    pub base_port: u16,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection {
+            bind: "127.0.0.1".into(),
+            base_port: 0,
+        }
+    }
+}
+
 /// The simulated fabric and traffic (`evb sim`). Defaults are InfiniBand EDR.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -349,6 +368,7 @@ pub struct Config {
     pub transport: TransportSection,
     pub nodes: NodesSection,
     pub output: OutputSection,
+    pub metrics: MetricsSection,
     pub faults: FaultsSection,
     pub sim: SimSection,
     /// Histogram bins `(size, weight)` loaded from `source.histogram`.
@@ -653,6 +673,18 @@ impl Config {
                 "transport.kind",
                 format!(
                     "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
+                ),
+            ));
+        }
+        if self.metrics.base_port != 0
+            && u32::from(self.metrics.base_port) + u32::from(self.nodes.count) + 1 > 65535
+        {
+            return Err(err(
+                "metrics.base_port",
+                format!(
+                    "base_port {} + {} endpoints runs past port 65535",
+                    self.metrics.base_port,
+                    self.nodes.count + 1
                 ),
             ));
         }

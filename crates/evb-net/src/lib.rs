@@ -11,6 +11,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod launch;
+pub mod metrics;
 pub mod node;
 pub mod report;
 pub mod transport;

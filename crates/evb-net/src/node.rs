@@ -98,7 +98,12 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     };
     let commands = (opts.control == Control::Stdio).then(spawn_stdin_forwarder);
     let run_id = config.run.run_id;
+    let metrics = match config.metrics.base_port {
+        0 => None,
+        base => Some(crate::metrics::serve(&config.metrics.bind, base + rank)?),
+    };
     let mut rt = Runtime::new(config, layout, rank)?;
+    rt.metrics = metrics;
     if opts.control == Control::Launcher {
         // Many ranks share the launcher's stdout, where long lines of
         // different ranks interleave: the final report also goes to a file.
@@ -378,6 +383,8 @@ struct Runtime {
     events: Vec<LinkEvent>,
     /// Where the final report is also written (launcher mode).
     report_file: Option<PathBuf>,
+    /// The text `/metrics` serves, when metrics are on.
+    metrics: Option<crate::metrics::MetricsText>,
 }
 
 impl Runtime {
@@ -421,6 +428,7 @@ impl Runtime {
             finished: false,
             events: Vec::new(),
             report_file: None,
+            metrics: None,
         })
     }
 
@@ -695,12 +703,13 @@ impl Runtime {
     fn print_report(&self, tag: &str, full: bool, drain_timed_out: bool) {
         let stats = self.engine.node.stats();
         let elapsed = self.engine.epoch.elapsed().as_secs_f64();
+        // Metrics want the latency histogram every time.
         let mut r = NodeReport::from_stats(
             self.rank,
             self.layout.role(self.rank),
             elapsed,
             &stats,
-            full,
+            full || self.metrics.is_some(),
         );
         r.peers_lost = self.lost.clone();
         r.rss_bytes = crate::report::resident_bytes();
@@ -711,6 +720,23 @@ impl Runtime {
             r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
         }
         r.drain_timed_out = drain_timed_out;
+        if let Some(m) = &self.metrics {
+            let gauges = crate::metrics::Gauges {
+                ru_meps_held: self.engine.meps.len(),
+                bu_open_batches: self.engine.batches.len(),
+                peers_up: self
+                    .linked
+                    .iter()
+                    .filter(|&&p| p != self.rank && !self.lost.iter().any(|l| l.peer == p))
+                    .count(),
+            };
+            m.set(crate::metrics::render(&r, gauges));
+        }
+        if !full {
+            // STATS lines stay small: the histogram only in FINAL.
+            r.latency_buckets.clear();
+            r.incidents.clear();
+        }
         let line = serde_json::to_string(&r).expect("report serialises");
         if let (Some(path), true) = (&self.report_file, full) {
             if let Err(e) = std::fs::write(path, &line) {
