@@ -210,6 +210,10 @@ pub struct TransportSection {
     /// small fragments go through it; large payloads are copied once,
     /// straight from the sender's memory).
     pub shm_ring_bytes: u32,
+    /// A file holding the run key connections must prove (HMAC handshake);
+    /// empty: the key from EVB_RUN_KEY if set (`evb run` sets a fresh one),
+    /// else none.
+    pub run_key_file: String,
 }
 
 impl Default for TransportSection {
@@ -223,6 +227,7 @@ impl Default for TransportSection {
             peer_timeout_ms: 800,
             progress: "blocking".into(),
             shm_ring_bytes: 1 << 20,
+            run_key_file: String::new(),
         }
     }
 }

@@ -148,6 +148,12 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Some(e) => e.clone(),
         None => std::env::current_exe().context("locating the evb executable")?,
     };
+    // A fresh run key for this run's nodes (unless the config names one):
+    // a stranger on a node port cannot join even with the right run id.
+    let run_key = match std::env::var(crate::transport::auth::KEY_ENV) {
+        Ok(k) => k,
+        Err(_) => crate::transport::auth::fresh_key_hex(),
+    };
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
     let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
@@ -162,6 +168,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
             "--config",
         ])
         .arg(&config_path)
+        .env(crate::transport::auth::KEY_ENV, &run_key)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

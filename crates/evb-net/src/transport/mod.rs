@@ -15,6 +15,7 @@
 //! counts as a sign of life ([`RxHandler::on_alive`]), heartbeats fill the
 //! silences, and a peer silent for `transport.peer_timeout_ms` is dropped.
 
+pub mod auth;
 pub mod msg;
 pub mod shm;
 pub mod tcp;

@@ -18,6 +18,7 @@ use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN};
 use evb_core::{Layout, MepId, NodeId};
 use mio::{Events, Interest, Poll, Token};
 
+use super::auth::{self, MAC_LEN, NONCE_LEN};
 use super::tcp_conn::{Conn, RxStatus};
 use super::{linked_peers, LinkEvent, RxHandler, Transport};
 
@@ -42,6 +43,8 @@ pub struct TcpTransport {
     max_body: u64,
     socket_buffer_bytes: u32,
     finished: bool,
+    /// The run key: connections must prove it (see [`super::auth`]).
+    key: Option<Vec<u8>>,
 }
 
 impl TcpTransport {
@@ -71,6 +74,7 @@ impl TcpTransport {
             max_body: config.event_builder.max_message_bytes,
             socket_buffer_bytes: config.transport.socket_buffer_bytes,
             finished: false,
+            key: auth::load_key(&config.transport.run_key_file)?,
         })
     }
 
@@ -91,11 +95,26 @@ impl TcpTransport {
         let me = self.rank;
         let hello = self.hello();
         let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
+        // Connections whose handshake already included the peer's answer.
+        let mut answered = Vec::new();
+        let self_nonce = auth::nonce();
         for &peer in self.linked.iter().filter(|&&p| p >= me) {
             let addr = addrs[peer as usize];
             let mut s = connect_retry(addr, deadline)
                 .with_context(|| format!("connecting to endpoint {peer} at {addr}"))?;
             s.write_all(&hello)?;
+            if let Some(key) = &self.key {
+                if peer == me {
+                    // Our own acceptor checks this nonce: only we know it.
+                    s.write_all(&self_nonce)?;
+                } else {
+                    self.prove_as_connector(&mut s, key, peer, deadline)
+                        .with_context(|| {
+                            format!("run-key handshake with endpoint {peer} at {addr}")
+                        })?;
+                    answered.push(opened.len());
+                }
+            }
             opened.push((s, Some(peer)));
         }
         let outgoing = opened.len();
@@ -110,14 +129,22 @@ impl TcpTransport {
                     s.set_read_timeout(Some(
                         left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
                     ))?;
-                    match read_hello(&s, self.run_id, self.endpoints) {
+                    let checked = read_hello(&s, self.run_id, self.endpoints).and_then(|peer| {
+                        match &self.key {
+                            Some(key) => {
+                                self.check_as_acceptor(&s, key, peer, &hello, &self_nonce)?
+                            }
+                            // The answer: tells the peer we are set up (not
+                            // on the receive-only self-link).
+                            None if peer != me => (&s).write_all(&hello)?,
+                            None => {}
+                        }
+                        Ok(peer)
+                    });
+                    match checked {
                         Ok(peer) => {
                             // With another node the accepted socket carries
                             // both directions; the self-link only receives.
-                            if peer != me {
-                                // The answer: tells the peer we are set up.
-                                (&s).write_all(&hello)?;
-                            }
                             opened.push((s, (peer != me).then_some(peer)));
                             accepted += 1;
                         }
@@ -154,7 +181,106 @@ impl TcpTransport {
                     self.awaiting_hello.push(i);
                 }
             }
-            self.conns.push(Conn::new(stream, rx_peer, self.max_body));
+            let mut conn = Conn::new(stream, rx_peer, self.max_body);
+            conn.hello_seen = answered.contains(&i);
+            self.conns.push(conn);
+        }
+        Ok(())
+    }
+
+    /// Connecting side of the run-key handshake (after our Hello).
+    fn prove_as_connector(
+        &self,
+        s: &mut StdTcpStream,
+        key: &[u8],
+        peer: NodeId,
+        deadline: Instant,
+    ) -> Result<()> {
+        let nonce_c = auth::nonce();
+        s.write_all(&nonce_c)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        let answered = read_hello(s, self.run_id, self.endpoints).context("reading the answer")?;
+        if answered != peer {
+            bail!("endpoint {peer}'s address answered as endpoint {answered}");
+        }
+        let mut challenge = [0u8; NONCE_LEN + MAC_LEN];
+        s.read_exact(&mut challenge)
+            .context("reading the peer's proof")?;
+        let nonce_a: [u8; NONCE_LEN] = challenge[..NONCE_LEN].try_into().expect("16");
+        let mac_a: [u8; MAC_LEN] = challenge[NONCE_LEN..].try_into().expect("32");
+        if !auth::verify(
+            key,
+            "evb-accept",
+            self.run_id,
+            peer,
+            self.rank,
+            &nonce_c,
+            &nonce_a,
+            &mac_a,
+        ) {
+            bail!("endpoint {peer} did not prove the run key");
+        }
+        s.write_all(&auth::proof(
+            key,
+            "evb-connect",
+            self.run_id,
+            self.rank,
+            peer,
+            &nonce_a,
+            &nonce_c,
+        ))?;
+        s.set_read_timeout(None)?;
+        Ok(())
+    }
+
+    /// Accepting side: the peer's Hello was read; answer and check its proof.
+    fn check_as_acceptor(
+        &self,
+        s: &StdTcpStream,
+        key: &[u8],
+        peer: NodeId,
+        hello: &[u8],
+        self_nonce: &[u8; NONCE_LEN],
+    ) -> Result<()> {
+        let mut nonce_c = [0u8; NONCE_LEN];
+        (&*s)
+            .read_exact(&mut nonce_c)
+            .context("reading the nonce")?;
+        if peer == self.rank {
+            if &nonce_c != self_nonce {
+                bail!("a connection claiming to be this node did not come from it");
+            }
+            return Ok(());
+        }
+        let nonce_a = auth::nonce();
+        let mut answer = hello.to_vec();
+        answer.extend_from_slice(&nonce_a);
+        answer.extend_from_slice(&auth::proof(
+            key,
+            "evb-accept",
+            self.run_id,
+            self.rank,
+            peer,
+            &nonce_c,
+            &nonce_a,
+        ));
+        (&*s).write_all(&answer)?;
+        let mut mac_c = [0u8; MAC_LEN];
+        (&*s)
+            .read_exact(&mut mac_c)
+            .context("reading the run-key proof")?;
+        if !auth::verify(
+            key,
+            "evb-connect",
+            self.run_id,
+            peer,
+            self.rank,
+            &nonce_a,
+            &nonce_c,
+            &mac_c,
+        ) {
+            bail!("endpoint {peer} (claimed) did not prove the run key");
         }
         Ok(())
     }
