@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libopenmpi-dev openmpi-bin           # cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
   chromium                             # evb report tests: the HTML report in a real browser
   prometheus                           # metrics test: the real scraper
+  iproute2 nftables                    # network-fault tests: namespaces, veth, packet loss
 )
 
 missing=()

