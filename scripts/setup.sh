@@ -8,7 +8,8 @@ APT_PACKAGES=(
   iperf3                               # bench/: TCP peer for the event builder
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
-  libopenmpi-dev openmpi-bin           # cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
+  libopenmpi-dev openmpi-bin           # the mpi transport, cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
+  libclang-dev clang                   # bindgen, for the MPI bindings (mpi-sys)
   chromium                             # evb report tests: the HTML report in a real browser
   prometheus                           # metrics test: the real scraper
   iproute2 nftables                    # network-fault tests: namespaces, veth, packet loss

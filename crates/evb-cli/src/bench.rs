@@ -21,10 +21,14 @@ pub enum BenchCommand {
     /// One rank of a benchmark (started by the commands above).
     #[command(hide = true)]
     Worker {
+        /// The rank (default: from the launcher's environment, with --rendezvous).
         #[arg(long)]
-        rank: u16,
+        rank: Option<u16>,
         #[arg(long)]
         spec: String,
+        /// Under mpirun/srun: exchange addresses and write results in DIR.
+        #[arg(long)]
+        rendezvous: Option<PathBuf>,
     },
 }
 
@@ -120,9 +124,18 @@ struct P2pRow {
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("locating the evb executable")?;
     match cmd {
-        BenchCommand::Worker { rank, spec } => {
+        BenchCommand::Worker {
+            rank,
+            spec,
+            rendezvous,
+        } => {
             let spec: BenchSpec = serde_json::from_str(&spec).context("--spec")?;
-            run_worker(&spec, rank)?;
+            let rank = match (rank, evb_net::cluster::launcher_rank()) {
+                (Some(r), _) => r,
+                (None, Some((r, _, _))) if rendezvous.is_some() => r,
+                _ => bail!("give --rank, or run under a launcher with --rendezvous"),
+            };
+            run_worker(&spec, rank, rendezvous.as_deref())?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::P2p(a) => {

@@ -56,7 +56,7 @@ fn under_openmpi_mpirun() {
         mpirun.is_ok_and(|o| o.status.success()),
         "mpirun is missing: scripts/setup.sh installs openmpi-bin"
     );
-    for transport in ["tcp", "shm"] {
+    for transport in ["tcp", "shm", "mpi"] {
         let dir = tmp(transport);
         let child = Command::new("mpirun")
             .args([

@@ -14,6 +14,14 @@ fn evb() -> Command {
     Command::new(env!("CARGO_BIN_EXE_evb"))
 }
 
+/// One scenario at a time: each starts four busy processes on a 2-core
+/// machine, and a starved process is indistinguishable from a dead one.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("evb-transports-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -58,6 +66,7 @@ fn received(w: &Value) -> Vec<u64> {
 /// Four ranks, every pair both ways, 64 B to 4 MiB: every message
 /// arrives once, in order, intact; everyone finishes cleanly.
 fn all_to_all_in_order(transport: &str) {
+    let _serial = serial();
     let (code, workers, text) = conformance(transport, &["--ranks", "4", "--messages", "150"]);
     assert_eq!(code, 0, "{transport}\n{text}");
     assert_eq!(workers.len(), 4);
@@ -78,6 +87,7 @@ fn all_to_all_in_order(transport: &str) {
 /// Rank 1 takes 3 ms per message: senders hold at most their window,
 /// nobody is declared dead, nothing is lost.
 fn slow_receiver_backpressure(transport: &str) {
+    let _serial = serial();
     let (code, workers, text) = conformance(
         transport,
         &[
@@ -110,6 +120,7 @@ fn slow_receiver_backpressure(transport: &str) {
 /// The last rank kills itself mid-exchange: the others notice within a
 /// bound, get everything from the living, and finish.
 fn dead_peer_detected(transport: &str) {
+    let _serial = serial();
     let (code, workers, text) = conformance(
         transport,
         &["--ranks", "4", "--messages", "300", "--die-after", "100"],
@@ -138,6 +149,7 @@ fn dead_peer_detected(transport: &str) {
 
 /// A real event builder over the transport: exact counts, zero loss.
 fn event_builder_exact(transport: &str) {
+    let _serial = serial();
     let json = tmp(&format!(
         "run-{}.json",
         transport.replace([':', ';', ','], "_")
@@ -203,6 +215,7 @@ transport_suite!(shm, "shm");
 
 #[test]
 fn p2p_benchmark_writes_table_json_csv_and_plots() {
+    let _serial = serial();
     let json = tmp("p2p.json");
     let csv = tmp("p2p.csv");
     let plot = tmp("p2p");
@@ -265,4 +278,123 @@ fn unknown_transport_is_a_clear_error() {
         err.contains("transport.kind") && err.contains("carrier-pigeon"),
         "{err}"
     );
+}
+
+/// MPI runs under a launcher: the same conformance workers, started by
+/// OpenMPI's mpirun (4 ranks), results written to a directory.
+mod mpi {
+    use serde_json::Value;
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    fn spec(extra: &[(&str, Value)]) -> String {
+        let mut v = serde_json::json!({
+            "scenario": "conformance", "transport": "mpi", "progress": "blocking",
+            "ranks": 4, "sizes": [64, 1000, 4096, 65536, 1048576, 4194304, 100],
+            "window": 16, "seconds": 0.5, "bidir": false, "pingpong": 0,
+            "messages": 150, "slow_rank": null, "slow_us": 0, "die_rank": null, "die_after": 0
+        });
+        for (k, val) in extra {
+            v[*k] = val.clone();
+        }
+        v.to_string()
+    }
+
+    /// Runs the workers under mpirun; (exit success, results by rank, output).
+    fn mpirun(name: &str, spec: &str) -> (bool, Vec<Option<Value>>, String) {
+        let _serial = super::serial();
+        let dir = super::tmp(&format!("mpi-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "-np",
+                "4",
+            ])
+            .arg(env!("CARGO_BIN_EXE_evb"))
+            .args(["bench", "worker", "--spec", spec, "--rendezvous"])
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("mpirun (scripts/setup.sh installs openmpi-bin)");
+        let pid = child.id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        let Ok(out) = rx.recv_timeout(Duration::from_secs(120)) else {
+            // SAFETY: signalling the mpirun we started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("mpirun did not finish within 120 s");
+        };
+        let out = out.unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        let results = (0..4)
+            .map(|r| {
+                std::fs::read_to_string(dir.join(format!("result-{r}.json")))
+                    .ok()
+                    .map(|t| serde_json::from_str(&t).unwrap())
+            })
+            .collect();
+        (out.status.success(), results, text)
+    }
+
+    #[test]
+    fn all_to_all_in_order() {
+        let (ok, results, text) = mpirun("order", &spec(&[]));
+        assert!(ok, "{text}");
+        for (rank, r) in results.iter().enumerate() {
+            let r = r
+                .as_ref()
+                .unwrap_or_else(|| panic!("rank {rank}: no result\n{text}"));
+            let mut expected = vec![150u64; 4];
+            expected[rank] = 0;
+            assert_eq!(super::received(r), expected, "rank {rank}\n{text}");
+            assert_eq!(r["order_errors"], 0);
+            assert_eq!(r["content_errors"], 0);
+            assert_eq!(r["finished_clean"], true, "{text}");
+            assert_eq!(r["transport"], "mpi");
+        }
+    }
+
+    #[test]
+    fn slow_receiver_backpressure() {
+        let extra = [
+            ("slow_rank", Value::from(1)),
+            ("slow_us", Value::from(3000)),
+            ("window", Value::from(4)),
+        ];
+        let (ok, results, text) = mpirun("slow", &spec(&extra));
+        assert!(ok, "{text}");
+        for (rank, r) in results.iter().enumerate() {
+            let r = r
+                .as_ref()
+                .unwrap_or_else(|| panic!("rank {rank}: no result\n{text}"));
+            let mut expected = vec![150u64; 4];
+            expected[rank] = 0;
+            assert_eq!(super::received(r), expected, "rank {rank}\n{text}");
+            assert!(r["max_outstanding"].as_u64().unwrap() <= 4);
+            assert!(r["lost_peers"].as_array().unwrap().is_empty(), "{text}");
+        }
+    }
+
+    /// A rank that dies takes the MPI job down (the launcher's failure
+    /// model): mpirun must end, with a failure status, not hang.
+    #[test]
+    fn dead_rank_ends_the_job() {
+        let extra = [
+            ("die_rank", Value::from(3)),
+            ("die_after", Value::from(100)),
+            ("messages", Value::from(300)),
+        ];
+        let (ok, results, text) = mpirun("dead", &spec(&extra));
+        assert!(!ok, "mpirun should report the dead rank\n{text}");
+        assert!(results[3].is_none(), "{text}");
+    }
 }

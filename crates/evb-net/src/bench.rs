@@ -129,6 +129,8 @@ pub struct WorkerResult {
     pub sizes: Vec<SizeResult>,
     /// Conformance: messages received from each rank.
     pub received_from: Vec<u64>,
+    /// Messages out of order or missing, from peers that stayed alive
+    /// (a dead sender's last messages may be lost: not an order error).
     pub order_errors: u64,
     pub content_errors: u64,
     /// Peers this worker found dead, with the seconds it took to notice
@@ -158,7 +160,8 @@ struct Rx {
     first_rx: Option<Instant>,
     last_rx_data: Option<Instant>,
     last_rx: Vec<Instant>,
-    order_errors: u64,
+    /// Order errors by sender.
+    order_errors: Vec<u64>,
     content_errors: u64,
     check_content: bool,
     slow_us: u64,
@@ -199,7 +202,7 @@ impl RxHandler for Rx {
         self.bytes[p] += u64::from(h.payload_len);
         let seq = h.mep & 0xffff_ffff_ffff;
         if seq != self.next_seq[p] {
-            self.order_errors += 1;
+            self.order_errors[p] += 1;
         }
         self.next_seq[p] = seq + 1;
         if self.check_content {
@@ -290,11 +293,12 @@ impl Worker {
                 if p == self.rank || self.lost[p as usize] || self.closed[p as usize] {
                     continue;
                 }
+                // Judged before our heartbeat is queued (see node.rs).
+                if self.t.peer_active(p) {
+                    self.rx.last_rx[p as usize] = now;
+                }
                 if !self.t.has_pending_tx(Some(p)) {
                     self.t.send_control(p, &Message::Heartbeat);
-                }
-                if self.t.input_pending(p) {
-                    self.rx.last_rx[p as usize] = now;
                 }
                 let silent = now.duration_since(self.rx.last_rx[p as usize]);
                 if silent > PEER_TIMEOUT {
@@ -613,11 +617,48 @@ impl Worker {
 }
 
 /// `evb bench worker`: one rank of a benchmark, driven over stdio.
-pub fn run_worker(spec: &BenchSpec, rank: NodeId) -> Result<()> {
+///
+/// Under a cluster launcher (`launcher_dir`: Some), the rank comes from the
+/// caller, addresses go through that directory (or MPI itself) and the
+/// result is written to `DIR/result-<rank>.json`.
+pub fn run_worker(
+    spec: &BenchSpec,
+    rank: NodeId,
+    launcher_dir: Option<&std::path::Path>,
+) -> Result<()> {
     let config = spec.config()?;
     let layout = Layout::from_config(&config);
-    let mut t = open_transport(&config, &layout, rank, Control::Stdio)?;
-    let peers = rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?;
+    let control = if launcher_dir.is_some() {
+        Control::Launcher
+    } else {
+        Control::Stdio
+    };
+    let mut t = open_transport(&config, &layout, rank, control)?;
+    let peers = match launcher_dir {
+        None => rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?,
+        Some(_)
+            if crate::transport::TransportKind::parse(&spec.transport)?
+                == crate::transport::TransportKind::Mpi =>
+        {
+            (0..spec.ranks)
+                .map(|r| crate::transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+                .collect()
+        }
+        Some(dir) => {
+            let mut token = t.local_token();
+            if token.parse::<u16>().is_ok() {
+                token = format!("{}:{token}", config.transport.bind);
+            }
+            crate::cluster::exchange_tokens(
+                dir,
+                0,
+                rank,
+                spec.ranks,
+                &token,
+                Duration::from_secs(60),
+            )?
+        }
+    };
     let n = spec.ranks as usize;
     let mut rx = Rx {
         rank,
@@ -629,7 +670,7 @@ pub fn run_worker(spec: &BenchSpec, rank: NodeId) -> Result<()> {
         first_rx: None,
         last_rx_data: None,
         last_rx: vec![Instant::now(); n],
-        order_errors: 0,
+        order_errors: vec![0; n],
         content_errors: 0,
         check_content: false,
         slow_us: if spec.slow_rank == Some(rank) {
@@ -672,14 +713,24 @@ pub fn run_worker(spec: &BenchSpec, rank: NodeId) -> Result<()> {
         transport: w.t.name(),
         sizes,
         received_from: w.rx.count.clone(),
-        order_errors: w.rx.order_errors,
+        order_errors: (0..n)
+            .filter(|&p| !w.lost[p])
+            .map(|p| w.rx.order_errors[p])
+            .sum(),
         content_errors: w.rx.content_errors,
         lost_peers: w.lost_report.clone(),
         finished_clean,
         max_outstanding: w.max_outstanding,
     };
-    println!("RESULT {}", serde_json::to_string(&result)?);
+    let line = serde_json::to_string(&result)?;
+    if let Some(dir) = launcher_dir {
+        let path = dir.join(format!("result-{rank}.json"));
+        std::fs::write(&path, &line).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("RESULT {line}");
     std::io::stdout().flush()?;
+    // The transport (MPI in particular) is finalised before the process ends.
+    drop(w);
     Ok(())
 }
 

@@ -77,6 +77,14 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     }
     let mut transport = open_transport(&config, &layout, rank, opts.control)?;
     let peers = match opts.control {
+        // MPI knows every rank already: nothing to exchange.
+        Control::Launcher
+            if TransportKind::parse(&config.transport.kind)? == TransportKind::Mpi =>
+        {
+            (0..layout.endpoints)
+                .map(|r| transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+                .collect()
+        }
         Control::Launcher => {
             let dir = opts
                 .rendezvous
@@ -146,6 +154,17 @@ pub(crate) fn open_transport(
                 config.transport.shm_ring_bytes,
                 progress,
             )?;
+            Ok(Box::new(transport::msg::MsgTransport::new(
+                ep, config, layout, rank,
+            )?))
+        }
+        TransportKind::Mpi => {
+            if control != Control::Launcher {
+                bail!(
+                    "transport `mpi` runs under mpirun or srun: use `evb node --control launcher`"
+                );
+            }
+            let ep = transport::mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
             Ok(Box::new(transport::msg::MsgTransport::new(
                 ep, config, layout, rank,
             )?))
@@ -600,13 +619,15 @@ impl Runtime {
             if p == self.rank || self.lost.iter().any(|l| l.peer == p) {
                 continue;
             }
-            if !transport.has_pending_tx(Some(p)) {
-                transport.send_control(p, &Message::Heartbeat);
-            }
-            if transport.input_pending(p) {
+            // Judge before queueing our heartbeat: our own write must not
+            // count as the peer taking data.
+            if transport.peer_active(p) {
                 self.engine.last_rx[p as usize] = now;
             } else if now.duration_since(self.engine.last_rx[p as usize]) > self.peer_timeout {
                 silent.push(p);
+            }
+            if !transport.has_pending_tx(Some(p)) {
+                transport.send_control(p, &Message::Heartbeat);
             }
         }
         for p in silent {
@@ -760,7 +781,11 @@ impl Runtime {
         }
         let line = serde_json::to_string(&r).expect("report serialises");
         if let (Some(path), true) = (&self.report_file, full) {
-            if let Err(e) = std::fs::write(path, &line) {
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(path, &line));
+            if let Err(e) = written {
                 eprintln!("evb node {}: writing {}: {e}", self.rank, path.display());
             }
         }

@@ -16,6 +16,7 @@
 //! silences, and a peer silent for `transport.peer_timeout_ms` is dropped.
 
 pub mod auth;
+pub mod mpi;
 pub mod msg;
 pub mod shm;
 pub mod tcp;
@@ -92,10 +93,10 @@ pub trait Transport {
     /// Gives up the link to a peer the runtime declared lost; its queued
     /// fragments come back as `SendDone`.
     fn drop_peer(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>);
-    /// Bytes from `peer` are waiting to be read: it is alive even if this
-    /// node has been too busy to hear it (a slow receiver is not a dead
-    /// sender).
-    fn input_pending(&self, peer: NodeId) -> bool;
+    /// `peer` is evidently alive even if this node has not heard from it:
+    /// its bytes wait unread (a slow receiver is not a dead sender), or it
+    /// is taking what we send (a busy receiver is not a dead one).
+    fn peer_active(&self, peer: NodeId) -> bool;
     /// This node has nothing more to send: tell every peer.
     fn finish(&mut self);
     /// Every linked peer has finished too (or is gone).

@@ -25,9 +25,9 @@ use super::{linked_peers, max_message_bytes, LinkEvent, RxHandler, Transport};
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tag bit of the message that says "this peer has finished".
-const TAG_BYE: u64 = 1 << 15;
+pub const TAG_BYE: u64 = 1 << 15;
 /// Ranks fit in 15 bits so that tags stay within MPI's guaranteed range.
-const TAG_RANK_MASK: u64 = TAG_BYE - 1;
+pub const TAG_RANK_MASK: u64 = TAG_BYE - 1;
 
 /// What an engine reports.
 #[derive(Debug)]
@@ -63,7 +63,7 @@ pub trait Endpoint {
     /// Every peer has reached this endpoint (the start barrier passed).
     fn setup_done(&mut self) {}
     /// Messages from this peer wait to be received (if the engine can tell).
-    fn input_pending(&self, _peer: usize) -> bool {
+    fn peer_active(&self, _peer: usize) -> bool {
         false
     }
 }
@@ -345,10 +345,6 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         if peers.len() != self.endpoints as usize {
             bail!("{} addresses for {} endpoints", peers.len(), self.endpoints);
         }
-        for _ in 0..self.recv_buffers {
-            let buf = handler.spare_buffer(self.max_message);
-            self.ep.post_recv(buf)?;
-        }
         for &p in &self.linked.clone() {
             let addr =
                 from_hex(&peers[p as usize]).with_context(|| format!("address of endpoint {p}"))?;
@@ -357,6 +353,11 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 .add_peer(&addr)
                 .with_context(|| format!("reaching endpoint {p}"))?;
             self.peer_index[p as usize] = Some(index);
+        }
+        // After the peers: an engine may post receives per peer.
+        for _ in 0..self.recv_buffers {
+            let buf = handler.spare_buffer(self.max_message);
+            self.ep.post_recv(buf)?;
         }
         let hello = Message::Hello {
             run_id: self.run_id,
@@ -476,8 +477,8 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         }
     }
 
-    fn input_pending(&self, peer: NodeId) -> bool {
-        self.peer_index[peer as usize].is_some_and(|i| self.ep.input_pending(i))
+    fn peer_active(&self, peer: NodeId) -> bool {
+        self.peer_index[peer as usize].is_some_and(|i| self.ep.peer_active(i))
     }
 
     fn finish(&mut self) {

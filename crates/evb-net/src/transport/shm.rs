@@ -578,7 +578,7 @@ impl Endpoint for ShmEndpoint {
         }
     }
 
-    fn input_pending(&self, peer: usize) -> bool {
+    fn peer_active(&self, peer: usize) -> bool {
         let Some(p) = self.peers.get(peer) else {
             return false;
         };

@@ -26,6 +26,10 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an accepted connection may take to say Hello: a stranger that
 /// connects and stays silent must not hold up the setup.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Reads per connection per poll (a fragment takes about three).
+const READ_STEPS: usize = 96;
+/// Writes that progressed this recently show the peer is taking data.
+const TX_PROGRESS_ALIVE: Duration = Duration::from_millis(300);
 
 pub struct TcpTransport {
     rank: NodeId,
@@ -45,6 +49,9 @@ pub struct TcpTransport {
     finished: bool,
     /// The run key: connections must prove it (see [`super::auth`]).
     key: Option<Vec<u8>>,
+    /// Connections that stopped reading at their budget (edge-triggered
+    /// readiness will not tell again).
+    more_to_read: Vec<usize>,
 }
 
 impl TcpTransport {
@@ -75,6 +82,7 @@ impl TcpTransport {
             socket_buffer_bytes: config.transport.socket_buffer_bytes,
             finished: false,
             key: auth::load_key(&config.transport.run_key_file)?,
+            more_to_read: Vec::new(),
         })
     }
 
@@ -308,18 +316,22 @@ impl TcpTransport {
     }
 
     fn read_events(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) {
-        let ready: Vec<usize> = self
-            .events
-            .iter()
-            .filter(|e| e.is_readable() || e.is_read_closed() || e.is_error())
-            .map(|e| e.token().0)
-            .collect();
+        let mut ready: Vec<usize> = std::mem::take(&mut self.more_to_read);
+        ready.extend(
+            self.events
+                .iter()
+                .filter(|e| e.is_readable() || e.is_read_closed() || e.is_error())
+                .map(|e| e.token().0),
+        );
+        ready.sort_unstable();
+        ready.dedup();
         for i in ready {
             if i >= self.conns.len() || self.conns[i].closed {
                 continue;
             }
-            match self.conns[i].read_ready(handler) {
+            match self.conns[i].read_ready(handler, READ_STEPS) {
                 Ok(RxStatus::Open) => {}
+                Ok(RxStatus::MoreToRead) => self.more_to_read.push(i),
                 Ok(RxStatus::Closed) => self.close_conn(i, None, events),
                 Err(e) => self.close_conn(i, Some(e), events),
             }
@@ -427,8 +439,9 @@ impl Transport for TcpTransport {
     ) -> Result<()> {
         let before = events.len();
         self.flush(events);
-        // Sends that completed are news for the caller: do not sleep on them.
-        let timeout = if events.len() > before {
+        // Sends that completed are news for the caller, and unread input
+        // is waiting: do not sleep on either.
+        let timeout = if events.len() > before || !self.more_to_read.is_empty() {
             Duration::ZERO
         } else {
             timeout
@@ -475,12 +488,16 @@ impl Transport for TcpTransport {
         );
     }
 
-    fn input_pending(&self, peer: NodeId) -> bool {
+    fn peer_active(&self, peer: NodeId) -> bool {
         use std::os::fd::AsRawFd;
         self.conns
             .iter()
             .filter(|c| c.peer == Some(peer) && !c.closed)
             .any(|c| {
+                // Data we queued earlier is still being taken: the peer reads.
+                if c.last_tx_progress.elapsed() < TX_PROGRESS_ALIVE && c.has_pending_tx() {
+                    return true;
+                }
                 let mut n: libc::c_int = 0;
                 // SAFETY: FIONREAD writes one c_int.
                 let rc = unsafe { libc::ioctl(c.stream.as_raw_fd(), libc::FIONREAD, &mut n) };

@@ -60,6 +60,8 @@ impl TxItem {
 #[derive(Debug, PartialEq, Eq)]
 pub enum RxStatus {
     Open,
+    /// Stopped at its budget: call again without waiting for readiness.
+    MoreToRead,
     /// The peer closed its sending side.
     Closed,
 }
@@ -80,6 +82,8 @@ pub struct Conn {
     pub closed: bool,
     /// When bytes last arrived (heartbeats included).
     pub last_rx: std::time::Instant,
+    /// When the peer last took bytes we sent (our writes progressed).
+    pub last_tx_progress: std::time::Instant,
     /// The peer's Hello has arrived on this connection (for an opened
     /// connection: the peer has accepted it and is set up).
     pub hello_seen: bool,
@@ -102,6 +106,7 @@ impl Conn {
             write_shut: false,
             closed: false,
             last_rx: std::time::Instant::now(),
+            last_tx_progress: std::time::Instant::now(),
             hello_seen: false,
         }
     }
@@ -184,6 +189,7 @@ impl Conn {
                 Err(e) => return Err(e),
             };
             self.tx_bytes_queued -= written;
+            self.last_tx_progress = std::time::Instant::now();
             let mut left = self.tx_offset + written;
             while let Some(front) = self.tx.front() {
                 let len = front.len();
@@ -201,12 +207,24 @@ impl Conn {
     }
 
     /// Reads everything available, handing complete messages to `handler`.
-    pub fn read_ready(&mut self, handler: &mut dyn RxHandler) -> Result<RxStatus, String> {
+    /// Reads at most `max_steps` times (so that one busy connection, or a
+    /// slow handler, cannot keep the node from its timers and heartbeats);
+    /// `MoreToRead` when it stopped with data maybe left.
+    pub fn read_ready(
+        &mut self,
+        handler: &mut dyn RxHandler,
+        max_steps: usize,
+    ) -> Result<RxStatus, String> {
         self.last_rx = std::time::Instant::now();
         if let Some(p) = self.peer {
             handler.on_alive(p);
         }
+        let mut steps = 0;
         loop {
+            if steps == max_steps {
+                return Ok(RxStatus::MoreToRead);
+            }
+            steps += 1;
             match self.read_step(handler) {
                 Ok(true) => continue,
                 Ok(false) => return Ok(RxStatus::Open),
