@@ -8,6 +8,8 @@ APT_PACKAGES=(
   iperf3                               # bench/: TCP peer for the event builder
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
+  libucx-dev ucx-utils                 # evb-ucx: UCX transport, ucx_perftest peer benchmark
+  libclang-dev clang                   # evb-ucx: bindgen reads the UCX headers
 )
 
 missing=()
