@@ -906,11 +906,16 @@ impl Drop for Endpoint {
                     std::thread::yield_now();
                 }
             }
+            // A flush close waits for every send to be taken by the peer, and
+            // UCX aborts if the worker is destroyed with a close still
+            // pending: so sends still stuck after the grace period, or a dead
+            // peer, mean a forced close (their requests end as cancelled).
+            let force = self.sends.live > 0;
             let mut closing = Vec::new();
             for p in &self.peers {
                 let param = sys::ucp_request_param_t {
                     op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-                    flags: if p.failed.is_some() {
+                    flags: if force || p.failed.is_some() {
                         sys::UCP_EP_CLOSE_FLAG_FORCE
                     } else {
                         0
