@@ -781,17 +781,8 @@ impl Endpoint {
                 std::hint::spin_loop();
             },
             Progress::Blocking => {
-                self.drive();
-                if self.has_news() {
+                if !self.arm()? {
                     return Ok(());
-                }
-                // SAFETY: worker is valid; arm after progress returned 0, as UCX requires.
-                let status = unsafe { sys::ucp_worker_arm(self.worker) };
-                if status == sys::UCS_ERR_BUSY {
-                    return Ok(());
-                }
-                if status != sys::UCS_OK {
-                    return Err(ucx_error("ucp_worker_arm", status));
                 }
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 // Rounded up, so a short timeout does not become a busy loop.
@@ -818,10 +809,30 @@ impl Endpoint {
     }
 
     /// The fd that becomes readable when UCX has events (Blocking mode only),
-    /// for callers that multiplex it with other fds; arm with [`Endpoint::wait`]
-    /// semantics (call it with a zero timeout first).
+    /// for an event loop that sleeps on other fds too (e.g. registered with
+    /// mio as a SourceFd). Before sleeping on it, call [`Endpoint::arm`].
     pub fn event_fd(&self) -> Option<c_int> {
         (self.event_fd >= 0).then_some(self.event_fd)
+    }
+
+    /// Prepares the event fd for sleeping: drives UCX, then arms the fd.
+    /// Ok(true): nothing pending, sleeping on the fd is safe. Ok(false):
+    /// completions or events are pending, call [`Endpoint::progress`] instead.
+    /// Busy mode has no fd: always Ok(false).
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        if self.progress_mode == Progress::Busy {
+            return Ok(false);
+        }
+        self.drive();
+        if self.has_news() {
+            return Ok(false);
+        }
+        // SAFETY: worker is valid; armed after progress returned 0, as UCX requires.
+        match unsafe { sys::ucp_worker_arm(self.worker) } {
+            sys::UCS_OK => Ok(true),
+            sys::UCS_ERR_BUSY => Ok(false),
+            status => Err(ucx_error("ucp_worker_arm", status)),
+        }
     }
 
     /// Sends handed to UCX whose completion has not been reported yet.

@@ -239,3 +239,88 @@ fn dropping_with_operations_in_flight_is_clean_and_bounded() {
         );
     }
 }
+
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn blocking_wait_sleeps_and_wakes_on_a_message() {
+    let _dog = watchdog(
+        "blocking_wait_sleeps_and_wakes_on_a_message",
+        Duration::from_secs(60),
+    );
+    let mut rx = open(Some("tcp"));
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let sender = std::thread::spawn(move || {
+        let mut tx = open(Some("tcp"));
+        addr_tx.send(tx.local_address()).unwrap();
+        let peer = tx.add_peer(&go_rx.recv().unwrap()).unwrap();
+        go_rx.recv().unwrap(); // the signal to send
+        let sent_at = Instant::now();
+        assert!(tx
+            .send(
+                peer,
+                9,
+                head(9, 0, 100),
+                Some((Rc::new(pattern(9, 0, 100)), 0..100)),
+                0
+            )
+            .unwrap());
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while out.is_empty() {
+            assert!(Instant::now() < deadline, "sender: no completion");
+            tx.progress(&mut out).unwrap();
+            tx.wait(Duration::from_millis(50)).unwrap();
+        }
+        // Stay open until the receiver has had time to take the message.
+        std::thread::sleep(Duration::from_millis(500));
+        sent_at
+    });
+    go_tx.send(rx.local_address()).unwrap();
+    rx.add_peer(&addr_rx.recv().unwrap()).unwrap();
+    rx.post_recv(Vec::with_capacity(1024)).unwrap();
+    let mut out = Vec::new();
+    // Idle: waiting must not burn CPU.
+    let (cpu0, wall0) = (thread_cpu_time(), Instant::now());
+    while wall0.elapsed() < Duration::from_millis(400) {
+        rx.wait(Duration::from_millis(400).saturating_sub(wall0.elapsed()))
+            .unwrap();
+        rx.progress(&mut out).unwrap();
+    }
+    let cpu = thread_cpu_time() - cpu0;
+    assert!(out.is_empty(), "{out:?}");
+    assert!(
+        cpu < Duration::from_millis(100),
+        "idle wait used {cpu:?} of CPU in 400 ms"
+    );
+    // A message wakes the waiter.
+    go_tx.send(Vec::new()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let received_at = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the message never woke the receiver"
+        );
+        rx.wait(Duration::from_secs(5)).unwrap();
+        rx.progress(&mut out).unwrap();
+        if let Some(Completion::Received { buf, tag, .. }) = out.pop() {
+            check_message(&buf, tag);
+            break Instant::now();
+        }
+    };
+    let sent_at = sender.join().unwrap();
+    let latency = received_at.saturating_duration_since(sent_at);
+    assert!(
+        latency < Duration::from_secs(1),
+        "woke {latency:?} after the send"
+    );
+}
