@@ -859,6 +859,26 @@ impl Endpoint {
         }
     }
 
+    /// Progresses until every request in `requests` completed (each is then
+    /// freed and removed) or `limit` passed.
+    unsafe fn progress_requests(&mut self, requests: &mut Vec<*mut c_void>, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            requests.retain(|&r| {
+                if sys::ucp_request_check_status(r) != sys::UCS_INPROGRESS {
+                    sys::ucp_request_free(r);
+                    false
+                } else {
+                    true
+                }
+            });
+            if requests.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            sys::ucp_worker_progress(self.worker);
+        }
+    }
+
     fn has_news(&self) -> bool {
         // SAFETY: read while no UCX call runs.
         !self.ready.is_empty() || unsafe { !(*self.shared).done.is_empty() }
@@ -917,39 +937,34 @@ impl Drop for Endpoint {
                     std::thread::yield_now();
                 }
             }
-            // A flush close waits for every send to be taken by the peer, and
-            // UCX aborts if the worker is destroyed with a close still
-            // pending: so sends still stuck after the grace period, or a dead
-            // peer, mean a forced close (their requests end as cancelled).
-            let force = self.sends.live > 0;
-            let mut closing = Vec::new();
+            // Flush what was sent (bounded), then close by force. A flush close
+            // cannot be bounded: it waits for the peer, and UCX aborts when the
+            // worker is destroyed while an endpoint still has protocol requests
+            // (an incoming rendezvous, a close in progress). A forced close
+            // completes every such request as cancelled. The peer sees the
+            // connection drop (with peer failure detection: PeerFailed).
+            let mut pending = Vec::new();
+            for p in self.peers.iter().filter(|p| p.failed.is_none()) {
+                let param = sys::ucp_request_param_t::default();
+                let request = sys::ucp_ep_flush_nbx(p.ep, &param);
+                if !request.is_null() && ptr_status(request).is_none() {
+                    pending.push(request);
+                }
+            }
+            self.progress_requests(&mut pending, Duration::from_millis(500));
             for p in &self.peers {
                 let param = sys::ucp_request_param_t {
                     op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-                    flags: if force || p.failed.is_some() {
-                        sys::UCP_EP_CLOSE_FLAG_FORCE
-                    } else {
-                        0
-                    },
+                    flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
                     ..Default::default()
                 };
                 let request = sys::ucp_ep_close_nbx(p.ep, &param);
                 if !request.is_null() && ptr_status(request).is_none() {
-                    closing.push(request);
+                    pending.push(request);
                 }
             }
-            let deadline = Instant::now() + Duration::from_secs(1);
-            while !closing.is_empty() && Instant::now() < deadline {
-                sys::ucp_worker_progress(self.worker);
-                closing.retain(|&r| {
-                    if sys::ucp_request_check_status(r) != sys::UCS_INPROGRESS {
-                        sys::ucp_request_free(r);
-                        false
-                    } else {
-                        true
-                    }
-                });
-            }
+            self.progress_requests(&mut pending, Duration::from_secs(1));
+            let closing = pending;
             for r in closing {
                 sys::ucp_request_free(r);
             }

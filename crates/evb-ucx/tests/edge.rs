@@ -324,3 +324,79 @@ fn blocking_wait_sleeps_and_wakes_on_a_message() {
         "woke {latency:?} after the send"
     );
 }
+
+/// A receiver dropped while rendezvous messages stream into it: UCX aborts
+/// the process if a worker is destroyed with such transfers pending, so Drop
+/// must cancel them; the sender then sees its sends fail, not a hang.
+#[test]
+fn dropping_a_receiver_mid_stream() {
+    let _dog = watchdog("dropping_a_receiver_mid_stream", Duration::from_secs(60));
+    let mut tx = open(Some("tcp"));
+    let mut rx = open(Some("tcp"));
+    let to_rx = tx.add_peer(&rx.local_address()).unwrap();
+    rx.add_peer(&tx.local_address()).unwrap();
+    for _ in 0..8 {
+        rx.post_recv(Vec::with_capacity(1 << 20)).unwrap();
+    }
+    let body = Rc::new(vec![3u8; (1 << 20) - 24]);
+    let mut out = Vec::new();
+    let mut received = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seq = 0;
+    while received < 20 {
+        assert!(Instant::now() < deadline, "no traffic");
+        while tx
+            .send(
+                to_rx,
+                0,
+                vec![0; 24],
+                Some((body.clone(), 0..body.len())),
+                seq,
+            )
+            .unwrap()
+        {
+            seq += 1;
+        }
+        tx.progress(&mut out).unwrap();
+        out.clear();
+        rx.progress(&mut out).unwrap();
+        for c in out.drain(..) {
+            if let Completion::Received { buf, .. } = c {
+                received += 1;
+                rx.post_recv(buf).unwrap();
+            }
+        }
+    }
+    let start = Instant::now();
+    drop(rx);
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "drop took {:?}",
+        start.elapsed()
+    );
+    let mut failed = false;
+    while !failed {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the sender never noticed the receiver left"
+        );
+        let _ = tx
+            .send(
+                to_rx,
+                0,
+                vec![0; 24],
+                Some((body.clone(), 0..body.len())),
+                seq,
+            )
+            .unwrap();
+        seq += 1;
+        tx.progress(&mut out).unwrap();
+        failed = out.drain(..).any(|c| {
+            matches!(
+                c,
+                Completion::SendFailed { .. } | Completion::PeerFailed { .. }
+            )
+        });
+        tx.wait(Duration::from_millis(5)).unwrap();
+    }
+}
