@@ -45,7 +45,7 @@ run_once() {
   fi
   wait "$server_pid" 2>/dev/null || true
   server_pid=""
-  echo "$out" | grep -E '^[0-9]+,' | tail -1
+  echo "$out" | grep -E '^ *[0-9]+,' | tail -1 | tr -d ' '
 }
 
 echo "# ucx_perftest tag_bw, UCX_TLS=$tls, loopback, >= ${min_seconds} s per size; columns: bytes MB/s (ucx_perftest's MB = 2^20 B)"
