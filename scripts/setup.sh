@@ -9,10 +9,11 @@ APT_PACKAGES=(
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
   libopenmpi-dev openmpi-bin           # the mpi transport, cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
-  libclang-dev clang                   # bindgen, for the MPI bindings (mpi-sys)
+  libclang-dev clang                   # bindgen: the MPI bindings (mpi-sys) and UCX headers (evb-ucx)
   chromium                             # evb report tests: the HTML report in a real browser
   prometheus                           # metrics test: the real scraper
   iproute2 nftables                    # network-fault tests: namespaces, veth, packet loss
+  libucx-dev ucx-utils                 # the ucx transport; bench/peers: ucx_perftest
 )
 
 missing=()

@@ -1,0 +1,1004 @@
+//! evb over UCX: one message endpoint per process on top of UCP tag matching.
+//!
+//! Why UCX: it is how the event builders this project models actually move
+//! data (InfiniBand RC/DC, shared memory, TCP as a fallback), and it picks the
+//! transport from the standard `UCX_TLS` setting, so the same binary runs on a
+//! laptop over TCP and on a cluster over verbs.
+//!
+//! Why tags: each message is sent with the sender's tag and received with a
+//! zero tag mask, so one pool of receive buffers serves every peer and the
+//! receiver still learns who sent what. UCP matches messages to receives in the
+//! order the receives were posted and keeps each sender's order; completions,
+//! however, can finish out of order (a large rendezvous message finishes after
+//! a small eager one behind it), so received messages are handed out in
+//! matching order, which preserves every sender->receiver order.
+//!
+//! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
+//! the evb runtime runs one event loop per process. Callbacks from UCX only
+//! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
+
+mod sys;
+pub mod transports;
+
+pub use transports::{available_transports, TransportResource};
+
+use std::collections::VecDeque;
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
+pub type PeerId = usize;
+
+/// How [`Endpoint::wait`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// Sleep on UCX's event fd (ucp_worker_arm + poll): no CPU while idle.
+    #[default]
+    Blocking,
+    /// Spin on ucp_worker_progress: lowest latency, one core per process.
+    Busy,
+}
+
+/// How to open an [`Endpoint`].
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The UCX_TLS value ("tcp", "posix,sysv,cma,self", "rc,ud", ...);
+    /// `None` leaves the choice to UCX (and to a UCX_TLS environment variable).
+    pub tls: Option<String>,
+    pub progress: Progress,
+    /// Sends in flight beyond this make [`Endpoint::send`] answer "try again"
+    /// (UCX itself queues without limit, holding every buffer).
+    pub max_outstanding_sends: usize,
+    /// Further UCX settings, by name without the UCX_ prefix
+    /// (e.g. ("KEEPALIVE_INTERVAL", "1s")).
+    pub ucx_config: Vec<(String, String)>,
+    /// Ask UCX to detect dead peers (UCP_ERR_HANDLING_MODE_PEER): sends to a
+    /// dead peer then fail and a PeerFailed completion is reported. UCX 1.13's
+    /// shared-memory transports (posix, sysv, cma, self) cannot do this, so
+    /// with them it must be off: a dead peer then goes unnoticed by UCX.
+    pub peer_failure_detection: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tls: None,
+            progress: Progress::Blocking,
+            max_outstanding_sends: 1024,
+            ucx_config: Vec::new(),
+            peer_failure_detection: true,
+        }
+    }
+}
+
+/// Something that finished; see [`Endpoint::progress`].
+#[derive(Debug)]
+pub enum Completion {
+    /// A send finished: its buffers are released; `ctx` is the caller's.
+    Sent { ctx: u64 },
+    /// A message arrived into a buffer given with post_recv (`buf.len() == len`);
+    /// `tag` is the sender's tag.
+    Received { buf: Vec<u8>, len: usize, tag: u64 },
+    /// A send failed (peer gone, ...): ctx of the send and a readable reason.
+    SendFailed { ctx: u64, reason: String },
+    /// A message could not be received into `buf` (typically: larger than the
+    /// buffer, UCX's "message truncated"); the buffer comes back, emptied.
+    ReceiveFailed { buf: Vec<u8>, reason: String },
+    /// UCX reported the connection to this peer broken; sends to it fail from now on.
+    PeerFailed { peer: PeerId, reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("UCX transport `{requested}` (requested in UCX_TLS={tls}) is not available on this machine; available: {available}")]
+    TransportUnavailable {
+        requested: String,
+        tls: String,
+        available: String,
+    },
+    #[error("{call} failed: {reason}")]
+    Ucx {
+        call: &'static str,
+        status: i32,
+        reason: String,
+    },
+    #[error("{0}")]
+    Config(String),
+    #[error("peer address: {0}")]
+    BadAddress(String),
+    #[error("unknown peer {0}")]
+    UnknownPeer(PeerId),
+    #[error("receive buffer has no capacity")]
+    EmptyReceiveBuffer,
+    #[error("send range {start}..{end} is outside the body of {len} bytes")]
+    BadRange {
+        start: usize,
+        end: usize,
+        len: usize,
+    },
+}
+
+fn status_string(status: sys::ucs_status_t) -> String {
+    // SAFETY: ucs_status_string returns a static string for any value.
+    unsafe {
+        CStr::from_ptr(sys::ucs_status_string(status))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+pub(crate) fn ucx_error(call: &'static str, status: sys::ucs_status_t) -> Error {
+    Error::Ucx {
+        call,
+        status: status.into(),
+        reason: status_string(status),
+    }
+}
+
+/// UCS_PTR_IS_ERR: UCX returns small negative status codes in pointer slots.
+fn ptr_status(p: *mut c_void) -> Option<sys::ucs_status_t> {
+    let raw = p as isize;
+    if raw < 0 && raw >= sys::UCS_ERR_LAST as isize {
+        Some(raw as sys::ucs_status_t)
+    } else {
+        None
+    }
+}
+
+// --- Addresses -------------------------------------------------------------
+//
+// UCX's worker address is unpacked by UCX without much validation; bytes from
+// the network that are not an address could crash it. The address we hand
+// out is wrapped: magic, length and a checksum, so only what local_address()
+// produced reaches UCX.
+
+const ADDRESS_MAGIC: &[u8; 8] = b"EVBUCX01";
+const MAX_ADDRESS_LEN: usize = 64 * 1024;
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn wrap_address(raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + 20);
+    out.extend_from_slice(ADDRESS_MAGIC);
+    out.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    out.extend_from_slice(raw);
+    out.extend_from_slice(&fnv1a64(raw).to_le_bytes());
+    out
+}
+
+fn unwrap_address(wrapped: &[u8]) -> Result<&[u8], Error> {
+    if wrapped.len() < 20 || &wrapped[..8] != ADDRESS_MAGIC {
+        return Err(Error::BadAddress(format!(
+            "{} bytes that do not start with the evb-ucx address magic",
+            wrapped.len()
+        )));
+    }
+    let len = u32::from_le_bytes(wrapped[8..12].try_into().expect("4 bytes")) as usize;
+    if len > MAX_ADDRESS_LEN || wrapped.len() != 12 + len + 8 {
+        return Err(Error::BadAddress(format!(
+            "declared length {len} does not match the {} bytes given",
+            wrapped.len()
+        )));
+    }
+    let raw = &wrapped[12..12 + len];
+    let sum = u64::from_le_bytes(wrapped[12 + len..].try_into().expect("8 bytes"));
+    if sum != fnv1a64(raw) {
+        return Err(Error::BadAddress(
+            "checksum mismatch (corrupted address)".into(),
+        ));
+    }
+    Ok(raw)
+}
+
+// --- Callback plumbing -----------------------------------------------------
+
+enum Done {
+    Send {
+        slot: usize,
+        status: sys::ucs_status_t,
+    },
+    Recv {
+        slot: usize,
+        status: sys::ucs_status_t,
+        tag: u64,
+        len: usize,
+    },
+    PeerFailed {
+        peer: usize,
+        status: sys::ucs_status_t,
+    },
+}
+
+/// Where callbacks report. Owned by the Endpoint through a raw pointer (from
+/// Box::into_raw) so that callbacks may write to it while an Endpoint method
+/// is inside UCX; it is only touched through that pointer.
+struct Shared {
+    done: Vec<Done>,
+}
+
+/// What a callback's user_data points to: a stable heap cell per slot, so the
+/// callback learns which operation finished even if it runs before the
+/// request handle has been returned to us.
+struct Cookie {
+    shared: *mut Shared,
+    index: usize,
+}
+
+unsafe extern "C" fn on_send_done(
+    _request: *mut c_void,
+    status: sys::ucs_status_t,
+    user_data: *mut c_void,
+) {
+    let cookie = &*(user_data as *const Cookie);
+    (*cookie.shared).done.push(Done::Send {
+        slot: cookie.index,
+        status,
+    });
+}
+
+unsafe extern "C" fn on_recv_done(
+    _request: *mut c_void,
+    status: sys::ucs_status_t,
+    info: *const sys::ucp_tag_recv_info_t,
+    user_data: *mut c_void,
+) {
+    let cookie = &*(user_data as *const Cookie);
+    let (tag, len) = if info.is_null() {
+        (0, 0)
+    } else {
+        ((*info).sender_tag, (*info).length)
+    };
+    (*cookie.shared).done.push(Done::Recv {
+        slot: cookie.index,
+        status,
+        tag,
+        len,
+    });
+}
+
+unsafe extern "C" fn on_peer_error(
+    arg: *mut c_void,
+    _ep: sys::ucp_ep_h,
+    status: sys::ucs_status_t,
+) {
+    let cookie = &*(arg as *const Cookie);
+    (*cookie.shared).done.push(Done::PeerFailed {
+        peer: cookie.index,
+        status,
+    });
+}
+
+// --- Operation slots -------------------------------------------------------
+
+struct SendOp {
+    request: *mut c_void,
+    ctx: u64,
+    // Kept alive (and unmoved on the heap) until UCX is done with them.
+    _head: Vec<u8>,
+    _body: Option<Rc<Vec<u8>>>,
+    _iov: Box<[sys::ucp_dt_iov; 2]>,
+}
+
+struct RecvOp {
+    request: *mut c_void,
+    buf: Vec<u8>,
+    /// Set when UCX finished with the buffer: (status, sender tag, length).
+    result: Option<(sys::ucs_status_t, u64, usize)>,
+}
+
+/// A slab whose slots keep their cookie for life (cookies must not move
+/// while UCX may hold a pointer to them).
+struct Slab<T> {
+    ops: Vec<Option<T>>,
+    #[allow(clippy::vec_box)] // boxed: a cookie must not move when the Vec grows
+    cookies: Vec<Box<Cookie>>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Slab {
+            ops: Vec::new(),
+            cookies: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+        }
+    }
+    /// Reserves a slot; returns its index and its cookie pointer.
+    fn reserve(&mut self, shared: *mut Shared) -> (usize, *mut c_void) {
+        let index = self.free.pop().unwrap_or_else(|| {
+            self.ops.push(None);
+            self.cookies.push(Box::new(Cookie {
+                shared,
+                index: self.cookies.len(),
+            }));
+            self.ops.len() - 1
+        });
+        (index, &*self.cookies[index] as *const Cookie as *mut c_void)
+    }
+    fn fill(&mut self, index: usize, op: T) {
+        self.ops[index] = Some(op);
+        self.live += 1;
+    }
+    fn unreserve(&mut self, index: usize) {
+        self.free.push(index);
+    }
+    fn take(&mut self, index: usize) -> Option<T> {
+        let op = self.ops.get_mut(index)?.take()?;
+        self.live -= 1;
+        self.free.push(index);
+        Some(op)
+    }
+}
+
+struct Peer {
+    ep: sys::ucp_ep_h,
+    failed: Option<String>,
+    _cookie: Box<Cookie>,
+}
+
+/// One UCP context + worker; see the module docs.
+pub struct Endpoint {
+    context: sys::ucp_context_h,
+    worker: sys::ucp_worker_h,
+    event_fd: c_int,
+    progress_mode: Progress,
+    max_outstanding_sends: usize,
+    peer_failure_detection: bool,
+    tls: Option<String>,
+    address: Vec<u8>,
+    shared: *mut Shared,
+    peers: Vec<Peer>,
+    sends: Slab<SendOp>,
+    recvs: Slab<RecvOp>,
+    /// Receive slots in posting (= matching) order.
+    recv_order: VecDeque<usize>,
+    /// Completions known outside callbacks (immediate completions), handed out by progress.
+    ready: Vec<Completion>,
+}
+
+const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
+
+impl Endpoint {
+    pub fn open(opts: &Options) -> Result<Endpoint, Error> {
+        if let Some(tls) = &opts.tls {
+            let available = available_transports()?;
+            transports::check_tls(tls, &available)?;
+        }
+        if opts.max_outstanding_sends == 0 {
+            return Err(Error::Config(
+                "max_outstanding_sends must be at least 1".into(),
+            ));
+        }
+        // SAFETY: standard UCP setup sequence; every handle obtained is
+        // released on the error paths and in Drop.
+        unsafe {
+            let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+            let status = sys::ucp_config_read(ptr::null(), ptr::null(), &mut config);
+            if status != sys::UCS_OK {
+                return Err(ucx_error("ucp_config_read", status));
+            }
+            let mut settings: Vec<(String, String)> = Vec::new();
+            if let Some(tls) = &opts.tls {
+                settings.push(("TLS".into(), tls.clone()));
+            }
+            settings.extend(opts.ucx_config.iter().cloned());
+            for (name, value) in &settings {
+                let (Ok(c_name), Ok(c_value)) =
+                    (CString::new(name.as_str()), CString::new(value.as_str()))
+                else {
+                    sys::ucp_config_release(config);
+                    return Err(Error::Config(format!(
+                        "UCX setting {name}={value:?} contains a NUL byte"
+                    )));
+                };
+                let status = sys::ucp_config_modify(config, c_name.as_ptr(), c_value.as_ptr());
+                if status != sys::UCS_OK {
+                    sys::ucp_config_release(config);
+                    return Err(Error::Config(format!(
+                        "UCX rejected setting UCX_{name}={value}: {}",
+                        status_string(status)
+                    )));
+                }
+            }
+            let mut features = sys::UCP_FEATURE_TAG as u64;
+            if opts.progress == Progress::Blocking {
+                features |= sys::UCP_FEATURE_WAKEUP as u64;
+            }
+            let params = sys::ucp_params {
+                field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
+                features,
+                name: c"evb".as_ptr(),
+                ..Default::default()
+            };
+            let mut context: sys::ucp_context_h = ptr::null_mut();
+            let status = sys::ucp_init_version(
+                sys::UCP_API_MAJOR,
+                sys::UCP_API_MINOR,
+                &params,
+                config,
+                &mut context,
+            );
+            sys::ucp_config_release(config);
+            if status != sys::UCS_OK {
+                return Err(init_error("ucp_init", status, opts));
+            }
+            let worker_params = sys::ucp_worker_params {
+                field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+                thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+                ..Default::default()
+            };
+            let mut worker: sys::ucp_worker_h = ptr::null_mut();
+            let status = sys::ucp_worker_create(context, &worker_params, &mut worker);
+            if status != sys::UCS_OK {
+                sys::ucp_cleanup(context);
+                return Err(init_error("ucp_worker_create", status, opts));
+            }
+            let mut event_fd: c_int = -1;
+            if opts.progress == Progress::Blocking {
+                let status = sys::ucp_worker_get_efd(worker, &mut event_fd);
+                if status != sys::UCS_OK {
+                    sys::ucp_worker_destroy(worker);
+                    sys::ucp_cleanup(context);
+                    return Err(init_error("ucp_worker_get_efd", status, opts));
+                }
+            }
+            let mut raw_address: *mut sys::ucp_address_t = ptr::null_mut();
+            let mut address_len: usize = 0;
+            let status = sys::ucp_worker_get_address(worker, &mut raw_address, &mut address_len);
+            if status != sys::UCS_OK {
+                sys::ucp_worker_destroy(worker);
+                sys::ucp_cleanup(context);
+                return Err(ucx_error("ucp_worker_get_address", status));
+            }
+            let address = wrap_address(std::slice::from_raw_parts(
+                raw_address as *const u8,
+                address_len,
+            ));
+            sys::ucp_worker_release_address(worker, raw_address);
+            Ok(Endpoint {
+                context,
+                worker,
+                event_fd,
+                progress_mode: opts.progress,
+                max_outstanding_sends: opts.max_outstanding_sends,
+                peer_failure_detection: opts.peer_failure_detection,
+                tls: opts.tls.clone(),
+                address,
+                shared: Box::into_raw(Box::new(Shared { done: Vec::new() })),
+                peers: Vec::new(),
+                sends: Slab::new(),
+                recvs: Slab::new(),
+                recv_order: VecDeque::new(),
+                ready: Vec::new(),
+            })
+        }
+    }
+
+    /// Opaque bytes that let a peer's [`Endpoint::add_peer`] reach this endpoint.
+    pub fn local_address(&self) -> Vec<u8> {
+        self.address.clone()
+    }
+
+    pub fn add_peer(&mut self, address: &[u8]) -> Result<PeerId, Error> {
+        let raw = unwrap_address(address)?;
+        let peer = self.peers.len();
+        let cookie = Box::new(Cookie {
+            shared: self.shared,
+            index: peer,
+        });
+        let mut field_mask = sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        if self.peer_failure_detection {
+            field_mask |=
+                sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        }
+        let params = sys::ucp_ep_params {
+            field_mask: field_mask as u64,
+            address: raw.as_ptr() as *const sys::ucp_address_t,
+            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_handler: sys::ucp_err_handler {
+                cb: Some(on_peer_error),
+                arg: &*cookie as *const Cookie as *mut c_void,
+            },
+            ..Default::default()
+        };
+        let mut ep: sys::ucp_ep_h = ptr::null_mut();
+        // SAFETY: the address bytes are what a UCP worker produced (checked
+        // by unwrap_address); the cookie outlives the ep (both live in self.peers).
+        let status = unsafe { sys::ucp_ep_create(self.worker, &params, &mut ep) };
+        if status == sys::UCS_ERR_UNREACHABLE && self.peer_failure_detection {
+            return Err(Error::Config(format!(
+                "ucp_ep_create: no transport in UCX_TLS={} reaches this peer with peer failure detection \
+                 (UCX's shared-memory transports posix, sysv, cma and self cannot detect a dead peer): \
+                 add tcp, or turn peer_failure_detection off",
+                self.tls.as_deref().unwrap_or("<UCX default>")
+            )));
+        }
+        if status != sys::UCS_OK {
+            return Err(ucx_error("ucp_ep_create", status));
+        }
+        self.peers.push(Peer {
+            ep,
+            failed: None,
+            _cookie: cookie,
+        });
+        Ok(peer)
+    }
+
+    /// Hands a receive buffer to the endpoint; its capacity is the largest
+    /// message it accepts. It comes back in a Received (or ReceiveFailed) completion.
+    pub fn post_recv(&mut self, mut buf: Vec<u8>) -> Result<(), Error> {
+        if buf.capacity() == 0 {
+            return Err(Error::EmptyReceiveBuffer);
+        }
+        let (slot, cookie) = self.recvs.reserve(self.shared);
+        // Immediate completion is refused: UCX 1.13 does not fill recv_info on
+        // that path for some unexpected messages (seen with shared memory), and
+        // the callback always reports the sender's tag and the length.
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_DATATYPE
+                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+            user_data: cookie,
+            datatype: contig_datatype(),
+            ..Default::default()
+        };
+        param.cb.recv = Some(on_recv_done);
+        // SAFETY: the buffer's heap storage stays put (the Vec is stored in the
+        // slot and never resized) until the receive completes or is cancelled.
+        let request = unsafe {
+            sys::ucp_tag_recv_nbx(
+                self.worker,
+                buf.as_mut_ptr() as *mut c_void,
+                buf.capacity(),
+                0,
+                0,
+                &param,
+            )
+        };
+        if let Some(status) = ptr_status(request) {
+            self.recvs.unreserve(slot);
+            return Err(ucx_error("ucp_tag_recv_nbx", status));
+        }
+        // The callback may already have run (its report waits in `shared`).
+        let result = None;
+        self.recvs.fill(
+            slot,
+            RecvOp {
+                request,
+                buf,
+                result,
+            },
+        );
+        self.recv_order.push_back(slot);
+        Ok(())
+    }
+
+    /// Sends head ++ body[range] as one message with `tag`. The endpoint keeps
+    /// the buffers until the Sent/SendFailed completion. Ok(false): too many
+    /// sends in flight or UCX said "no resources": nothing was sent, the
+    /// buffers are dropped, try again later. Never blocks.
+    pub fn send(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        head: Vec<u8>,
+        body: Option<(Rc<Vec<u8>>, std::ops::Range<usize>)>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        let Some(p) = self.peers.get(peer) else {
+            return Err(Error::UnknownPeer(peer));
+        };
+        if let Some((data, range)) = &body {
+            if range.start > range.end || range.end > data.len() {
+                return Err(Error::BadRange {
+                    start: range.start,
+                    end: range.end,
+                    len: data.len(),
+                });
+            }
+        }
+        if let Some(reason) = &p.failed {
+            self.ready.push(Completion::SendFailed {
+                ctx,
+                reason: format!("peer {peer} failed earlier: {reason}"),
+            });
+            return Ok(true);
+        }
+        if self.sends.live >= self.max_outstanding_sends {
+            return Ok(false);
+        }
+        let ep = p.ep;
+        let mut iov = Box::new(
+            [sys::ucp_dt_iov {
+                buffer: head.as_ptr() as *mut c_void,
+                length: head.len(),
+            }; 2],
+        );
+        let mut iov_count = 1;
+        let mut body_rc = None;
+        if let Some((data, range)) = body {
+            if !range.is_empty() {
+                // SAFETY: range checked against data.len() above.
+                iov[1] = sys::ucp_dt_iov {
+                    buffer: unsafe { data.as_ptr().add(range.start) } as *mut c_void,
+                    length: range.len(),
+                };
+                iov_count = 2;
+            }
+            body_rc = Some(data);
+        }
+        let (slot, cookie) = self.sends.reserve(self.shared);
+        let mut param = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+                | sys::UCP_OP_ATTR_FIELD_USER_DATA
+                | sys::UCP_OP_ATTR_FIELD_DATATYPE,
+            user_data: cookie,
+            datatype: sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
+            ..Default::default()
+        };
+        param.cb.send = Some(on_send_done);
+        // SAFETY: the iov array and the buffers it points to are stored in the
+        // slot and outlive the operation; the Rc body is never mutated meanwhile.
+        let request = unsafe {
+            sys::ucp_tag_send_nbx(ep, iov.as_ptr() as *const c_void, iov_count, tag, &param)
+        };
+        if request.is_null() {
+            self.sends.unreserve(slot);
+            self.ready.push(Completion::Sent { ctx });
+            return Ok(true);
+        }
+        if let Some(status) = ptr_status(request) {
+            self.sends.unreserve(slot);
+            if status == sys::UCS_ERR_NO_RESOURCE {
+                return Ok(false);
+            }
+            if is_peer_failure(status) {
+                self.ready.push(Completion::SendFailed {
+                    ctx,
+                    reason: status_string(status),
+                });
+                return Ok(true);
+            }
+            return Err(ucx_error("ucp_tag_send_nbx", status));
+        }
+        self.sends.fill(
+            slot,
+            SendOp {
+                request,
+                ctx,
+                _head: head,
+                _body: body_rc,
+                _iov: iov,
+            },
+        );
+        Ok(true)
+    }
+
+    /// Drives UCX without blocking and appends what finished to `out`.
+    pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        self.drive();
+        out.append(&mut self.ready);
+        // SAFETY: no UCX call is running, so no callback touches `shared`.
+        let done = unsafe { std::mem::take(&mut (*self.shared).done) };
+        for d in done {
+            match d {
+                Done::Send { slot, status } => {
+                    let Some(op) = self.sends.take(slot) else {
+                        continue;
+                    };
+                    // SAFETY: the request completed (its callback ran); freeing it is ours to do.
+                    unsafe { sys::ucp_request_free(op.request) };
+                    if status == sys::UCS_OK {
+                        out.push(Completion::Sent { ctx: op.ctx });
+                    } else {
+                        out.push(Completion::SendFailed {
+                            ctx: op.ctx,
+                            reason: status_string(status),
+                        });
+                    }
+                }
+                Done::Recv {
+                    slot,
+                    status,
+                    tag,
+                    len,
+                } => {
+                    if let Some(Some(op)) = self.recvs.ops.get_mut(slot) {
+                        if !op.request.is_null() {
+                            // SAFETY: as above, the receive request completed.
+                            unsafe { sys::ucp_request_free(op.request) };
+                            op.request = REQUEST_FREED_MARK;
+                        }
+                        op.result = Some((status, tag, len));
+                    }
+                }
+                Done::PeerFailed { peer, status } => {
+                    if let Some(p) = self.peers.get_mut(peer) {
+                        if p.failed.is_none() {
+                            let reason = status_string(status);
+                            p.failed = Some(reason.clone());
+                            out.push(Completion::PeerFailed { peer, reason });
+                        }
+                    }
+                }
+            }
+        }
+        // Hand out receives in matching order (see the module docs).
+        while let Some(&slot) = self.recv_order.front() {
+            let finished = matches!(&self.recvs.ops[slot], Some(op) if op.result.is_some());
+            if !finished {
+                break;
+            }
+            self.recv_order.pop_front();
+            let op = self.recvs.take(slot).expect("slot in recv_order is live");
+            let (status, tag, len) = op.result.expect("checked above");
+            let mut buf = op.buf;
+            if status == sys::UCS_OK && len <= buf.capacity() {
+                // SAFETY: UCX wrote `len` bytes into the buffer's storage.
+                unsafe { buf.set_len(len) };
+                out.push(Completion::Received { buf, len, tag });
+            } else {
+                buf.clear();
+                let reason = if status == sys::UCS_ERR_MESSAGE_TRUNCATED {
+                    format!(
+                        "message from tag {tag:#x} is larger than the {}-byte receive buffer ({})",
+                        buf.capacity(),
+                        status_string(status)
+                    )
+                } else {
+                    status_string(status)
+                };
+                out.push(Completion::ReceiveFailed { buf, reason });
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks until something may have happened or `timeout` passed
+    /// (Blocking: on UCX's event fd; Busy: spinning). Spurious wake-ups happen.
+    pub fn wait(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        match self.progress_mode {
+            Progress::Busy => loop {
+                // SAFETY: worker is valid for the life of self.
+                let events = unsafe { sys::ucp_worker_progress(self.worker) };
+                if events > 0 || self.has_news() || Instant::now() >= deadline {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            },
+            Progress::Blocking => {
+                if !self.arm()? {
+                    return Ok(());
+                }
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                // Rounded up, so a short timeout does not become a busy loop.
+                let ms = remaining
+                    .as_nanos()
+                    .div_ceil(1_000_000)
+                    .min(i32::MAX as u128) as c_int;
+                let mut pfd = libc::pollfd {
+                    fd: self.event_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if rc < 0 {
+                    let err = std::io::Error::last_os_error();
+                    if err.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(Error::Config(format!("poll on the UCX event fd: {err}")));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The fd that becomes readable when UCX has events (Blocking mode only),
+    /// for an event loop that sleeps on other fds too (e.g. registered with
+    /// mio as a SourceFd). Before sleeping on it, call [`Endpoint::arm`].
+    pub fn event_fd(&self) -> Option<c_int> {
+        (self.event_fd >= 0).then_some(self.event_fd)
+    }
+
+    /// Prepares the event fd for sleeping: drives UCX, then arms the fd.
+    /// Ok(true): nothing pending, sleeping on the fd is safe. Ok(false):
+    /// completions or events are pending, call [`Endpoint::progress`] instead.
+    /// Busy mode has no fd: always Ok(false).
+    pub fn arm(&mut self) -> Result<bool, Error> {
+        if self.progress_mode == Progress::Busy {
+            return Ok(false);
+        }
+        self.drive();
+        if self.has_news() {
+            return Ok(false);
+        }
+        // SAFETY: worker is valid; armed after progress returned 0, as UCX requires.
+        match unsafe { sys::ucp_worker_arm(self.worker) } {
+            sys::UCS_OK => Ok(true),
+            sys::UCS_ERR_BUSY => Ok(false),
+            status => Err(ucx_error("ucp_worker_arm", status)),
+        }
+    }
+
+    /// Sends handed to UCX whose completion has not been reported yet.
+    pub fn outstanding_sends(&self) -> usize {
+        self.sends.live
+    }
+
+    /// Receive buffers posted and not yet handed back.
+    pub fn posted_recvs(&self) -> usize {
+        self.recv_order.len()
+    }
+
+    pub fn num_peers(&self) -> usize {
+        self.peers.len()
+    }
+
+    fn drive(&mut self) {
+        // Bounded: under a flood UCX always has more; the caller comes back.
+        for _ in 0..64 {
+            // SAFETY: worker is valid for the life of self.
+            if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+                break;
+            }
+        }
+    }
+
+    /// Progresses until every request in `requests` completed (each is then
+    /// freed and removed) or `limit` passed.
+    unsafe fn progress_requests(&mut self, requests: &mut Vec<*mut c_void>, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            requests.retain(|&r| {
+                if sys::ucp_request_check_status(r) != sys::UCS_INPROGRESS {
+                    sys::ucp_request_free(r);
+                    false
+                } else {
+                    true
+                }
+            });
+            if requests.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            sys::ucp_worker_progress(self.worker);
+        }
+    }
+
+    fn has_news(&self) -> bool {
+        // SAFETY: read while no UCX call runs.
+        !self.ready.is_empty() || unsafe { !(*self.shared).done.is_empty() }
+    }
+}
+
+fn contig_datatype() -> sys::ucp_datatype_t {
+    // ucp_dt_make_contig(1): element size 1 shifted over the class bits.
+    ((1u64 << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64) as sys::ucp_datatype_t
+}
+
+fn is_peer_failure(status: sys::ucs_status_t) -> bool {
+    // UCS_IS_LINK_ERROR / UCS_IS_ENDPOINT_ERROR ranges, plus the plain
+    // connection errors UCX returns for a peer that went away.
+    (sys::UCS_ERR_LAST_LINK_FAILURE..=sys::UCS_ERR_FIRST_LINK_FAILURE).contains(&status)
+        || (sys::UCS_ERR_LAST_ENDPOINT_FAILURE..=sys::UCS_ERR_FIRST_ENDPOINT_FAILURE)
+            .contains(&status)
+        || status == sys::UCS_ERR_CONNECTION_RESET
+        || status == sys::UCS_ERR_NOT_CONNECTED
+        || status == sys::UCS_ERR_UNREACHABLE
+        || status == sys::UCS_ERR_CANCELED
+}
+
+/// An init failure with a transport list attached: "no such device" from UCX
+/// mostly means the transports asked for do not work here.
+fn init_error(call: &'static str, status: sys::ucs_status_t, opts: &Options) -> Error {
+    let available = available_transports()
+        .map(|r| transports::describe(&r))
+        .unwrap_or_default();
+    Error::Config(format!(
+        "{call} failed: {} (UCX_TLS={}; available transports: {available})",
+        status_string(status),
+        opts.tls.as_deref().unwrap_or("<UCX default>")
+    ))
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: teardown in UCX's order: cancel receives, close endpoints
+        // (bounded in time), destroy the worker, clean up the context; only
+        // then free what callbacks could still write to.
+        unsafe {
+            for &slot in &self.recv_order {
+                if let Some(op) = &self.recvs.ops[slot] {
+                    if !op.request.is_null() && op.result.is_none() {
+                        sys::ucp_request_cancel(self.worker, op.request);
+                    }
+                }
+            }
+            // Give queued sends a moment to go out before closing.
+            let deadline = Instant::now() + Duration::from_millis(500);
+            while self.sends.live > 0 && Instant::now() < deadline {
+                let mut sink = Vec::new();
+                let _ = self.progress(&mut sink);
+                if sink.is_empty() {
+                    std::thread::yield_now();
+                }
+            }
+            // Flush what was sent (bounded), then close by force. A flush close
+            // cannot be bounded: it waits for the peer, and UCX aborts when the
+            // worker is destroyed while an endpoint still has protocol requests
+            // (an incoming rendezvous, a close in progress). A forced close
+            // completes every such request as cancelled. The peer sees the
+            // connection drop (with peer failure detection: PeerFailed).
+            let mut pending = Vec::new();
+            for p in self.peers.iter().filter(|p| p.failed.is_none()) {
+                let param = sys::ucp_request_param_t::default();
+                let request = sys::ucp_ep_flush_nbx(p.ep, &param);
+                if !request.is_null() && ptr_status(request).is_none() {
+                    pending.push(request);
+                }
+            }
+            self.progress_requests(&mut pending, Duration::from_millis(500));
+            for p in &self.peers {
+                let param = sys::ucp_request_param_t {
+                    op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+                    flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
+                    ..Default::default()
+                };
+                let request = sys::ucp_ep_close_nbx(p.ep, &param);
+                if !request.is_null() && ptr_status(request).is_none() {
+                    pending.push(request);
+                }
+            }
+            self.progress_requests(&mut pending, Duration::from_secs(1));
+            let closing = pending;
+            for r in closing {
+                sys::ucp_request_free(r);
+            }
+            for slab_req in self.sends.ops.iter().flatten().map(|op| op.request) {
+                sys::ucp_request_free(slab_req);
+            }
+            for op in self.recvs.ops.iter().flatten() {
+                if !op.request.is_null() {
+                    sys::ucp_request_free(op.request);
+                }
+            }
+            sys::ucp_worker_destroy(self.worker);
+            sys::ucp_cleanup(self.context);
+            drop(Box::from_raw(self.shared));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_envelope_rejects_garbage() {
+        let wrapped = wrap_address(b"some worker address");
+        assert_eq!(unwrap_address(&wrapped).unwrap(), b"some worker address");
+        assert!(unwrap_address(b"").is_err());
+        assert!(unwrap_address(&[0u8; 100]).is_err());
+        let mut bad = wrapped.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        let err = unwrap_address(&bad).unwrap_err().to_string();
+        assert!(err.contains("checksum"), "{err}");
+        let mut short = wrapped.clone();
+        short.truncate(wrapped.len() - 1);
+        assert!(unwrap_address(&short).is_err());
+    }
+}
