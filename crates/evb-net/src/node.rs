@@ -158,6 +158,16 @@ pub(crate) fn open_transport(
                 ep, config, layout, rank,
             )?))
         }
+        TransportKind::Ucx(tls) => {
+            let ep = transport::ucx::UcxEndpoint::open(
+                tls.as_deref(),
+                progress,
+                transport::max_message_bytes(config),
+            )?;
+            Ok(Box::new(transport::msg::MsgTransport::new(
+                ep, config, layout, rank,
+            )?))
+        }
         TransportKind::Mpi => {
             if control != Control::Launcher {
                 bail!(

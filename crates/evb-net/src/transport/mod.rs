@@ -21,6 +21,7 @@ pub mod msg;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;
+pub mod ucx;
 
 use std::rc::Rc;
 use std::time::Duration;

@@ -38,6 +38,8 @@ pub enum Completion {
     Received { buf: Vec<u8>, len: usize, tag: u64 },
     /// A send failed (peer gone, ...).
     SendFailed { ctx: u64, reason: String },
+    /// The engine found the link to a peer (by its index) broken.
+    PeerFailed { peer: usize, reason: String },
 }
 
 /// The body of a message: a range of a shared buffer.
@@ -219,6 +221,15 @@ impl<E: Endpoint> MsgTransport<E> {
                         }
                         if !self.finished && !self.bye_from[peer as usize] {
                             self.fail_peer(peer, reason, events);
+                        }
+                    }
+                }
+                Completion::PeerFailed { peer, reason } => {
+                    let rank = self.peer_index.iter().position(|&i| i == Some(peer));
+                    if let Some(rank) = rank {
+                        let rank = rank as NodeId;
+                        if !self.finished && !self.bye_from[rank as usize] {
+                            self.fail_peer(rank, reason, events);
                         }
                     }
                 }

@@ -1,0 +1,110 @@
+//! UCX (UCP tag matching, `evb-ucx`) as a message engine: a thin adapter
+//! from `evb_ucx::Endpoint` to [`super::msg::Endpoint`].
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::msg::{Body, Completion, Endpoint};
+use super::Progress;
+
+pub struct UcxEndpoint {
+    ep: evb_ucx::Endpoint,
+    tls: String,
+    /// Length every posted buffer has (the largest message accepted).
+    max_message: usize,
+}
+
+/// UCX 1.13's shared-memory transports cannot report a dead peer: asking
+/// for it with them fails, so it is asked only when a network transport
+/// may be used.
+fn shared_memory_only(tls: &str) -> bool {
+    tls.split(',')
+        .all(|t| matches!(t.trim(), "posix" | "sysv" | "cma" | "self" | "sm" | "shm" | "knem" | "xpmem"))
+}
+
+impl UcxEndpoint {
+    pub fn open(tls: Option<&str>, progress: Progress, max_message: usize) -> Result<UcxEndpoint> {
+        let opts = evb_ucx::Options {
+            tls: tls.map(str::to_string),
+            progress: match progress {
+                Progress::Blocking => evb_ucx::Progress::Blocking,
+                Progress::Busy => evb_ucx::Progress::Busy,
+            },
+            peer_failure_detection: !tls.is_some_and(shared_memory_only),
+            ..evb_ucx::Options::default()
+        };
+        Ok(UcxEndpoint {
+            ep: evb_ucx::Endpoint::open(&opts)?,
+            tls: tls.unwrap_or("default").to_string(),
+            max_message,
+        })
+    }
+
+    /// A returned buffer at its full length again. Every buffer given to
+    /// UCX came from `vec![0; max_message]` and UCX only writes bytes, so
+    /// the bytes past the received length are initialised.
+    fn full_length(&self, mut buf: Vec<u8>) -> Vec<u8> {
+        if buf.capacity() >= self.max_message && buf.len() < self.max_message {
+            // SAFETY: see above: initialised u8s within the capacity.
+            unsafe { buf.set_len(self.max_message) };
+        } else if buf.len() < self.max_message {
+            buf.resize(self.max_message, 0);
+        }
+        buf
+    }
+}
+
+impl Endpoint for UcxEndpoint {
+    fn name(&self) -> String {
+        format!("ucx:{}", self.tls)
+    }
+
+    fn local_address(&self) -> Vec<u8> {
+        self.ep.local_address()
+    }
+
+    fn add_peer(&mut self, address: &[u8]) -> Result<usize> {
+        Ok(self.ep.add_peer(address)?)
+    }
+
+    fn post_recv(&mut self, buf: Vec<u8>) -> Result<()> {
+        Ok(self.ep.post_recv(buf)?)
+    }
+
+    fn send(&mut self, peer: usize, tag: u64, head: Vec<u8>, body: Body, ctx: u64) -> Result<bool> {
+        Ok(self.ep.send(peer, tag, head, body, ctx)?)
+    }
+
+    fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let mut done = Vec::new();
+        self.ep.progress(&mut done)?;
+        for c in done {
+            match c {
+                evb_ucx::Completion::Sent { ctx } => out.push(Completion::Sent { ctx }),
+                evb_ucx::Completion::SendFailed { ctx, reason } => {
+                    out.push(Completion::SendFailed { ctx, reason })
+                }
+                evb_ucx::Completion::Received { buf, len, tag } => {
+                    let buf = self.full_length(buf);
+                    out.push(Completion::Received { buf, len, tag });
+                }
+                evb_ucx::Completion::ReceiveFailed { buf, reason } => {
+                    // A message too large for any buffer: a peer not
+                    // speaking our protocol. Keep the buffer working.
+                    eprintln!("evb ucx: a message could not be received: {reason}");
+                    let buf = self.full_length(buf);
+                    self.ep.post_recv(buf)?;
+                }
+                evb_ucx::Completion::PeerFailed { peer, reason } => {
+                    out.push(Completion::PeerFailed { peer, reason })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Result<()> {
+        Ok(self.ep.wait(timeout)?)
+    }
+}
