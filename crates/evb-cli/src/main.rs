@@ -3,6 +3,7 @@
 
 mod fabric;
 mod sim;
+mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +39,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// Simulate the cartesian product of parameter values, in parallel.
     Scan(sim::ScanArgs),
+    /// The event store: read and verify stored batches.
+    Store(store::StoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +140,7 @@ fn main() -> ExitCode {
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
+        Command::Store(args) => store::run(args),
     };
     match result {
         Ok(code) => code,

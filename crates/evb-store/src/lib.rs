@@ -34,17 +34,19 @@ pub use writer::{StoreStats, StoreWriter, WriterOptions};
 pub enum StoreError {
     #[error("store target `{spec}`: {reason}")]
     Target { spec: String, reason: String },
-    #[error("{}: {source}", path.display())]
+    // Not `#[source]`: the message already includes the cause, and error
+    // chains (anyhow's `{:#}`) would print it twice.
+    #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{0}")]
     S3(String),
-    #[error("batch of MEP {mep}: {source}")]
+    #[error("batch of MEP {mep}: {problem}")]
     InvalidBatch {
         mep: u64,
-        source: format::FragmentLayoutError,
+        problem: format::FragmentLayoutError,
     },
     #[error("store queue full ({queued} batches waiting to be written): backpressure")]
     Backpressure { queued: usize },
@@ -53,10 +55,10 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>, error: std::io::Error) -> StoreError {
         StoreError::Io {
             path: path.into(),
-            source,
+            error,
         }
     }
 }

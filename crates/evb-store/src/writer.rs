@@ -199,7 +199,7 @@ impl StoreWriter {
             events_per_mep,
             fragments,
         )
-        .map_err(|source| StoreError::InvalidBatch { mep, source })?;
+        .map_err(|problem| StoreError::InvalidBatch { mep, problem })?;
         self.shared.lock().queued += 1;
         let job = Job {
             mep,
