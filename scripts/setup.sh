@@ -33,3 +33,8 @@ if ! command -v cargo >/dev/null 2>&1; then
     curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
   }
 fi
+
+# --- evb-store: MinIO, the real S3 server the store's tests run against ---
+# Built once from its Go module into ~/.cache/evb/minio (scripts/minio.sh);
+# skipped when already there. Needs the Go toolchain of the machine.
+"$(dirname "$0")/minio.sh" install

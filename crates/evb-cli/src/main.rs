@@ -6,6 +6,7 @@ mod fabric;
 mod progress;
 mod report;
 mod sim;
+mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,8 @@ enum Command {
     Bench(bench::BenchCommand),
     /// One self-contained HTML report from the JSON files evb writes.
     Report(report::ReportArgs),
+    /// The event store: read and verify stored batches.
+    Store(store::StoreArgs),
 }
 
 #[derive(Debug, Args)]
@@ -158,6 +161,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
         Command::Report(args) => report::run(args).map(|_| ExitCode::SUCCESS),
+        Command::Store(args) => store::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,386 @@
+//! `evb store read` against real stores: a local directory, and a real
+//! MinIO server on loopback (built by scripts/minio.sh, which
+//! scripts/setup.sh runs). Batches are written with the same `StoreWriter`
+//! the builder unit uses, then read back, corrupted, and read again.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use evb_store::s3::S3Client;
+use evb_store::{format, S3Options, S3Target, StoreError, StoreTarget, StoreWriter, WriterOptions};
+
+const EVENTS: u32 = 32;
+const SOURCES: u32 = 3;
+
+fn evb() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_evb"))
+}
+
+/// Runs a command to completion, killing it after 120 s (a test never hangs).
+fn run(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start evb");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("wait for evb").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("evb did not finish within 120 s: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("evb output")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Fragment payloads of one batch as RUs send them (size table, then data).
+fn batch(mep: u64) -> Vec<Vec<u8>> {
+    (0..SOURCES)
+        .map(|s| {
+            let sizes: Vec<u32> = (0..EVENTS)
+                .map(|e| 16 + (mep as u32 * 7 + s * 3 + e * 11) % 500)
+                .collect();
+            let mut f: Vec<u8> = sizes.iter().flat_map(|x| x.to_le_bytes()).collect();
+            for (e, &size) in sizes.iter().enumerate() {
+                f.extend((0..size).map(|i| (mep as u32 + s + e as u32 + i) as u8));
+            }
+            f
+        })
+        .collect()
+}
+
+fn write_batches(writer: &mut StoreWriter, meps: std::ops::Range<u64>) {
+    for mep in meps {
+        let fragments = batch(mep);
+        let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match writer.write_batch(mep, EVENTS, &refs) {
+                Ok(()) => break,
+                Err(StoreError::Backpressure { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => panic!("write_batch {mep}: {e}"),
+            }
+        }
+    }
+}
+
+fn json_report(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(out)))
+}
+
+#[test]
+fn read_a_local_store_and_find_a_corrupt_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    for node in 0..2 {
+        let mut writer = StoreWriter::open(&target, 9, node).unwrap();
+        write_batches(&mut writer, 0..5);
+        assert_eq!(writer.close().unwrap().objects, 5);
+    }
+
+    let mut cmd = evb();
+    cmd.args(["store", "read"]).arg(dir.path());
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "objects 10 (10 good, 0 bad)  events {}",
+            10 * EVENTS
+        )),
+        "{}",
+        text(&out)
+    );
+
+    // Flip one payload byte of one object.
+    let name = format::object_key(9, 1, 3);
+    let path = dir.path().join(&name);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let mut cmd = evb();
+    cmd.args(["store", "read", "--json"]).arg(dir.path());
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["objects"], 10);
+    assert_eq!(report["good_objects"], 9);
+    assert_eq!(report["events"], 9 * EVENTS);
+    assert_eq!(report["bad"][0]["name"], name.as_str());
+    let reason = report["bad"][0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("payload of event {}", EVENTS - 1)) && reason.contains("CRC-32C"),
+        "{reason}"
+    );
+
+    // The text form names the object and the failure too.
+    let mut cmd = evb();
+    cmd.args(["store", "read"]).arg(dir.path());
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("bad: {name}: payload of event")),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn unreadable_or_malformed_targets_are_usage_errors() {
+    let mut cmd = evb();
+    cmd.args(["store", "read", "/nonexistent/evb-store-test"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/evb-store-test"));
+
+    let mut cmd = evb();
+    cmd.args(["store", "read", "s3://Bad_Bucket/x"])
+        .env("AWS_ACCESS_KEY_ID", "a")
+        .env("AWS_SECRET_ACCESS_KEY", "b");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bucket `Bad_Bucket`"));
+}
+
+// ---------------------------------------------------------------- MinIO --
+
+const ACCESS_KEY: &str = "evbtest";
+const SECRET_KEY: &str = "evbtest-secret";
+
+/// A MinIO server on a free loopback port with a temporary data directory,
+/// stopped (by its own process handle) when dropped.
+struct Minio {
+    child: Child,
+    endpoint: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Minio {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall on our own child's pid; resumes it in case
+        // a test stopped it, so the kill below takes effect.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_minio() -> Minio {
+    let script = repo_root().join("scripts/minio.sh");
+    let out = Command::new(&script)
+        .arg("path")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "MinIO is missing (the S3 tests need a real server): run scripts/minio.sh install \
+         (scripts/setup.sh does). {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let binary = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let console = free_port();
+    let child = Command::new(&binary)
+        .args(["server", "--quiet", "--address"])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--console-address")
+        .arg(format!("127.0.0.1:{console}"))
+        .arg(data.path())
+        .env("MINIO_ROOT_USER", ACCESS_KEY)
+        .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
+        .env("MINIO_BROWSER", "off")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    let minio = Minio {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+        _data: data,
+    };
+    // Ready when the bucket can be created (MinIO answers 503 while starting).
+    let client = S3Client::new(&s3_target(&minio, "evb", ""), Duration::from_secs(5));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match client.create_bucket() {
+            Ok(()) => return minio,
+            Err(e) if Instant::now() > deadline => panic!("MinIO not ready after 60 s: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn s3_target(minio: &Minio, bucket: &str, prefix: &str) -> S3Target {
+    let spec = format!("s3://{bucket}/{prefix}?endpoint={}", minio.endpoint);
+    let options = S3Options {
+        access_key_id: Some(ACCESS_KEY.into()),
+        secret_access_key: Some(SECRET_KEY.into()),
+        ..S3Options::default()
+    };
+    match StoreTarget::parse_with(&spec, options).unwrap() {
+        StoreTarget::S3(t) => t,
+        other => panic!("not s3: {other:?}"),
+    }
+}
+
+fn evb_read_s3(minio: &Minio, prefix: &str) -> Output {
+    let mut cmd = evb();
+    cmd.args(["store", "read", "--json"])
+        .arg(format!("s3://evb/{prefix}"))
+        .env("AWS_ENDPOINT_URL", &minio.endpoint)
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env_remove("AWS_ENDPOINT_URL_S3")
+        .env_remove("AWS_SESSION_TOKEN");
+    run(cmd)
+}
+
+#[test]
+fn s3_store_on_minio() {
+    let minio = start_minio();
+    let target = StoreTarget::S3(s3_target(&minio, "evb", "runs/test"));
+    let options = WriterOptions {
+        timeout: Duration::from_secs(20),
+        ..WriterOptions::default()
+    };
+
+    // Two nodes write their batches.
+    for node in 0..2u16 {
+        let mut writer = StoreWriter::open_with(&target, 4, node, options.clone()).unwrap();
+        write_batches(
+            &mut writer,
+            u64::from(node) * 100..u64::from(node) * 100 + 6,
+        );
+        let stats = writer.close().unwrap();
+        assert_eq!((stats.objects, stats.events), (6, 6 * u64::from(EVENTS)));
+    }
+    let client = S3Client::new(&s3_target(&minio, "evb", ""), Duration::from_secs(20));
+    client
+        .put_object("runs/test/notes.txt", b"not an object")
+        .unwrap();
+
+    let out = evb_read_s3(&minio, "runs/test");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["objects"], 12, "{report}");
+    assert_eq!(report["good_objects"], 12);
+    assert_eq!(report["events"], 12 * EVENTS);
+    assert_eq!(report["other_files"], 1);
+
+    // What came back is what was written, byte for byte.
+    let key = format!("runs/test/{}", format::object_key(4, 1, 102));
+    let stored = client.get_object(&key, 1 << 30).unwrap();
+    let fragments = batch(102);
+    let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+    assert_eq!(stored, format::encode(4, 1, 102, EVENTS, &refs).unwrap());
+
+    // Corrupt that object's index in place and read again.
+    let mut corrupt = stored.clone();
+    corrupt[format::HEADER_LEN + 3] ^= 0x10;
+    client.put_object(&key, &corrupt).unwrap();
+    let out = evb_read_s3(&minio, "runs/test");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = json_report(&out);
+    assert_eq!(report["good_objects"], 11);
+    assert_eq!(report["bad"][0]["name"], format::object_key(4, 1, 102));
+    let reason = report["bad"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("index CRC-32C mismatch"), "{reason}");
+}
+
+#[test]
+fn s3_writer_reports_backpressure_while_the_server_stalls() {
+    let minio = start_minio();
+    let target = StoreTarget::S3(s3_target(&minio, "evb", "stall"));
+    let options = WriterOptions {
+        queue_depth: 2,
+        timeout: Duration::from_secs(30),
+        ..WriterOptions::default()
+    };
+    let mut writer = StoreWriter::open_with(&target, 1, 0, options).unwrap();
+    let fragments = batch(0);
+    let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+
+    // Freeze the server: the first PUT hangs, the queue fills.
+    // SAFETY: plain syscall on our own child's pid.
+    unsafe {
+        libc::kill(minio.child.id() as libc::pid_t, libc::SIGSTOP);
+    }
+    writer.write_batch(0, EVENTS, &refs).unwrap();
+    writer.write_batch(1, EVENTS, &refs).unwrap();
+    let started = Instant::now();
+    let err = writer.write_batch(2, EVENTS, &refs).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(100),
+        "a full queue must not block"
+    );
+    assert!(
+        matches!(err, StoreError::Backpressure { queued: 2 }),
+        "{err}"
+    );
+    assert!(!writer.has_room());
+    assert_eq!(writer.stats().refused, 1);
+
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(minio.child.id() as libc::pid_t, libc::SIGCONT);
+    }
+    let stats = writer.flush().unwrap();
+    assert_eq!(stats.objects, 2);
+    assert!(writer.has_room());
+    writer.write_batch(2, EVENTS, &refs).unwrap();
+    let stats = writer.close().unwrap();
+    assert_eq!((stats.objects, stats.refused), (3, 1));
+}
+
+#[test]
+fn s3_wrong_credentials_or_bucket_fail_at_open() {
+    let minio = start_minio();
+    let mut bad_key = s3_target(&minio, "evb", "x");
+    bad_key.secret_access_key = "wrong-secret".into();
+    let err = StoreWriter::open(&StoreTarget::S3(bad_key), 1, 0)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("HTTP 403"), "{err}");
+
+    let missing = s3_target(&minio, "no-such-bucket", "x");
+    let err = StoreWriter::open(&StoreTarget::S3(missing), 1, 0)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("HTTP 404") && err.contains("no-such-bucket"),
+        "{err}"
+    );
+}

@@ -1,0 +1,589 @@
+//! The `.evbo` object: one built batch (MEP), self-describing and
+//! checksummed, so that a single object can be verified or read without any
+//! other file, on a filesystem or in an object store alike. The layout is
+//! documented in docs/store.md; this file and that page change together.
+//!
+//! Events are stored event-major (event 0 from every source, then event 1,
+//! ...): a built event is one contiguous byte range, readable with one
+//! ranged read, and its CRC-32C covers exactly what a consumer uses.
+//!
+//! Decoding never trusts a length field: every count is checked, with
+//! overflow-safe arithmetic, against the bytes actually present before
+//! anything is sliced, and nothing is allocated from a count.
+
+use std::fmt;
+
+/// First four bytes of every object.
+pub const MAGIC: [u8; 4] = *b"EVBO";
+/// Layout version; changes when the header or index layout changes.
+pub const VERSION: u16 = 1;
+/// Fixed header size in bytes.
+pub const HEADER_LEN: usize = 48;
+/// Bytes of one event entry in the index: offset u64, length u32, crc32c u32.
+pub const EVENT_ENTRY_LEN: usize = 16;
+/// Bytes of one fragment size in the index.
+pub const FRAGMENT_ENTRY_LEN: usize = 4;
+/// File name extension of an object.
+pub const EXTENSION: &str = "evbo";
+
+/// The identity and shape of one stored batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectHeader {
+    pub run_id: u32,
+    pub node: u16,
+    pub mep: u64,
+    pub event_count: u32,
+    pub source_count: u32,
+    pub payload_len: u64,
+}
+
+impl ObjectHeader {
+    /// Index size implied by the counts, `None` if it overflows u64.
+    pub fn index_len(&self) -> Option<u64> {
+        let events = u64::from(self.event_count);
+        let fragments = events.checked_mul(u64::from(self.source_count))?;
+        events
+            .checked_mul(EVENT_ENTRY_LEN as u64)?
+            .checked_add(fragments.checked_mul(FRAGMENT_ENTRY_LEN as u64)?)
+    }
+
+    /// Whole object size implied by the header, `None` if it overflows u64.
+    pub fn object_len(&self) -> Option<u64> {
+        (HEADER_LEN as u64)
+            .checked_add(self.index_len()?)?
+            .checked_add(self.payload_len)
+    }
+}
+
+/// Why an object failed verification. The `Display` text names the part
+/// that failed and the values that disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectError {
+    Truncated {
+        len: u64,
+        needed: u64,
+        what: &'static str,
+    },
+    TrailingBytes {
+        len: u64,
+        expected: u64,
+    },
+    BadMagic([u8; 4]),
+    BadVersion(u16),
+    BadHeaderLen(u16),
+    HeaderCrc {
+        stored: u32,
+        computed: u32,
+    },
+    IndexCrc {
+        stored: u32,
+        computed: u32,
+    },
+    IndexTooLarge {
+        event_count: u32,
+        source_count: u32,
+    },
+    EventOffset {
+        event: u32,
+        offset: u64,
+        expected: u64,
+    },
+    EventLength {
+        event: u32,
+        length: u32,
+        fragments_sum: u64,
+    },
+    PayloadLength {
+        events_sum: u64,
+        payload_len: u64,
+    },
+    EventCrc {
+        event: u32,
+        stored: u32,
+        computed: u32,
+    },
+}
+
+impl fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObjectError::Truncated { len, needed, what } => write!(
+                f,
+                "truncated: {len} bytes, the {what} needs {needed}"
+            ),
+            ObjectError::TrailingBytes { len, expected } => write!(
+                f,
+                "{len} bytes, the header describes {expected}: {} trailing bytes",
+                len - expected
+            ),
+            ObjectError::BadMagic(m) => write!(f, "header: bad magic {m:02x?} (expected \"EVBO\")"),
+            ObjectError::BadVersion(v) => {
+                write!(f, "header: unsupported version {v} (this reader knows {VERSION})")
+            }
+            ObjectError::BadHeaderLen(l) => {
+                write!(f, "header: header_len {l} (expected {HEADER_LEN})")
+            }
+            ObjectError::HeaderCrc { stored, computed } => write!(
+                f,
+                "header CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            ObjectError::IndexCrc { stored, computed } => write!(
+                f,
+                "index CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            ObjectError::IndexTooLarge {
+                event_count,
+                source_count,
+            } => write!(
+                f,
+                "header: index of {event_count} events x {source_count} sources overflows"
+            ),
+            ObjectError::EventOffset {
+                event,
+                offset,
+                expected,
+            } => write!(
+                f,
+                "index: event {event} at offset {offset}, expected {expected} (events are contiguous)"
+            ),
+            ObjectError::EventLength {
+                event,
+                length,
+                fragments_sum,
+            } => write!(
+                f,
+                "index: event {event} has length {length} but its fragments sum to {fragments_sum}"
+            ),
+            ObjectError::PayloadLength {
+                events_sum,
+                payload_len,
+            } => write!(
+                f,
+                "index: events sum to {events_sum} bytes, header payload_len is {payload_len}"
+            ),
+            ObjectError::EventCrc {
+                event,
+                stored,
+                computed,
+            } => write!(
+                f,
+                "payload of event {event}: CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ObjectError {}
+
+/// A fragment payload (docs/wire-format.md) that does not hold what its
+/// event-size table says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FragmentLayoutError {
+    pub source: usize,
+    pub reason: String,
+}
+
+impl fmt::Display for FragmentLayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "fragment of source {}: {}", self.source, self.reason)
+    }
+}
+
+impl std::error::Error for FragmentLayoutError {}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Checks a fragment payload against its event-size table and returns the
+/// byte size of its event data (without the table).
+fn fragment_data_len(
+    source: usize,
+    payload: &[u8],
+    events: u32,
+) -> Result<u64, FragmentLayoutError> {
+    let err = |reason: String| FragmentLayoutError { source, reason };
+    let table = u64::from(events) * 4;
+    if (payload.len() as u64) < table {
+        return Err(err(format!(
+            "{} bytes cannot hold the size table of {events} events ({table} bytes)",
+            payload.len()
+        )));
+    }
+    let sizes: u64 = payload[..table as usize]
+        .chunks_exact(4)
+        .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+        .sum();
+    let data = payload.len() as u64 - table;
+    if sizes != data {
+        return Err(err(format!(
+            "event sizes sum to {sizes} bytes but {data} bytes of event data follow the size table"
+        )));
+    }
+    Ok(data)
+}
+
+/// Lays out an object for the batch `mep` in `out` (cleared first, its
+/// capacity reused) with every checksum left zero: call [`seal`] before
+/// storing it. Split from sealing so that the copy happens on the caller's
+/// thread and the checksums on the writer's.
+///
+/// `fragments` are the fragment payloads of the batch in source order, each
+/// an event-size table of `events` u32 then the event data.
+pub fn layout(
+    out: &mut Vec<u8>,
+    run_id: u32,
+    node: u16,
+    mep: u64,
+    events: u32,
+    fragments: &[&[u8]],
+) -> Result<(), FragmentLayoutError> {
+    let sources = u32::try_from(fragments.len()).map_err(|_| FragmentLayoutError {
+        source: fragments.len(),
+        reason: "more than 2^32 sources".into(),
+    })?;
+    let mut payload_len = 0u64;
+    for (source, fragment) in fragments.iter().enumerate() {
+        payload_len += fragment_data_len(source, fragment, events)?;
+    }
+    let header = ObjectHeader {
+        run_id,
+        node,
+        mep,
+        event_count: events,
+        source_count: sources,
+        payload_len,
+    };
+    // Fragments are in memory, so these sizes are bounded by what exists.
+    let index_len = header.index_len().expect("index of in-memory fragments") as usize;
+    let total = HEADER_LEN + index_len + payload_len as usize;
+    out.clear();
+    out.reserve(total);
+    write_header(out, &header, 0, 0);
+
+    let events = events as usize;
+    let table_len = events * 4;
+    // Event table: offsets and lengths now, CRCs when sealing.
+    let mut offset = 0u64;
+    for e in 0..events {
+        let len: u64 = fragments.iter().map(|f| u64::from(u32_at(f, e * 4))).sum();
+        let len32 = u32::try_from(len).map_err(|_| FragmentLayoutError {
+            source: 0,
+            reason: format!("event {e} would be {len} bytes, over the 4 GiB an index entry holds"),
+        })?;
+        out.extend_from_slice(&offset.to_le_bytes());
+        out.extend_from_slice(&len32.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        offset += len;
+    }
+    // Fragment sizes, event-major.
+    for e in 0..events {
+        for f in fragments {
+            out.extend_from_slice(&f[e * 4..e * 4 + 4]);
+        }
+    }
+    // Payload, event-major: walk every fragment's data with a cursor.
+    let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
+    for e in 0..events {
+        for (f, cursor) in fragments.iter().zip(cursors.iter_mut()) {
+            let size = u32_at(f, e * 4) as usize;
+            out.extend_from_slice(&f[*cursor..*cursor + size]);
+            *cursor += size;
+        }
+    }
+    debug_assert_eq!(out.len(), total);
+    Ok(())
+}
+
+fn write_header(out: &mut Vec<u8>, h: &ObjectHeader, index_crc: u32, header_crc: u32) {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
+    out.extend_from_slice(&h.run_id.to_le_bytes());
+    out.extend_from_slice(&h.node.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&h.mep.to_le_bytes());
+    out.extend_from_slice(&h.event_count.to_le_bytes());
+    out.extend_from_slice(&h.source_count.to_le_bytes());
+    out.extend_from_slice(&h.payload_len.to_le_bytes());
+    out.extend_from_slice(&index_crc.to_le_bytes());
+    out.extend_from_slice(&header_crc.to_le_bytes());
+}
+
+/// Fills in the checksums of an object made by [`layout`]: each event's
+/// CRC-32C, then the index's, then the header's (which covers the index CRC).
+pub fn seal(object: &mut [u8]) {
+    let events = u32_at(object, 24) as usize;
+    let sources = u32_at(object, 28) as usize;
+    let index_len = events * EVENT_ENTRY_LEN + events * sources * FRAGMENT_ENTRY_LEN;
+    let (head, payload) = object.split_at_mut(HEADER_LEN + index_len);
+    for e in 0..events {
+        let entry = HEADER_LEN + e * EVENT_ENTRY_LEN;
+        let offset = u64_at(head, entry) as usize;
+        let len = u32_at(head, entry + 8) as usize;
+        let crc = crc32c::crc32c(&payload[offset..offset + len]);
+        head[entry + 12..entry + 16].copy_from_slice(&crc.to_le_bytes());
+    }
+    let index_crc = crc32c::crc32c(&head[HEADER_LEN..]);
+    head[40..44].copy_from_slice(&index_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&head[..44]);
+    head[44..48].copy_from_slice(&header_crc.to_le_bytes());
+}
+
+/// Builds a complete, sealed object in a new buffer.
+pub fn encode(
+    run_id: u32,
+    node: u16,
+    mep: u64,
+    events: u32,
+    fragments: &[&[u8]],
+) -> Result<Vec<u8>, FragmentLayoutError> {
+    let mut out = Vec::new();
+    layout(&mut out, run_id, node, mep, events, fragments)?;
+    seal(&mut out);
+    Ok(out)
+}
+
+/// A verified object, borrowed from its bytes: every checksum and length has
+/// been checked, so its accessors cannot fail.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredBatch<'a> {
+    pub header: ObjectHeader,
+    index: &'a [u8],
+    payload: &'a [u8],
+}
+
+impl<'a> StoredBatch<'a> {
+    /// Built event `e` (its fragments in source order, back to back).
+    pub fn event(&self, e: u32) -> &'a [u8] {
+        let entry = e as usize * EVENT_ENTRY_LEN;
+        let offset = u64_at(self.index, entry) as usize;
+        let len = u32_at(self.index, entry + 8) as usize;
+        &self.payload[offset..offset + len]
+    }
+
+    /// Size of the fragment of source `s` in event `e`.
+    pub fn fragment_len(&self, e: u32, s: u32) -> u32 {
+        let table = self.header.event_count as usize * EVENT_ENTRY_LEN;
+        let at = table
+            + (e as usize * self.header.source_count as usize + s as usize) * FRAGMENT_ENTRY_LEN;
+        u32_at(self.index, at)
+    }
+
+    /// The fragment of source `s` in event `e`.
+    pub fn fragment(&self, e: u32, s: u32) -> &'a [u8] {
+        let start: usize = (0..s).map(|i| self.fragment_len(e, i) as usize).sum();
+        &self.event(e)[start..start + self.fragment_len(e, s) as usize]
+    }
+}
+
+/// Parses the header alone (magic, version, header CRC); does not look at
+/// the rest.
+pub fn decode_header(bytes: &[u8]) -> Result<ObjectHeader, ObjectError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(ObjectError::Truncated {
+            len: bytes.len() as u64,
+            needed: HEADER_LEN as u64,
+            what: "header",
+        });
+    }
+    let magic: [u8; 4] = bytes[..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(ObjectError::BadMagic(magic));
+    }
+    let stored = u32_at(bytes, 44);
+    let computed = crc32c::crc32c(&bytes[..44]);
+    if stored != computed {
+        return Err(ObjectError::HeaderCrc { stored, computed });
+    }
+    // Version and size are checked after the CRC so that a flipped bit there
+    // is reported as what it is: corruption.
+    let version = u16_at(bytes, 4);
+    if version != VERSION {
+        return Err(ObjectError::BadVersion(version));
+    }
+    let header_len = u16_at(bytes, 6);
+    if header_len as usize != HEADER_LEN {
+        return Err(ObjectError::BadHeaderLen(header_len));
+    }
+    Ok(ObjectHeader {
+        run_id: u32_at(bytes, 8),
+        node: u16_at(bytes, 12),
+        mep: u64_at(bytes, 16),
+        event_count: u32_at(bytes, 24),
+        source_count: u32_at(bytes, 28),
+        payload_len: u64_at(bytes, 32),
+    })
+}
+
+/// Verifies every checksum and length of an object and returns a view of it.
+pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
+    let header = decode_header(bytes)?;
+    let len = bytes.len() as u64;
+    let index_len = header.index_len().ok_or(ObjectError::IndexTooLarge {
+        event_count: header.event_count,
+        source_count: header.source_count,
+    })?;
+    let index_end =
+        (HEADER_LEN as u64)
+            .checked_add(index_len)
+            .ok_or(ObjectError::IndexTooLarge {
+                event_count: header.event_count,
+                source_count: header.source_count,
+            })?;
+    if len < index_end {
+        return Err(ObjectError::Truncated {
+            len,
+            needed: index_end,
+            what: "index",
+        });
+    }
+    let expected = index_end
+        .checked_add(header.payload_len)
+        .ok_or(ObjectError::Truncated {
+            len,
+            needed: u64::MAX,
+            what: "payload",
+        })?;
+    if len < expected {
+        return Err(ObjectError::Truncated {
+            len,
+            needed: expected,
+            what: "payload",
+        });
+    }
+    if len > expected {
+        return Err(ObjectError::TrailingBytes { len, expected });
+    }
+    // From here every range is within `bytes`.
+    let index = &bytes[HEADER_LEN..index_end as usize];
+    let payload = &bytes[index_end as usize..];
+    let stored = u32_at(bytes, 40);
+    let computed = crc32c::crc32c(index);
+    if stored != computed {
+        return Err(ObjectError::IndexCrc { stored, computed });
+    }
+    let sources = header.source_count as usize;
+    let fragment_table = &index[header.event_count as usize * EVENT_ENTRY_LEN..];
+    let mut expected_offset = 0u64;
+    for e in 0..header.event_count {
+        let entry = e as usize * EVENT_ENTRY_LEN;
+        let offset = u64_at(index, entry);
+        let length = u32_at(index, entry + 8);
+        if offset != expected_offset {
+            return Err(ObjectError::EventOffset {
+                event: e,
+                offset,
+                expected: expected_offset,
+            });
+        }
+        let row = &fragment_table[e as usize * sources * FRAGMENT_ENTRY_LEN..][..sources * 4];
+        let fragments_sum: u64 = row
+            .chunks_exact(4)
+            .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+            .sum();
+        if fragments_sum != u64::from(length) {
+            return Err(ObjectError::EventLength {
+                event: e,
+                length,
+                fragments_sum,
+            });
+        }
+        expected_offset += u64::from(length);
+        if expected_offset > header.payload_len {
+            return Err(ObjectError::PayloadLength {
+                events_sum: expected_offset,
+                payload_len: header.payload_len,
+            });
+        }
+        let stored = u32_at(index, entry + 12);
+        let computed = crc32c::crc32c(&payload[offset as usize..expected_offset as usize]);
+        if stored != computed {
+            return Err(ObjectError::EventCrc {
+                event: e,
+                stored,
+                computed,
+            });
+        }
+    }
+    if expected_offset != header.payload_len {
+        return Err(ObjectError::PayloadLength {
+            events_sum: expected_offset,
+            payload_len: header.payload_len,
+        });
+    }
+    Ok(StoredBatch {
+        header,
+        index,
+        payload,
+    })
+}
+
+/// The object name of batch `mep` relative to the store root:
+/// `run<run_id>/node<node>/<mep, 20 digits>.evbo`. Zero-padded so that a
+/// lexicographic listing (S3's order) is MEP order.
+pub fn object_key(run_id: u32, node: u16, mep: u64) -> String {
+    format!("run{run_id}/node{node}/{mep:020}.{EXTENSION}")
+}
+
+/// The (run, node, mep) a key made by [`object_key`] names, if it is one.
+pub fn parse_object_key(key: &str) -> Option<(u32, u16, u64)> {
+    let mut parts = key.rsplit('/');
+    let file = parts.next()?;
+    let node = parts.next()?.strip_prefix("node")?.parse().ok()?;
+    let run = parts.next()?.strip_prefix("run")?.parse().ok()?;
+    let mep = file.strip_suffix(".evbo")?.parse().ok()?;
+    Some((run, node, mep))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fragment(sizes: &[u32], fill: u8) -> Vec<u8> {
+        let mut f: Vec<u8> = sizes.iter().flat_map(|s| s.to_le_bytes()).collect();
+        for (i, s) in sizes.iter().enumerate() {
+            f.extend(std::iter::repeat_n(fill.wrapping_add(i as u8), *s as usize));
+        }
+        f
+    }
+
+    #[test]
+    fn events_are_stored_event_major() {
+        let a = fragment(&[3, 0, 2], 10);
+        let b = fragment(&[1, 4, 0], 20);
+        let obj = encode(7, 2, 99, 3, &[&a, &b]).unwrap();
+        let batch = decode(&obj).unwrap();
+        assert_eq!(batch.header.mep, 99);
+        assert_eq!(batch.event(0), &[10, 10, 10, 20]);
+        assert_eq!(batch.event(1), &[21, 21, 21, 21]);
+        assert_eq!(batch.fragment(2, 0), &[12, 12]);
+        assert_eq!(batch.fragment(2, 1), &[] as &[u8]);
+    }
+
+    #[test]
+    fn fragment_whose_sizes_disagree_with_its_length_is_refused() {
+        let mut a = fragment(&[3, 1], 0);
+        a.pop();
+        let err = encode(1, 0, 0, 2, &[&a]).unwrap_err();
+        assert_eq!(err.source, 0);
+        assert!(err.reason.contains("sum to 4"), "{err}");
+        let short = [1u8, 0, 0];
+        let err = encode(1, 0, 0, 2, &[&fragment(&[0, 0], 0), &short]).unwrap_err();
+        assert_eq!(err.source, 1);
+    }
+
+    #[test]
+    fn keys_round_trip() {
+        let key = object_key(12, 3, 456);
+        assert_eq!(key, "run12/node3/00000000000000000456.evbo");
+        assert_eq!(parse_object_key(&format!("a/b/{key}")), Some((12, 3, 456)));
+        assert_eq!(parse_object_key("run1/node2/x.evbo"), None);
+    }
+}

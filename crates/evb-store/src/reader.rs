@@ -1,0 +1,203 @@
+//! Reading a store back: list every object under a directory or S3 prefix,
+//! verify each completely (docs/store.md), and count. A damaged object is
+//! reported with its name and the part that failed, and the reading goes
+//! on; only a store that cannot be listed at all is an error.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::format::{self, EXTENSION};
+use crate::s3::S3Client;
+use crate::target::StoreTarget;
+use crate::StoreError;
+
+/// Limits of a read.
+#[derive(Debug, Clone)]
+pub struct ReadOptions {
+    /// An object larger than this is reported bad without being read (it is
+    /// held in memory whole while verified).
+    pub max_object_bytes: u64,
+    /// S3: timeout of one request.
+    pub timeout: Duration,
+}
+
+impl Default for ReadOptions {
+    fn default() -> ReadOptions {
+        ReadOptions {
+            max_object_bytes: 4 << 30,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The outcome of reading a whole store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ReadReport {
+    pub target: String,
+    /// Objects found (good and bad).
+    pub objects: u64,
+    /// Objects that verified.
+    pub good_objects: u64,
+    /// Events in the good objects.
+    pub events: u64,
+    /// Bytes of the good objects.
+    pub bytes: u64,
+    /// Files or keys under the target that are not objects (skipped).
+    pub other_files: u64,
+    pub bad: Vec<BadObject>,
+}
+
+/// An object that failed verification, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadObject {
+    pub name: String,
+    pub reason: String,
+}
+
+impl ReadReport {
+    fn record(&mut self, name: String, bytes: Result<Vec<u8>, String>) {
+        self.objects += 1;
+        let verdict = bytes.and_then(|b| verify(&name, &b).map(|events| (events, b.len())));
+        match verdict {
+            Ok((events, len)) => {
+                self.good_objects += 1;
+                self.events += events;
+                self.bytes += len as u64;
+            }
+            Err(reason) => self.bad.push(BadObject { name, reason }),
+        }
+    }
+}
+
+/// Verifies one object's bytes; its events, or why it is bad. The name is
+/// checked against the header when it has the `runR/nodeN/MEP.evbo` form,
+/// so that an object copied under the wrong key is noticed.
+pub fn verify(name: &str, bytes: &[u8]) -> Result<u64, String> {
+    let batch = format::decode(bytes).map_err(|e| e.to_string())?;
+    let h = batch.header;
+    if let Some((run, node, mep)) = format::parse_object_key(name) {
+        if (run, node, mep) != (h.run_id, h.node, h.mep) {
+            return Err(format!(
+                "header says run {} node {} MEP {}, the name says run {run} node {node} MEP {mep}",
+                h.run_id, h.node, h.mep
+            ));
+        }
+    }
+    Ok(u64::from(h.event_count))
+}
+
+/// Reads and verifies every object of a store.
+pub fn read_store(target: &StoreTarget, options: &ReadOptions) -> Result<ReadReport, StoreError> {
+    let mut report = ReadReport {
+        target: target.to_string(),
+        ..ReadReport::default()
+    };
+    match target {
+        StoreTarget::Dir(root) => read_dir(root, options, &mut report)?,
+        StoreTarget::S3(t) => {
+            let client = S3Client::new(t, options.timeout);
+            let prefix = if t.prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{}/", t.prefix)
+            };
+            for listed in client.list(&prefix)? {
+                let name = listed.key.strip_prefix(&prefix).unwrap_or(&listed.key);
+                if !name.ends_with(&format!(".{EXTENSION}")) {
+                    report.other_files += 1;
+                    continue;
+                }
+                let bytes = if listed.size > options.max_object_bytes {
+                    Err(too_large(listed.size, options.max_object_bytes))
+                } else {
+                    client
+                        .get_object(&listed.key, options.max_object_bytes)
+                        .map_err(|e| e.to_string())
+                };
+                report.record(name.to_string(), bytes);
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn too_large(size: u64, max: u64) -> String {
+    format!("{size} bytes, over the {max}-byte limit of one object")
+}
+
+fn read_dir(root: &Path, options: &ReadOptions, report: &mut ReadReport) -> Result<(), StoreError> {
+    let meta = std::fs::metadata(root).map_err(|e| StoreError::io(root, e))?;
+    if meta.is_file() {
+        let name = root.display().to_string();
+        let bytes = read_file(root, options.max_object_bytes);
+        report.record(name, bytes);
+        return Ok(());
+    }
+    let mut files = Vec::new();
+    collect_files(root, &mut files)?;
+    files.sort();
+    let object_suffix = format!(".{EXTENSION}");
+    let unfinished_suffix = format!(".{EXTENSION}.tmp");
+    for path in files {
+        let name = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        if name.ends_with(&unfinished_suffix) {
+            report.objects += 1;
+            report.bad.push(BadObject {
+                name,
+                reason: "unfinished write: temporary file of an interrupted writer".into(),
+            });
+        } else if name.ends_with(&object_suffix) {
+            let bytes = read_file(&path, options.max_object_bytes);
+            report.record(name, bytes);
+        } else {
+            report.other_files += 1;
+        }
+    }
+    Ok(())
+}
+
+/// Every regular file under `dir`, without following symbolic links (no
+/// cycles, nothing outside the store).
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), StoreError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(dir, e))?;
+        let kind = entry
+            .file_type()
+            .map_err(|e| StoreError::io(entry.path(), e))?;
+        if kind.is_dir() {
+            collect_files(&entry.path(), out)?;
+        } else if kind.is_file() {
+            out.push(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// Reads a file whole, never more than `max` bytes (the size is re-checked
+/// while reading, in case the file grows).
+fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let len = file
+        .metadata()
+        .map_err(|e| format!("cannot stat: {e}"))?
+        .len();
+    if len > max {
+        return Err(too_large(len, max));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64, max));
+    }
+    Ok(bytes)
+}

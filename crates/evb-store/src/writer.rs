@@ -1,0 +1,365 @@
+//! The writer a builder unit feeds: copies each batch into an object on the
+//! caller's thread (one memcpy), and leaves checksums and I/O to one
+//! background thread behind a bounded queue, so that the caller's event
+//! loop never waits on a disk or a network.
+//!
+//! One thread per writer also makes each node's output one sequential
+//! stream: objects are written one after the other, in the order queued.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::format;
+use crate::s3::S3Client;
+use crate::target::StoreTarget;
+use crate::StoreError;
+
+/// Tuning of a writer.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Batches accepted but not yet written; one more is refused with
+    /// [`StoreError::Backpressure`]. Memory held is at most this many
+    /// objects plus one spare buffer.
+    pub queue_depth: usize,
+    /// Local directory: `fsync` each object before it becomes visible
+    /// (durable against power loss, slower).
+    pub sync: bool,
+    /// S3: timeout of one request.
+    pub timeout: Duration,
+    /// S3: attempts after a failed PUT before the writer gives up.
+    pub retries: u32,
+}
+
+impl Default for WriterOptions {
+    fn default() -> WriterOptions {
+        WriterOptions {
+            queue_depth: 4,
+            sync: false,
+            timeout: Duration::from_secs(60),
+            retries: 2,
+        }
+    }
+}
+
+/// What a writer has done.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StoreStats {
+    /// Objects written.
+    pub objects: u64,
+    /// Events in the objects written.
+    pub events: u64,
+    /// Bytes of the objects written.
+    pub bytes: u64,
+    /// Calls of `write_batch` refused because the queue was full.
+    pub refused: u64,
+    /// Batches accepted but not written because a write failed.
+    pub failed: u64,
+    /// Seconds the background thread spent checksumming and writing.
+    pub busy_seconds: f64,
+}
+
+struct Job {
+    mep: u64,
+    events: u32,
+    object: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    queued: usize,
+    stats: StoreStats,
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    drained: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic in the other thread cannot leave State inconsistent
+        // (plain counters), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+enum Sink {
+    Dir { root: PathBuf, sync: bool },
+    S3 { client: S3Client, retries: u32 },
+}
+
+/// Writes the batches of one node of one run; see the module docs.
+pub struct StoreWriter {
+    run_id: u32,
+    node: u16,
+    queue_depth: usize,
+    jobs: Option<SyncSender<Job>>,
+    spare_buffers: Receiver<Vec<u8>>,
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl StoreWriter {
+    /// Opens a writer with default options.
+    pub fn open(target: &StoreTarget, run_id: u32, node: u16) -> Result<StoreWriter, StoreError> {
+        StoreWriter::open_with(target, run_id, node, WriterOptions::default())
+    }
+
+    /// Opens a writer: creates the node's directory, or checks that the S3
+    /// bucket answers (so a wrong endpoint, bucket or key fails here, at
+    /// start, and not at the first batch), then starts the writer thread.
+    pub fn open_with(
+        target: &StoreTarget,
+        run_id: u32,
+        node: u16,
+        options: WriterOptions,
+    ) -> Result<StoreWriter, StoreError> {
+        if options.queue_depth == 0 {
+            return Err(StoreError::Target {
+                spec: target.to_string(),
+                reason: "queue_depth must be at least 1".into(),
+            });
+        }
+        let sink = match target {
+            StoreTarget::Dir(root) => {
+                let dir = root.join(format::object_key(run_id, node, 0));
+                let dir = dir.parent().expect("object key has a directory");
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+                Sink::Dir {
+                    root: root.clone(),
+                    sync: options.sync,
+                }
+            }
+            StoreTarget::S3(t) => {
+                let client = S3Client::new(t, options.timeout);
+                client.check_bucket()?;
+                Sink::S3 {
+                    client,
+                    retries: options.retries,
+                }
+            }
+        };
+        let (jobs, job_rx) = mpsc::sync_channel::<Job>(options.queue_depth);
+        let (spare_tx, spare_buffers) = mpsc::sync_channel::<Vec<u8>>(1);
+        let shared = Arc::new(Shared::default());
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name(format!("evb-store-{node}"))
+            .spawn(move || write_loop(run_id, node, &sink, &job_rx, &spare_tx, &worker_shared))
+            .map_err(|e| StoreError::Failed(format!("cannot start the writer thread: {e}")))?;
+        Ok(StoreWriter {
+            run_id,
+            node,
+            queue_depth: options.queue_depth,
+            jobs: Some(jobs),
+            spare_buffers,
+            shared,
+            worker: Some(worker),
+        })
+    }
+
+    /// Queues the batch `mep` for writing: `fragments` are its fragment
+    /// payloads in source order, each an event-size table of
+    /// `events_per_mep` u32 then the event data (docs/wire-format.md).
+    ///
+    /// Returns at once. [`StoreError::Backpressure`] if the queue is full
+    /// (nothing was copied: call again later with the same batch);
+    /// [`StoreError::InvalidBatch`] if a fragment's size table disagrees
+    /// with its length; [`StoreError::Failed`] once an earlier write failed
+    /// (the writer stops then: a store with holes must be noticed).
+    pub fn write_batch(
+        &mut self,
+        mep: u64,
+        events_per_mep: u32,
+        fragments: &[&[u8]],
+    ) -> Result<(), StoreError> {
+        {
+            let mut state = self.shared.lock();
+            if let Some(err) = &state.error {
+                return Err(StoreError::Failed(err.clone()));
+            }
+            if state.queued >= self.queue_depth {
+                state.stats.refused += 1;
+                return Err(StoreError::Backpressure {
+                    queued: state.queued,
+                });
+            }
+        }
+        let mut object = self.spare_buffers.try_recv().unwrap_or_default();
+        format::layout(
+            &mut object,
+            self.run_id,
+            self.node,
+            mep,
+            events_per_mep,
+            fragments,
+        )
+        .map_err(|problem| StoreError::InvalidBatch { mep, problem })?;
+        self.shared.lock().queued += 1;
+        let job = Job {
+            mep,
+            events: events_per_mep,
+            object,
+        };
+        // Never blocks: fewer than queue_depth jobs are queued.
+        self.jobs
+            .as_ref()
+            .expect("jobs sender lives until close")
+            .send(job)
+            .map_err(|_| StoreError::Failed("the writer thread has stopped".into()))
+    }
+
+    /// True if `write_batch` would accept a batch now.
+    pub fn has_room(&self) -> bool {
+        let state = self.shared.lock();
+        state.error.is_none() && state.queued < self.queue_depth
+    }
+
+    /// Batches accepted and not yet written.
+    pub fn queued(&self) -> usize {
+        self.shared.lock().queued
+    }
+
+    /// What has been written so far.
+    pub fn stats(&self) -> StoreStats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// Waits until every accepted batch is written (blocks: not for the
+    /// event loop's hot path). Error if any write failed.
+    pub fn flush(&mut self) -> Result<StoreStats, StoreError> {
+        let mut state = self.shared.lock();
+        while state.queued > 0 {
+            state = self
+                .shared
+                .drained
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        match &state.error {
+            Some(err) => Err(StoreError::Failed(err.clone())),
+            None => Ok(state.stats.clone()),
+        }
+    }
+
+    /// Writes what is queued, stops the writer thread and returns the
+    /// totals. Error if any write failed.
+    pub fn close(mut self) -> Result<StoreStats, StoreError> {
+        self.stop();
+        let state = self.shared.lock();
+        match &state.error {
+            Some(err) => Err(StoreError::Failed(format!(
+                "{err} ({} objects written, {} batches not written)",
+                state.stats.objects, state.stats.failed
+            ))),
+            None => Ok(state.stats.clone()),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.jobs = None;
+        if let Some(worker) = self.worker.take() {
+            if worker.join().is_err() {
+                let mut state = self.shared.lock();
+                state
+                    .error
+                    .get_or_insert_with(|| "the writer thread panicked".into());
+            }
+        }
+    }
+}
+
+impl Drop for StoreWriter {
+    /// Dropping without `close` still writes what was accepted.
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn write_loop(
+    run_id: u32,
+    node: u16,
+    sink: &Sink,
+    jobs: &Receiver<Job>,
+    spare: &SyncSender<Vec<u8>>,
+    shared: &Shared,
+) {
+    while let Ok(mut job) = jobs.recv() {
+        let failed_before = shared.lock().error.is_some();
+        let started = Instant::now();
+        let result = if failed_before {
+            Err(String::new())
+        } else {
+            format::seal(&mut job.object);
+            let name = format::object_key(run_id, node, job.mep);
+            write_object(sink, &name, &job.object)
+        };
+        let busy = started.elapsed();
+        {
+            let mut state = shared.lock();
+            state.queued -= 1;
+            state.stats.busy_seconds += busy.as_secs_f64();
+            match result {
+                Ok(()) => {
+                    state.stats.objects += 1;
+                    state.stats.events += u64::from(job.events);
+                    state.stats.bytes += job.object.len() as u64;
+                }
+                Err(err) => {
+                    state.stats.failed += 1;
+                    if state.error.is_none() {
+                        state.error = Some(err);
+                    }
+                }
+            }
+        }
+        shared.drained.notify_all();
+        // Hand the buffer back for the next batch; drop it if one is
+        // already waiting (bounds memory at queue_depth + 1 buffers).
+        let _ = spare.try_send(job.object);
+    }
+}
+
+fn write_object(sink: &Sink, name: &str, object: &[u8]) -> Result<(), String> {
+    match sink {
+        Sink::Dir { root, sync } => write_file(root, name, object, *sync),
+        Sink::S3 { client, retries } => {
+            let key = client.target().key(name);
+            let mut attempt = 0;
+            loop {
+                match client.put_object(&key, object) {
+                    Ok(()) => return Ok(()),
+                    Err(err) if attempt >= *retries => return Err(err.to_string()),
+                    Err(_) => {
+                        attempt += 1;
+                        std::thread::sleep(Duration::from_millis(200 << attempt));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes to a hidden temporary name and renames it into place, so that an
+/// object is either absent or complete; an interrupted write leaves only a
+/// `.tmp` file, which `evb store read` reports.
+fn write_file(root: &std::path::Path, name: &str, object: &[u8], sync: bool) -> Result<(), String> {
+    use std::io::Write;
+    let path = root.join(name);
+    let file_name = path.file_name().expect("object name").to_string_lossy();
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(object)?;
+        if sync {
+            file.sync_data()?;
+        }
+        std::fs::rename(&tmp, &path)
+    })();
+    result.map_err(|e| format!("{}: {e}", path.display()))
+}

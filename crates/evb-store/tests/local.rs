@@ -1,0 +1,338 @@
+//! The store on a local directory, end to end: batches through the writer
+//! thread to files, read back and verified; every kind of damage found and
+//! named; a failing disk reported, not ignored.
+
+use std::path::Path;
+
+use evb_store::format::{self, HEADER_LEN};
+use evb_store::{read_store, ReadOptions, StoreError, StoreTarget, StoreWriter, WriterOptions};
+use proptest::prelude::*;
+
+/// A fragment payload as an RU sends it: `sizes.len()` u32 sizes, then the
+/// events, each filled with bytes derived from (source, event).
+fn fragment(source: u32, sizes: &[u32]) -> Vec<u8> {
+    let mut f: Vec<u8> = sizes.iter().flat_map(|s| s.to_le_bytes()).collect();
+    for (e, &size) in sizes.iter().enumerate() {
+        f.extend((0..size).map(|i| (source * 31 + e as u32 * 7 + i) as u8));
+    }
+    f
+}
+
+/// Fragments of `sources` sources for one batch, sizes varying with mep.
+fn batch(mep: u64, sources: u32, events: u32) -> Vec<Vec<u8>> {
+    (0..sources)
+        .map(|s| {
+            let sizes: Vec<u32> = (0..events)
+                .map(|e| (mep as u32 * 13 + s * 5 + e * 3) % 200)
+                .collect();
+            fragment(s, &sizes)
+        })
+        .collect()
+}
+
+fn write_run(root: &Path, run: u32, node: u16, meps: u64, sources: u32, events: u32) {
+    let target = StoreTarget::Dir(root.to_path_buf());
+    let mut writer = StoreWriter::open(&target, run, node).unwrap();
+    for mep in 0..meps {
+        let fragments = batch(mep, sources, events);
+        let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+        loop {
+            match writer.write_batch(mep, events, &refs) {
+                Ok(()) => break,
+                Err(StoreError::Backpressure { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(e) => panic!("write_batch: {e}"),
+            }
+        }
+    }
+    let stats = writer.close().unwrap();
+    assert_eq!(stats.objects, meps);
+    assert_eq!(stats.events, meps * u64::from(events));
+    assert_eq!(stats.failed, 0);
+}
+
+#[test]
+fn round_trip_through_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    write_run(dir.path(), 5, 0, 20, 4, 64);
+    write_run(dir.path(), 5, 1, 10, 4, 64);
+    let report = read_store(
+        &StoreTarget::Dir(dir.path().into()),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.bad, vec![]);
+    assert_eq!(report.objects, 30);
+    assert_eq!(report.good_objects, 30);
+    assert_eq!(report.events, 30 * 64);
+    assert_eq!(report.other_files, 0);
+
+    // Every event of every object is the sources' fragments, in order.
+    for mep in 0..20 {
+        let path = dir.path().join(format::object_key(5, 0, mep));
+        let bytes = std::fs::read(&path).unwrap();
+        let stored = format::decode(&bytes).unwrap();
+        let fragments = batch(mep, 4, 64);
+        for e in 0..64u32 {
+            let mut expected = Vec::new();
+            for (s, f) in fragments.iter().enumerate() {
+                let sizes: Vec<usize> = f[..64 * 4]
+                    .chunks(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+                    .collect();
+                let start = 64 * 4 + sizes[..e as usize].iter().sum::<usize>();
+                let piece = &f[start..start + sizes[e as usize]];
+                assert_eq!(
+                    stored.fragment(e, s as u32),
+                    piece,
+                    "mep {mep} event {e} source {s}"
+                );
+                expected.extend_from_slice(piece);
+            }
+            assert_eq!(stored.event(e), expected.as_slice());
+        }
+    }
+}
+
+fn one_object(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    write_run(dir, 1, 2, 1, 3, 10);
+    let path = dir.join(format::object_key(1, 2, 0));
+    let bytes = std::fs::read(&path).unwrap();
+    (path, bytes)
+}
+
+/// Reads `dir` and returns the one bad reason, checking it names the object.
+fn single_bad_reason(dir: &Path) -> String {
+    let report = read_store(&StoreTarget::Dir(dir.into()), &ReadOptions::default()).unwrap();
+    assert_eq!(report.bad.len(), 1, "{report:?}");
+    assert_eq!(report.bad[0].name, format::object_key(1, 2, 0));
+    report.bad[0].reason.clone()
+}
+
+#[test]
+fn every_byte_flip_is_detected_and_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, good) = one_object(dir.path());
+    let header = format::decode_header(&good).unwrap();
+    let index_end = HEADER_LEN + header.index_len().unwrap() as usize;
+    for at in 0..good.len() {
+        let mut bad = good.clone();
+        bad[at] ^= 0x40;
+        std::fs::write(&path, &bad).unwrap();
+        let reason = single_bad_reason(dir.path());
+        let expected = if at < 4 {
+            "bad magic"
+        } else if at < HEADER_LEN {
+            "header CRC-32C"
+        } else if at < index_end {
+            "index CRC-32C"
+        } else {
+            "payload of event"
+        };
+        assert!(
+            reason.contains(expected),
+            "flip at byte {at}: `{reason}` does not say `{expected}`"
+        );
+    }
+}
+
+#[test]
+fn every_truncation_and_extension_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, good) = one_object(dir.path());
+    for len in 0..good.len() {
+        std::fs::write(&path, &good[..len]).unwrap();
+        let reason = single_bad_reason(dir.path());
+        assert!(reason.starts_with("truncated"), "length {len}: {reason}");
+    }
+    let mut longer = good.clone();
+    longer.push(0);
+    std::fs::write(&path, &longer).unwrap();
+    assert!(single_bad_reason(dir.path()).contains("1 trailing bytes"));
+}
+
+#[test]
+fn leftover_temporary_file_is_reported_and_other_files_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, good) = one_object(dir.path());
+    std::fs::remove_file(&path).unwrap();
+    let tmp = path.with_file_name(format!(
+        "{}.tmp",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&tmp, &good[..10]).unwrap();
+    std::fs::write(dir.path().join("README"), "not an object").unwrap();
+    let report = read_store(
+        &StoreTarget::Dir(dir.path().into()),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.other_files, 1);
+    assert_eq!(report.bad.len(), 1);
+    assert!(
+        report.bad[0].reason.contains("unfinished write"),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn object_under_the_wrong_name_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = one_object(dir.path());
+    let renamed = dir.path().join(format::object_key(1, 2, 7));
+    std::fs::rename(&path, &renamed).unwrap();
+    let report = read_store(
+        &StoreTarget::Dir(dir.path().into()),
+        &ReadOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(report.bad.len(), 1);
+    assert!(
+        report.bad[0]
+            .reason
+            .contains("the name says run 1 node 2 MEP 7"),
+        "{report:?}"
+    );
+}
+
+#[test]
+fn object_over_the_size_limit_is_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, good) = one_object(dir.path());
+    let options = ReadOptions {
+        max_object_bytes: good.len() as u64 - 1,
+        ..ReadOptions::default()
+    };
+    let report = read_store(&StoreTarget::Dir(dir.path().into()), &options).unwrap();
+    assert_eq!(report.bad.len(), 1);
+    assert!(report.bad[0].reason.contains("limit"), "{report:?}");
+}
+
+#[test]
+fn missing_store_is_an_error_naming_it() {
+    let err = read_store(
+        &StoreTarget::Dir("/nonexistent/evb-store".into()),
+        &ReadOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/evb-store"), "{err}");
+}
+
+#[test]
+fn invalid_fragment_is_refused_and_names_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let mut writer = StoreWriter::open(&target, 1, 0).unwrap();
+    let good = fragment(0, &[4, 4]);
+    let bad = fragment(1, &[4, 5]);
+    let err = writer
+        .write_batch(3, 2, &[&good, &bad[..bad.len() - 1]])
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("MEP 3") && text.contains("source 1"),
+        "{text}"
+    );
+    // The writer is still usable, and nothing was written for MEP 3.
+    writer.write_batch(4, 2, &[&good, &bad]).unwrap();
+    let stats = writer.close().unwrap();
+    assert_eq!(stats.objects, 1);
+    assert!(!dir.path().join(format::object_key(1, 0, 3)).exists());
+}
+
+#[test]
+fn a_failing_disk_stops_the_writer_with_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let mut writer = StoreWriter::open_with(
+        &target,
+        1,
+        0,
+        WriterOptions {
+            queue_depth: 1,
+            ..WriterOptions::default()
+        },
+    )
+    .unwrap();
+    // Pull the node's directory away under the writer.
+    let node_dir = dir.path().join("run1/node0");
+    std::fs::remove_dir(&node_dir).unwrap();
+    let f = fragment(0, &[8]);
+    writer.write_batch(0, 1, &[&f]).unwrap();
+    let err = writer.flush().unwrap_err().to_string();
+    assert!(
+        err.contains("run1/node0/00000000000000000000.evbo"),
+        "{err}"
+    );
+    let err = writer.write_batch(1, 1, &[&f]).unwrap_err();
+    assert!(matches!(err, StoreError::Failed(_)), "{err}");
+    let err = writer.close().unwrap_err().to_string();
+    assert!(err.contains("0 objects written"), "{err}");
+}
+
+#[test]
+fn zero_queue_depth_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriterOptions {
+        queue_depth: 0,
+        ..WriterOptions::default()
+    };
+    let err = StoreWriter::open_with(&StoreTarget::Dir(dir.path().into()), 1, 0, options)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("queue_depth"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, timeout: 10_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn encode_decode_round_trip(
+        run in any::<u32>(),
+        node in any::<u16>(),
+        mep in any::<u64>(),
+        sizes in prop::collection::vec(prop::collection::vec(0u32..300, 0..20), 1..6),
+    ) {
+        // Every source has the same number of events.
+        let events = sizes.iter().map(Vec::len).min().unwrap();
+        let fragments: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(s, sz)| fragment(s as u32, &sz[..events]))
+            .collect();
+        let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+        let object = format::encode(run, node, mep, events as u32, &refs).unwrap();
+        let stored = format::decode(&object).unwrap();
+        prop_assert_eq!(stored.header.run_id, run);
+        prop_assert_eq!(stored.header.node, node);
+        prop_assert_eq!(stored.header.mep, mep);
+        prop_assert_eq!(stored.header.event_count as usize, events);
+        prop_assert_eq!(stored.header.source_count as usize, fragments.len());
+        for e in 0..events {
+            let mut whole = Vec::new();
+            for (s, sz) in sizes.iter().enumerate() {
+                let start: usize = sz[..e].iter().map(|&x| x as usize).sum();
+                let piece = &fragments[s][events * 4 + start..][..sz[e] as usize];
+                prop_assert_eq!(stored.fragment(e as u32, s as u32), piece);
+                whole.extend_from_slice(piece);
+            }
+            prop_assert_eq!(stored.event(e as u32), whole.as_slice());
+        }
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = format::decode(&bytes);
+    }
+
+    #[test]
+    fn any_single_corruption_is_caught(flip in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let fragments = [fragment(0, &[5, 0, 9]), fragment(1, &[1, 2, 3])];
+        let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+        let mut object = format::encode(1, 0, 9, 3, &refs).unwrap();
+        let at = flip.index(object.len());
+        object[at] ^= 1 << bit;
+        prop_assert!(format::decode(&object).is_err(), "flip of bit {} at {} not caught", bit, at);
+    }
+}
