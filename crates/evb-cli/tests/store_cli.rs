@@ -384,3 +384,48 @@ fn s3_wrong_credentials_or_bucket_fail_at_open() {
         "{err}"
     );
 }
+
+/// The event builder writes its built batches to the store (`output.sink =
+/// "store"`); reading the store back verifies every object and finds every
+/// built event.
+#[test]
+fn evb_run_writes_every_built_batch_to_the_store() {
+    let dir = std::env::temp_dir().join(format!("evb-run-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let json = dir.with_extension("json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["run", "--progress", "never", "-n", "3", "--json"])
+        .arg(&json)
+        .args([
+            "--set",
+            "run.max_meps=90",
+            "--set",
+            "run.duration_s=0",
+            "--set",
+            "source.events_per_mep=64",
+        ])
+        .args(["--set", "output.sink=store", "--set"])
+        .arg(format!("output.store={}", dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(run["summary"]["events_built"], 90 * 64);
+    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["store", "read", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(read.status.success(), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["objects"], 90, "{text}");
+    assert_eq!(v["events"], 90 * 64, "{text}");
+    assert_eq!(v["good_objects"], 90, "{text}");
+    assert_eq!(v["bad"], serde_json::json!([]), "{text}");
+}

@@ -98,6 +98,9 @@ pub enum SinkKind {
     Count,
     /// Write each built batch to a file in `output.directory`.
     File,
+    /// Write each built batch as a checksummed object to the event store
+    /// `output.store` (a directory, or `s3://bucket/prefix`).
+    Store,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -259,6 +262,9 @@ impl Default for NodesSection {
 pub struct OutputSection {
     pub sink: SinkKind,
     pub directory: String,
+    /// `sink = "store"`: a directory or `s3://bucket/prefix[?endpoint=..]`
+    /// (credentials from the AWS_* environment); empty: `directory`.
+    pub store: String,
 }
 
 impl Default for OutputSection {
@@ -266,6 +272,7 @@ impl Default for OutputSection {
         OutputSection {
             sink: SinkKind::Count,
             directory: "evb-out".into(),
+            store: String::new(),
         }
     }
 }

@@ -418,6 +418,8 @@ struct Runtime {
     metrics: Option<crate::metrics::MetricsText>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
+    /// `output.sink = "store"`: this BU's event-store writer.
+    store: Option<evb_store::StoreWriter>,
 }
 
 impl Runtime {
@@ -434,6 +436,22 @@ impl Runtime {
                 Some(
                     std::fs::File::create(&path)
                         .with_context(|| format!("creating {}", path.display()))?,
+                )
+            }
+            _ => None,
+        };
+        let store = match config.output.sink {
+            SinkKind::Store if layout.bu_of[rank as usize].is_some() => {
+                let spec = if config.output.store.is_empty() {
+                    &config.output.directory
+                } else {
+                    &config.output.store
+                };
+                let target = evb_store::StoreTarget::parse(spec)
+                    .with_context(|| format!("output.store `{spec}`"))?;
+                Some(
+                    evb_store::StoreWriter::open(&target, config.run.run_id, rank)
+                        .with_context(|| format!("opening the event store `{spec}`"))?,
                 )
             }
             _ => None,
@@ -463,6 +481,7 @@ impl Runtime {
             report_file: None,
             metrics: None,
             actions_left: false,
+            store,
         })
     }
 
@@ -569,6 +588,11 @@ impl Runtime {
                     }
                 }
             }
+        }
+        if let Some(store) = self.store.take() {
+            // Everything queued is written before the final report.
+            let stats = store.close().context("closing the event store")?;
+            eprintln!("evb node {}: event store: {stats:?}", self.rank);
         }
         self.print_report("FINAL", true, drain_timed_out);
         Ok(())
@@ -726,6 +750,9 @@ impl Runtime {
                         if let (Some(file), Some(b)) = (self.engine.sink.as_mut(), batch.as_ref()) {
                             write_batch(file, mep, b).context("writing to the output file")?;
                         }
+                        if let (Some(store), Some(b)) = (self.store.as_mut(), batch.as_ref()) {
+                            store_batch(store, mep, self.config.source.events_per_mep, b)?;
+                        }
                     }
                     if let Some(b) = batch {
                         for slot in b.slots.into_iter().flatten() {
@@ -805,6 +832,36 @@ impl Runtime {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{tag} {line}");
         let _ = out.flush();
+    }
+}
+
+/// Hands a built batch to the event store. The writer works in the
+/// background with a bounded queue; when it is full this waits for it
+/// (the BU's credits then stay in use: backpressure reaches the EM).
+fn store_batch(
+    store: &mut evb_store::StoreWriter,
+    mep: MepId,
+    events_per_mep: u32,
+    b: &BatchSlots,
+) -> Result<()> {
+    let parts: Vec<&[u8]> = b
+        .slots
+        .iter()
+        .filter_map(|s| match s {
+            Some(Slot::Received { data, start, len }) => Some(&data[*start..*start + *len]),
+            Some(Slot::Local(rc)) => Some(&rc[..]),
+            // A source that is down is absent from the object.
+            None => None,
+        })
+        .collect();
+    loop {
+        match store.write_batch(mep, events_per_mep, &parts) {
+            Ok(()) => return Ok(()),
+            Err(evb_store::StoreError::Backpressure { .. }) => {
+                store.flush().context("the event store")?;
+            }
+            Err(e) => return Err(anyhow!("the event store: {e}")),
+        }
     }
 }
 

@@ -19,8 +19,12 @@ pub struct UcxEndpoint {
 /// for it with them fails, so it is asked only when a network transport
 /// may be used.
 fn shared_memory_only(tls: &str) -> bool {
-    tls.split(',')
-        .all(|t| matches!(t.trim(), "posix" | "sysv" | "cma" | "self" | "sm" | "shm" | "knem" | "xpmem"))
+    tls.split(',').all(|t| {
+        matches!(
+            t.trim(),
+            "posix" | "sysv" | "cma" | "self" | "sm" | "shm" | "knem" | "xpmem"
+        )
+    })
 }
 
 impl UcxEndpoint {
