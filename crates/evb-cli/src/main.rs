@@ -68,6 +68,10 @@ struct RunArgs {
     /// Number of nodes (sets nodes.count).
     #[arg(long, short)]
     nodes: Option<u16>,
+    /// Filter Unit consumer processes the BUs hand built batches to (sets
+    /// output.consumers).
+    #[arg(long)]
+    consumers: Option<u16>,
     /// Transport: tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS> (sets transport.kind).
     #[arg(short, long)]
     transport: Option<String>,
@@ -187,6 +191,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         config: args.config.config,
         overrides,
         nodes: args.nodes,
+        consumers: args.consumers,
         duration_s: args.duration,
         json: args.json,
         allow_loss: args.allow_loss,

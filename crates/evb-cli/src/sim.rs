@@ -48,7 +48,8 @@ pub struct SimArgs {
     /// (t_us, then `<host>.tx`, `<host>.rx` per host, Gb/s).
     #[arg(long)]
     pub csv_hosts: Option<PathBuf>,
-    /// Write plots: PREFIX-throughput.{svg,png} and PREFIX-links.{svg,png}.
+    /// Write plots: PREFIX-throughput.{svg,png}, PREFIX-links.{svg,png} and,
+    /// with consumers, PREFIX-consumers.{svg,png} and PREFIX-busy.{svg,png}.
     #[arg(long, value_name = "PREFIX")]
     pub plot: Option<PathBuf>,
 }
@@ -114,10 +115,19 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(l) = args.load {
         overrides.push(format!("sim.load={l}"));
     }
-    // The event builder has one node per host unless the file says otherwise.
+    // The event builder has one node per host unless the file says
+    // otherwise; consumers take the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
-        overrides.insert(0, format!("nodes.count={}", fabric.hosts()));
+        let first = Config::load(args.config.as_deref(), &overrides)?;
+        let consumers = usize::from(first.output.consumers);
+        if consumers + 1 > fabric.hosts() {
+            bail!(
+                "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
+                fabric.hosts()
+            );
+        }
+        overrides.insert(0, format!("nodes.count={}", fabric.hosts() - consumers));
     }
     let config = Config::load(args.config.as_deref(), &overrides)?;
     let bar = crate::progress::bar(1000, "simulating");
@@ -149,6 +159,23 @@ pub fn run(args: SimArgs) -> Result<()> {
         println!(
             "event builder: {} events built, {} batches incomplete, {:.2} Gb/s built per node; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
             eb.events_built, eb.batches_incomplete, eb.built_gbps_per_node, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+        );
+    }
+    if let Some(c) = &result.consumers {
+        println!(
+            "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s); EM credit stalls {}, BU output full {:.1} us; busy {}",
+            c.consumers,
+            c.batches_delivered,
+            c.producer_gbps,
+            c.batches_consumed,
+            c.consumer_gbps,
+            c.em_credit_stalls,
+            c.output_full_s * 1e6,
+            c.busy_fraction
+                .iter()
+                .map(|b| format!("{:.0}%", b * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
     if let Some(path) = &args.json {
@@ -221,6 +248,50 @@ fn write_plots(prefix: &std::path::Path, r: &evb_sim::SimResult) -> Result<Vec<P
             },
         ],
     )?);
+    if let Some(c) = &r.consumers {
+        // Busy periods are often longer than a sample: average over about
+        // a thirtieth of the run so that the curves show rates, not bursts.
+        let k = (c.t_us.len() / 30).max(1);
+        let smooth = |ys: &[f64]| -> Vec<(f64, f64)> {
+            c.t_us
+                .chunks(k)
+                .zip(ys.chunks(k))
+                .map(|(t, y)| (t[t.len() - 1], y.iter().sum::<f64>() / y.len() as f64))
+                .collect()
+        };
+        out.extend(line_chart(
+            &name("-consumers"),
+            &format!(
+                "{} on {}: producer and consumer throughput",
+                s.traffic, s.topology
+            ),
+            "simulated time (us)",
+            "Gb/s (all BUs / all consumers)",
+            &[
+                Series {
+                    name: "producers (delivered)".into(),
+                    points: smooth(&c.producer_gbps_series),
+                },
+                Series {
+                    name: "consumers (consumed)".into(),
+                    points: smooth(&c.consumer_gbps_series),
+                },
+            ],
+        )?);
+        out.extend(line_chart(
+            &name("-busy"),
+            &format!(
+                "{} on {}: busy consumers (of {})",
+                s.traffic, s.topology, c.consumers
+            ),
+            "simulated time (us)",
+            "consumers busy (mean)",
+            &[Series {
+                name: "busy consumers".into(),
+                points: smooth(&c.busy_consumers),
+            }],
+        )?);
+    }
     let mut util: Vec<f64> = r.links.iter().map(|l| l.utilisation * 100.0).collect();
     util.sort_by(|a, b| b.total_cmp(a));
     let mut wait: Vec<f64> = r

@@ -6,6 +6,13 @@
 //! fragments are counted and dropped, never built. A batch that is not
 //! complete within `batch_timeout_ms` is given up and counted incomplete,
 //! with the missing sources named. Each finished batch returns one credit.
+//!
+//! With Filter Unit consumers (`output.consumers`), a built batch is not
+//! done until a consumer has it: it waits in an output queue for a consumer
+//! with credit. The first `output.bu_output_batches` of the queue have
+//! already returned their EM credit; the rest keep it until delivered, so
+//! while every consumer is busy the EM runs out of credit for this BU and
+//! stops assigning to it. Nothing is dropped for want of a consumer.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -46,6 +53,14 @@ pub enum BuAction {
     Credit { credits: u32 },
     /// Tell the EM `mep` is finished (returns one credit).
     Finished { mep: MepId, outcome: u8 },
+    /// Send the built batch `mep` to the Filter Unit on endpoint `to` (a
+    /// [`crate::wire::FLAG_BATCH`] fragment); a `Finish` for it follows.
+    Deliver {
+        to: NodeId,
+        mep: MepId,
+        events: u64,
+        bytes: u64,
+    },
     /// The batch is finished: deliver it to the sink if built, then free
     /// its buffers either way.
     Finish {
@@ -98,6 +113,15 @@ pub struct BuStats {
     pub max_open: u32,
     /// Batches built without a source the EM declared gone.
     pub batches_masked: u64,
+    /// Built batches handed to a consumer, and their payload bytes.
+    pub batches_delivered: u64,
+    pub bytes_delivered: u64,
+    /// Built batches no consumer could take (all gone, or the drain ended).
+    pub batches_undelivered: u64,
+    /// Time the output queue was full (its batches holding EM credits), ns.
+    pub output_full_ns: u64,
+    /// Longest the output queue ever was.
+    pub max_output_queue: u32,
 }
 
 const MAX_INCIDENTS: usize = 32;
@@ -126,6 +150,11 @@ impl BuStats {
             latency_ns: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"),
             max_open: 0,
             batches_masked: 0,
+            batches_delivered: 0,
+            bytes_delivered: 0,
+            batches_undelivered: 0,
+            output_full_ns: 0,
+            max_output_queue: 0,
         }
     }
 }
@@ -145,6 +174,32 @@ struct Batch {
     bytes: u64,
     /// PULL: per source, request issued.
     requested: Vec<bool>,
+}
+
+/// A built batch waiting for a consumer.
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    mep: MepId,
+    events: u64,
+    bytes: u64,
+    /// Its `Finished` went to the EM already (it is within the buffer).
+    reported: bool,
+}
+
+/// Where built batches go when there are consumers.
+#[derive(Debug, Clone)]
+struct Output {
+    fu_nodes: Vec<NodeId>,
+    fu_of: Vec<Option<u16>>,
+    /// Per FU index: batches it will still accept from this BU.
+    credits: Vec<u32>,
+    gone: Vec<bool>,
+    /// FU index the round-robin search starts from.
+    next: usize,
+    queue: VecDeque<Waiting>,
+    /// Batches that may wait having returned their EM credit.
+    buffer: usize,
+    full_since: Option<Nanos>,
 }
 
 #[derive(Debug, Clone)]
@@ -173,6 +228,8 @@ pub struct BuilderUnit {
     /// Per source: this BU's own link from it is gone, so nothing more can
     /// arrive from it.
     link_lost: Vec<bool>,
+    /// `None`: no consumers, built batches go to the sink.
+    output: Option<Output>,
     pub stats: BuStats,
 }
 
@@ -201,8 +258,137 @@ impl BuilderUnit {
             requests_in_flight: 0,
             gone_from: vec![None; layout.rus()],
             link_lost: vec![false; layout.rus()],
+            output: (layout.fus() > 0).then(|| Output {
+                fu_nodes: layout.fu_nodes.clone(),
+                fu_of: layout.fu_of.clone(),
+                credits: vec![0; layout.fus()],
+                gone: vec![false; layout.fus()],
+                next: 0,
+                queue: VecDeque::new(),
+                buffer: config.output.bu_output_batches as usize,
+                full_since: None,
+            }),
             stats: BuStats::new(layout.rus()),
         }
+    }
+
+    /// Built batches waiting for a consumer.
+    pub fn output_waiting(&self) -> usize {
+        self.output.as_ref().map_or(0, |o| o.queue.len())
+    }
+
+    /// Nothing open and nothing waiting for a consumer.
+    pub fn is_idle(&self) -> bool {
+        self.open.is_empty() && self.output_waiting() == 0
+    }
+
+    /// The FU on endpoint `fu` takes `credits` more batches.
+    pub fn on_consumer_credit(
+        &mut self,
+        now: Nanos,
+        fu: NodeId,
+        credits: u32,
+        out: &mut Vec<BuAction>,
+    ) {
+        let Some(o) = &mut self.output else { return };
+        let Some(f) = o.fu_of.get(fu as usize).copied().flatten() else {
+            return;
+        };
+        if !o.gone[f as usize] {
+            o.credits[f as usize] = o.credits[f as usize].saturating_add(credits);
+        }
+        self.pump_output(now, out);
+    }
+
+    /// The FU on endpoint `fu` is gone: it gets nothing more. Without any
+    /// consumer left, the waiting batches can never be delivered.
+    pub fn on_consumer_lost(&mut self, now: Nanos, fu: NodeId, out: &mut Vec<BuAction>) {
+        let Some(o) = &mut self.output else { return };
+        let Some(f) = o.fu_of.get(fu as usize).copied().flatten() else {
+            return;
+        };
+        o.gone[f as usize] = true;
+        o.credits[f as usize] = 0;
+        if o.gone.iter().all(|&g| g) {
+            self.drop_output(now, out);
+        }
+    }
+
+    /// Hands waiting batches to consumers with credit (round-robin), and
+    /// returns the EM credit of those within the output buffer.
+    fn pump_output(&mut self, now: Nanos, out: &mut Vec<BuAction>) {
+        let sources = self.ru_nodes.len();
+        let Some(o) = &mut self.output else { return };
+        let n = o.credits.len();
+        while let Some(&w) = o.queue.front() {
+            let Some(f) = (0..n).map(|k| (o.next + k) % n).find(|&f| o.credits[f] > 0) else {
+                break;
+            };
+            o.credits[f] -= 1;
+            o.next = (f + 1) % n;
+            o.queue.pop_front();
+            self.stats.batches_delivered += 1;
+            self.stats.bytes_delivered += crate::wire::batch_payload_len(sources, w.bytes);
+            out.push(BuAction::Deliver {
+                to: o.fu_nodes[f],
+                mep: w.mep,
+                events: w.events,
+                bytes: w.bytes,
+            });
+            out.push(BuAction::Finish {
+                mep: w.mep,
+                outcome: Outcome::Built,
+                events: w.events,
+                bytes: w.bytes,
+            });
+            if !w.reported {
+                out.push(BuAction::Finished {
+                    mep: w.mep,
+                    outcome: crate::wire::outcome::BUILT,
+                });
+            }
+        }
+        for w in o.queue.iter_mut().take(o.buffer) {
+            if !w.reported {
+                w.reported = true;
+                out.push(BuAction::Finished {
+                    mep: w.mep,
+                    outcome: crate::wire::outcome::BUILT,
+                });
+            }
+        }
+        self.stats.max_output_queue = self.stats.max_output_queue.max(o.queue.len() as u32);
+        let full = !o.queue.is_empty() && o.queue.len() >= o.buffer.max(1);
+        match (full, o.full_since) {
+            (true, None) => o.full_since = Some(now),
+            (false, Some(since)) => {
+                self.stats.output_full_ns += now.saturating_sub(since);
+                o.full_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Gives up every waiting batch: counted undelivered, buffers freed,
+    /// the EM told (as incomplete, if it had not heard of it yet).
+    fn drop_output(&mut self, now: Nanos, out: &mut Vec<BuAction>) {
+        let Some(o) = &mut self.output else { return };
+        for w in std::mem::take(&mut o.queue) {
+            self.stats.batches_undelivered += 1;
+            out.push(BuAction::Finish {
+                mep: w.mep,
+                outcome: Outcome::Built,
+                events: w.events,
+                bytes: w.bytes,
+            });
+            if !w.reported {
+                out.push(BuAction::Finished {
+                    mep: w.mep,
+                    outcome: crate::wire::outcome::INCOMPLETE,
+                });
+            }
+        }
+        self.pump_output(now, out);
     }
 
     /// Credits to grant when the run starts.
@@ -426,6 +612,7 @@ impl BuilderUnit {
         let rewritten: BTreeSet<(Nanos, MepId)> = self.open.keys().map(|&m| (now, m)).collect();
         self.deadlines = rewritten;
         self.on_timeout(now, out);
+        self.drop_output(now, out);
     }
 
     fn check_complete(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
@@ -500,6 +687,18 @@ impl BuilderUnit {
                 s.fragments_unexpected += batch.arrived_count as u64;
             }
         }
+        if outcome == Outcome::Built && self.output.is_some() {
+            let o = self.output.as_mut().expect("checked");
+            o.queue.push_back(Waiting {
+                mep,
+                events,
+                bytes: batch.bytes,
+                reported: false,
+            });
+            self.pump_output(now, out);
+            return;
+        }
+        let s = &mut self.stats;
         if !matches!(outcome, Outcome::Built | Outcome::Unexpected)
             && s.incidents.len() < MAX_INCIDENTS
         {

@@ -257,6 +257,26 @@ impl Default for NodesSection {
     }
 }
 
+/// How long a consumer is busy with one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusyModel {
+    /// Exactly `consumer_busy_us`.
+    Fixed,
+    /// Exponentially distributed with mean `consumer_busy_us`.
+    Exponential,
+}
+
+/// How a consumer process spends its busy time in `evb run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BusyWait {
+    /// Sleeps in its event loop until the busy time is over.
+    Sleep,
+    /// Spins (burns its core), like a real filter would.
+    Spin,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputSection {
@@ -265,6 +285,20 @@ pub struct OutputSection {
     /// `sink = "store"`: a directory or `s3://bucket/prefix[?endpoint=..]`
     /// (credentials from the AWS_* environment); empty: `directory`.
     pub store: String,
+    /// Filter Unit consumers the BUs hand built batches to (0: none; built
+    /// batches go to the sink on the BU).
+    pub consumers: u16,
+    /// Batches each consumer accepts at once from each BU.
+    pub consumer_credits: u32,
+    /// Mean time a consumer is busy with one batch, microseconds (0: none).
+    pub consumer_busy_us: u64,
+    pub consumer_busy: BusyModel,
+    /// `evb run`: how consumer processes spend their busy time.
+    pub consumer_wait: BusyWait,
+    /// Built batches a BU may hold for consumers after returning their
+    /// credit to the EM; past that, batches keep their credit until they
+    /// are delivered, which is how busy consumers stall the EM.
+    pub bu_output_batches: u32,
 }
 
 impl Default for OutputSection {
@@ -273,6 +307,12 @@ impl Default for OutputSection {
             sink: SinkKind::Count,
             directory: "evb-out".into(),
             store: String::new(),
+            consumers: 0,
+            consumer_credits: 2,
+            consumer_busy_us: 0,
+            consumer_busy: BusyModel::Fixed,
+            consumer_wait: BusyWait::Sleep,
+            bu_output_batches: 4,
         }
     }
 }
@@ -469,6 +509,12 @@ impl Config {
                 .unwrap_or(0),
         };
         u64::from(self.source.events_per_mep) * (4 + per_event)
+    }
+
+    /// Largest payload of a built batch delivered to a consumer, in bytes.
+    pub fn max_batch_payload(&self) -> u64 {
+        let (rus, _) = self.unit_counts();
+        crate::wire::batch_payload_len(rus, rus as u64 * self.max_fragment_payload())
     }
 
     fn validate(&mut self, origin: &str, text: &str, base_dir: &Path) -> Result<(), ConfigError> {
@@ -689,15 +735,58 @@ impl Config {
             ));
         }
         if self.metrics.base_port != 0
-            && u32::from(self.metrics.base_port) + u32::from(self.nodes.count) + 1 > 65535
+            && u32::from(self.metrics.base_port)
+                + u32::from(self.nodes.count)
+                + 1
+                + u32::from(self.output.consumers)
+                > 65535
         {
             return Err(err(
                 "metrics.base_port",
                 format!(
                     "base_port {} + {} endpoints runs past port 65535",
                     self.metrics.base_port,
-                    self.nodes.count + 1
+                    u32::from(self.nodes.count) + 1 + u32::from(self.output.consumers)
                 ),
+            ));
+        }
+        let out = &self.output;
+        if out.consumers > 0 && out.consumer_credits == 0 {
+            return Err(err(
+                "output.consumer_credits",
+                "must be at least 1 when there are consumers".into(),
+            ));
+        }
+        if out.consumer_busy_us > 3_600_000_000 {
+            return Err(err(
+                "output.consumer_busy_us",
+                "must be at most one hour (3600000000 us)".into(),
+            ));
+        }
+        if out.consumers > 0 && out.sink == SinkKind::File {
+            return Err(err(
+                "output.sink",
+                "`file` writes on the BU; with output.consumers the batches go to the consumers"
+                    .into(),
+            ));
+        }
+        if out.consumers > 0 {
+            // Each fragment is within max_message_bytes; a batch of them
+            // must still fit the 32-bit length of a frame.
+            let batch = self.max_batch_payload() + crate::wire::FRAGMENT_HEADER_LEN as u64;
+            if batch > u64::from(u32::MAX) {
+                return Err(err(
+                    "output.consumers",
+                    format!(
+                        "a built batch can reach {batch} bytes, more than a frame can carry (4 GiB): fewer nodes or smaller MEPs"
+                    ),
+                ));
+            }
+        }
+        if u32::from(self.nodes.count) + 1 + u32::from(out.consumers) > u32::from(u16::MAX) {
+            return Err(err(
+                "output.consumers",
+                "nodes.count + output.consumers must fit in 65534 endpoints".into(),
             ));
         }
         if !["blocking", "busy"].contains(&self.transport.progress.as_str()) {
@@ -943,6 +1032,37 @@ mod tests {
         assert_eq!(e.origin, "--set");
         let e = load("", &["credits"]).unwrap_err();
         assert!(e.message.contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn consumer_keys_are_checked() {
+        let c = load(
+            "[output]\nconsumers = 3\nconsumer_busy = \"exponential\"\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.output.consumers, 3);
+        assert_eq!(c.output.consumer_busy, BusyModel::Exponential);
+        let e = load("[output]\nconsumers = 2\nconsumer_credits = 0\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("output.consumer_credits"))
+        );
+        let e = load("[output]\nconsumer_busy = \"gamma\"\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.consumer_busy"), "{e}");
+        let e = load("", &["output.consumers=2", "output.sink=file"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.sink"), "{e}");
+        let e = load(
+            "",
+            &[
+                "output.consumers=1",
+                "nodes.count=300",
+                "source.max_fragment_bytes=1000000",
+                "source.events_per_mep=60",
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.consumers"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! latency; fragments take time in proportion to their size. Faults can be
 //! injected: corrupt one fragment, silence one source. Every action is
 //! logged, so the same seed must give the same log, and the harness checks
-//! the credit invariant at every step.
+//! the credit invariant at every step. With consumers, deliveries travel
+//! like fragments and the consumer credits are checked as well.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -53,7 +54,7 @@ enum Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct MessageKey(u8, u64, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct HeaderKey(u64, u16);
+struct HeaderKey(u64, u16, u16);
 
 /// Faults to inject.
 #[derive(Debug, Clone, Default)]
@@ -85,6 +86,13 @@ pub struct Report {
     pub end_time: Nanos,
     /// Final counters of every node.
     pub stats: Vec<crate::node::NodeStats>,
+    /// Built batches delivered to a consumer, and consumed, with counts.
+    pub delivered: BTreeMap<MepId, u32>,
+    pub consumed: BTreeMap<MepId, u32>,
+    /// Deliveries made while the consumer had granted no credit to that BU.
+    pub consumer_credit_violations: u64,
+    /// Most batches delivered and not yet consumed on one (BU, FU) pair.
+    pub max_consumer_outstanding: u32,
 }
 
 impl Report {
@@ -109,13 +117,17 @@ pub struct Harness {
     queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
     /// Per (from, to): time of the last delivery, for per-connection order.
     last_delivery: BTreeMap<(NodeId, NodeId), Nanos>,
-    headers: BTreeMap<(MepId, u16), FragmentHeader>,
+    headers: BTreeMap<(MepId, u16, u16), FragmentHeader>,
     sources: Vec<SourceModel>,
     /// Assigned-but-unfinished batches per BU node.
     outstanding: BTreeMap<NodeId, BTreeSet<MepId>>,
     scratch: Vec<u32>,
     pub bytes_per_ns: f64,
     crashed: BTreeSet<NodeId>,
+    /// Per (BU, FU): credit granted (as sent) and not yet used.
+    consumer_credit: BTreeMap<(NodeId, NodeId), i64>,
+    /// Per (BU, FU): delivered, not yet consumed.
+    consumer_outstanding: BTreeMap<(NodeId, NodeId), u32>,
     report: Report,
 }
 
@@ -144,6 +156,8 @@ impl Harness {
             scratch: Vec::new(),
             bytes_per_ns: 10.0,
             crashed: BTreeSet::new(),
+            consumer_credit: BTreeMap::new(),
+            consumer_outstanding: BTreeMap::new(),
             report: Report::default(),
         }
     }
@@ -267,7 +281,7 @@ impl Harness {
                 header,
                 crc,
             } => {
-                let h = self.headers[&(header.0, header.1)];
+                let h = self.headers[&(header.0, header.1, header.2)];
                 let node = &mut self.nodes[to as usize];
                 if node.admit_fragment(now, from, &h) == crate::bu::Admit::Keep {
                     node.on_fragment(now, &h, crc);
@@ -298,6 +312,9 @@ impl Harness {
             let now = self.now;
             match action {
                 Action::Send { to, msg } => {
+                    if let Message::ConsumerCredit { fu, credits } = msg {
+                        *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
+                    }
                     if let Message::Assign { mep, bu } = msg {
                         if to == bu {
                             let set = self.outstanding.entry(bu).or_default();
@@ -321,7 +338,7 @@ impl Harness {
                     let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
                     // No bytes here: a stand-in CRC that corruption can break.
                     h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
-                    self.headers.insert((mep, source), h);
+                    self.headers.insert((mep, source, 0), h);
                     self.nodes[id as usize].on_mep_ready(now, h);
                 }
                 Action::SendFragment { to, header } => {
@@ -342,7 +359,7 @@ impl Harness {
                             Event::Fragment {
                                 to,
                                 from: id,
-                                header: HeaderKey(header.mep, header.source),
+                                header: HeaderKey(header.mep, header.source, header.flags),
                                 crc,
                             },
                         );
@@ -358,6 +375,51 @@ impl Harness {
                     }
                 }
                 Action::Release { .. } | Action::Done => {}
+                Action::Deliver {
+                    to,
+                    mep,
+                    events,
+                    bytes,
+                } => {
+                    *self.report.delivered.entry(mep).or_insert(0) += 1;
+                    let credit = self.consumer_credit.entry((id, to)).or_insert(0);
+                    if *credit <= 0 {
+                        self.report.consumer_credit_violations += 1;
+                    }
+                    *credit -= 1;
+                    let held = self.consumer_outstanding.entry((id, to)).or_insert(0);
+                    *held += 1;
+                    self.report.max_consumer_outstanding =
+                        self.report.max_consumer_outstanding.max(*held);
+                    let sources = self.layout.rus();
+                    let h = FragmentHeader {
+                        run_id: self.config.run.run_id,
+                        source: self.layout.bu_of[id as usize].expect("a BU delivers"),
+                        flags: crate::wire::FLAG_BATCH,
+                        mep,
+                        event_count: events as u32,
+                        payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,
+                        crc32c: crate::source::mix64(mep ^ 0xba7c) as u32,
+                    };
+                    self.headers.insert((mep, h.source, h.flags), h);
+                    let transfer = (f64::from(h.payload_len) / self.bytes_per_ns) as Nanos;
+                    let at = self.delivery_time(id, to, transfer);
+                    self.schedule(
+                        at,
+                        Event::Fragment {
+                            to,
+                            from: id,
+                            header: HeaderKey(mep, h.source, h.flags),
+                            crc: h.crc32c,
+                        },
+                    );
+                }
+                Action::Consumed { mep, bu } => {
+                    *self.report.consumed.entry(mep).or_insert(0) += 1;
+                    if let Some(held) = self.consumer_outstanding.get_mut(&(bu, id)) {
+                        *held = held.saturating_sub(1);
+                    }
+                }
                 Action::Finish { mep, outcome, .. } => {
                     if let Some(set) = self.outstanding.get_mut(&id) {
                         set.remove(&mep);
@@ -383,6 +445,8 @@ fn encode_key(msg: Message) -> MessageKey {
             MessageKey(9, mep, u64::from(bu) | u64::from(outcome) << 16)
         }
         Message::SourceDown { source, from_mep } => MessageKey(10, from_mep, source.into()),
+        Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into()),
+        Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -415,6 +479,11 @@ fn decode_key(k: MessageKey) -> Message {
             from_mep: k.1,
             source: k.2 as u16,
         },
+        11 => Message::ConsumerCredit {
+            fu: k.1 as u16,
+            credits: k.2 as u32,
+        },
+        12 => Message::OutputEnd { bu: k.1 as u16 },
         _ => Message::Heartbeat,
     }
 }

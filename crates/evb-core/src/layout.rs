@@ -1,5 +1,8 @@
-//! Who is who in a run: which endpoints host a Readout Unit, a Builder Unit
-//! and the Event Manager, and their indices.
+//! Who is who in a run: which endpoints host a Readout Unit, a Builder Unit,
+//! the Event Manager or a Filter Unit consumer, and their indices.
+//!
+//! Endpoints are numbered nodes first, then a separate EM, then the
+//! `output.consumers` Filter Units, so adding consumers renumbers nothing.
 
 use crate::config::{Config, EmPlacement};
 use crate::wire::NodeId;
@@ -9,7 +12,8 @@ use crate::wire::NodeId;
 pub struct Layout {
     /// Nodes hosting an RU and/or a BU (endpoints `0..nodes`).
     pub nodes: u16,
-    /// All endpoints: the nodes, plus one for a separate EM.
+    /// All endpoints: the nodes, plus one for a separate EM, plus the
+    /// Filter Units.
     pub endpoints: u16,
     /// Endpoint that runs the Event Manager.
     pub em: NodeId,
@@ -21,24 +25,34 @@ pub struct Layout {
     pub ru_nodes: Vec<NodeId>,
     /// Endpoint of each BU (by BU index).
     pub bu_nodes: Vec<NodeId>,
+    /// FU (consumer) index of each endpoint's Filter Unit.
+    pub fu_of: Vec<Option<u16>>,
+    /// Endpoint of each FU (by FU index).
+    pub fu_nodes: Vec<NodeId>,
 }
 
 impl Layout {
     pub fn from_config(config: &Config) -> Layout {
         let n = config.nodes.count;
-        let endpoints = match config.nodes.em {
+        let core = match config.nodes.em {
             EmPlacement::Node0 => n,
             EmPlacement::Separate => n + 1,
         };
+        let endpoints = core + config.output.consumers;
         let mut layout = Layout {
             nodes: n,
             endpoints,
-            em: if endpoints > n { n } else { 0 },
+            em: if core > n { n } else { 0 },
             ru_of: vec![None; endpoints as usize],
             bu_of: vec![None; endpoints as usize],
             ru_nodes: Vec::new(),
             bu_nodes: Vec::new(),
+            fu_of: vec![None; endpoints as usize],
+            fu_nodes: (core..endpoints).collect(),
         };
+        for (k, &fu) in layout.fu_nodes.iter().enumerate() {
+            layout.fu_of[fu as usize] = Some(k as u16);
+        }
         for node in 0..n {
             if !config.nodes.bu_only.contains(&node) {
                 layout.ru_of[node as usize] = Some(layout.ru_nodes.len() as u16);
@@ -60,6 +74,10 @@ impl Layout {
         self.bu_nodes.len()
     }
 
+    pub fn fus(&self) -> usize {
+        self.fu_nodes.len()
+    }
+
     /// Short role name of an endpoint, for logs and reports.
     pub fn role(&self, node: NodeId) -> String {
         let i = node as usize;
@@ -72,6 +90,9 @@ impl Layout {
         }
         if node == self.em {
             parts.push("EM");
+        }
+        if self.fu_of.get(i).copied().flatten().is_some() {
+            parts.push("FU");
         }
         parts.join("+")
     }

@@ -17,6 +17,7 @@
 pub mod bu;
 pub mod config;
 pub mod em;
+pub mod fu;
 pub mod harness;
 pub mod layout;
 pub mod node;

@@ -6,15 +6,17 @@
 //! [`Node::poll_action`]. Messages between units of the same node never
 //! leave it; a fragment from the node's own RU to its own BU is handed over
 //! in memory or sent through the transport, as `event_builder.local` says.
+//! A Filter Unit (consumer) endpoint hosts only an FU.
 
 use std::collections::VecDeque;
 
 use crate::bu::{Admit, BuAction, BuStats, BuilderUnit, Nanos, Outcome};
 use crate::config::{Config, LocalTraffic};
 use crate::em::{EmStats, EventManager};
+use crate::fu::{FilterUnit, FuAction, FuStats};
 use crate::layout::Layout;
 use crate::ru::{ReadoutUnit, RuAction, RuStats};
-use crate::wire::{FragmentHeader, MepId, Message, NodeId};
+use crate::wire::{FragmentHeader, MepId, Message, NodeId, FLAG_BATCH};
 
 /// What a node asks of its driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +42,18 @@ pub enum Action {
         events: u64,
         bytes: u64,
     },
+    /// Send the built batch `mep` to the Filter Unit on endpoint `to`: a
+    /// fragment with [`FLAG_BATCH`] whose payload is the batch
+    /// ([`crate::wire::batch_payload_len`]); the `Finish` of `mep` follows,
+    /// so keep (or copy) its buffers until the transport has them.
+    Deliver {
+        to: NodeId,
+        mep: MepId,
+        events: u64,
+        bytes: u64,
+    },
+    /// FU: done with `mep` from the BU on endpoint `bu`; free its buffer.
+    Consumed { mep: MepId, bu: NodeId },
     /// The run is over for this node: everything it held is finished.
     Done,
 }
@@ -50,6 +64,7 @@ pub struct NodeStats {
     pub ru: Option<RuStats>,
     pub bu: Option<BuStats>,
     pub em: Option<EmStats>,
+    pub fu: Option<FuStats>,
     /// Control messages dropped because they came from the wrong endpoint.
     pub control_rejected: u64,
 }
@@ -62,12 +77,16 @@ pub struct Node {
     em: Option<EventManager>,
     ru: Option<ReadoutUnit>,
     bu: Option<BuilderUnit>,
+    fu: Option<FilterUnit>,
     actions: VecDeque<Action>,
     /// Messages between units of this node, delivered in order.
     internal: VecDeque<Message>,
     ru_out: Vec<RuAction>,
     bu_out: Vec<BuAction>,
     em_out: Vec<(NodeId, Message)>,
+    fu_out: Vec<FuAction>,
+    /// The BU told the consumers it delivers nothing more.
+    output_ended: bool,
     end_of_run: Option<MepId>,
     done: bool,
     control_rejected: u64,
@@ -83,11 +102,14 @@ impl Node {
             em: (id == layout.em).then(|| EventManager::new(layout, config.run.max_meps)),
             ru: layout.ru_of[i].map(|s| ReadoutUnit::new(config, layout, s)),
             bu: layout.bu_of[i].map(|_| BuilderUnit::new(config, layout, id)),
+            fu: layout.fu_of[i].map(|_| FilterUnit::new(config, layout, id)),
             actions: VecDeque::new(),
             internal: VecDeque::new(),
             ru_out: Vec::new(),
             bu_out: Vec::new(),
             em_out: Vec::new(),
+            fu_out: Vec::new(),
+            output_ended: false,
             end_of_run: None,
             done: false,
             control_rejected: 0,
@@ -128,6 +150,9 @@ impl Node {
         if let Some(bu) = &mut self.bu {
             bu.start(&mut self.bu_out);
         }
+        if let Some(fu) = &mut self.fu {
+            fu.start(&mut self.fu_out);
+        }
         self.flush(now);
     }
 
@@ -149,6 +174,15 @@ impl Node {
 
     /// A fragment header from `from` arrived: should its payload be kept?
     pub fn admit_fragment(&mut self, now: Nanos, from: NodeId, header: &FragmentHeader) -> Admit {
+        if header.flags & FLAG_BATCH != 0 {
+            return match &mut self.fu {
+                Some(fu) => fu.admit(from, header),
+                None => {
+                    self.control_rejected += 1;
+                    Admit::Drop
+                }
+            };
+        }
         match &mut self.bu {
             Some(bu) => bu.admit(now, from, header),
             None => {
@@ -161,8 +195,22 @@ impl Node {
     /// The payload of an admitted fragment is in; `crc` was computed over it.
     pub fn on_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
         self.tick(now);
+        if header.flags & FLAG_BATCH != 0 {
+            self.on_delivery(now, header, crc == header.crc32c);
+            return;
+        }
         if let Some(bu) = &mut self.bu {
             bu.on_fragment(now, header, crc, &mut self.bu_out);
+        }
+        self.flush(now);
+    }
+
+    /// FU: the payload of an admitted delivery is in; `intact` says whether
+    /// its CRC and fragment table verified.
+    pub fn on_delivery(&mut self, now: Nanos, header: &FragmentHeader, intact: bool) {
+        self.tick(now);
+        if let Some(fu) = &mut self.fu {
+            fu.on_delivery(now, header, intact, &mut self.fu_out);
         }
         self.flush(now);
     }
@@ -203,7 +251,8 @@ impl Node {
     pub fn next_deadline(&self) -> Option<Nanos> {
         let bu = self.bu.as_ref().and_then(BuilderUnit::next_deadline);
         let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
-        bu.into_iter().chain(ru).min()
+        let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
+        bu.into_iter().chain(ru).chain(fu).min()
     }
 
     pub fn on_timeout(&mut self, now: Nanos) {
@@ -214,6 +263,9 @@ impl Node {
         if let Some(ru) = &mut self.ru {
             ru.on_timeout(&mut self.ru_out);
         }
+        if let Some(fu) = &mut self.fu {
+            fu.on_timeout(now, &mut self.fu_out);
+        }
         self.flush(now);
     }
 
@@ -222,6 +274,9 @@ impl Node {
         self.tick(now);
         if let Some(bu) = &mut self.bu {
             bu.abandon_all(now, &mut self.bu_out);
+        }
+        if let Some(fu) = &mut self.fu {
+            fu.abandon();
         }
         self.flush(now);
         if !self.done {
@@ -246,6 +301,12 @@ impl Node {
         ) {
             bu.on_source_link_lost(now, source, &mut self.bu_out);
         }
+        if let Some(bu) = &mut self.bu {
+            bu.on_consumer_lost(now, peer, &mut self.bu_out);
+        }
+        if let Some(fu) = &mut self.fu {
+            fu.on_producer_lost(peer);
+        }
         self.flush(now);
     }
 
@@ -255,6 +316,22 @@ impl Node {
         if let Some(bu) = &self.bu {
             if bu.open_batches() > 0 {
                 parts.push(format!("{} batches open", bu.open_batches()));
+            }
+            if bu.output_waiting() > 0 {
+                parts.push(format!(
+                    "{} built batches wait for a consumer",
+                    bu.output_waiting()
+                ));
+            }
+        }
+        if let Some(fu) = &self.fu {
+            if !fu.is_finished() {
+                parts.push(format!(
+                    "FU busy {}, {} queued, {} producers not ended",
+                    fu.is_busy(),
+                    fu.queued(),
+                    fu.producers_open()
+                ));
             }
         }
         if let Some(ru) = &self.ru {
@@ -282,6 +359,7 @@ impl Node {
             ru: self.ru.as_ref().map(|r| r.stats.clone()),
             bu: self.bu.as_ref().map(|b| b.stats.clone()),
             em: self.em.as_ref().map(|e| e.stats.clone()),
+            fu: self.fu.as_ref().map(|f| f.stats.clone()),
             control_rejected: self.control_rejected,
         }
     }
@@ -298,11 +376,22 @@ impl Node {
         self.em.as_ref()
     }
 
+    pub fn fu(&self) -> Option<&FilterUnit> {
+        self.fu.as_ref()
+    }
+
     fn dispatch(&mut self, now: Nanos, from: NodeId, msg: Message) {
         let from_em = from == self.layout.em;
         let from_bu = self
             .layout
             .bu_of
+            .get(from as usize)
+            .copied()
+            .flatten()
+            .is_some();
+        let from_fu = self
+            .layout
+            .fu_of
             .get(from as usize)
             .copied()
             .flatten()
@@ -349,6 +438,16 @@ impl Node {
             }
             Message::Abandon { mep, bu } if from_bu && bu == from => match &mut self.ru {
                 Some(r) => r.on_abandon(mep, bu, &mut self.ru_out),
+                None => self.control_rejected += 1,
+            },
+            Message::ConsumerCredit { fu, credits } if from_fu && fu == from => {
+                match &mut self.bu {
+                    Some(b) => b.on_consumer_credit(now, fu, credits, &mut self.bu_out),
+                    None => self.control_rejected += 1,
+                }
+            }
+            Message::OutputEnd { bu } if from_bu && bu == from => match &mut self.fu {
+                Some(f) => f.on_output_end(bu),
                 None => self.control_rejected += 1,
             },
             Message::Hello { .. } | Message::Heartbeat => {}
@@ -427,6 +526,17 @@ impl Node {
                             });
                         }
                     }
+                    BuAction::Deliver {
+                        to,
+                        mep,
+                        events,
+                        bytes,
+                    } => self.actions.push_back(Action::Deliver {
+                        to,
+                        mep,
+                        events,
+                        bytes,
+                    }),
                     BuAction::Finish {
                         mep,
                         outcome,
@@ -439,6 +549,19 @@ impl Node {
                         bytes,
                     }),
                 }
+            }
+            for a in std::mem::take(&mut self.fu_out) {
+                progressed = true;
+                self.actions.push_back(match a {
+                    FuAction::Credit { bu, credits } => Action::Send {
+                        to: bu,
+                        msg: Message::ConsumerCredit {
+                            fu: self.id,
+                            credits,
+                        },
+                    },
+                    FuAction::Consumed { mep, bu } => Action::Consumed { mep, bu },
+                });
             }
             while let Some(msg) = self.internal.pop_front() {
                 progressed = true;
@@ -456,10 +579,22 @@ impl Node {
             return;
         }
         let ru_idle = self.ru.as_ref().is_none_or(ReadoutUnit::is_idle);
-        let bu_idle = self.bu.as_ref().is_none_or(|b| b.open_batches() == 0);
+        let bu_idle = self.bu.as_ref().is_none_or(BuilderUnit::is_idle);
+        if bu_idle && self.bu.is_some() && !self.output_ended {
+            // Ordered after every delivery on each link: the consumers'
+            // signal that this BU is through.
+            self.output_ended = true;
+            for &fu in &self.layout.fu_nodes {
+                self.actions.push_back(Action::Send {
+                    to: fu,
+                    msg: Message::OutputEnd { bu: self.id },
+                });
+            }
+        }
         // The EM stays until every MEP is accounted for.
         let em_idle = self.em.as_ref().is_none_or(|e| e.outstanding() == 0);
-        if ru_idle && bu_idle && em_idle {
+        let fu_idle = self.fu.as_ref().is_none_or(FilterUnit::is_finished);
+        if ru_idle && bu_idle && em_idle && fu_idle {
             self.done = true;
             self.actions.push_back(Action::Done);
         }

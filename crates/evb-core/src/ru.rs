@@ -130,6 +130,11 @@ impl ReadoutUnit {
         )
     }
 
+    /// The fragment of `mep` is with the transport, not yet sent.
+    pub fn is_sending(&self, mep: MepId) -> bool {
+        self.held.get(&mep).is_some_and(|h| h.sent)
+    }
+
     /// Nothing held: every assigned MEP has been shipped and released.
     pub fn is_idle(&self) -> bool {
         self.held.values().all(|h| !h.assigned) && self.in_flight == 0

@@ -17,6 +17,50 @@ pub const FRAME_HEADER_LEN: usize = 8;
 /// Size of [`FragmentHeader`] on the wire.
 pub const FRAGMENT_HEADER_LEN: usize = 32;
 
+/// [`FragmentHeader::flags`] bit: this is a built batch a BU delivers to a
+/// Filter Unit, not an RU's fragment. `source` is then the BU index and the
+/// payload is laid out as [`batch_payload_len`] describes.
+pub const FLAG_BATCH: u16 = 1;
+
+/// Payload length of a delivered batch of `sources` fragments totalling
+/// `fragment_bytes`: a u32 fragment count, a u32 length per fragment, then
+/// the fragments in source order (all little-endian).
+pub fn batch_payload_len(sources: usize, fragment_bytes: u64) -> u64 {
+    4 + 4 * sources as u64 + fragment_bytes
+}
+
+/// Checks the fragment table at the front of a delivered batch against its
+/// length: the receiver's structural check before it trusts the batch.
+pub fn check_batch_payload(payload: &[u8]) -> Result<usize, WireError> {
+    let bad = || WireError::BadLength {
+        kind: "Batch",
+        expected: 0,
+        got: payload.len() as u64,
+    };
+    let count = payload
+        .get(..4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+        .ok_or_else(bad)?;
+    let table = payload
+        .get(4..4 + 4 * count.min(payload.len()))
+        .ok_or_else(bad)?;
+    if table.len() != 4 * count {
+        return Err(bad());
+    }
+    let sum: u64 = table
+        .chunks_exact(4)
+        .map(|c| u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+        .sum();
+    if batch_payload_len(count, sum) != payload.len() as u64 {
+        return Err(WireError::BadLength {
+            kind: "Batch",
+            expected: batch_payload_len(count, sum),
+            got: payload.len() as u64,
+        });
+    }
+    Ok(count)
+}
+
 /// Node index within a run (endpoint number).
 pub type NodeId = u16;
 /// Multi-event packet (batch) number; the unit that is scheduled and built.
@@ -57,6 +101,8 @@ pub enum Kind {
     Abandon = 8,
     Finished = 9,
     SourceDown = 10,
+    ConsumerCredit = 11,
+    OutputEnd = 12,
 }
 
 impl Kind {
@@ -72,6 +118,8 @@ impl Kind {
             8 => Kind::Abandon,
             9 => Kind::Finished,
             10 => Kind::SourceDown,
+            11 => Kind::ConsumerCredit,
+            12 => Kind::OutputEnd,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -89,6 +137,8 @@ impl Kind {
             Kind::Abandon => Some(12),
             Kind::Finished => Some(12),
             Kind::SourceDown => Some(12),
+            Kind::ConsumerCredit => Some(8),
+            Kind::OutputEnd => Some(4),
         }
     }
 
@@ -104,6 +154,8 @@ impl Kind {
             Kind::Abandon => "Abandon",
             Kind::Finished => "Finished",
             Kind::SourceDown => "SourceDown",
+            Kind::ConsumerCredit => "ConsumerCredit",
+            Kind::OutputEnd => "OutputEnd",
         }
     }
 }
@@ -251,6 +303,11 @@ pub enum Message {
     /// EM -> BUs: the RU of `source` is gone; MEPs from `from_mep` on are
     /// built without it.
     SourceDown { source: u16, from_mep: MepId },
+    /// FU -> BU: the Filter Unit on endpoint `fu` takes `credits` more
+    /// batches from this BU.
+    ConsumerCredit { fu: NodeId, credits: u32 },
+    /// BU -> FU: the BU on endpoint `bu` delivers nothing more this run.
+    OutputEnd { bu: NodeId },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -273,6 +330,8 @@ impl Message {
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
+            Message::ConsumerCredit { .. } => Kind::ConsumerCredit,
+            Message::OutputEnd { .. } => Kind::OutputEnd,
         }
     }
 
@@ -297,8 +356,8 @@ impl Message {
                 out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&nodes.to_le_bytes());
             }
-            Message::Credit { bu, credits } => {
-                out.extend_from_slice(&bu.to_le_bytes());
+            Message::Credit { bu: id, credits } | Message::ConsumerCredit { fu: id, credits } => {
+                out.extend_from_slice(&id.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
                 out.extend_from_slice(&credits.to_le_bytes());
             }
@@ -321,6 +380,10 @@ impl Message {
                 out.extend_from_slice(&source.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
+            Message::OutputEnd { bu } => {
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
             Message::Heartbeat => {}
         }
     }
@@ -339,7 +402,7 @@ impl Message {
         // Padding and reserved bytes must be zero: anything else is
         // corruption or a peer speaking another dialect.
         let reserved: &[usize] = match frame.kind {
-            Kind::Credit => &[2, 3],
+            Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd => &[2, 3],
             Kind::Assign | Kind::Request | Kind::Abandon | Kind::SourceDown => &[10, 11],
             Kind::Finished => &[11],
             Kind::Fragment => &[28, 29, 30, 31],
@@ -396,6 +459,11 @@ impl Message {
                 from_mep: u64_at(0),
                 source: u16_at(8),
             },
+            Kind::ConsumerCredit => Message::ConsumerCredit {
+                fu: u16_at(0),
+                credits: u32_at(4),
+            },
+            Kind::OutputEnd => Message::OutputEnd { bu: u16_at(0) },
         })
     }
 }
@@ -462,6 +530,9 @@ mod tests {
                     }
                 ),
             any::<u64>().prop_map(|meps| Message::EndOfRun { meps }),
+            (any::<u16>(), any::<u32>())
+                .prop_map(|(fu, credits)| Message::ConsumerCredit { fu, credits }),
+            any::<u16>().prop_map(|bu| Message::OutputEnd { bu }),
             Just(Message::Heartbeat),
         ]
     }
@@ -545,6 +616,23 @@ mod tests {
             decode_stream(&frag, 64),
             Err(WireError::NonZeroReserved { .. })
         ));
+    }
+
+    #[test]
+    fn batch_table_must_add_up() {
+        let mut p = Vec::new();
+        p.extend_from_slice(&2u32.to_le_bytes());
+        p.extend_from_slice(&3u32.to_le_bytes());
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&[7, 7, 7, 9]);
+        assert_eq!(check_batch_payload(&p), Ok(2));
+        assert_eq!(p.len() as u64, batch_payload_len(2, 4));
+        assert!(check_batch_payload(&p[..p.len() - 1]).is_err());
+        // A count far beyond the payload is an error, not an allocation.
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 12]);
+        assert!(check_batch_payload(&huge).is_err());
+        assert!(check_batch_payload(&[1, 0]).is_err());
     }
 
     #[test]

@@ -233,3 +233,113 @@ fn a_node_dying_is_survived_and_accounted_for() {
         "only {detected} of {checked} deaths during the run"
     );
 }
+
+/// Checks the output stage of a finished run: every built batch delivered
+/// and consumed exactly once, no consumer credit exceeded, the counters of
+/// BUs and FUs agree with what the harness saw.
+fn check_consumers(report: &evb_core::harness::Report, config: &Config, what: &str) {
+    let meps = config.run.max_meps;
+    assert_eq!(report.delivered.len() as u64, meps, "{what}");
+    assert!(report.delivered.values().all(|&n| n == 1), "{what}");
+    assert_eq!(report.consumed, report.delivered, "{what}");
+    assert_eq!(report.consumer_credit_violations, 0, "{what}");
+    assert!(
+        report.max_consumer_outstanding <= config.output.consumer_credits,
+        "{what}"
+    );
+    let fus: Vec<_> = report.stats.iter().filter_map(|s| s.fu.as_ref()).collect();
+    assert_eq!(fus.len(), config.output.consumers as usize, "{what}");
+    let consumed: u64 = fus.iter().map(|f| f.batches_consumed).sum();
+    let events: u64 = fus.iter().map(|f| f.events_consumed).sum();
+    let bytes: u64 = fus.iter().map(|f| f.bytes_consumed).sum();
+    assert_eq!(consumed, meps, "{what}");
+    assert_eq!(
+        events,
+        meps * u64::from(config.source.events_per_mep),
+        "{what}"
+    );
+    assert_eq!(bytes, report.bu_total(|b| b.bytes_delivered), "{what}");
+    assert_eq!(report.bu_total(|b| b.batches_delivered), meps, "{what}");
+    assert_eq!(report.bu_total(|b| b.batches_undelivered), 0, "{what}");
+    assert!(
+        fus.iter()
+            .all(|f| f.batches_corrupt == 0 && f.deliveries_unexpected == 0),
+        "{what}"
+    );
+}
+
+#[test]
+fn every_built_batch_reaches_one_consumer_exactly_once() {
+    use evb_core::config::BusyModel;
+    let mut runs = 0;
+    for case in 0..120u64 {
+        let mut config = random_config(1000 + case);
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xc0);
+        config.output.consumers = rng.gen_range(1..=4);
+        config.output.consumer_credits = rng.gen_range(1..=3);
+        config.output.bu_output_batches = rng.gen_range(0..=4);
+        config.output.consumer_busy_us = [0, 5, 50, 400][rng.gen_range(0..4)];
+        config.output.consumer_busy = if rng.gen_bool(0.5) {
+            BusyModel::Fixed
+        } else {
+            BusyModel::Exponential
+        };
+        for seed in 0..6u64 {
+            let report = Harness::new(config.clone(), seed).run(None, 600_000_000_000);
+            let what = format!("case {case} seed {seed}: {config:?}");
+            assert!(report.all_done, "not all nodes finished: {what}");
+            assert_eq!(report.meps_assigned, config.run.max_meps, "{what}");
+            assert!(
+                report.outcomes.values().all(|o| *o == Outcome::Built),
+                "{what}"
+            );
+            // A BU holds at most its credits plus its output buffer.
+            assert!(
+                report.max_outstanding
+                    <= config.event_builder.credits + config.output.bu_output_batches,
+                "{what}"
+            );
+            assert!(
+                report.stats.iter().all(|s| s.control_rejected == 0),
+                "{what}"
+            );
+            check_consumers(&report, &config, &what);
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 720);
+}
+
+/// Consumers far slower than the builder: the BUs' output queues fill,
+/// their EM credits stay out, the EM stalls; still nothing is lost.
+#[test]
+fn slow_consumers_stall_the_event_manager_without_loss() {
+    for case in 0..20u64 {
+        let mut config = random_config(5000 + case);
+        config.run.max_meps = 40;
+        config.output.consumers = 1 + (case % 2) as u16;
+        config.output.consumer_credits = 1;
+        config.output.bu_output_batches = (case % 3) as u32;
+        config.output.consumer_busy_us = 2_000; // 2 ms a batch: very slow.
+        for seed in 0..3u64 {
+            let report = Harness::new(config.clone(), seed).run(None, 600_000_000_000);
+            let what = format!("case {case} seed {seed}: {config:?}");
+            assert!(report.all_done, "{what}");
+            check_consumers(&report, &config, &what);
+            let em = report.stats[0..]
+                .iter()
+                .find_map(|s| s.em.as_ref())
+                .expect("an EM");
+            assert!(em.credit_stalls > 0, "EM never stalled: {what}");
+            assert_eq!(em.meps_built, 40, "{what}");
+            assert!(
+                report.bu_total(|b| b.output_full_ns) > 0,
+                "output never full: {what}"
+            );
+            // The consumers, not the builder, set the pace: 40 batches at
+            // 2 ms each over at most 2 consumers take at least 40 ms.
+            let fus = u64::from(config.output.consumers);
+            assert!(report.end_time >= 40 * 2_000_000 / fus, "{what}");
+        }
+    }
+}

@@ -26,6 +26,8 @@ pub struct RunOptions {
     pub config: Option<PathBuf>,
     pub overrides: Vec<String>,
     pub nodes: Option<u16>,
+    /// Filter Unit consumer processes (`output.consumers`).
+    pub consumers: Option<u16>,
     pub duration_s: Option<f64>,
     pub json: Option<PathBuf>,
     pub allow_loss: bool,
@@ -89,6 +91,15 @@ pub struct Sample {
     pub rss_bytes: u64,
     /// Built payload rate of each endpoint over the last second, Gb/s.
     pub node_built_gbps: Vec<f64>,
+    /// With consumers, over the last second: batch bytes the BUs delivered
+    /// (producer) and the consumers consumed, Gb/s, and the mean number of
+    /// consumers busy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub producer_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumer_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub busy_consumers: Option<f64>,
 }
 
 /// The JSON written by `--json`.
@@ -121,6 +132,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     }
     if let Some(d) = opts.duration_s {
         overrides.push(format!("run.duration_s={d}"));
+    }
+    if let Some(m) = opts.consumers {
+        overrides.push(format!("output.consumers={m}"));
     }
     let mut config = Config::load(opts.config.as_deref(), &overrides)?;
     // Nodes read the configuration again from elsewhere: make the files it
@@ -231,6 +245,14 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
+    if layout.fus() > 0 {
+        summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
+            &reports,
+            &layout.fu_nodes,
+            layout.em as usize,
+            summary.duration_s,
+        ));
+    }
     let clean = summary.clean() && codes.iter().all(|c| *c == Some(0));
     let result = RunResult {
         evb_version: env!("CARGO_PKG_VERSION"),
@@ -362,6 +384,8 @@ fn supervise(
     let mut last_bytes = 0u64;
     let mut last_node_bytes: Vec<u64> = Vec::new();
     let mut last_events = 0u64;
+    // Delivered bytes, consumed bytes, busy seconds, at the last sample.
+    let mut last_output = (0u64, 0u64, 0f64);
     let mut stop_sent = false;
     let em = layout.em as usize;
     while open.iter().any(|&o| o) {
@@ -434,7 +458,21 @@ fn supervise(
                 .map(|(&now, &before)| (now - before.min(now)) as f64 * 8.0 / dt / 1e9)
                 .collect();
             last_node_bytes = node_bytes;
+            let output = (
+                latest.iter().map(|r| r.bytes_delivered).sum::<u64>(),
+                latest.iter().map(|r| r.bytes_consumed).sum::<u64>(),
+                latest.iter().map(|r| r.busy_s).sum::<f64>(),
+            );
+            let gbps = |now: u64, before: u64| (now - before.min(now)) as f64 * 8.0 / dt / 1e9;
+            let with_consumers = layout.fus() > 0;
+            let producer_gbps = with_consumers.then(|| gbps(output.0, last_output.0));
+            let consumer_gbps = with_consumers.then(|| gbps(output.1, last_output.1));
+            let busy_consumers = with_consumers.then(|| ((output.2 - last_output.2) / dt).max(0.0));
+            last_output = output;
             let sample = Sample {
+                producer_gbps,
+                consumer_gbps,
+                busy_consumers,
                 node_built_gbps,
                 t_s: start.elapsed().as_secs_f64(),
                 events_built: events,
@@ -552,6 +590,31 @@ pub fn format_summary(result: &RunResult) -> String {
             );
         }
     }
+    if let Some(c) = &s.consumers {
+        out += &format!(
+            "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s)  not consumed {}  undelivered {}  corrupt {}\n",
+            c.consumers,
+            c.batches_delivered,
+            c.producer_gbps,
+            c.batches_consumed,
+            c.consumer_gbps,
+            c.batches_not_consumed,
+            c.batches_undelivered,
+            c.batches_corrupt
+        );
+        let busy: Vec<String> = c
+            .per_consumer
+            .iter()
+            .map(|f| format!("{}:{:.0}%", f.node, f.busy_fraction * 100.0))
+            .collect();
+        out += &format!(
+            "backpressure: EM credit stalls {}  BU output full {:.3} s  longest output queue {}; consumers busy {}\n",
+            c.em_credit_stalls,
+            c.output_full_s,
+            c.max_output_queue,
+            busy.join(" ")
+        );
+    }
     if s.events_lost_bu_gone > 0 {
         out += &format!("lost with a dead BU: {} events\n", s.events_lost_bu_gone);
     }
@@ -566,8 +629,14 @@ pub fn format_summary(result: &RunResult) -> String {
 /// Error for a failed run, for the exit status.
 pub fn loss_error(result: &RunResult) -> anyhow::Error {
     let s = &result.summary;
+    let output = s.consumers.as_ref().map_or(String::new(), |c| {
+        format!(
+            ", batches not consumed {}, undelivered {}, corrupt at the consumers {}",
+            c.batches_not_consumed, c.batches_undelivered, c.batches_corrupt
+        )
+    });
     anyhow!(
-        "events lost {}, incomplete {}, corrupt {}, nodes without a final report {:?} (use --allow-loss to accept)",
+        "events lost {}, incomplete {}, corrupt {}, nodes without a final report {:?}{output} (use --allow-loss to accept)",
         s.events_lost,
         s.events_incomplete,
         s.events_corrupt,

@@ -7,6 +7,11 @@
 //! reads `PEERS <token>...` and later `STOP` on stdin, and prints `STATS`
 //! and `FINAL` JSON lines on stdout. Under `mpirun`/`srun`
 //! (`--control mpi`) rank, size and the tokens come from MPI.
+//!
+//! With consumers, a BU delivers each built batch to a Filter Unit endpoint
+//! as one fragment-kind message flagged as a batch; an FU endpoint verifies
+//! it and is busy with it for the time its state machine drew, waiting on
+//! the node's deadline (sleeping or spinning, `output.consumer_wait`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -18,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::bu::Admit;
-use evb_core::config::{Config, SinkKind};
+use evb_core::config::{BusyWait, Config, SinkKind};
 use evb_core::source::{payload_crc, SourceModel};
-use evb_core::wire::{FragmentHeader, Message};
+use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
 use crate::report::NodeReport;
@@ -322,6 +327,10 @@ struct Engine {
     sink: Option<std::fs::File>,
     /// When each endpoint was last heard from.
     last_rx: Vec<Instant>,
+    /// BU: delivered batches the transport may still be sending.
+    deliveries: HashMap<MepId, Rc<Vec<u8>>>,
+    /// FU: received batches, by (BU endpoint, MEP), until consumed.
+    consuming: HashMap<(NodeId, MepId), Vec<u8>>,
 }
 
 impl Engine {
@@ -378,7 +387,7 @@ impl RxHandler for Engine {
 
     fn on_fragment(
         &mut self,
-        _peer: NodeId,
+        peer: NodeId,
         header: FragmentHeader,
         crc: u32,
         buf: Vec<u8>,
@@ -386,6 +395,15 @@ impl RxHandler for Engine {
     ) {
         let now = self.now();
         let len = header.payload_len as usize;
+        if header.flags & FLAG_BATCH != 0 {
+            let payload = buf.get(offset..offset + len).unwrap_or(&[]);
+            let intact = crc == header.crc32c
+                && payload.len() == len
+                && evb_core::wire::check_batch_payload(payload).is_ok();
+            self.consuming.insert((peer, header.mep), buf);
+            self.node.on_delivery(now, &header, intact);
+            return;
+        }
         let src = header.source as usize;
         if let Some(slot) = self.batch(header.mep).slots.get_mut(src) {
             *slot = Some(Slot::Received {
@@ -469,6 +487,8 @@ impl Runtime {
                 rus: layout.rus(),
                 sink,
                 last_rx: vec![Instant::now(); layout.endpoints as usize],
+                deliveries: HashMap::new(),
+                consuming: HashMap::new(),
             },
             linked: transport::linked_peers(&config, &layout, rank),
             layout,
@@ -570,11 +590,17 @@ impl Runtime {
             if let Some(t) = done_at {
                 wake = wake.min(t + LINGER);
             }
-            let timeout = if self.actions_left {
+            let mut timeout = if self.actions_left {
                 Duration::ZERO
             } else {
                 wake.saturating_duration_since(Instant::now()).min(MAX_WAIT)
             };
+            if self.config.output.consumer_wait == BusyWait::Spin
+                && self.engine.node.fu().is_some_and(|f| f.is_busy())
+            {
+                // A consumer at work burns its core, as a real filter does.
+                timeout = Duration::ZERO;
+            }
             transport.poll(timeout, &mut self.engine, &mut self.events)?;
             self.handle_link_events(transport)?;
             // Commands every turn.
@@ -606,6 +632,17 @@ impl Runtime {
             for event in events {
                 match event {
                     LinkEvent::SendDone(mep) => {
+                        // The same MEP can be both the RU's fragment and a
+                        // delivered batch: the RU's transfer is told first.
+                        let ru_sending = self.engine.node.ru().is_some_and(|r| r.is_sending(mep));
+                        if !ru_sending {
+                            if let Some(rc) = self.engine.deliveries.remove(&mep) {
+                                if let Ok(buf) = Rc::try_unwrap(rc) {
+                                    self.engine.give_back(buf);
+                                }
+                                continue;
+                            }
+                        }
                         let now = self.engine.now();
                         self.engine.node.on_send_complete(now, mep);
                     }
@@ -744,6 +781,14 @@ impl Runtime {
                         }
                     }
                 }
+                Action::Deliver {
+                    to, mep, events, ..
+                } => self.deliver(transport, to, mep, events),
+                Action::Consumed { mep, bu } => {
+                    if let Some(buf) = self.engine.consuming.remove(&(bu, mep)) {
+                        self.engine.give_back_rx(buf);
+                    }
+                }
                 Action::Finish { mep, outcome, .. } => {
                     let batch = self.engine.batches.remove(&mep);
                     if outcome == Outcome::Built {
@@ -773,6 +818,39 @@ impl Runtime {
         Ok(())
     }
 
+    /// Sends built batch `mep` to the FU on endpoint `to`: the fragment
+    /// table and the fragments, copied into one buffer (the transport takes
+    /// one payload buffer per message), with its CRC-32C.
+    fn deliver(&mut self, transport: &mut dyn Transport, to: NodeId, mep: MepId, events: u64) {
+        let e = &mut self.engine;
+        let Some(b) = e.batches.get(&mep) else {
+            return;
+        };
+        let parts: Vec<&[u8]> = b.slots.iter().map(slot_bytes).collect();
+        let mut buf = e.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+        for p in &parts {
+            buf.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        }
+        for p in &parts {
+            buf.extend_from_slice(p);
+        }
+        let header = FragmentHeader {
+            run_id: self.config.run.run_id,
+            source: self.layout.bu_of[self.rank as usize].expect("a BU delivers"),
+            flags: FLAG_BATCH,
+            mep,
+            event_count: events as u32,
+            payload_len: buf.len() as u32,
+            crc32c: payload_crc(&buf),
+        };
+        let data = Rc::new(buf);
+        if transport.send_fragment(to, &header, data.clone()) {
+            e.deliveries.insert(mep, data);
+        }
+    }
+
     /// Fault injection: this fragment is never sent.
     fn dropped(&self, h: &FragmentHeader) -> bool {
         let f = &self.config.faults;
@@ -791,6 +869,9 @@ impl Runtime {
             full || self.metrics.is_some(),
         );
         r.peers_lost = self.lost.clone();
+        if let Some(fu) = self.engine.node.fu() {
+            r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
+        }
         r.rss_bytes = crate::report::resident_bytes();
         if let Some(em) = &stats.em {
             r.em_meps_built = em.meps_built;
@@ -869,15 +950,7 @@ fn store_batch(
 /// fragment's length (u32), then the fragments in source order; all
 /// little-endian (see docs/run-json.md).
 fn write_batch(file: &mut std::fs::File, mep: MepId, b: &BatchSlots) -> std::io::Result<()> {
-    let parts: Vec<&[u8]> = b
-        .slots
-        .iter()
-        .map(|s| match s {
-            Some(Slot::Received { data, start, len }) => &data[*start..*start + *len],
-            Some(Slot::Local(rc)) => &rc[..],
-            None => &[][..],
-        })
-        .collect();
+    let parts: Vec<&[u8]> = b.slots.iter().map(slot_bytes).collect();
     let mut head = Vec::with_capacity(16 + 4 * parts.len());
     head.extend_from_slice(b"EVBB");
     head.extend_from_slice(&mep.to_le_bytes());
@@ -890,4 +963,13 @@ fn write_batch(file: &mut std::fs::File, mep: MepId, b: &BatchSlots) -> std::io:
         file.write_all(p)?;
     }
     Ok(())
+}
+
+/// The bytes of one source's fragment in a batch (empty if it never came).
+fn slot_bytes(s: &Option<Slot>) -> &[u8] {
+    match s {
+        Some(Slot::Received { data, start, len }) => &data[*start..*start + *len],
+        Some(Slot::Local(rc)) => &rc[..],
+        None => &[][..],
+    }
 }

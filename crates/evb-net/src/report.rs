@@ -97,6 +97,36 @@ pub struct NodeReport {
     /// Resident memory of the node process, bytes.
     #[serde(default)]
     pub rss_bytes: u64,
+    /// (EM) Times the EM had a MEP to assign and no BU had credit.
+    #[serde(default)]
+    pub em_credit_stalls: u64,
+    /// (BU with consumers) Built batches handed to consumers, their bytes,
+    /// those no consumer could take, time the output queue was full (s),
+    /// its longest length.
+    #[serde(default)]
+    pub batches_delivered: u64,
+    #[serde(default)]
+    pub bytes_delivered: u64,
+    #[serde(default)]
+    pub batches_undelivered: u64,
+    #[serde(default)]
+    pub output_full_s: f64,
+    #[serde(default)]
+    pub max_output_queue: u32,
+    /// (FU) Batches, events and bytes consumed, corrupt batches, deliveries
+    /// dropped as unexpected, time busy (s).
+    #[serde(default)]
+    pub batches_consumed: u64,
+    #[serde(default)]
+    pub events_consumed: u64,
+    #[serde(default)]
+    pub bytes_consumed: u64,
+    #[serde(default)]
+    pub batches_consumed_corrupt: u64,
+    #[serde(default)]
+    pub deliveries_unexpected: u64,
+    #[serde(default)]
+    pub busy_s: f64,
 }
 
 impl NodeReport {
@@ -126,6 +156,17 @@ impl NodeReport {
         if let Some(bu) = &s.bu {
             r.add_bu(bu, full);
         }
+        if let Some(em) = &s.em {
+            r.em_credit_stalls = em.credit_stalls;
+        }
+        if let Some(fu) = &s.fu {
+            r.batches_consumed = fu.batches_consumed;
+            r.events_consumed = fu.events_consumed;
+            r.bytes_consumed = fu.bytes_consumed;
+            r.batches_consumed_corrupt = fu.batches_corrupt;
+            r.deliveries_unexpected = fu.deliveries_unexpected;
+            r.busy_s = fu.busy_ns as f64 * 1e-9;
+        }
         r
     }
 
@@ -143,6 +184,11 @@ impl NodeReport {
         self.fragments_duplicate = bu.fragments_duplicate;
         self.fragments_unexpected = bu.fragments_unexpected;
         self.max_open_batches = bu.max_open;
+        self.batches_delivered = bu.batches_delivered;
+        self.bytes_delivered = bu.bytes_delivered;
+        self.batches_undelivered = bu.batches_undelivered;
+        self.output_full_s = bu.output_full_ns as f64 * 1e-9;
+        self.max_output_queue = bu.max_output_queue;
         self.latency_ns = Latency::of(&bu.latency_ns);
         if full {
             self.latency_buckets = bu
@@ -242,6 +288,101 @@ pub struct Summary {
     pub events_lost_bu_gone: u64,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
+    /// The output stage, when the run had consumers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumers: Option<ConsumersSummary>,
+}
+
+/// The output stage of a run with Filter Unit consumers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ConsumersSummary {
+    pub consumers: u16,
+    /// Built batches the BUs handed to consumers, and their bytes.
+    pub batches_delivered: u64,
+    pub bytes_delivered: u64,
+    /// Built batches no consumer could take (all gone, or the drain ended).
+    pub batches_undelivered: u64,
+    pub batches_consumed: u64,
+    pub events_consumed: u64,
+    pub bytes_consumed: u64,
+    /// Consumed batches that failed verification (CRC or fragment table).
+    pub batches_corrupt: u64,
+    /// Delivered and never consumed (a consumer died, or the drain ended).
+    pub batches_not_consumed: u64,
+    /// Producer (delivered) and consumer throughput over the run, Gb/s.
+    pub producer_gbps: f64,
+    pub consumer_gbps: f64,
+    /// Times the EM had a MEP to assign and no BU had credit.
+    pub em_credit_stalls: u64,
+    /// Time output queues were full, summed over BUs, s.
+    pub output_full_s: f64,
+    pub max_output_queue: u32,
+    pub per_consumer: Vec<ConsumerFigures>,
+}
+
+/// One consumer's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ConsumerFigures {
+    pub node: u16,
+    pub batches: u64,
+    pub bytes: u64,
+    /// Fraction of the run it was busy.
+    pub busy_fraction: f64,
+}
+
+impl ConsumersSummary {
+    /// From the node reports; `fu_nodes` are the consumer endpoints.
+    pub fn from_reports(
+        reports: &[Option<NodeReport>],
+        fu_nodes: &[u16],
+        em: usize,
+        duration_s: f64,
+    ) -> ConsumersSummary {
+        let mut c = ConsumersSummary {
+            consumers: fu_nodes.len() as u16,
+            ..Default::default()
+        };
+        for r in reports.iter().flatten() {
+            c.batches_delivered += r.batches_delivered;
+            c.bytes_delivered += r.bytes_delivered;
+            c.batches_undelivered += r.batches_undelivered;
+            c.output_full_s += r.output_full_s;
+            c.max_output_queue = c.max_output_queue.max(r.max_output_queue);
+            c.batches_consumed += r.batches_consumed;
+            c.events_consumed += r.events_consumed;
+            c.bytes_consumed += r.bytes_consumed;
+            c.batches_corrupt += r.batches_consumed_corrupt;
+        }
+        c.batches_not_consumed = c.batches_delivered.saturating_sub(c.batches_consumed);
+        c.em_credit_stalls = reports
+            .get(em)
+            .and_then(Option::as_ref)
+            .map_or(0, |r| r.em_credit_stalls);
+        if duration_s > 0.0 {
+            c.producer_gbps = c.bytes_delivered as f64 * 8.0 / duration_s / 1e9;
+            c.consumer_gbps = c.bytes_consumed as f64 * 8.0 / duration_s / 1e9;
+        }
+        c.per_consumer = fu_nodes
+            .iter()
+            .map(|&n| {
+                let r = reports.get(n as usize).and_then(Option::as_ref);
+                ConsumerFigures {
+                    node: n,
+                    batches: r.map_or(0, |r| r.batches_consumed),
+                    bytes: r.map_or(0, |r| r.bytes_consumed),
+                    busy_fraction: r
+                        .filter(|r| r.elapsed_s > 0.0)
+                        .map_or(0.0, |r| (r.busy_s / r.elapsed_s).min(1.0)),
+                }
+            })
+            .collect();
+        c
+    }
+
+    /// Every delivered batch consumed intact, none left undelivered.
+    pub fn clean(&self) -> bool {
+        self.batches_undelivered == 0 && self.batches_not_consumed == 0 && self.batches_corrupt == 0
+    }
 }
 
 /// One entry of the failure timeline.
@@ -328,5 +469,6 @@ impl Summary {
             && self.events_incomplete == 0
             && self.events_corrupt == 0
             && self.nodes_missing.is_empty()
+            && self.consumers.as_ref().is_none_or(ConsumersSummary::clean)
     }
 }

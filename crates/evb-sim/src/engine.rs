@@ -243,6 +243,8 @@ pub trait Traffic {
     /// `msg` has left its source entirely (plus host latency).
     fn send_done(&mut self, net: &mut Net, msg: &Msg);
     fn timer(&mut self, _net: &mut Net, _host: u32, _token: u64) {}
+    /// A time-series interval of `interval` ps ends at `now`.
+    fn sample(&mut self, _now: Ps, _interval: Ps) {}
 }
 
 impl Net {
@@ -503,6 +505,7 @@ impl Net {
                 );
                 self.sample_rx.iter_mut().for_each(|b| *b = 0);
                 self.sample_tx.iter_mut().for_each(|b| *b = 0);
+                traffic.sample(self.now, self.sample_ps);
                 let t = self.now + self.sample_ps;
                 self.at(t, Ev::Sample);
             }

@@ -74,6 +74,29 @@ pub struct LinkResult {
     pub xmit_wait_s: f64,
 }
 
+/// The output stage of an `eb` simulation with consumers.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimConsumers {
+    pub consumers: u16,
+    pub batches_delivered: u64,
+    pub batches_consumed: u64,
+    /// Batch bytes delivered by the BUs and consumed, over the run, Gb/s.
+    pub producer_gbps: f64,
+    pub consumer_gbps: f64,
+    /// Times the EM had a MEP to assign and no BU had credit.
+    pub em_credit_stalls: u64,
+    /// Time BU output queues were full, summed, seconds.
+    pub output_full_s: f64,
+    /// Per consumer: fraction of the simulated time it was busy.
+    pub busy_fraction: Vec<f64>,
+    /// Time series, one entry per `sim.sample_us`.
+    pub t_us: Vec<f64>,
+    pub producer_gbps_series: Vec<f64>,
+    pub consumer_gbps_series: Vec<f64>,
+    /// Mean number of consumers busy in each interval.
+    pub busy_consumers: Vec<f64>,
+}
+
 /// Everything `evb sim --json` writes.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimResult {
@@ -82,6 +105,8 @@ pub struct SimResult {
     pub hosts: Vec<HostResult>,
     pub links: Vec<LinkResult>,
     pub timeseries: Vec<engine::Sample>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumers: Option<SimConsumers>,
     /// Per sample, per host: (sent, received) payload Gb/s (CSV only: large).
     #[serde(skip)]
     pub host_series: Vec<Vec<(f32, f32)>>,
@@ -198,7 +223,13 @@ pub fn simulate(
             latency_max_us: q(1.0),
         }
     });
+    let end_ns = end / PS_PER_NS;
+    let consumers = eb
+        .as_ref()
+        .filter(|_| config.output.consumers > 0)
+        .map(|e| consumer_summary(e, end_ns, &gbps));
     Ok(SimResult {
+        consumers,
         kind: "evb-sim",
         summary: SimSummary {
             topology,
@@ -222,6 +253,35 @@ pub fn simulate(
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
     })
+}
+
+/// The output-stage figures of a finished `eb` simulation.
+fn consumer_summary(
+    e: &traffic::EventBuilder,
+    end_ns: u64,
+    gbps: &dyn Fn(u64) -> f64,
+) -> SimConsumers {
+    let fus: Vec<_> = e.nodes.iter().filter_map(evb_core::Node::fu).collect();
+    let bus: Vec<_> = e.nodes.iter().filter_map(evb_core::Node::bu).collect();
+    let em = e.nodes.iter().find_map(evb_core::Node::em);
+    let series = &e.consumer_series;
+    SimConsumers {
+        consumers: fus.len() as u16,
+        batches_delivered: bus.iter().map(|b| b.stats.batches_delivered).sum(),
+        batches_consumed: fus.iter().map(|f| f.stats.batches_consumed).sum(),
+        producer_gbps: gbps(e.delivered_bytes),
+        consumer_gbps: gbps(fus.iter().map(|f| f.stats.bytes_consumed).sum()),
+        em_credit_stalls: em.map_or(0, |em| em.stats.credit_stalls),
+        output_full_s: bus.iter().map(|b| b.stats.output_full_ns).sum::<u64>() as f64 * 1e-9,
+        busy_fraction: fus
+            .iter()
+            .map(|f| f.busy_time(end_ns) as f64 / end_ns.max(1) as f64)
+            .collect(),
+        t_us: series.iter().map(|s| s.t_us).collect(),
+        producer_gbps_series: series.iter().map(|s| s.producer_gbps).collect(),
+        consumer_gbps_series: series.iter().map(|s| s.consumer_gbps).collect(),
+        busy_consumers: series.iter().map(|s| s.busy_consumers).collect(),
+    }
 }
 
 /// Batch latencies (ns) of every BU, one entry per recorded value.

@@ -3,11 +3,14 @@
 //!
 //! `eb` runs one `evb_core::Node` per host (the EM in host 0), the very
 //! state machines `evb run` drives over TCP, here driven by simulated time:
-//! control messages and fragments become messages on the fabric.
+//! control messages and fragments become messages on the fabric. With
+//! `output.consumers`, the Filter Units are hosts after the nodes (and a
+//! separate EM) and every built batch travels to one of them as a message
+//! of the batch's size.
 
 use evb_core::bu::Admit;
 use evb_core::source::SourceModel;
-use evb_core::wire::{Message, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
+use evb_core::wire::{Message, FLAG_BATCH, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
 use evb_core::{Action, Config, FragmentHeader, Layout, Node, Outcome};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -210,6 +213,18 @@ enum Carried {
     Fragment(FragmentHeader),
 }
 
+/// The output stage over one time-series interval.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ConsumerSample {
+    pub t_us: f64,
+    /// Batch bytes the BUs delivered, Gb/s.
+    pub producer_gbps: f64,
+    /// Batch bytes the consumers finished, Gb/s.
+    pub consumer_gbps: f64,
+    /// Mean number of consumers busy.
+    pub busy_consumers: f64,
+}
+
 /// The event builder: `evb_core` nodes on every host.
 pub struct EventBuilder {
     pub nodes: Vec<Node>,
@@ -226,6 +241,14 @@ pub struct EventBuilder {
     pub built_bytes: u64,
     pub events_built: u64,
     pub batches_incomplete: u64,
+    /// Batch payload bytes handed to consumers.
+    pub delivered_bytes: u64,
+    /// With consumers: one entry per time-series interval.
+    pub consumer_series: Vec<ConsumerSample>,
+    /// Delivered bytes, consumed bytes, busy ns at the last sample.
+    last_output: (u64, u64, u64),
+    layout: Layout,
+    run_id: u32,
 }
 
 impl EventBuilder {
@@ -233,10 +256,11 @@ impl EventBuilder {
         let layout = Layout::from_config(config);
         if layout.endpoints as usize != hosts {
             return Err(format!(
-                "the event builder has {} endpoints (nodes.count = {}{}) but the fabric has {hosts} hosts",
+                "the event builder has {} endpoints (nodes.count = {}{}) but the fabric has {hosts} hosts{}",
                 layout.endpoints,
                 config.nodes.count,
-                if layout.endpoints > layout.nodes { ", plus a separate EM" } else { "" }
+                if layout.em >= layout.nodes { ", plus a separate EM" } else { "" },
+                if layout.fus() > 0 { format!(", plus {} consumers", layout.fus()) } else { String::new() }
             ));
         }
         let nodes = (0..layout.endpoints)
@@ -257,7 +281,23 @@ impl EventBuilder {
             built_bytes: 0,
             events_built: 0,
             batches_incomplete: 0,
+            delivered_bytes: 0,
+            consumer_series: Vec::new(),
+            last_output: (0, 0, 0),
+            layout,
+            run_id: config.run.run_id,
         })
+    }
+
+    /// Bytes consumed so far by all consumers, and their busy time up to
+    /// `now_ns`.
+    pub fn consumers_now(&self, now_ns: u64) -> (u64, u64) {
+        self.nodes
+            .iter()
+            .filter_map(Node::fu)
+            .fold((0, 0), |(bytes, busy), fu| {
+                (bytes + fu.stats.bytes_consumed, busy + fu.busy_time(now_ns))
+            })
     }
 
     fn carry(&mut self, c: Carried) -> u64 {
@@ -319,6 +359,28 @@ impl EventBuilder {
                     }
                     _ => self.batches_incomplete += 1,
                 },
+                Action::Deliver {
+                    to,
+                    mep,
+                    events,
+                    bytes,
+                } => {
+                    let payload = evb_core::wire::batch_payload_len(self.layout.rus(), bytes);
+                    let header = FragmentHeader {
+                        run_id: self.run_id,
+                        source: self.layout.bu_of[h].expect("a BU delivers"),
+                        flags: FLAG_BATCH,
+                        mep,
+                        event_count: events as u32,
+                        payload_len: payload as u32,
+                        crc32c: 0,
+                    };
+                    self.delivered_bytes += payload;
+                    let tag = self.carry(Carried::Fragment(header));
+                    let wire = payload + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
+                    net.post(host, u32::from(to), wire, 0, tag, None);
+                }
+                Action::Consumed { .. } => {}
                 Action::Release { .. } | Action::Done => {}
             }
         }
@@ -370,8 +432,9 @@ impl Traffic for EventBuilder {
 
     fn send_done(&mut self, net: &mut Net, msg: &Msg) {
         let fragment = match &self.carried[msg.tag as usize] {
-            Carried::Fragment(h) => Some(*h),
-            Carried::Control(_) => None,
+            // A delivered batch's buffers were freed at its Finish.
+            Carried::Fragment(h) if h.flags & FLAG_BATCH == 0 => Some(*h),
+            Carried::Fragment(_) | Carried::Control(_) => None,
         };
         self.release(msg.tag as usize);
         if let Some(h) = fragment {
@@ -379,6 +442,24 @@ impl Traffic for EventBuilder {
             self.nodes[msg.src as usize].on_send_complete(now, h.mep);
             self.drain(net, msg.src);
         }
+    }
+
+    fn sample(&mut self, now: Ps, interval: Ps) {
+        if self.layout.fus() == 0 {
+            return;
+        }
+        let now_ns = now / PS_PER_NS;
+        let (consumed, busy) = self.consumers_now(now_ns);
+        let (d0, c0, b0) = self.last_output;
+        let secs = interval as f64 * 1e-12;
+        let gbps = |bytes: u64| bytes as f64 * 8.0 / secs / 1e9;
+        self.consumer_series.push(ConsumerSample {
+            t_us: now as f64 * 1e-6,
+            producer_gbps: gbps(self.delivered_bytes - d0),
+            consumer_gbps: gbps(consumed - c0),
+            busy_consumers: (busy - b0) as f64 / (interval / PS_PER_NS).max(1) as f64,
+        });
+        self.last_output = (self.delivered_bytes, consumed, busy);
     }
 
     fn timer(&mut self, net: &mut Net, host: u32, _: u64) {

@@ -166,12 +166,29 @@ pub fn linked_peers(config: &Config, layout: &Layout, rank: NodeId) -> Vec<NodeI
         .collect()
 }
 
+/// The largest frame body a node accepts: `event_builder.max_message_bytes`,
+/// or a whole batch when there are consumers.
+pub fn max_body_bytes(config: &Config) -> u64 {
+    let eb = config.event_builder.max_message_bytes;
+    if config.output.consumers > 0 {
+        eb.max(config.max_batch_payload() + evb_core::wire::FRAGMENT_HEADER_LEN as u64)
+    } else {
+        eb
+    }
+}
+
 /// The largest message a node can receive: a fragment of the biggest MEP
 /// the sources can produce, with its headers.
 pub fn max_message_bytes(config: &Config) -> usize {
     let frame = evb_core::wire::FRAME_HEADER_LEN + evb_core::wire::FRAGMENT_HEADER_LEN;
     let fragment = config.max_fragment_payload() as usize + frame;
-    fragment
+    let largest = fragment
         .max(4096)
-        .min(config.event_builder.max_message_bytes as usize + frame)
+        .min(config.event_builder.max_message_bytes as usize + frame);
+    // Consumers receive whole batches (bounded by validation to 4 GiB).
+    if config.output.consumers > 0 {
+        largest.max(config.max_batch_payload() as usize + frame)
+    } else {
+        largest
+    }
 }

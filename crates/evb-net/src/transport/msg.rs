@@ -127,7 +127,7 @@ impl<E: Endpoint> MsgTransport<E> {
             dropped: vec![false; n],
             finished: false,
             max_message: max_message_bytes(config),
-            max_body: config.event_builder.max_message_bytes,
+            max_body: super::max_body_bytes(config),
             completions: Vec::new(),
         })
     }

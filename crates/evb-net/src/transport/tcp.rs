@@ -78,7 +78,7 @@ impl TcpTransport {
             conns: Vec::new(),
             tx_conn: vec![None; layout.endpoints as usize],
             awaiting_hello: Vec::new(),
-            max_body: config.event_builder.max_message_bytes,
+            max_body: super::max_body_bytes(config),
             socket_buffer_bytes: config.transport.socket_buffer_bytes,
             finished: false,
             key: auth::load_key(&config.transport.run_key_file)?,

@@ -1,0 +1,358 @@
+//! Filter Unit: a consumer of built batches, at the output of the event
+//! builder.
+//!
+//! Consumers are the reason the builder cannot run freely: a filter farm
+//! node is busy for a while with every batch it takes. Each FU grants every
+//! BU `consumer_credits` batches; it verifies what arrives, works on one
+//! batch at a time for a drawn busy time, and returns one credit to the BU
+//! the batch came from when it is done. A BU without consumer credit keeps
+//! its batches, and then its EM credits, which is how busy consumers slow
+//! the whole builder down instead of losing data.
+//!
+//! Time is passed in and the busy times come from a generator seeded from
+//! the configuration, so runs replay exactly.
+
+use std::collections::VecDeque;
+
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+
+use crate::bu::{Admit, Nanos};
+use crate::config::{BusyModel, Config};
+use crate::layout::Layout;
+use crate::source::mix64;
+use crate::wire::{FragmentHeader, MepId, NodeId, FLAG_BATCH};
+
+/// What the FU asks of its driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FuAction {
+    /// Grant `credits` to the BU on endpoint `bu`.
+    Credit { bu: NodeId, credits: u32 },
+    /// The FU is done with `mep` from the BU on endpoint `bu`: its buffer
+    /// can be freed.
+    Consumed { mep: MepId, bu: NodeId },
+}
+
+/// Counters of a Filter Unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FuStats {
+    pub batches_consumed: u64,
+    pub events_consumed: u64,
+    /// Payload bytes of the batches consumed (fragment table included).
+    pub bytes_consumed: u64,
+    /// Batches whose CRC or shape did not verify (still consumed: their
+    /// credit returns, the data is counted bad).
+    pub batches_corrupt: u64,
+    /// Deliveries beyond the credit granted, from a non-BU, or another run:
+    /// dropped, no credit returned.
+    pub deliveries_unexpected: u64,
+    /// Total time spent busy, ns.
+    pub busy_ns: u64,
+    /// Most batches waiting at once (not counting the one being worked on).
+    pub max_queued: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Delivery {
+    mep: MepId,
+    bu_index: u16,
+    events: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct FilterUnit {
+    index: u16,
+    run_id: u32,
+    credits: u32,
+    busy_mean_ns: u64,
+    busy_model: BusyModel,
+    rng: Pcg64Mcg,
+    bu_nodes: Vec<NodeId>,
+    bu_of: Vec<Option<u16>>,
+    /// Per BU index: deliveries it may still make (credit granted, unused).
+    granted: Vec<u32>,
+    /// Per BU index: it said it delivers nothing more, or it is gone.
+    ended: Vec<bool>,
+    queue: VecDeque<Delivery>,
+    /// The batch being worked on, and when that work ends.
+    current: Option<(Delivery, Nanos, Nanos)>,
+    /// Admitted deliveries whose payload has not arrived yet.
+    admitted: u32,
+    pub stats: FuStats,
+}
+
+impl FilterUnit {
+    pub fn new(config: &Config, layout: &Layout, node: NodeId) -> FilterUnit {
+        let index = layout.fu_of[node as usize].expect("an FU endpoint");
+        let out = &config.output;
+        FilterUnit {
+            index,
+            run_id: config.run.run_id,
+            credits: out.consumer_credits,
+            busy_mean_ns: out.consumer_busy_us.saturating_mul(1000),
+            busy_model: out.consumer_busy,
+            rng: Pcg64Mcg::seed_from_u64(mix64(
+                config.run.seed ^ (0xf17e << 32) ^ u64::from(index),
+            )),
+            bu_nodes: layout.bu_nodes.clone(),
+            bu_of: layout.bu_of.clone(),
+            granted: vec![0; layout.bus()],
+            ended: vec![false; layout.bus()],
+            queue: VecDeque::new(),
+            current: None,
+            admitted: 0,
+            stats: FuStats::default(),
+        }
+    }
+
+    pub fn index(&self) -> u16 {
+        self.index
+    }
+
+    /// Grants every BU its credits.
+    pub fn start(&mut self, out: &mut Vec<FuAction>) {
+        for (b, &bu) in self.bu_nodes.iter().enumerate() {
+            self.granted[b] = self.credits;
+            out.push(FuAction::Credit {
+                bu,
+                credits: self.credits,
+            });
+        }
+    }
+
+    /// Working on a batch right now.
+    pub fn is_busy(&self) -> bool {
+        self.current.is_some()
+    }
+
+    /// Time spent busy up to `now`, the batch in hand included, ns.
+    pub fn busy_time(&self, now: Nanos) -> u64 {
+        let current = self.current.map_or(0, |(_, started, until)| {
+            now.min(until).saturating_sub(started)
+        });
+        self.stats.busy_ns + current
+    }
+
+    /// Batches waiting behind the current one.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Nothing to do and nothing more will come.
+    pub fn is_finished(&self) -> bool {
+        self.current.is_none()
+            && self.queue.is_empty()
+            && self.admitted == 0
+            && self.ended.iter().all(|&e| e)
+    }
+
+    /// BUs that may still deliver, for diagnostics.
+    pub fn producers_open(&self) -> usize {
+        self.ended.iter().filter(|&&e| !e).count()
+    }
+
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.current.map(|(_, _, until)| until)
+    }
+
+    /// A delivery header from endpoint `from`: keep its payload? Takes the
+    /// credit it uses.
+    pub fn admit(&mut self, from: NodeId, h: &FragmentHeader) -> Admit {
+        let bu = self.bu_of.get(from as usize).copied().flatten();
+        let ok = h.flags & FLAG_BATCH != 0 && h.run_id == self.run_id && bu == Some(h.source);
+        match bu {
+            Some(b) if ok && !self.ended[b as usize] && self.granted[b as usize] > 0 => {
+                self.granted[b as usize] -= 1;
+                self.admitted += 1;
+                Admit::Keep
+            }
+            _ => {
+                self.stats.deliveries_unexpected += 1;
+                Admit::Drop
+            }
+        }
+    }
+
+    /// The payload of an admitted delivery is in. `intact`: its CRC and
+    /// fragment table verified.
+    pub fn on_delivery(
+        &mut self,
+        now: Nanos,
+        h: &FragmentHeader,
+        intact: bool,
+        out: &mut Vec<FuAction>,
+    ) {
+        self.admitted = self.admitted.saturating_sub(1);
+        if !intact {
+            self.stats.batches_corrupt += 1;
+        }
+        self.queue.push_back(Delivery {
+            mep: h.mep,
+            bu_index: h.source,
+            events: u64::from(h.event_count),
+            bytes: u64::from(h.payload_len),
+        });
+        self.stats.max_queued = self.stats.max_queued.max(self.queue.len() as u32);
+        self.work(now, out);
+    }
+
+    /// The BU on endpoint `bu` delivers nothing more.
+    pub fn on_output_end(&mut self, bu: NodeId) {
+        if let Some(b) = self.bu_of.get(bu as usize).copied().flatten() {
+            self.ended[b as usize] = true;
+        }
+    }
+
+    /// Endpoint `peer` is gone: if it was a BU, expect nothing more from it
+    /// (a delivery it admitted but never finished sending is forgotten).
+    pub fn on_producer_lost(&mut self, peer: NodeId) {
+        self.on_output_end(peer);
+    }
+
+    /// The drain period is over: stop waiting for anyone.
+    pub fn abandon(&mut self) {
+        self.ended.fill(true);
+        self.admitted = 0;
+    }
+
+    pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<FuAction>) {
+        self.work(now, out);
+    }
+
+    /// Finishes the current batch if its time is up, then starts the next.
+    fn work(&mut self, now: Nanos, out: &mut Vec<FuAction>) {
+        loop {
+            if let Some((d, started, until)) = self.current {
+                if until > now {
+                    return;
+                }
+                self.current = None;
+                self.stats.busy_ns += until - started;
+                self.stats.batches_consumed += 1;
+                self.stats.events_consumed += d.events;
+                self.stats.bytes_consumed += d.bytes;
+                let bu = self.bu_nodes[d.bu_index as usize];
+                out.push(FuAction::Consumed { mep: d.mep, bu });
+                if !self.ended[d.bu_index as usize] {
+                    self.granted[d.bu_index as usize] += 1;
+                    out.push(FuAction::Credit { bu, credits: 1 });
+                }
+            }
+            let Some(next) = self.queue.pop_front() else {
+                return;
+            };
+            // Work starts when the previous batch ended, or now if idle.
+            let busy = self.draw_busy();
+            self.current = Some((next, now, now + busy));
+        }
+    }
+
+    fn draw_busy(&mut self) -> Nanos {
+        match self.busy_model {
+            _ if self.busy_mean_ns == 0 => 0,
+            BusyModel::Fixed => self.busy_mean_ns,
+            BusyModel::Exponential => {
+                let u: f64 = self.rng.gen_range(f64::EPSILON..1.0);
+                // Capped at 50 means: a tail that long is the same stall.
+                (-u.ln() * self.busy_mean_ns as f64).min(50.0 * self.busy_mean_ns as f64) as Nanos
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(busy_us: u64) -> (Config, Layout, FilterUnit) {
+        let mut c = Config::default();
+        c.nodes.count = 2;
+        c.output.consumers = 2;
+        c.output.consumer_busy_us = busy_us;
+        let l = Layout::from_config(&c);
+        let fu = FilterUnit::new(&c, &l, l.fu_nodes[1]);
+        (c, l, fu)
+    }
+
+    fn batch(mep: MepId, bu_index: u16) -> FragmentHeader {
+        FragmentHeader {
+            run_id: 1,
+            source: bu_index,
+            flags: FLAG_BATCH,
+            mep,
+            event_count: 10,
+            payload_len: 100,
+            crc32c: 0,
+        }
+    }
+
+    #[test]
+    fn works_one_batch_at_a_time_and_returns_credits() {
+        let (_, l, mut fu) = setup(10);
+        assert_eq!(fu.index(), 1);
+        let mut out = Vec::new();
+        fu.start(&mut out);
+        assert_eq!(out.len(), 2);
+        out.clear();
+        for mep in [1, 2] {
+            assert_eq!(fu.admit(l.bu_nodes[0], &batch(mep, 0)), Admit::Keep);
+            fu.on_delivery(0, &batch(mep, 0), true, &mut out);
+        }
+        // A third one exceeds the credit granted.
+        assert_eq!(fu.admit(l.bu_nodes[0], &batch(3, 0)), Admit::Drop);
+        assert!(fu.is_busy() && out.is_empty());
+        assert_eq!(fu.next_deadline(), Some(10_000));
+        fu.on_timeout(10_000, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                FuAction::Consumed { mep: 1, bu: 0 },
+                FuAction::Credit { bu: 0, credits: 1 }
+            ]
+        );
+        fu.on_timeout(20_000, &mut out);
+        assert_eq!(fu.stats.batches_consumed, 2);
+        assert_eq!(fu.stats.busy_ns, 20_000);
+        assert_eq!(fu.stats.deliveries_unexpected, 1);
+        assert!(!fu.is_finished());
+        fu.on_output_end(0);
+        fu.on_output_end(1);
+        assert!(fu.is_finished());
+    }
+
+    #[test]
+    fn rejects_impostors_and_other_runs() {
+        let (_, l, mut fu) = setup(0);
+        fu.start(&mut Vec::new());
+        // Claims BU index 1 but comes from BU 0.
+        assert_eq!(fu.admit(l.bu_nodes[0], &batch(1, 1)), Admit::Drop);
+        let mut other = batch(1, 0);
+        other.run_id = 9;
+        assert_eq!(fu.admit(l.bu_nodes[0], &other), Admit::Drop);
+        let mut plain = batch(1, 0);
+        plain.flags = 0;
+        assert_eq!(fu.admit(l.bu_nodes[0], &plain), Admit::Drop);
+        // From the FU endpoint itself: not a BU.
+        assert_eq!(fu.admit(l.fu_nodes[0], &batch(1, 0)), Admit::Drop);
+        assert_eq!(fu.stats.deliveries_unexpected, 4);
+        // Without busy time, consumed at once; corrupt ones are counted.
+        let mut out = Vec::new();
+        assert_eq!(fu.admit(l.bu_nodes[1], &batch(5, 1)), Admit::Keep);
+        fu.on_delivery(7, &batch(5, 1), false, &mut out);
+        assert_eq!(fu.stats.batches_consumed, 1);
+        assert_eq!(fu.stats.batches_corrupt, 1);
+        assert!(!fu.is_busy());
+    }
+
+    #[test]
+    fn exponential_busy_times_have_the_configured_mean() {
+        let (mut c, l, _) = setup(100);
+        c.output.consumer_busy = BusyModel::Exponential;
+        let mut fu = FilterUnit::new(&c, &l, l.fu_nodes[0]);
+        let n = 20_000;
+        let total: u64 = (0..n).map(|_| fu.draw_busy()).sum();
+        let mean = total as f64 / n as f64;
+        assert!((mean - 100_000.0).abs() < 5_000.0, "mean {mean}");
+    }
+}
