@@ -212,6 +212,7 @@ macro_rules! transport_suite {
 
 transport_suite!(tcp, "tcp");
 transport_suite!(shm, "shm");
+transport_suite!(ucx, "ucx:tcp");
 
 #[test]
 fn p2p_benchmark_writes_table_json_csv_and_plots() {
