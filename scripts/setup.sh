@@ -8,6 +8,7 @@ APT_PACKAGES=(
   iperf3                               # bench/: TCP peer for the event builder
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
+  libfabric-dev libfabric-bin clang libclang-dev  # evb-ofi: bindgen against libfabric; fi_info; bench/peers/fi_bw.c
 )
 
 missing=()
