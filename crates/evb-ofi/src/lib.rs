@@ -264,6 +264,26 @@ pub fn available_providers() -> Vec<String> {
         .collect()
 }
 
+/// From a list fi_getinfo returned, a copy of the first entry on `domain`
+/// (null if none); the list is freed.
+fn take_domain(list: *mut sys::fi_info, domain: &str) -> *mut sys::fi_info {
+    let mut found = ptr::null_mut();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: walking the list libfabric returned; fi_dupinfo copies one entry.
+        unsafe {
+            if cstr((*(*cur).domain_attr).name) == domain {
+                found = sys::fi_dupinfo(cur);
+                break;
+            }
+            cur = (*cur).next;
+        }
+    }
+    // SAFETY: list came from fi_getinfo.
+    unsafe { sys::fi_freeinfo(list) };
+    found
+}
+
 fn cstr(p: *const libc::c_char) -> String {
     if p.is_null() {
         return String::new();
@@ -311,6 +331,13 @@ impl Endpoint {
             unsafe { sys::fi_getinfo(fi_version(), ptr::null(), ptr::null(), 0, hints, &mut info) };
         // SAFETY: hints came from fi_dupinfo.
         unsafe { sys::fi_freeinfo(hints) };
+        // Some layered providers (tcp;ofi_rxm) ignore the domain hint: pick the
+        // matching entry ourselves and free the rest.
+        if ret == 0 && !info.is_null() {
+            if let Some(d) = &opts.domain {
+                info = take_domain(info, d);
+            }
+        }
         if ret != 0 || info.is_null() {
             let wanted = match &opts.domain {
                 Some(d) => format!("provider `{}` ({provider}) on domain `{d}`", opts.provider),
