@@ -13,7 +13,7 @@
  * a ping-pong gives the latency. The client prints one line per size:
  *     size_bytes  MB/s  half-round-trip_us
  *
- * usage: fi_bw [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-B] [-t SECONDS] [SERVER_HOST]
+ * usage: fi_bw [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-B] [-t SECONDS] [SERVER_HOST]
  *   PROVIDER as users write it: tcp (tcp;ofi_rxm), udp (udp;ofi_rxd), shm,
  *   verbs (verbs;ofi_rxm) or an exact fi_info name. -B: block on the CQ's
  *   wait fd instead of spinning. -t: give up after SECONDS (default 300).
@@ -63,6 +63,7 @@ static void *tx_desc, *rx_desc;
 static struct fi_context2 rx_ctx[MAX_WINDOW], tx_ctx[MAX_WINDOW + 1];
 static int tx_free[MAX_WINDOW + 1], tx_nfree;
 static int window = 64;
+static size_t max_size = MAX_SIZE; /* -m: stop after this size */
 
 static void die(const char *what, long ret)
 {
@@ -263,7 +264,7 @@ static void warm_up(int client)
 static void run_server(void)
 {
 	warm_up(0);
-	for (size_t size = MIN_SIZE; size <= MAX_SIZE; size *= 2) {
+	for (size_t size = MIN_SIZE; size <= max_size; size *= 2) {
 		int n = iterations(size), posted = 0;
 		long rx_target = rx_done + n;
 		for (int s = 0; s < window && posted < n; s++, posted++) post_recv(s, size, TAG_BW);
@@ -295,7 +296,7 @@ static void run_client(void)
 	printf("# %10s %12s %10s\n", "size_B", "MB/s", "lat_us");
 	fflush(stdout);
 	warm_up(1);
-	for (size_t size = MIN_SIZE; size <= MAX_SIZE; size *= 2) {
+	for (size_t size = MIN_SIZE; size <= max_size; size *= 2) {
 		int n = iterations(size), posted = 0;
 		long tx_base = tx_done, rx_target = rx_done + 1;
 		/* Stream n messages; the server's ack says all have arrived. */
@@ -394,19 +395,24 @@ int main(int argc, char **argv)
 {
 	const char *prov = "tcp", *dom = NULL, *port = "47592";
 	int opt, seconds = 300;
-	while ((opt = getopt(argc, argv, "p:d:P:w:Bt:h")) != -1) {
+	while ((opt = getopt(argc, argv, "p:d:P:w:m:Bt:h")) != -1) {
 		switch (opt) {
 		case 'p': prov = optarg; break;
 		case 'd': dom = optarg; break;
 		case 'P': port = optarg; break;
 		case 'w': window = atoi(optarg); break;
+		case 'm': max_size = strtoull(optarg, NULL, 0); break;
 		case 'B': blocking = 1; break;
 		case 't': seconds = atoi(optarg); break;
 		default:
-			fprintf(stderr, "usage: %s [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-B] [-t SECONDS] [SERVER_HOST]\n",
+			fprintf(stderr, "usage: %s [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-B] [-t SECONDS] [SERVER_HOST]\n",
 				argv[0]);
 			return opt == 'h' ? 0 : 2;
 		}
+	}
+	if (max_size < MIN_SIZE || max_size > MAX_SIZE) {
+		fprintf(stderr, "fi_bw: -m must be %d..%u\n", MIN_SIZE, MAX_SIZE);
+		return 2;
 	}
 	if (window < 1 || window > MAX_WINDOW) {
 		fprintf(stderr, "fi_bw: -w must be 1..%d\n", MAX_WINDOW);

@@ -13,6 +13,22 @@
 //! comes from the owning event loop. libfabric providers with manual data
 //! progress (tcp;ofi_rxm, shm, udp;ofi_rxd) only move data while someone reads
 //! the completion queue, so the caller must keep calling [`Endpoint::progress`].
+//!
+//! What a caller can rely on, and what it must do:
+//! - Messages from one sender arrive whole and in the order sent; receive
+//!   completions come in the order the buffers were posted (a small message
+//!   can wait behind a large one from another peer that matched earlier).
+//!   With libfabric 1.17's shm, order holds only while receivers keep at
+//!   least as many buffers posted as senders have in flight: its handling of
+//!   unexpected messages can reorder them.
+//! - The tag is opaque here; the caller encodes the sender (and message kind)
+//!   in it, since RDM receives are posted for any source.
+//! - `send` returns Ok(false) ("try again") while a connection to a new peer
+//!   is being set up and when the transmit queue is full: progress, retry.
+//! - A dead peer shows up as `SendFailed` completions (tcp: within a few
+//!   milliseconds of the connection breaking).
+//! - Both sides must use the same `Options::max_message`; receive buffers are
+//!   at least that large, so nothing is ever truncated.
 
 mod sys;
 

@@ -205,3 +205,51 @@ fn drop_with_operations_in_flight() {
         deadline.elapsed()
     );
 }
+
+#[test]
+fn udp_pair_all_sizes_both_ways() {
+    // udp;ofi_rxd has no wait fd: Blocking mode naps instead.
+    let mut a = open("udp");
+    let mut b = open("udp");
+    assert_eq!(a.provider(), "udp;ofi_rxd");
+    exchange(&mut a, &mut b, 4, 8);
+}
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the calling thread's CPU clock.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn blocking_wait_sleeps_busy_wait_does_not() {
+    // Idle tcp endpoint: Blocking sleeps on the CQ's fd (wall time passes,
+    // almost no CPU); Busy returns at once.
+    let mut ep = open("tcp");
+    let (wall, cpu) = (std::time::Instant::now(), thread_cpu());
+    let mut out = Vec::new();
+    while wall.elapsed() < Duration::from_millis(300) {
+        ep.progress(&mut out).unwrap();
+        ep.wait(Duration::from_millis(100)).unwrap();
+    }
+    let used = thread_cpu() - cpu;
+    assert!(out.is_empty());
+    assert!(
+        used < Duration::from_millis(60),
+        "blocking wait burnt {used:?} of CPU in {:?}",
+        wall.elapsed()
+    );
+
+    let mut busy = open_mode("tcp", Progress::Busy);
+    let t = std::time::Instant::now();
+    busy.wait(Duration::from_secs(5)).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(50),
+        "busy wait slept {:?}",
+        t.elapsed()
+    );
+}
