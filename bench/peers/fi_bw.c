@@ -154,13 +154,20 @@ static void open_endpoint(const char *prov, const char *dom)
 	}
 }
 
-/* Reads at most one completion without waiting; returns its context or NULL.
+/* Returns one completion's context without waiting, or NULL if none.
  * Reading the CQ is also what drives providers with manual progress. */
 static void *poll_completion(void)
 {
-	struct fi_cq_tagged_entry e;
-	ssize_t n = fi_cq_read(cq, &e, 1);
-	if (n == 1) return e.op_context;
+	/* Entries are read in batches, as evb-ofi does, and handed out one by one. */
+	static struct fi_cq_tagged_entry batch[32];
+	static ssize_t next, have;
+	if (next < have) return batch[next++].op_context;
+	ssize_t n = fi_cq_read(cq, batch, 32);
+	if (n > 0) {
+		have = n;
+		next = 1;
+		return batch[0].op_context;
+	}
 	if (n == -FI_EAVAIL) {
 		struct fi_cq_err_entry err = { 0 };
 		fi_cq_readerr(cq, &err, 0);
