@@ -14,6 +14,7 @@ APT_PACKAGES=(
   prometheus                           # metrics test: the real scraper
   iproute2 nftables                    # network-fault tests: namespaces, veth, packet loss
   libucx-dev ucx-utils                 # the ucx transport; bench/peers: ucx_perftest
+  libfabric-dev libfabric-bin           # the ofi transport (bindgen against libfabric), fi_info; bench/peers/fi_bw.c
 )
 
 missing=()

@@ -1,0 +1,970 @@
+//! evb over libfabric (OFI).
+//!
+//! The TCP runtime owns its sockets; on an HPC fabric (InfiniBand, Slingshot,
+//! Omni-Path) the NIC is driven through libfabric instead, and the same event
+//! loop must be able to use it. This crate is that transport reduced to what the
+//! runtime needs: one reliable-datagram (FI_EP_RDM) endpoint per process,
+//! tagged messages that arrive whole and in order per sender (FI_ORDER_SAS),
+//! buffers that stay owned by Rust until their completion, and a wait that
+//! sleeps on the library's file descriptor so several processes can share a
+//! few cores.
+//!
+//! Everything is single-threaded: an [`Endpoint`] is not `Send` and every call
+//! comes from the owning event loop. libfabric providers with manual data
+//! progress (tcp;ofi_rxm, shm, udp;ofi_rxd) only move data while someone reads
+//! the completion queue, so the caller must keep calling [`Endpoint::progress`].
+//!
+//! What a caller can rely on, and what it must do:
+//! - Messages from one sender arrive whole and in the order sent; receive
+//!   completions come in the order the buffers were posted (a small message
+//!   can wait behind a large one from another peer that matched earlier).
+//!   With libfabric 1.17's shm, order holds only while receivers keep at
+//!   least as many buffers posted as senders have in flight: its handling of
+//!   unexpected messages can reorder them.
+//! - The tag is opaque here; the caller encodes the sender (and message kind)
+//!   in it, since RDM receives are posted for any source.
+//! - `send` returns Ok(false) ("try again") while a connection to a new peer
+//!   is being set up and when the transmit queue is full: progress, retry.
+//! - A dead peer shows up as `SendFailed` completions (tcp: within a few
+//!   milliseconds of the connection breaking).
+//! - Both sides must use the same `Options::max_message`; receive buffers are
+//!   at least that large, so nothing is ever truncated.
+
+mod sys;
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::ops::Range;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
+pub type PeerId = usize;
+
+/// How [`Endpoint::wait`] waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// Sleep on the completion queue's wait object (an fd when the provider
+    /// has one). The default: cores are shared by several processes.
+    #[default]
+    Blocking,
+    /// Never sleep: `wait` returns at once and the caller spins on `progress`.
+    Busy,
+}
+
+/// What to open.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// As users write it: `tcp` (tcp;ofi_rxm), `udp` (udp;ofi_rxd), `shm`,
+    /// `verbs` (verbs;ofi_rxm), or any exact provider name `fi_info -l` shows.
+    pub provider: String,
+    /// A libfabric domain (for tcp/udp the network interface, e.g. `lo`);
+    /// `None` takes the provider's first.
+    pub domain: Option<String>,
+    pub progress: Progress,
+    /// The longest message, head included. Every receive buffer must hold
+    /// this much and longer sends are refused, so with the same value on
+    /// both sides no message is ever truncated: providers handle truncation
+    /// badly (libfabric 1.17's tcp;ofi_rxm drops the connection for eager
+    /// messages, shm aborts the process).
+    pub max_message: usize,
+}
+
+/// Default `Options::max_message`: a 4 MiB fragment and its header.
+pub const DEFAULT_MAX_MESSAGE: usize = (4 << 20) + 4096;
+
+impl Options {
+    pub fn new(provider: &str) -> Options {
+        Options {
+            provider: provider.to_string(),
+            domain: None,
+            progress: Progress::Blocking,
+            max_message: DEFAULT_MAX_MESSAGE,
+        }
+    }
+}
+
+/// The full libfabric provider name for what users write.
+pub fn provider_name(user: &str) -> String {
+    match user {
+        "tcp" => "tcp;ofi_rxm".into(),
+        "udp" => "udp;ofi_rxd".into(),
+        "verbs" => "verbs;ofi_rxm".into(),
+        other => other.into(),
+    }
+}
+
+/// A readable failure; the message names what was asked for.
+#[derive(Debug, Clone)]
+pub struct Error(String);
+
+impl Error {
+    fn new(msg: impl Into<String>) -> Error {
+        Error(msg.into())
+    }
+    fn call(what: &str, ret: isize) -> Error {
+        Error(format!("libfabric {what} failed: {}", strerror(ret)))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// What `progress` reports.
+#[derive(Debug)]
+pub enum Completion {
+    /// A send finished: its buffers are released; `ctx` is the caller's.
+    Sent { ctx: u64 },
+    /// A message arrived into a buffer given with `post_recv` (`buf.len() == len`);
+    /// `tag` is the sender's tag (the caller encodes the sender in it).
+    Received { buf: Vec<u8>, len: usize, tag: u64 },
+    /// A send failed (peer gone, ...): ctx of the send and a readable reason.
+    SendFailed { ctx: u64, reason: String },
+    /// A receive failed, typically a message longer than the buffer (truncated:
+    /// `buf` holds its first bytes). The buffer comes back to be posted again.
+    RecvFailed {
+        buf: Vec<u8>,
+        tag: u64,
+        reason: String,
+    },
+}
+
+fn strerror(ret: isize) -> String {
+    let code = ret.unsigned_abs() as c_int;
+    // SAFETY: fi_strerror returns a static string for any code.
+    let text = unsafe { CStr::from_ptr(sys::fi_strerror(code)) };
+    format!("{} (-{code})", text.to_string_lossy())
+}
+
+/// The per-operation state libfabric hands back in a completion. The
+/// fi_context2 must come first: its address is the operation's context.
+#[repr(C)]
+struct Op {
+    fi_ctx: sys::fi_context2,
+    kind: OpKind,
+    regions: Vec<*mut sys::fid_mr>,
+}
+
+enum OpKind {
+    Send {
+        ctx: u64,
+        // Held only to keep the memory alive until the completion.
+        _head: Vec<u8>,
+        _body: Option<Rc<Vec<u8>>>,
+    },
+    Recv {
+        buf: Vec<u8>,
+        /// Posting order, see `Endpoint::recv_order`.
+        seq: u64,
+    },
+}
+
+enum Waiter {
+    /// The CQ's fd, polled after fi_trywait says sleeping is safe.
+    Fd(c_int),
+    /// No fd (or Busy mode): no sleeping in the library. fi_cq_sread is not
+    /// used: with some providers' yield-based wait (shm in 1.17) it ignores its
+    /// timeout and would hang a single-threaded loop.
+    None,
+}
+
+const CQ_BATCH: usize = 64;
+/// How long `wait` sleeps when the provider has no wait fd.
+const NAP: Duration = Duration::from_micros(100);
+const FI_ADDR_UNSPEC: u64 = u64::MAX;
+
+/// One libfabric RDM endpoint with its fabric, domain, address vector and
+/// completion queue.
+pub struct Endpoint {
+    info: *mut sys::fi_info,
+    fabric: *mut sys::fid_fabric,
+    domain: *mut sys::fid_domain,
+    av: *mut sys::fid_av,
+    cq: *mut sys::fid_cq,
+    ep: *mut sys::fid_ep,
+    waiter: Waiter,
+    progress_mode: Progress,
+    provider: String,
+    address: Vec<u8>,
+    peers: Vec<sys::fi_addr_t>,
+    ops: HashMap<usize, Box<Op>>,
+    sends: usize,
+    /// Receive completions are handed out in the order the buffers were
+    /// posted. Wildcard receives are matched in posting order and FI_ORDER_SAS
+    /// keeps each sender's messages in order, but providers may *complete*
+    /// them out of order (shm finishes a 2 KiB message before a 1 KiB one sent
+    /// earlier). Only already-matched transfers can hold others back.
+    recv_order: VecDeque<u64>,
+    recv_done: HashMap<u64, Completion>,
+    next_recv_seq: u64,
+    register_local: bool,
+    iov_limit: usize,
+    max_message: usize,
+}
+
+/// Owns a malloc'd C string until libfabric takes it (fi_freeinfo frees it).
+fn c_strdup(s: &str, field: &str) -> Result<*mut libc::c_char, Error> {
+    let c =
+        CString::new(s).map_err(|_| Error::new(format!("{field} `{s}` contains a NUL byte")))?;
+    // SAFETY: c is a valid C string; strdup copies it with malloc.
+    let p = unsafe { libc::strdup(c.as_ptr()) };
+    if p.is_null() {
+        return Err(Error::new("out of memory"));
+    }
+    Ok(p)
+}
+
+fn fi_version() -> u32 {
+    // SAFETY: a constant from the headers.
+    unsafe { sys::evb_fi_version() }
+}
+
+/// Hints shared by `open` and the listing of what is available.
+fn base_hints() -> Result<*mut sys::fi_info, Error> {
+    // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with all sub-attributes.
+    let hints = unsafe { sys::fi_dupinfo(ptr::null()) };
+    if hints.is_null() {
+        return Err(Error::new("libfabric fi_allocinfo failed"));
+    }
+    // SAFETY: hints and its attribute pointers were allocated just above.
+    unsafe {
+        (*hints).caps = sys::FI_TAGGED as u64;
+        (*(*hints).ep_attr).type_ = sys::fi_ep_type_FI_EP_RDM;
+    }
+    Ok(hints)
+}
+
+/// Provider names (and their domains) offering RDM tagged endpoints here.
+pub fn available_providers() -> Vec<String> {
+    let Ok(hints) = base_hints() else {
+        return Vec::new();
+    };
+    let mut list: Vec<(String, Vec<String>)> = Vec::new();
+    let mut info: *mut sys::fi_info = ptr::null_mut();
+    // SAFETY: valid hints; info is freed below.
+    let ret =
+        unsafe { sys::fi_getinfo(fi_version(), ptr::null(), ptr::null(), 0, hints, &mut info) };
+    if ret == 0 {
+        let mut cur = info;
+        while !cur.is_null() {
+            // SAFETY: walking the list libfabric returned.
+            unsafe {
+                let prov = cstr((*(*cur).fabric_attr).prov_name);
+                let dom = cstr((*(*cur).domain_attr).name);
+                match list.iter_mut().find(|(p, _)| *p == prov) {
+                    Some((_, doms)) => {
+                        if !doms.contains(&dom) {
+                            doms.push(dom)
+                        }
+                    }
+                    None => list.push((prov, vec![dom])),
+                }
+                cur = (*cur).next;
+            }
+        }
+        // SAFETY: info came from fi_getinfo.
+        unsafe { sys::fi_freeinfo(info) };
+    }
+    // SAFETY: hints came from fi_dupinfo.
+    unsafe { sys::fi_freeinfo(hints) };
+    list.into_iter()
+        .map(|(p, d)| format!("{p} (domains: {})", d.join(", ")))
+        .collect()
+}
+
+/// From a list fi_getinfo returned, a copy of the first entry on `domain`
+/// (null if none); the list is freed.
+fn take_domain(list: *mut sys::fi_info, domain: &str) -> *mut sys::fi_info {
+    let mut found = ptr::null_mut();
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: walking the list libfabric returned; fi_dupinfo copies one entry.
+        unsafe {
+            if cstr((*(*cur).domain_attr).name) == domain {
+                found = sys::fi_dupinfo(cur);
+                break;
+            }
+            cur = (*cur).next;
+        }
+    }
+    // SAFETY: list came from fi_getinfo.
+    unsafe { sys::fi_freeinfo(list) };
+    found
+}
+
+fn cstr(p: *const libc::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libfabric strings are NUL-terminated.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+impl Endpoint {
+    pub fn open(opts: &Options) -> Result<Endpoint, Error> {
+        let provider = provider_name(&opts.provider);
+        let hints = base_hints()?;
+        // SAFETY: hints is a fresh fi_info; strings are malloc'd and freed by fi_freeinfo.
+        unsafe {
+            (*hints).mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+            (*(*hints).tx_attr).msg_order = sys::FI_ORDER_SAS as u64;
+            (*(*hints).rx_attr).msg_order = sys::FI_ORDER_SAS as u64;
+            (*(*hints).domain_attr).threading = sys::fi_threading_FI_THREAD_DOMAIN;
+            // Registration for local buffers is handled; the other bits only
+            // concern RMA, which this endpoint never exposes.
+            (*(*hints).domain_attr).mr_mode = (sys::FI_MR_LOCAL
+                | sys::FI_MR_ALLOCATED
+                | sys::FI_MR_PROV_KEY
+                | sys::FI_MR_VIRT_ADDR) as c_int;
+            match c_strdup(&provider, "provider") {
+                Ok(p) => (*(*hints).fabric_attr).prov_name = p,
+                Err(e) => {
+                    sys::fi_freeinfo(hints);
+                    return Err(e);
+                }
+            }
+            if let Some(d) = &opts.domain {
+                match c_strdup(d, "domain") {
+                    Ok(p) => (*(*hints).domain_attr).name = p,
+                    Err(e) => {
+                        sys::fi_freeinfo(hints);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let mut info: *mut sys::fi_info = ptr::null_mut();
+        // SAFETY: valid hints.
+        let ret =
+            unsafe { sys::fi_getinfo(fi_version(), ptr::null(), ptr::null(), 0, hints, &mut info) };
+        // SAFETY: hints came from fi_dupinfo.
+        unsafe { sys::fi_freeinfo(hints) };
+        // Some layered providers (tcp;ofi_rxm) ignore the domain hint: pick the
+        // matching entry ourselves and free the rest.
+        if ret == 0 && !info.is_null() {
+            if let Some(d) = &opts.domain {
+                info = take_domain(info, d);
+            }
+        }
+        if ret != 0 || info.is_null() {
+            let wanted = match &opts.domain {
+                Some(d) => format!("provider `{}` ({provider}) on domain `{d}`", opts.provider),
+                None => format!("provider `{}` ({provider})", opts.provider),
+            };
+            let avail = available_providers();
+            let avail = if avail.is_empty() {
+                "none".to_string()
+            } else {
+                avail.join("; ")
+            };
+            return Err(Error::new(format!(
+                "libfabric has no {wanted} with reliable tagged messages (FI_EP_RDM, FI_TAGGED, FI_ORDER_SAS) on this machine: {}; available: {avail}",
+                strerror(ret as isize)
+            )));
+        }
+        let mut ep = Endpoint {
+            info,
+            fabric: ptr::null_mut(),
+            domain: ptr::null_mut(),
+            av: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            ep: ptr::null_mut(),
+            waiter: Waiter::None,
+            progress_mode: opts.progress,
+            provider: cstr(unsafe { (*(*info).fabric_attr).prov_name }),
+            address: Vec::new(),
+            peers: Vec::new(),
+            ops: HashMap::new(),
+            sends: 0,
+            recv_order: VecDeque::new(),
+            recv_done: HashMap::new(),
+            next_recv_seq: 0,
+            register_local: false,
+            iov_limit: 1,
+            max_message: opts.max_message,
+        };
+        // On error the partly built endpoint is dropped, which closes what was opened.
+        ep.setup()?;
+        Ok(ep)
+    }
+
+    fn setup(&mut self) -> Result<(), Error> {
+        let info = self.info;
+        // SAFETY: info is the first entry fi_getinfo returned; every fid is
+        // checked before use and closed in Drop.
+        unsafe {
+            self.register_local = (*(*info).domain_attr).mr_mode & sys::FI_MR_LOCAL as c_int != 0
+                || (*info).mode & sys::FI_LOCAL_MR != 0;
+            self.iov_limit = (*(*info).tx_attr).iov_limit.max(1);
+            let provider_max = (*(*info).ep_attr).max_msg_size;
+            if self.max_message > provider_max {
+                return Err(Error::new(format!(
+                    "max_message of {} bytes exceeds provider {}'s limit of {provider_max} bytes",
+                    self.max_message, self.provider
+                )));
+            }
+
+            let ret = sys::fi_fabric((*info).fabric_attr, &mut self.fabric, ptr::null_mut());
+            check("fi_fabric", ret as isize)?;
+            let ret = sys::evb_fi_domain(self.fabric, info, &mut self.domain, ptr::null_mut());
+            check("fi_domain", ret as isize)?;
+
+            let mut av_attr = sys::fi_av_attr {
+                type_: sys::fi_av_type_FI_AV_TABLE,
+                ..Default::default()
+            };
+            let ret = sys::evb_fi_av_open(self.domain, &mut av_attr, &mut self.av, ptr::null_mut());
+            check("fi_av_open", ret as isize)?;
+
+            self.open_cq()?;
+
+            let ret = sys::evb_fi_endpoint(self.domain, info, &mut self.ep, ptr::null_mut());
+            check("fi_endpoint", ret as isize)?;
+            let ret = sys::evb_fi_ep_bind(self.ep, &mut (*self.av).fid, 0);
+            check("fi_ep_bind(av)", ret as isize)?;
+            let ret = sys::evb_fi_ep_bind(
+                self.ep,
+                &mut (*self.cq).fid,
+                (sys::FI_TRANSMIT | sys::FI_RECV) as u64,
+            );
+            check("fi_ep_bind(cq)", ret as isize)?;
+            let ret = sys::evb_fi_enable(self.ep);
+            check("fi_enable", ret as isize)?;
+
+            let mut len: usize = 256;
+            let mut name = vec![0u8; len];
+            let mut ret =
+                sys::evb_fi_getname(&mut (*self.ep).fid, name.as_mut_ptr().cast(), &mut len);
+            if ret == -(sys::FI_ETOOSMALL as c_int) && len <= 64 * 1024 {
+                name.resize(len, 0);
+                ret = sys::evb_fi_getname(&mut (*self.ep).fid, name.as_mut_ptr().cast(), &mut len);
+            }
+            check("fi_getname", ret as isize)?;
+            name.truncate(len);
+            self.address = name;
+        }
+        Ok(())
+    }
+
+    /// Opens the CQ with the best wait object the provider accepts.
+    fn open_cq(&mut self) -> Result<(), Error> {
+        let choices: &[sys::fi_wait_obj] = match self.progress_mode {
+            Progress::Busy => &[sys::fi_wait_obj_FI_WAIT_NONE],
+            Progress::Blocking => &[sys::fi_wait_obj_FI_WAIT_FD, sys::fi_wait_obj_FI_WAIT_NONE],
+        };
+        let mut last = 0isize;
+        for &wait_obj in choices {
+            let mut attr = sys::fi_cq_attr {
+                format: sys::fi_cq_format_FI_CQ_FORMAT_TAGGED,
+                wait_obj,
+                ..Default::default()
+            };
+            // SAFETY: domain is open; attr lives across the call.
+            let ret = unsafe {
+                sys::evb_fi_cq_open(self.domain, &mut attr, &mut self.cq, ptr::null_mut())
+            };
+            if ret != 0 {
+                last = ret as isize;
+                self.cq = ptr::null_mut();
+                continue;
+            }
+            self.waiter = if wait_obj == sys::fi_wait_obj_FI_WAIT_FD {
+                let mut fd: c_int = -1;
+                // SAFETY: FI_GETWAIT on an FD CQ writes an int.
+                let ret = unsafe {
+                    sys::evb_fi_control(
+                        &mut (*self.cq).fid,
+                        sys::FI_GETWAIT as c_int,
+                        (&mut fd as *mut c_int).cast(),
+                    )
+                };
+                if ret == 0 && fd >= 0 {
+                    Waiter::Fd(fd)
+                } else {
+                    Waiter::None
+                }
+            } else {
+                Waiter::None
+            };
+            return Ok(());
+        }
+        Err(Error::call("fi_cq_open", last))
+    }
+
+    /// The full libfabric provider name in use (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Opaque bytes for peers' `add_peer`, to exchange out of band.
+    pub fn local_address(&self) -> Vec<u8> {
+        self.address.clone()
+    }
+
+    /// `Options::max_message`: the longest message sent or received.
+    pub fn max_message_size(&self) -> usize {
+        self.max_message
+    }
+
+    pub fn add_peer(&mut self, address: &[u8]) -> Result<PeerId, Error> {
+        if address.is_empty() || address.len() > 64 * 1024 {
+            return Err(Error::new(format!(
+                "peer address of {} bytes is not a libfabric address",
+                address.len()
+            )));
+        }
+        if address.len() != self.address.len() {
+            return Err(Error::new(format!(
+                "peer address of {} bytes does not fit provider {} (its addresses are {} bytes)",
+                address.len(),
+                self.provider,
+                self.address.len()
+            )));
+        }
+        let mut fi_addr: sys::fi_addr_t = FI_ADDR_UNSPEC;
+        // SAFETY: one address of the provider's length; av is open.
+        let ret = unsafe {
+            sys::evb_fi_av_insert(
+                self.av,
+                address.as_ptr().cast(),
+                1,
+                &mut fi_addr,
+                0,
+                ptr::null_mut(),
+            )
+        };
+        if ret != 1 {
+            return Err(Error::new(format!(
+                "libfabric fi_av_insert rejected the peer address: {}",
+                if ret < 0 {
+                    strerror(ret as isize)
+                } else {
+                    "not inserted".into()
+                }
+            )));
+        }
+        self.peers.push(fi_addr);
+        Ok(self.peers.len() - 1)
+    }
+
+    fn register(&self, ptr: *const u8, len: usize, access: u64) -> Result<*mut sys::fid_mr, Error> {
+        let mut mr: *mut sys::fid_mr = ptr::null_mut();
+        // SAFETY: ptr/len describe memory that outlives the registration (owned by the Op).
+        let ret = unsafe {
+            sys::evb_fi_mr_reg(
+                self.domain,
+                ptr.cast(),
+                len,
+                access,
+                0,
+                0,
+                0,
+                &mut mr,
+                ptr::null_mut(),
+            )
+        };
+        check("fi_mr_reg", ret as isize)?;
+        Ok(mr)
+    }
+
+    /// Hands a receive buffer to the endpoint; its capacity is the largest
+    /// message it accepts. It comes back in a Received or RecvFailed completion.
+    pub fn post_recv(&mut self, mut buf: Vec<u8>) -> Result<(), Error> {
+        buf.clear();
+        let cap = buf.capacity();
+        if cap < self.max_message {
+            return Err(Error::new(format!(
+                "post_recv: a {cap}-byte buffer is smaller than the endpoint's max_message ({} bytes)",
+                self.max_message
+            )));
+        }
+        let seq = self.next_recv_seq;
+        let mut op = Box::new(Op {
+            fi_ctx: Default::default(),
+            kind: OpKind::Recv { buf, seq },
+            regions: Vec::new(),
+        });
+        let data = match &mut op.kind {
+            OpKind::Recv { buf, .. } => buf.as_mut_ptr(),
+            OpKind::Send { .. } => unreachable!("just built as a receive"),
+        };
+        let mut desc: *mut c_void = ptr::null_mut();
+        if self.register_local {
+            let mr = self.register(data, cap, sys::FI_RECV as u64)?;
+            op.regions.push(mr);
+            // SAFETY: mr was just registered.
+            desc = unsafe { sys::evb_fi_mr_desc(mr) };
+        }
+        let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
+        // SAFETY: the buffer and context live in `op`, kept in self.ops until the completion.
+        let ret = unsafe {
+            sys::evb_fi_trecv(
+                self.ep,
+                data.cast(),
+                cap,
+                desc,
+                FI_ADDR_UNSPEC,
+                0,
+                u64::MAX,
+                ctx_ptr,
+            )
+        };
+        if ret != 0 {
+            self.release(op);
+            return Err(Error::call("fi_trecv", ret as isize));
+        }
+        self.ops.insert(ctx_ptr as usize, op);
+        self.next_recv_seq += 1;
+        self.recv_order.push_back(seq);
+        Ok(())
+    }
+
+    /// Sends `head ++ body[range]` as one message with `tag`. The endpoint keeps
+    /// `head` and the Rc until the Sent/SendFailed completion. Ok(false): the
+    /// library said "try again" (buffers dropped, nothing sent); call
+    /// `progress` and retry. Never blocks.
+    pub fn send(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        head: Vec<u8>,
+        body: Option<(Rc<Vec<u8>>, Range<usize>)>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        let Some(&dest) = self.peers.get(peer) else {
+            return Err(Error::new(format!(
+                "send to peer {peer}: only {} peers were added",
+                self.peers.len()
+            )));
+        };
+        let (body_rc, range) = match body {
+            Some((rc, range)) => {
+                if range.start > range.end || range.end > rc.len() {
+                    return Err(Error::new(format!(
+                        "send: body range {range:?} is outside its {}-byte buffer",
+                        rc.len()
+                    )));
+                }
+                (Some(rc), range)
+            }
+            None => (None, 0..0),
+        };
+        let total = head.len() + range.len();
+        if total > self.max_message {
+            return Err(Error::new(format!(
+                "send: a {total}-byte message exceeds the endpoint's max_message ({} bytes)",
+                self.max_message
+            )));
+        }
+        // Two pieces need two iov entries; a provider with one gets a copy.
+        let mut pieces: Vec<(*const u8, usize)> = Vec::with_capacity(2);
+        let (head, body_rc) = match body_rc {
+            Some(rc) if self.iov_limit < 2 && !range.is_empty() => {
+                let mut flat = head;
+                flat.extend_from_slice(&rc[range.clone()]);
+                (flat, None)
+            }
+            body_rc => (head, body_rc),
+        };
+        if !head.is_empty() || body_rc.is_none() {
+            pieces.push((head.as_ptr(), head.len()));
+        }
+        if let Some(rc) = &body_rc {
+            if !range.is_empty() {
+                pieces.push((rc[range.clone()].as_ptr(), range.len()));
+            }
+        }
+        if pieces.is_empty() {
+            pieces.push((head.as_ptr(), 0));
+        }
+        let mut op = Box::new(Op {
+            fi_ctx: Default::default(),
+            kind: OpKind::Send {
+                ctx,
+                _head: head,
+                _body: body_rc,
+            },
+            regions: Vec::new(),
+        });
+        let mut descs: Vec<*mut c_void> = vec![ptr::null_mut(); pieces.len()];
+        if self.register_local {
+            for (i, &(p, len)) in pieces.iter().enumerate() {
+                match self.register(p, len.max(1), sys::FI_SEND as u64) {
+                    Ok(mr) => {
+                        op.regions.push(mr);
+                        // SAFETY: mr was just registered.
+                        descs[i] = unsafe { sys::evb_fi_mr_desc(mr) };
+                    }
+                    Err(e) => {
+                        self.release(op);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|&(p, len)| libc::iovec {
+                iov_base: p as *mut c_void,
+                iov_len: len,
+            })
+            .collect();
+        let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
+        // SAFETY: the memory behind iov is owned by `op` (Vec heap data and the Rc),
+        // which stays in self.ops until the completion.
+        let ret = unsafe {
+            sys::evb_fi_tsendv(
+                self.ep,
+                iov.as_ptr().cast(),
+                descs.as_mut_ptr(),
+                iov.len(),
+                dest,
+                tag,
+                ctx_ptr,
+            )
+        };
+        if ret == -(sys::FI_EAGAIN as isize) {
+            self.release(op);
+            return Ok(false);
+        }
+        if ret != 0 {
+            self.release(op);
+            return Err(Error::call("fi_tsendv", ret as isize));
+        }
+        self.ops.insert(ctx_ptr as usize, op);
+        self.sends += 1;
+        Ok(true)
+    }
+
+    /// Sends in flight (posted, no completion yet).
+    pub fn outstanding_sends(&self) -> usize {
+        self.sends
+    }
+
+    /// Receive buffers posted and not yet returned.
+    pub fn posted_recvs(&self) -> usize {
+        self.ops.len() - self.sends
+    }
+
+    #[allow(clippy::boxed_local)] // ops live boxed: their address is the libfabric context
+    fn release(&self, op: Box<Op>) -> OpKind {
+        for &mr in &op.regions {
+            // SAFETY: registered by us, no operation uses it any more.
+            unsafe { sys::evb_fi_close(&mut (*mr).fid) };
+        }
+        op.kind
+    }
+
+    /// Non-blocking: drives the library and appends completions to `out`.
+    pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
+        loop {
+            // SAFETY: entries has room for CQ_BATCH tagged entries.
+            let n = unsafe { sys::evb_fi_cq_read(self.cq, entries.as_mut_ptr().cast(), CQ_BATCH) };
+            if n > 0 {
+                for e in &entries[..n as usize] {
+                    self.complete(e, out)?;
+                }
+                if (n as usize) < CQ_BATCH {
+                    return Ok(());
+                }
+            } else if n == -(sys::FI_EAGAIN as isize) {
+                return Ok(());
+            } else if n == -(sys::FI_EAVAIL as isize) {
+                self.complete_error(out)?;
+            } else {
+                return Err(Error::call("fi_cq_read", n));
+            }
+        }
+    }
+
+    fn take_op(&mut self, context: *mut c_void) -> Result<OpKind, Error> {
+        let op = self.ops.remove(&(context as usize)).ok_or_else(|| {
+            Error::new("libfabric completed an operation this endpoint did not post")
+        })?;
+        if matches!(op.kind, OpKind::Send { .. }) {
+            self.sends -= 1;
+        }
+        Ok(self.release(op))
+    }
+
+    fn complete(
+        &mut self,
+        e: &sys::fi_cq_tagged_entry,
+        out: &mut Vec<Completion>,
+    ) -> Result<(), Error> {
+        match self.take_op(e.op_context)? {
+            OpKind::Send { ctx, .. } => out.push(Completion::Sent { ctx }),
+            OpKind::Recv { mut buf, seq } => {
+                let len = e.len.min(buf.capacity());
+                // SAFETY: the provider wrote `len` bytes into the buffer.
+                unsafe { buf.set_len(len) };
+                self.recv_finished(
+                    seq,
+                    Completion::Received {
+                        buf,
+                        len,
+                        tag: e.tag,
+                    },
+                    out,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_error(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        let mut err = sys::fi_cq_err_entry::default();
+        // SAFETY: err is a valid error entry buffer.
+        let ret = unsafe { sys::evb_fi_cq_readerr(self.cq, &mut err, 0) };
+        if ret == -(sys::FI_EAGAIN as isize) {
+            return Ok(());
+        }
+        if ret < 0 {
+            return Err(Error::call("fi_cq_readerr", ret));
+        }
+        let mut reason = strerror(err.err as isize);
+        if err.prov_errno != 0 {
+            let mut text = [0 as libc::c_char; 256];
+            // SAFETY: the provider formats into `text` (or returns its own string).
+            let detail = unsafe {
+                cstr(sys::evb_fi_cq_strerror(
+                    self.cq,
+                    err.prov_errno,
+                    err.err_data,
+                    text.as_mut_ptr(),
+                    text.len(),
+                ))
+            };
+            if !detail.is_empty() {
+                reason = format!("{reason}: {detail}");
+            }
+        }
+        match self.take_op(err.op_context)? {
+            OpKind::Send { ctx, .. } => out.push(Completion::SendFailed { ctx, reason }),
+            OpKind::Recv { mut buf, seq } => {
+                if err.err == sys::FI_ETRUNC as c_int {
+                    reason = format!(
+                        "message of {} bytes truncated to the {}-byte receive buffer",
+                        err.len + err.olen,
+                        buf.capacity()
+                    );
+                }
+                let len = err.len.min(buf.capacity());
+                // SAFETY: the provider wrote `len` bytes before failing.
+                unsafe { buf.set_len(len) };
+                self.recv_finished(
+                    seq,
+                    Completion::RecvFailed {
+                        buf,
+                        tag: err.tag,
+                        reason,
+                    },
+                    out,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn recv_finished(&mut self, seq: u64, done: Completion, out: &mut Vec<Completion>) {
+        self.recv_done.insert(seq, done);
+        while let Some(front) = self.recv_order.front() {
+            let Some(done) = self.recv_done.remove(front) else {
+                break;
+            };
+            self.recv_order.pop_front();
+            out.push(done);
+        }
+    }
+
+    /// Blocks until something may have happened or `timeout` passed. In Busy
+    /// mode returns at once. Spurious wake-ups happen; call `progress` after.
+    pub fn wait(&mut self, timeout: Duration) -> Result<(), Error> {
+        if self.progress_mode == Progress::Busy {
+            return Ok(());
+        }
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int;
+        match self.waiter {
+            Waiter::Fd(fd) => {
+                let mut fids = [unsafe { &mut (*self.cq).fid as *mut sys::fid }];
+                // SAFETY: one open CQ fid.
+                let ret = unsafe { sys::evb_fi_trywait(self.fabric, fids.as_mut_ptr(), 1) };
+                if ret == -(sys::FI_EAGAIN as c_int) {
+                    return Ok(()); // completions or internal work pending: don't sleep
+                }
+                check("fi_trywait", ret as isize)?;
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                let ret = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if ret < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    return Err(Error::new(format!(
+                        "poll on the libfabric wait fd: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                Ok(())
+            }
+            Waiter::None => {
+                // The provider cannot sleep for us: a short nap keeps the core
+                // mostly free at the price of up to NAP of added latency.
+                std::thread::sleep(timeout.min(NAP));
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check(what: &str, ret: isize) -> Result<(), Error> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(Error::call(what, ret))
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: every fid was opened by setup (null ones are skipped); closing
+        // the endpoint first ends all its operations, so their buffers and
+        // registrations can go after it.
+        unsafe {
+            if !self.ep.is_null() {
+                sys::evb_fi_close(&mut (*self.ep).fid);
+            }
+            for (_, op) in std::mem::take(&mut self.ops) {
+                self.release(op);
+            }
+            self.sends = 0;
+            if !self.av.is_null() {
+                sys::evb_fi_close(&mut (*self.av).fid);
+            }
+            if !self.cq.is_null() {
+                sys::evb_fi_close(&mut (*self.cq).fid);
+            }
+            if !self.domain.is_null() {
+                sys::evb_fi_close(&mut (*self.domain).fid);
+            }
+            if !self.fabric.is_null() {
+                sys::evb_fi_close(&mut (*self.fabric).fid);
+            }
+            if !self.info.is_null() {
+                sys::fi_freeinfo(self.info);
+            }
+        }
+    }
+}
