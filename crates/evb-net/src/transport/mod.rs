@@ -18,6 +18,7 @@
 pub mod auth;
 pub mod mpi;
 pub mod msg;
+pub mod ofi;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;
