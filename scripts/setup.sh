@@ -35,7 +35,6 @@ if ! command -v cargo >/dev/null 2>&1; then
   }
 fi
 
-# --- evb-store: MinIO, the real S3 server the store's tests run against ---
-# Built once from its Go module into ~/.cache/evb/minio (scripts/minio.sh);
-# skipped when already there. Needs the Go toolchain of the machine.
-"$(dirname "$0")/minio.sh" install
+# The tests also need MinIO (the real S3 server of the store tests): it is
+# built from its Go module by scripts/test.sh (scripts/minio.sh install),
+# not here, so that setting up to run `evb run` stays quick.

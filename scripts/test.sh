@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# MinIO for the event-store S3 tests: built once from its Go module into
+# ~/.cache/evb/minio, skipped when already there.
+./scripts/minio.sh install
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
