@@ -328,6 +328,20 @@ impl<E: Endpoint> MsgTransport<E> {
     }
 }
 
+/// A receive buffer an engine gave back shortened to the message, at its
+/// full length `max` again. Every buffer handed to an engine comes from
+/// `vec![0; max]` (see `RxHandler::spare_buffer`) and engines only write
+/// bytes, so the bytes past the received length are initialised.
+pub fn full_length(mut buf: Vec<u8>, max: usize) -> Vec<u8> {
+    if buf.capacity() >= max && buf.len() < max {
+        // SAFETY: initialised u8s within the capacity, as explained above.
+        unsafe { buf.set_len(max) };
+    } else if buf.len() < max {
+        buf.resize(max, 0);
+    }
+    buf
+}
+
 /// Hex for the `LISTEN` token of an engine address.
 pub fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

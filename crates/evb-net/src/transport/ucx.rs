@@ -45,17 +45,8 @@ impl UcxEndpoint {
         })
     }
 
-    /// A returned buffer at its full length again. Every buffer given to
-    /// UCX came from `vec![0; max_message]` and UCX only writes bytes, so
-    /// the bytes past the received length are initialised.
-    fn full_length(&self, mut buf: Vec<u8>) -> Vec<u8> {
-        if buf.capacity() >= self.max_message && buf.len() < self.max_message {
-            // SAFETY: see above: initialised u8s within the capacity.
-            unsafe { buf.set_len(self.max_message) };
-        } else if buf.len() < self.max_message {
-            buf.resize(self.max_message, 0);
-        }
-        buf
+    fn full_length(&self, buf: Vec<u8>) -> Vec<u8> {
+        super::msg::full_length(buf, self.max_message)
     }
 }
 
