@@ -160,6 +160,13 @@ pub fn run(args: SimArgs) -> Result<()> {
             "event builder: {} events built, {} batches incomplete, {:.2} Gb/s built per node; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
             eb.events_built, eb.batches_incomplete, eb.built_gbps_per_node, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
         );
+        if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
+            println!(
+                "readout throttle: {:.1}% of the time, {} events vetoed at the source",
+                eb.throttled_fraction * 100.0,
+                eb.events_vetoed
+            );
+        }
     }
     if let Some(c) = &result.consumers {
         println!(

@@ -144,6 +144,10 @@ pub struct EventBuilderSection {
     pub drain_timeout_ms: u64,
     /// Upper bound for any message body, checked before allocation.
     pub max_message_bytes: u64,
+    /// With `source.mep_rate_hz`: MEPs the readout may hold that are not yet
+    /// built (waiting for a BU, in flight or being built) before it is
+    /// throttled; the RUs' buffer memory is this many MEP fragments.
+    pub ru_buffer_meps: u32,
 }
 
 impl Default for EventBuilderSection {
@@ -158,6 +162,7 @@ impl Default for EventBuilderSection {
             batch_timeout_ms: 2000,
             drain_timeout_ms: 10000,
             max_message_bytes: 64 << 20,
+            ru_buffer_meps: 16,
         }
     }
 }
@@ -176,6 +181,9 @@ pub struct SourceSection {
     pub histogram: String,
     /// Largest event fragment the source may produce (normal draws are clamped).
     pub max_fragment_bytes: u32,
+    /// MEPs per second the readout delivers whether or not the event builder
+    /// keeps up (0: a MEP is made whenever a BU has credit).
+    pub mep_rate_hz: f64,
 }
 
 impl Default for SourceSection {
@@ -187,6 +195,7 @@ impl Default for SourceSection {
             std_bytes: 64,
             histogram: String::new(),
             max_fragment_bytes: 4096,
+            mep_rate_hz: 0.0,
         }
     }
 }
@@ -614,6 +623,19 @@ impl Config {
         }
         if self.source.events_per_mep == 0 {
             return Err(err("source.events_per_mep", "must be at least 1".into()));
+        }
+        if !(self.source.mep_rate_hz.is_finite() && (0.0..=1e9).contains(&self.source.mep_rate_hz))
+        {
+            return Err(err(
+                "source.mep_rate_hz",
+                "must be between 0 (unpaced) and 1e9 MEPs per second".into(),
+            ));
+        }
+        if eb.ru_buffer_meps == 0 {
+            return Err(err(
+                "event_builder.ru_buffer_meps",
+                "must be at least 1".into(),
+            ));
         }
         match self.source.size {
             SizeModel::Histogram => {

@@ -6,9 +6,18 @@
 //! credit and gives the EM the exact accounting of the run: when a BU is
 //! lost, the MEPs it had not finished are counted lost, by name. When an RU
 //! is lost, the BUs are told to build later MEPs without it.
+//!
+//! Paced readout (`source.mep_rate_hz` > 0): the detector delivers a MEP
+//! every 1/rate seconds whether or not the event builder keeps up, the way
+//! a readout supervisor sends its triggers. A MEP waits in the RUs' buffers
+//! until a BU has credit. When the MEPs not yet built reach
+//! `event_builder.ru_buffer_meps`, the readout is throttled: the MEPs of
+//! the throttled time are vetoed at the source (never read out, counted
+//! apart), so RU memory stays bounded and nothing already read out is lost.
 
 use std::collections::BTreeSet;
 
+use crate::bu::Nanos;
 use crate::layout::Layout;
 use crate::wire::{outcome, MepId, Message, NodeId};
 
@@ -26,6 +35,40 @@ pub struct EmStats {
     /// BU and RU endpoints lost during the run.
     pub bus_lost: Vec<NodeId>,
     pub rus_lost: Vec<NodeId>,
+    /// Paced readout: MEPs vetoed at the source while throttled (never
+    /// read out), time throttled and how many times it started.
+    pub meps_vetoed: u64,
+    pub throttled_ns: u64,
+    pub throttle_episodes: u64,
+    /// Paced readout: MEPs read out and waiting for a BU when every BU was
+    /// gone (counted lost with this reason).
+    pub meps_lost_no_bu: u64,
+    /// Paced readout: most MEPs waiting for a BU at once, and most not yet
+    /// built at once (the RU buffer occupancy the throttle bounds).
+    pub max_waiting: u64,
+    pub max_unbuilt: u64,
+}
+
+/// The readout's clock, when it delivers MEPs at a fixed rate.
+#[derive(Debug, Clone)]
+struct Pacing {
+    rate_hz: f64,
+    /// MEPs not yet built the RUs may hold.
+    buffer_meps: u64,
+    /// Time of trigger slot 0 (set when the run starts).
+    epoch: Option<Nanos>,
+    /// Trigger slots elapsed so far.
+    slots: u64,
+    /// MEPs read out and not yet assigned to a BU.
+    waiting: u64,
+    /// Since when the readout is throttled.
+    throttled_since: Option<Nanos>,
+}
+
+impl Pacing {
+    fn slot_time(&self, epoch: Nanos, slot: u64) -> Nanos {
+        epoch + (slot as f64 * 1e9 / self.rate_hz) as Nanos
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +89,10 @@ pub struct EventManager {
     max_meps: u64,
     stopped: bool,
     stalled: bool,
+    /// Paced readout: the run is ending; EndOfRun goes out once the MEPs
+    /// waiting for a BU are assigned.
+    stop_requested: bool,
+    pacing: Option<Pacing>,
     pub stats: EmStats,
 }
 
@@ -64,7 +111,115 @@ impl EventManager {
             max_meps,
             stopped: false,
             stalled: false,
+            stop_requested: false,
+            pacing: None,
             stats: EmStats::default(),
+        }
+    }
+
+    /// Paces the readout at `rate_hz` MEPs per second with at most
+    /// `buffer_meps` MEPs not yet built (0 Hz: unpaced).
+    pub fn paced(mut self, rate_hz: f64, buffer_meps: u32) -> EventManager {
+        self.pacing = (rate_hz > 0.0).then_some(Pacing {
+            rate_hz,
+            buffer_meps: u64::from(buffer_meps.max(1)),
+            epoch: None,
+            slots: 0,
+            waiting: 0,
+            throttled_since: None,
+        });
+        self
+    }
+
+    /// The run starts at `now`: the readout's first trigger slot.
+    pub fn start(&mut self, now: Nanos) {
+        if let Some(p) = &mut self.pacing {
+            p.epoch.get_or_insert(now);
+        }
+    }
+
+    /// Paced readout: MEPs read out and waiting for a BU.
+    pub fn waiting(&self) -> u64 {
+        self.pacing.as_ref().map_or(0, |p| p.waiting)
+    }
+
+    /// Paced readout: when the next MEP arrives from the detector.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        let p = self.pacing.as_ref()?;
+        if self.stopped || self.stop_requested {
+            return None;
+        }
+        Some(p.slot_time(p.epoch?, p.slots + 1))
+    }
+
+    /// Paced readout: the trigger slots up to `now` deliver their MEPs, or
+    /// are vetoed while the RU buffers are full.
+    pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<(NodeId, Message)>) {
+        if self.stopped || self.stop_requested {
+            return;
+        }
+        let unbuilt = self.outstanding() as u64;
+        let Some(p) = &mut self.pacing else {
+            return;
+        };
+        let Some(epoch) = p.epoch else {
+            return;
+        };
+        let due_slots = ((now.saturating_sub(epoch)) as f64 * p.rate_hz / 1e9) as u64;
+        let mut due = due_slots.saturating_sub(p.slots);
+        if self.max_meps != 0 {
+            // Slots past the MEP budget deliver nothing: the run stops.
+            due = due.min(self.max_meps.saturating_sub(self.next_mep + p.waiting));
+        }
+        if due == 0 {
+            if self.max_meps != 0 && self.next_mep + p.waiting >= self.max_meps {
+                self.stop(out);
+            }
+            return;
+        }
+        let room = p.buffer_meps.saturating_sub(p.waiting + unbuilt);
+        let accepted = due.min(room);
+        if accepted > 0 {
+            if let Some(since) = p.throttled_since.take() {
+                // The first slot with room ends the throttle.
+                let end = p.slot_time(epoch, p.slots + 1);
+                self.stats.throttled_ns += end.saturating_sub(since);
+            }
+            p.waiting += accepted;
+        }
+        if due > accepted {
+            self.stats.meps_vetoed += due - accepted;
+            if p.throttled_since.is_none() {
+                self.stats.throttle_episodes += 1;
+                p.throttled_since = Some(p.slot_time(epoch, p.slots + accepted + 1));
+            }
+        }
+        p.slots += due;
+        self.stats.max_waiting = self.stats.max_waiting.max(p.waiting);
+        self.stats.max_unbuilt = self.stats.max_unbuilt.max(p.waiting + unbuilt);
+        self.assign(out);
+        if self.max_meps != 0 {
+            let p = self.pacing.as_ref().expect("paced");
+            if self.next_mep + p.waiting >= self.max_meps {
+                self.stop(out);
+            }
+        }
+    }
+
+    /// Time throttled up to `now`, including a throttle still on.
+    pub fn throttled_ns_at(&self, now: Nanos) -> u64 {
+        let open = self
+            .pacing
+            .as_ref()
+            .and_then(|p| p.throttled_since)
+            .map_or(0, |since| now.saturating_sub(since));
+        self.stats.throttled_ns + open
+    }
+
+    /// Closes the throttle bookkeeping at the end of the run.
+    pub fn end_throttle(&mut self, now: Nanos) {
+        if let Some(since) = self.pacing.as_mut().and_then(|p| p.throttled_since.take()) {
+            self.stats.throttled_ns += now.saturating_sub(since);
         }
     }
 
@@ -154,7 +309,12 @@ impl EventManager {
             }
         }
         if self.bu_lost.iter().all(|&l| l) && !self.stopped {
-            // Nobody left to build: the run is over.
+            // Nobody left to build: the run is over, and what the readout
+            // holds for a BU can never be built.
+            if let Some(p) = &mut self.pacing {
+                self.stats.meps_lost_no_bu += p.waiting;
+                p.waiting = 0;
+            }
             self.stop(out);
         } else {
             self.assign(out);
@@ -162,8 +322,13 @@ impl EventManager {
     }
 
     /// Stops assigning and tells every endpoint how many MEPs exist.
+    /// Paced readout: MEPs already read out are assigned first.
     pub fn stop(&mut self, out: &mut Vec<(NodeId, Message)>) {
         if self.stopped {
+            return;
+        }
+        if self.waiting() > 0 {
+            self.stop_requested = true;
             return;
         }
         self.stopped = true;
@@ -179,9 +344,21 @@ impl EventManager {
 
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {
         while !self.stopped {
-            if self.max_meps != 0 && self.next_mep >= self.max_meps {
-                self.stop(out);
-                return;
+            match &self.pacing {
+                // Paced: only MEPs the readout delivered are assigned.
+                Some(p) if p.waiting == 0 => {
+                    if self.stop_requested {
+                        self.stop_requested = false;
+                        self.stop(out);
+                    }
+                    return;
+                }
+                Some(_) => {}
+                None if self.max_meps != 0 && self.next_mep >= self.max_meps => {
+                    self.stop(out);
+                    return;
+                }
+                None => {}
             }
             let n = self.credits.len();
             let Some(bu) = (0..n)
@@ -195,6 +372,9 @@ impl EventManager {
                 return;
             };
             self.stalled = false;
+            if let Some(p) = &mut self.pacing {
+                p.waiting -= 1;
+            }
             self.credits[bu] -= 1;
             self.next_bu = (bu + 1) % n;
             let mep = self.next_mep;
@@ -211,5 +391,106 @@ impl EventManager {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn layout(nodes: u16) -> Layout {
+        let mut config = Config::default();
+        config.nodes.count = nodes;
+        Layout::from_config(&config)
+    }
+
+    fn assigns(out: &[(NodeId, Message)], bu: NodeId) -> usize {
+        out.iter()
+            .filter(|(to, m)| *to == bu && matches!(m, Message::Assign { .. }))
+            .count()
+    }
+
+    const MS: Nanos = 1_000_000;
+
+    #[test]
+    fn paced_readout_delivers_at_its_rate_and_throttles_when_the_buffer_is_full() {
+        let l = layout(2);
+        // 1000 MEPs/s, at most 4 MEPs not yet built.
+        let mut em = EventManager::new(&l, 0).paced(1000.0, 4);
+        let mut out = Vec::new();
+        em.start(0);
+        em.on_credit(0, 2, &mut out);
+        assert!(out.is_empty(), "nothing read out yet, nothing to assign");
+        assert_eq!(em.next_deadline(), Some(MS));
+        em.on_timeout(3 * MS, &mut out);
+        // Three MEPs arrived, two BU credits: two assigned, one waits.
+        assert_eq!(assigns(&out, 0), 2);
+        assert_eq!(em.waiting(), 1);
+        assert_eq!(em.stats.meps_vetoed, 0);
+        // 5 more slots: room for 1 (4 - 2 outstanding - 1 waiting); 4 vetoed
+        // from slot 5 on.
+        em.on_timeout(8 * MS, &mut out);
+        assert_eq!(em.waiting(), 2);
+        assert_eq!(em.stats.meps_vetoed, 4);
+        assert_eq!(em.stats.throttle_episodes, 1);
+        assert_eq!(em.stats.max_unbuilt, 4);
+        // A BU finishes one MEP: a waiting one takes its credit.
+        out.clear();
+        em.on_finished(0, 0, outcome::BUILT, &mut out);
+        assert_eq!(assigns(&out, 0), 1);
+        assert_eq!(em.waiting(), 1);
+        // Slot 9 finds room: the throttle (since slot 5, 5 ms) ends at 9 ms.
+        em.on_timeout(9 * MS, &mut out);
+        assert_eq!(em.stats.throttled_ns, 4 * MS);
+        assert_eq!(em.stats.meps_vetoed, 4);
+        assert_eq!(em.waiting(), 2);
+        // Stop: the waiting MEPs are assigned before EndOfRun goes out.
+        out.clear();
+        em.stop(&mut out);
+        assert!(!em.is_stopped());
+        assert!(out.is_empty());
+        for mep in [1, 2] {
+            em.on_finished(0, mep, outcome::BUILT, &mut out);
+        }
+        assert!(em.waiting() == 0 && em.is_stopped(), "{out:?}");
+        let end = out.iter().find_map(|(_, m)| match m {
+            Message::EndOfRun { meps } => Some(*meps),
+            _ => None,
+        });
+        // Slots 1..=9 read out 9 MEPs, 4 vetoed: 5 exist.
+        assert_eq!(end, Some(5));
+        assert_eq!(em.stats.meps_assigned, 5);
+        assert_eq!(em.next_deadline(), None);
+    }
+
+    #[test]
+    fn paced_readout_stops_at_max_meps_and_accounts_waiting_meps_when_all_bus_die() {
+        let l = layout(2);
+        let mut em = EventManager::new(&l, 3).paced(1000.0, 16);
+        let mut out = Vec::new();
+        em.start(0);
+        em.on_timeout(10 * MS, &mut out);
+        assert_eq!(em.waiting(), 3, "no more than max_meps read out");
+        em.on_credit(1, 1, &mut out);
+        assert_eq!(em.waiting(), 2);
+        assert!(!em.is_stopped(), "waits to assign what was read out");
+        for node in [0, 1] {
+            em.on_node_lost(node, &l, &mut out);
+        }
+        assert!(em.is_stopped());
+        assert_eq!(em.stats.meps_lost_no_bu, 2);
+        assert_eq!(em.stats.meps_lost_bu_gone, 1);
+    }
+
+    #[test]
+    fn unpaced_manager_has_no_clock() {
+        let l = layout(2);
+        let mut em = EventManager::new(&l, 0).paced(0.0, 4);
+        em.start(5);
+        assert_eq!(em.next_deadline(), None);
+        let mut out = Vec::new();
+        em.on_credit(0, 2, &mut out);
+        assert_eq!(assigns(&out, 0), 2);
     }
 }

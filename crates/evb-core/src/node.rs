@@ -99,7 +99,12 @@ impl Node {
             id,
             layout: layout.clone(),
             local: config.event_builder.local,
-            em: (id == layout.em).then(|| EventManager::new(layout, config.run.max_meps)),
+            em: (id == layout.em).then(|| {
+                EventManager::new(layout, config.run.max_meps).paced(
+                    config.source.mep_rate_hz,
+                    config.event_builder.ru_buffer_meps,
+                )
+            }),
             ru: layout.ru_of[i].map(|s| ReadoutUnit::new(config, layout, s)),
             bu: layout.bu_of[i].map(|_| BuilderUnit::new(config, layout, id)),
             fu: layout.fu_of[i].map(|_| FilterUnit::new(config, layout, id)),
@@ -147,6 +152,9 @@ impl Node {
     /// Starts the run: the BU grants its credits.
     pub fn start(&mut self, now: Nanos) {
         self.tick(now);
+        if let Some(em) = &mut self.em {
+            em.start(now);
+        }
         if let Some(bu) = &mut self.bu {
             bu.start(&mut self.bu_out);
         }
@@ -160,6 +168,7 @@ impl Node {
     pub fn stop(&mut self, now: Nanos) {
         self.tick(now);
         if let Some(em) = &mut self.em {
+            em.end_throttle(now);
             em.stop(&mut self.em_out);
         }
         self.flush(now);
@@ -252,7 +261,8 @@ impl Node {
         let bu = self.bu.as_ref().and_then(BuilderUnit::next_deadline);
         let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
         let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
-        bu.into_iter().chain(ru).chain(fu).min()
+        let em = self.em.as_ref().and_then(EventManager::next_deadline);
+        bu.into_iter().chain(ru).chain(fu).chain(em).min()
     }
 
     pub fn on_timeout(&mut self, now: Nanos) {
@@ -265,6 +275,9 @@ impl Node {
         }
         if let Some(fu) = &mut self.fu {
             fu.on_timeout(now, &mut self.fu_out);
+        }
+        if let Some(em) = &mut self.em {
+            em.on_timeout(now, &mut self.em_out);
         }
         self.flush(now);
     }

@@ -39,6 +39,8 @@ pub struct RuStats {
     pub requests_unexpected: u64,
     /// Most transfers ever in flight at once.
     pub max_in_flight: u32,
+    /// Most assigned MEPs held at once (the RU buffer occupancy).
+    pub max_held: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +81,8 @@ pub struct ReadoutUnit {
     wait_ns: Nanos,
     rng: Pcg64Mcg,
     in_flight: u32,
+    /// Assigned MEPs held (data produced or to be produced, not released).
+    held_assigned: u64,
     /// Unassigned requests kept at most (guards against a flood of junk).
     max_orphan_requests: usize,
     orphan_requests: usize,
@@ -107,6 +111,7 @@ impl ReadoutUnit {
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
             in_flight: 0,
+            held_assigned: 0,
             max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
             orphan_requests: 0,
             stats: RuStats::default(),
@@ -173,6 +178,8 @@ impl ReadoutUnit {
         }
         entry.assigned = true;
         entry.bu = bu;
+        self.held_assigned += 1;
+        self.stats.max_held = self.stats.max_held.max(self.held_assigned);
         out.push(RuAction::Produce { mep });
     }
 
@@ -257,7 +264,10 @@ impl ReadoutUnit {
             Some(h) if h.bu == bu && !h.sent => {
                 let h = self.held.remove(&mep).expect("just seen");
                 if h.assigned {
-                    out.push(RuAction::Release { mep });
+                    {
+                        self.held_assigned -= 1;
+                        out.push(RuAction::Release { mep });
+                    }
                 } else if h.requested {
                     self.orphan_requests -= 1;
                 }
@@ -274,7 +284,10 @@ impl ReadoutUnit {
             if h.sent {
                 self.held.remove(&mep);
                 self.in_flight -= 1;
-                out.push(RuAction::Release { mep });
+                {
+                    self.held_assigned -= 1;
+                    out.push(RuAction::Release { mep });
+                }
             }
         }
         self.pump(out);
@@ -288,7 +301,10 @@ impl ReadoutUnit {
             for mep in self.queues[idx as usize].drain(..) {
                 self.queued -= 1;
                 self.held.remove(&mep);
-                out.push(RuAction::Release { mep });
+                {
+                    self.held_assigned -= 1;
+                    out.push(RuAction::Release { mep });
+                }
             }
         }
         let unsent: Vec<MepId> = self
@@ -300,7 +316,10 @@ impl ReadoutUnit {
         for mep in unsent {
             if let Some(h) = self.held.remove(&mep) {
                 if h.header.is_some() || h.assigned {
-                    out.push(RuAction::Release { mep });
+                    {
+                        self.held_assigned -= 1;
+                        out.push(RuAction::Release { mep });
+                    }
                 }
                 if (h.requested || h.abandoned) && !h.assigned {
                     self.orphan_requests -= 1;

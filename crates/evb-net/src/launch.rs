@@ -618,6 +618,19 @@ pub fn format_summary(result: &RunResult) -> String {
     if s.events_lost_bu_gone > 0 {
         out += &format!("lost with a dead BU: {} events\n", s.events_lost_bu_gone);
     }
+    if s.events_lost_no_bu > 0 {
+        out += &format!("lost with no BU left: {} events\n", s.events_lost_no_bu);
+    }
+    if s.throttle_episodes > 0 || s.max_unbuilt_meps > 0 {
+        out += &format!(
+            "readout throttle: {:.3} s throttled ({:.1}% of the run) in {} episodes, {} events vetoed at the source; at most {} MEPs not yet built\n",
+            s.throttled_s,
+            if s.duration_s > 0.0 { 100.0 * s.throttled_s / s.duration_s } else { 0.0 },
+            s.throttle_episodes,
+            s.events_vetoed,
+            s.max_unbuilt_meps
+        );
+    }
     for (src, &m) in s.missing_by_source.iter().enumerate() {
         if m > 0 {
             out += &format!("source {src} was missing from {m} incomplete batches\n");

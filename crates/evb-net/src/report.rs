@@ -69,6 +69,9 @@ pub struct NodeReport {
     pub fragments_unexpected: u64,
     pub control_rejected: u64,
     pub max_in_flight: u32,
+    /// (RU) Most assigned MEPs held at once: the RU buffer occupancy.
+    #[serde(default)]
+    pub max_meps_held: u64,
     pub max_open_batches: u32,
     pub latency_ns: Latency,
     /// Non-empty latency histogram buckets (value ns, count), for merging.
@@ -91,6 +94,19 @@ pub struct NodeReport {
     pub em_meps_corrupt: u64,
     #[serde(default)]
     pub em_meps_lost_bu_gone: u64,
+    /// (EM, paced readout) MEPs vetoed at the source while throttled, time
+    /// throttled (s), throttle episodes, MEPs read out and lost for want of
+    /// any BU, most MEPs not yet built at once (the bounded RU buffer).
+    #[serde(default)]
+    pub em_meps_vetoed: u64,
+    #[serde(default)]
+    pub em_throttled_s: f64,
+    #[serde(default)]
+    pub em_throttle_episodes: u64,
+    #[serde(default)]
+    pub em_meps_lost_no_bu: u64,
+    #[serde(default)]
+    pub em_max_unbuilt: u64,
     /// The drain period ran out before everything was finished.
     #[serde(default)]
     pub drain_timed_out: bool,
@@ -152,12 +168,18 @@ impl NodeReport {
             r.fragments_sent = ru.fragments_sent;
             r.bytes_sent = ru.bytes_sent;
             r.max_in_flight = ru.max_in_flight;
+            r.max_meps_held = ru.max_held;
         }
         if let Some(bu) = &s.bu {
             r.add_bu(bu, full);
         }
         if let Some(em) = &s.em {
             r.em_credit_stalls = em.credit_stalls;
+            r.em_meps_vetoed = em.meps_vetoed;
+            r.em_throttled_s = em.throttled_ns as f64 * 1e-9;
+            r.em_throttle_episodes = em.throttle_episodes;
+            r.em_meps_lost_no_bu = em.meps_lost_no_bu;
+            r.em_max_unbuilt = em.max_unbuilt;
         }
         if let Some(fu) = &s.fu {
             r.batches_consumed = fu.batches_consumed;
@@ -286,6 +308,21 @@ pub struct Summary {
     pub nodes_missing: Vec<u16>,
     /// Of `events_lost`: events of MEPs whose BU was lost before finishing them.
     pub events_lost_bu_gone: u64,
+    /// Of `events_lost` (paced readout): events read out while no BU was left.
+    #[serde(default)]
+    pub events_lost_no_bu: u64,
+    /// Paced readout (`source.mep_rate_hz`): events vetoed at the source
+    /// while the readout was throttled (never read out, so not in
+    /// `events_generated`), time throttled, episodes, and the most MEPs not
+    /// yet built at once (bounded by `event_builder.ru_buffer_meps`).
+    #[serde(default)]
+    pub events_vetoed: u64,
+    #[serde(default)]
+    pub throttled_s: f64,
+    #[serde(default)]
+    pub throttle_episodes: u64,
+    #[serde(default)]
+    pub max_unbuilt_meps: u64,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
     /// The output stage, when the run had consumers.
@@ -450,7 +487,14 @@ impl Summary {
             s.events_corrupt = r.em_meps_corrupt * epm;
             s.events_lost_bu_gone = r.em_meps_lost_bu_gone * epm;
         }
-        s.events_generated = s.meps_assigned * epm;
+        if let Some(r) = reports.get(em).and_then(Option::as_ref) {
+            s.events_lost_no_bu = r.em_meps_lost_no_bu * epm;
+            s.events_vetoed = r.em_meps_vetoed * epm;
+            s.throttled_s = r.em_throttled_s;
+            s.throttle_episodes = r.em_throttle_episodes;
+            s.max_unbuilt_meps = r.em_max_unbuilt;
+        }
+        s.events_generated = s.meps_assigned * epm + s.events_lost_no_bu;
         s.events_lost = s
             .events_generated
             .saturating_sub(s.events_built + s.events_incomplete + s.events_corrupt);

@@ -57,6 +57,12 @@ pub struct EbSummary {
     pub latency_p50_us: f64,
     pub latency_p99_us: f64,
     pub latency_max_us: f64,
+    /// Paced readout (`source.mep_rate_hz`): fraction of the simulated time
+    /// the readout was throttled, and events vetoed at the source meanwhile.
+    #[serde(default)]
+    pub throttled_fraction: f64,
+    #[serde(default)]
+    pub events_vetoed: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -214,7 +220,15 @@ pub fn simulate(
         }
         hist.sort_unstable();
         let q = |f: f64| hist[((hist.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+        let em = e.nodes.iter().find_map(evb_core::Node::em);
+        let end_ns = end / PS_PER_NS;
         EbSummary {
+            throttled_fraction: em.map_or(0.0, |em| {
+                em.throttled_ns_at(end_ns) as f64 / end_ns.max(1) as f64
+            }),
+            events_vetoed: em.map_or(0, |em| {
+                em.stats.meps_vetoed * u64::from(config.source.events_per_mep)
+            }),
             events_built: e.events_built,
             batches_incomplete: e.batches_incomplete,
             built_gbps_per_node: gbps(e.built_bytes) / f64::from(config.nodes.count.max(1)),
