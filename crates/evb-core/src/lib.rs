@@ -15,6 +15,7 @@
 //! verifiable data ([`source`]).
 
 pub mod bu;
+pub mod checksum;
 pub mod config;
 pub mod em;
 pub mod fu;

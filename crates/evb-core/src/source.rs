@@ -129,14 +129,14 @@ impl SourceModel {
         for (dst, size) in buf[..table_len].chunks_exact_mut(4).zip(scratch.iter()) {
             dst.copy_from_slice(&size.to_le_bytes());
         }
-        let mut crc = crc32c::crc32c(&buf[..table_len]);
+        let mut crc = crate::checksum::crc32c(&buf[..table_len]);
         // Fill and checksum in cache-sized chunks: one pass over memory.
         let base = self.pattern_base(mep);
         const CHUNK: usize = 32 * 1024;
         let mut offset = 0usize;
         for chunk in buf[table_len..].chunks_mut(CHUNK) {
             fill_pattern(chunk, base, offset);
-            crc = crc32c::crc32c_append(crc, chunk);
+            crc = crate::checksum::crc32c_append(crc, chunk);
             offset += chunk.len();
         }
         header.crc32c = crc;
@@ -186,7 +186,7 @@ fn fill_pattern(dst: &mut [u8], base: u64, offset: usize) {
 
 /// CRC-32C of a payload, as the BU computes it on receipt.
 pub fn payload_crc(payload: &[u8]) -> u32 {
-    crc32c::crc32c(payload)
+    crate::checksum::crc32c(payload)
 }
 
 #[cfg(test)]

@@ -380,7 +380,7 @@ impl Worker {
         let mut out = Vec::new();
         for (phase, &size) in spec.sizes.iter().enumerate() {
             let data = Rc::new(vec![0xa5u8; size]);
-            let crc = crc32c::crc32c(&data);
+            let crc = evb_core::checksum::crc32c(&data);
             self.rx.first_rx = None;
             self.rx.last_rx_data = None;
             let bytes_before = self.rx.bytes[peer as usize];
@@ -485,7 +485,7 @@ impl Worker {
         let size = spec.sizes.first().copied().unwrap_or(1 << 20);
         let n = self.ranks;
         let data = Rc::new(vec![0x3cu8; size]);
-        let crc = crc32c::crc32c(&data);
+        let crc = evb_core::checksum::crc32c(&data);
         let others: Vec<NodeId> = (1..n).map(|k| (self.rank + k) % n).collect();
         let cpu0 = cpu_seconds();
         let start = Instant::now();
@@ -559,7 +559,7 @@ impl Worker {
                 let seq = self.seq[pi];
                 let size = sizes[(seq as usize) % sizes.len()];
                 let data = Rc::new(pattern(self.rank, seq, size));
-                let crc = crc32c::crc32c(&data);
+                let crc = evb_core::checksum::crc32c(&data);
                 if self.send(p, &data, crc) {
                     sent[pi] += 1;
                     progress = true;

@@ -271,7 +271,7 @@ impl<E: Endpoint> MsgTransport<E> {
                 if handler.admit(peer, &header) {
                     let at = FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN;
                     let payload = &buf[at..at + header.payload_len as usize];
-                    let crc = crc32c::crc32c(payload);
+                    let crc = evb_core::checksum::crc32c(payload);
                     handler.on_fragment(peer, header, crc, buf, at);
                     return None;
                 }

@@ -331,7 +331,7 @@ impl Conn {
                         // Straight into the buffer the batch keeps.
                         let n = read_some(&mut self.stream, &mut v[*got..total], false)?;
                         if let Some(n) = n {
-                            *crc = crc32c::crc32c_append(*crc, &v[*got..*got + n]);
+                            *crc = evb_core::checksum::crc32c_append(*crc, &v[*got..*got + n]);
                         }
                         n
                     }
