@@ -36,6 +36,16 @@ pub enum Completion {
     Sent { ctx: u64 },
     /// A message arrived in a buffer given to [`Endpoint::post_recv`].
     Received { buf: Vec<u8>, len: usize, tag: u64 },
+    /// Like `Received`, and the engine already computed the CRC-32C of
+    /// `buf[from..len]` while the bytes were hot in cache (shm does, as it
+    /// copies): the fragment check need not read them again.
+    ReceivedWithCrc {
+        buf: Vec<u8>,
+        len: usize,
+        tag: u64,
+        crc_from: usize,
+        crc: u32,
+    },
     /// A send failed (peer gone, ...).
     SendFailed { ctx: u64, reason: String },
     /// The engine found the link to a peer (by its index) broken.
@@ -234,7 +244,21 @@ impl<E: Endpoint> MsgTransport<E> {
                     }
                 }
                 Completion::Received { buf, len, tag } => {
-                    let keep = self.on_message(buf, len, tag, handler, events);
+                    let keep = self.on_message(buf, len, tag, None, handler, events);
+                    let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
+                    if let Err(e) = self.ep.post_recv(buf) {
+                        eprintln!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                    }
+                }
+                Completion::ReceivedWithCrc {
+                    buf,
+                    len,
+                    tag,
+                    crc_from,
+                    crc,
+                } => {
+                    let known = Some((crc_from, crc));
+                    let keep = self.on_message(buf, len, tag, known, handler, events);
                     let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
                     if let Err(e) = self.ep.post_recv(buf) {
                         eprintln!("evb node {}: posting a receive buffer: {e:#}", self.rank);
@@ -251,6 +275,7 @@ impl<E: Endpoint> MsgTransport<E> {
         buf: Vec<u8>,
         len: usize,
         tag: u64,
+        known_crc: Option<(usize, u32)>,
         handler: &mut dyn RxHandler,
         events: &mut Vec<LinkEvent>,
     ) -> Option<Vec<u8>> {
@@ -270,8 +295,11 @@ impl<E: Endpoint> MsgTransport<E> {
             Ok(Message::Fragment(header)) => {
                 if handler.admit(peer, &header) {
                     let at = FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN;
-                    let payload = &buf[at..at + header.payload_len as usize];
-                    let crc = evb_core::checksum::crc32c(payload);
+                    let end = at + header.payload_len as usize;
+                    let crc = match known_crc {
+                        Some((from, crc)) if from == at && end == len => crc,
+                        _ => evb_core::checksum::crc32c(&buf[at..end]),
+                    };
                     handler.on_fragment(peer, header, crc, buf, at);
                     return None;
                 }
