@@ -21,7 +21,7 @@ sleep 0.5
 iperf3 -c 127.0.0.1 -p "$port" -l 1M -P 2 -t "$secs" -J > "$out/iperf3.json"
 peer=$(python3 -c "import json,sys; d=json.load(open('$out/iperf3.json')); print(d['end']['sum_received']['bits_per_second']/1e9)")
 
-"$evb" run --nodes 2 --duration "$secs" --progress never --json "$out/evb.json" \
+"$evb" run --nodes 2 --transport tcp --duration "$secs" --progress never --json "$out/evb.json" \
   --set event_builder.local=memory --set source.events_per_mep=4096 --set source.mean_bytes=256 \
   "$@" > "$out/evb.txt"
 cat "$out/evb.txt"

@@ -231,7 +231,7 @@ pub struct TransportSection {
 impl Default for TransportSection {
     fn default() -> Self {
         TransportSection {
-            kind: "tcp".into(),
+            kind: "auto".into(),
             bind: "127.0.0.1".into(),
             base_port: 0,
             socket_buffer_bytes: 4 << 20,
@@ -745,14 +745,14 @@ impl Config {
             return Err(err("sim.message_bytes", "must be at least 1".into()));
         }
         let kind = self.transport.kind.as_str();
-        let known = ["tcp", "shm", "mpi", "ucx", "ofi"]
+        let known = ["auto", "tcp", "shm", "mpi", "ucx", "ofi"]
             .iter()
             .any(|k| kind == *k || kind.strip_prefix(k).is_some_and(|r| r.starts_with(':')));
         if !known || kind == "ofi:" || kind == "ucx:" {
             return Err(err(
                 "transport.kind",
                 format!(
-                    "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
+                    "unknown transport `{kind}` (one of auto, tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
                 ),
             ));
         }

@@ -151,6 +151,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 .to_string();
         }
     }
+    config.transport.kind = crate::transport::resolve_auto(&config.transport.kind).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
@@ -519,8 +520,9 @@ pub fn format_summary(result: &RunResult) -> String {
     let eb = &c.event_builder;
     let mut out = String::new();
     out += &format!(
-        "evb run: {} nodes, {:?}/{:?}, parallel_sends {}, credits {}, local {:?}, {} events/MEP, {:.1} s\n",
+        "evb run: {} nodes over {}, {:?}/{:?}, parallel_sends {}, credits {}, local {:?}, {} events/MEP, {:.1} s\n",
         c.nodes.count,
+        c.transport.kind,
         eb.protocol,
         eb.schedule,
         eb.parallel_sends,

@@ -118,9 +118,11 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
+    /// `auto` is TCP here: `evb run`, where every node is on one machine,
+    /// turns it into `shm` before starting them ([`resolve_auto`]).
     pub fn parse(kind: &str) -> Result<TransportKind> {
         Ok(match kind.split_once(':') {
-            None if kind == "tcp" => TransportKind::Tcp,
+            None if kind == "tcp" || kind == "auto" => TransportKind::Tcp,
             None if kind == "shm" => TransportKind::Shm,
             None if kind == "mpi" => TransportKind::Mpi,
             None if kind == "ucx" => TransportKind::Ucx(None),
@@ -131,6 +133,16 @@ impl TransportKind {
                 "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
             ),
         })
+    }
+}
+
+/// The transport `evb run` uses for `transport.kind = "auto"`: its nodes
+/// all run on this machine, where shared memory beats TCP (docs/transports.md).
+pub fn resolve_auto(kind: &str) -> &str {
+    if kind == "auto" {
+        "shm"
+    } else {
+        kind
     }
 }
 

@@ -17,6 +17,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,20 @@ struct Peer {
     /// Sends waiting for the consumer to pass their end: (end, ctx, body).
     pending: VecDeque<(u64, u64, Body)>,
     last_tail: u64,
+    /// A pidfd of the peer's process: readable once it has exited, so a
+    /// crash is noticed at once instead of after the heartbeat timeout.
+    exit_fd: Option<OwnedFd>,
+    exit_reported: bool,
+}
+
+/// How often the peers' pidfds are polled.
+const EXIT_CHECK: Duration = Duration::from_millis(20);
+
+/// A pidfd for `pid` (Linux >= 5.3); `None` where unsupported.
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: a plain system call; a non-negative result is a new fd we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 pub struct ShmEndpoint {
@@ -164,6 +179,7 @@ pub struct ShmEndpoint {
     recv_buffers: Vec<Vec<u8>>,
     unlinked: bool,
     failed_reads: u64,
+    next_exit_check: Instant,
 }
 
 impl ShmEndpoint {
@@ -205,6 +221,7 @@ impl ShmEndpoint {
             recv_buffers: Vec::new(),
             unlinked: false,
             failed_reads: 0,
+            next_exit_check: Instant::now(),
         })
     }
 
@@ -365,6 +382,55 @@ impl ShmEndpoint {
         true
     }
 
+    /// Reports peers whose process has exited, once everything they wrote
+    /// into our inbox has been read (their last words may be a goodbye).
+    fn check_exits(&mut self, out: &mut Vec<Completion>) {
+        let now = Instant::now();
+        if now < self.next_exit_check {
+            return;
+        }
+        self.next_exit_check = now + EXIT_CHECK;
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut which = Vec::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            if let (Some(fd), false) = (&p.exit_fd, p.exit_reported) {
+                fds.push(libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                which.push(i);
+            }
+        }
+        if fds.is_empty() {
+            return;
+        }
+        // SAFETY: `fds` is a valid array of pollfd; timeout 0 never blocks.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if n <= 0 {
+            return;
+        }
+        for (pfd, i) in fds.iter().zip(which) {
+            if pfd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            let rank = self.peers[i].rank;
+            let head = self
+                .inbox
+                .atomic_u64(self.geo.ring(rank) + Geometry::HEAD)
+                .load(Ordering::Acquire);
+            if head != self.tails[rank] {
+                continue; // Read what it left first.
+            }
+            let p = &mut self.peers[i];
+            p.exit_reported = true;
+            out.push(Completion::PeerFailed {
+                peer: i,
+                reason: format!("process {} exited", p.pid),
+            });
+        }
+    }
+
     fn publish_tail(&self, s: usize) {
         self.inbox
             .atomic_u64(self.geo.ring(s) + Geometry::TAIL)
@@ -470,6 +536,8 @@ impl Endpoint for ShmEndpoint {
             head,
             pending: VecDeque::new(),
             last_tail,
+            exit_fd: pidfd_open(pid),
+            exit_reported: false,
         });
         let index = self.peers.len() - 1;
         self.sender_peer[rank] = Some(index);
@@ -553,6 +621,7 @@ impl Endpoint for ShmEndpoint {
                 Self::ring_doorbell(&self.peers[i].map);
             }
         }
+        self.check_exits(out);
         // Complete sends the consumers have passed.
         for p in &mut self.peers {
             let tail = p
