@@ -4,6 +4,8 @@
 # warm-up) and at the end (goal: flat within 5%), built throughput per 10 s
 # window (min / median / max), and the loss accounting (goal: zero).
 # Usage: bench/soak.sh [minutes] [evb run options...]   (default 30 minutes)
+# A paced readout (`--set source.mep_rate_hz=R`) soaks at a steady rate and
+# leaves CPU to the rest of a shared machine; unpaced, it runs flat out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-30}
@@ -28,5 +30,7 @@ full = [sum(v) / len(v) for k, v in sorted(windows.items()) if len(v) >= 9]
 print(f"resident memory: {rss0 / 2**20:.1f} MiB after 10 s, {rss1 / 2**20:.1f} MiB at the end ({(rss1 - rss0) / max(rss0, 1) * 100:+.1f}%, goal within 5%)")
 if full:
     print(f"built Gb/s per 10 s window ({len(full)} windows): min {min(full):.2f}, median {statistics.median(full):.2f}, max {max(full):.2f}")
+if s.get("throttle_episodes", 0) or s.get("events_vetoed", 0):
+    print(f"paced readout: throttled {s['throttled_s']:.3f} s in {s['throttle_episodes']} episodes, {s['events_vetoed']} events vetoed at the source")
 print(f"events: generated {s['events_generated']}, built {s['events_built']}, incomplete {s['events_incomplete']}, corrupt {s['events_corrupt']}, lost {s['events_lost']}")
 PY
