@@ -159,3 +159,22 @@ fn a_readout_the_builder_keeps_up_with_is_never_throttled() {
         "{meps} MEPs in {duration} s at 100 MEPs/s: {text}"
     );
 }
+
+#[test]
+fn a_configuration_needing_more_memory_than_the_machine_is_refused_up_front() {
+    // 4 GB fragments, 64 credits: terabytes per node.
+    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["run", "--nodes", "4", "--progress", "never"])
+        .args(["--set", "event_builder.credits=64"])
+        .args(["--set", "event_builder.max_message_bytes=4294967295"])
+        .args(["--set", "source.events_per_mep=1000000"])
+        .args(["--set", "source.max_fragment_bytes=4000"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("more than this machine's") && text.contains("event_builder.credits = 64"),
+        "{text}"
+    );
+}

@@ -520,6 +520,30 @@ impl Config {
         u64::from(self.source.events_per_mep) * (4 + per_event)
     }
 
+    /// Upper bound of the event data one node holds at once, in bytes: its
+    /// RU's MEP fragments (credits of every BU, or the paced readout's
+    /// buffer) and its BU's open batches and built batches awaiting
+    /// consumers. What `evb run` checks against the machine's memory.
+    pub fn node_memory_bound(&self) -> u64 {
+        let (rus, bus) = self.unit_counts();
+        let eb = &self.event_builder;
+        let fragment = self.max_fragment_payload();
+        let ru_meps = if self.source.mep_rate_hz > 0.0 {
+            u64::from(eb.ru_buffer_meps)
+        } else {
+            u64::from(eb.credits) * bus as u64
+        };
+        let batches = u64::from(eb.credits)
+            + if self.output.consumers > 0 {
+                u64::from(self.output.bu_output_batches)
+            } else {
+                0
+            };
+        ru_meps
+            .saturating_mul(fragment)
+            .saturating_add(batches.saturating_mul(rus as u64).saturating_mul(fragment))
+    }
+
     /// Largest payload of a built batch delivered to a consumer, in bytes.
     pub fn max_batch_payload(&self) -> u64 {
         let (rus, _) = self.unit_counts();

@@ -154,6 +154,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     config.transport.kind = crate::transport::resolve_auto(&config.transport.kind).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
+    check_memory(&config, machine_memory_bytes())?;
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let config_path = workdir.join("config.toml");
@@ -511,6 +512,45 @@ fn supervise(
         failures,
         started_unix,
     })
+}
+
+/// Total memory of this machine (`MemTotal`), if known.
+fn machine_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses a configuration whose nodes, all on this machine, could hold
+/// more event data than it has memory: better a clear error now than an
+/// out-of-memory kill in the middle of a run.
+fn check_memory(config: &Config, machine: Option<u64>) -> Result<()> {
+    let Some(machine) = machine else {
+        return Ok(());
+    };
+    let per_node = config.node_memory_bound();
+    let nodes = u64::from(config.nodes.count);
+    let total = per_node.saturating_mul(nodes);
+    if total > machine {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        bail!(
+            "configuration: each of the {nodes} nodes may hold up to {:.1} GiB of event data \
+             (MEP fragments up to {:.1} MiB from source.events_per_mep = {} and the event sizes; \
+             event_builder.credits = {}, event_builder.ru_buffer_meps = {}, output.bu_output_batches = {}), \
+             {:.1} GiB in all, more than this machine's {:.1} GiB of memory: \
+             lower event_builder.credits, source.events_per_mep or nodes.count",
+            gib(per_node),
+            config.max_fragment_payload() as f64 / f64::from(1u32 << 20),
+            config.source.events_per_mep,
+            config.event_builder.credits,
+            config.event_builder.ru_buffer_meps,
+            config.output.bu_output_batches,
+            gib(total),
+            gib(machine)
+        );
+    }
+    Ok(())
 }
 
 /// The summary table printed at the end of `evb run`.
