@@ -165,7 +165,16 @@ impl EventManager {
         let Some(epoch) = p.epoch else {
             return;
         };
-        let due_slots = ((now.saturating_sub(epoch)) as f64 * p.rate_hz / 1e9) as u64;
+        // The last slot whose time has come, by the same rounding as
+        // `slot_time` (a float estimate could disagree by one and leave a
+        // deadline that is due but delivers nothing: a busy loop).
+        let mut due_slots = ((now.saturating_sub(epoch)) as f64 * p.rate_hz / 1e9) as u64;
+        while p.slot_time(epoch, due_slots + 1) <= now {
+            due_slots += 1;
+        }
+        while due_slots > 0 && p.slot_time(epoch, due_slots) > now {
+            due_slots -= 1;
+        }
         let mut due = due_slots.saturating_sub(p.slots);
         if self.max_meps != 0 {
             // Slots past the MEP budget deliver nothing: the run stops.
@@ -481,6 +490,26 @@ mod tests {
         assert!(em.is_stopped());
         assert_eq!(em.stats.meps_lost_no_bu, 2);
         assert_eq!(em.stats.meps_lost_bu_gone, 1);
+    }
+
+    #[test]
+    fn every_paced_deadline_delivers_its_slot() {
+        // Found by the DST: a float estimate of the due slot one below the
+        // slot whose deadline had come left the node spinning on it.
+        let l = layout(2);
+        for rate in [3.0, 7.0, 1e3 / 3.0, 12_345.678, 1e6 / 7.0, 9_999_999.0] {
+            let mut em = EventManager::new(&l, 0).paced(rate, 1_000_000);
+            let mut out = Vec::new();
+            em.start(17);
+            let mut last = 0;
+            for _ in 0..5000 {
+                let d = em.next_deadline().expect("paced");
+                assert!(d > last, "rate {rate}: deadline {d} after {last}");
+                em.on_timeout(d, &mut out);
+                last = d;
+            }
+            assert_eq!(em.waiting(), 5000, "rate {rate}");
+        }
     }
 
     #[test]

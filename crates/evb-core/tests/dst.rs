@@ -343,3 +343,62 @@ fn slow_consumers_stall_the_event_manager_without_loss() {
         }
     }
 }
+
+/// A paced readout (a MEP every 1/rate s, whether the builder keeps up or
+/// not) with a small RU buffer: over random configurations, rates from
+/// easy to impossible and many seeds, every MEP read out is built exactly
+/// once, the RUs never hold more than the buffer, and vetoes come only
+/// with a throttle.
+#[test]
+fn a_paced_readout_stays_within_its_buffer_and_builds_all_it_reads_out() {
+    let mut throttled_runs = 0;
+    let mut runs = 0;
+    for case in 0..150u64 {
+        let mut config = random_config(case);
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xbacc);
+        // 10 kHz .. 10 MHz: from idle to far beyond what the harness's
+        // links carry.
+        config.source.mep_rate_hz = 10f64.powf(rng.gen_range(4.0..7.0));
+        config.event_builder.ru_buffer_meps = rng.gen_range(1..=8);
+        let buffer = u64::from(config.event_builder.ru_buffer_meps);
+        for seed in 0..4u64 {
+            let report = Harness::new(config.clone(), seed).run(None, 600_000_000_000);
+            let what = format!("case {case} seed {seed}: {config:?}");
+            let meps = config.run.max_meps;
+            assert!(report.all_done, "not all nodes finished: {what}");
+            assert_eq!(report.meps_assigned, meps, "{what}");
+            assert_eq!(report.built.len() as u64, meps, "{what}");
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            assert!(
+                report.outcomes.values().all(|o| *o == Outcome::Built),
+                "{what}"
+            );
+            let em = report
+                .stats
+                .iter()
+                .find_map(|s| s.em.as_ref())
+                .expect("an EM");
+            assert!(em.max_unbuilt <= buffer, "{what}: {em:?}");
+            for ru in report.stats.iter().filter_map(|s| s.ru.as_ref()) {
+                assert!(ru.max_held <= buffer, "{what}: RU held {}", ru.max_held);
+            }
+            assert_eq!(
+                em.meps_vetoed > 0,
+                em.throttle_episodes > 0,
+                "{what}: {em:?}"
+            );
+            assert_eq!(em.meps_lost_no_bu, 0, "{what}");
+            if em.meps_vetoed > 0 {
+                assert!(em.throttled_ns > 0, "{what}: {em:?}");
+                throttled_runs += 1;
+            }
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 600);
+    // Both regimes were exercised.
+    assert!(
+        throttled_runs > 50 && throttled_runs < 550,
+        "{throttled_runs} of 600 throttled"
+    );
+}
