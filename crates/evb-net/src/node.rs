@@ -931,18 +931,23 @@ fn store_batch(
     events_per_mep: u32,
     b: &BatchSlots,
 ) -> Result<()> {
-    let parts: Vec<&[u8]> = b
+    let (sources, parts): (Vec<u32>, Vec<&[u8]>) = b
         .slots
         .iter()
-        .filter_map(|s| match s {
-            Some(Slot::Received { data, start, len }) => Some(&data[*start..*start + *len]),
-            Some(Slot::Local(rc)) => Some(&rc[..]),
-            // A source that is down is absent from the object.
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Some(Slot::Received { data, start, len }) => {
+                Some((i as u32, &data[*start..*start + *len]))
+            }
+            Some(Slot::Local(rc)) => Some((i as u32, &rc[..])),
+            // A source that is down is absent from the object, which
+            // records the sources it holds.
             None => None,
         })
-        .collect();
+        .unzip();
+    let run_sources = b.slots.len() as u32;
     loop {
-        match store.write_batch(mep, events_per_mep, &parts) {
+        match store.write_batch_sources(mep, events_per_mep, run_sources, &sources, &parts) {
             Ok(()) => return Ok(()),
             Err(evb_store::StoreError::Backpressure { .. }) => {
                 store.flush().context("the event store")?;
