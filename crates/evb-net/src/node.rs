@@ -887,7 +887,11 @@ impl Runtime {
         }
         r.drain_timed_out = drain_timed_out;
         if let Some(m) = &self.metrics {
+            let (bu_output, consumer) =
+                crate::metrics::output_gauges(&self.engine.node, &self.layout);
             let gauges = crate::metrics::Gauges {
+                bu_output,
+                consumer,
                 ru_meps_held: self.engine.meps.len(),
                 bu_open_batches: self.engine.batches.len(),
                 peers_up: self
@@ -896,7 +900,7 @@ impl Runtime {
                     .filter(|&&p| p != self.rank && !self.lost.iter().any(|l| l.peer == p))
                     .count(),
             };
-            m.set(crate::metrics::render(&r, gauges));
+            m.set(crate::metrics::render(&r, &gauges));
         }
         if !full {
             // STATS lines stay small: the histogram only in FINAL.
