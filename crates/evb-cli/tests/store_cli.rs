@@ -445,7 +445,12 @@ fn objects_built_after_a_source_is_lost_record_their_sources() {
     cmd.args(["run", "--progress", "never", "-n", "4", "--duration", "2.5"])
         .args(["--kill", "2@1", "--allow-loss", "--json"])
         .arg(&json)
-        .args(["--set", "source.events_per_mep=8", "--set", "source.size=fixed"])
+        .args([
+            "--set",
+            "source.events_per_mep=8",
+            "--set",
+            "source.size=fixed",
+        ])
         .args(["--set", "source.mean_bytes=32"])
         .args(["--set", "output.sink=store", "--set"])
         .arg(format!("output.store={}", dir.display()));
