@@ -93,7 +93,7 @@ fn prometheus_scrapes_every_node() {
         ),
     )
     .unwrap();
-    let _prom = KillOnDrop(
+    let prom = KillOnDrop(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -292,6 +292,8 @@ fn prometheus_scrapes_every_node() {
             > 0
     );
     drop(run);
+    drop(prom);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every metric the shipped Grafana dashboard queries is one a node serves.
