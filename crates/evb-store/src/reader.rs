@@ -56,7 +56,8 @@ pub struct ReadReport {
     /// Good objects that lack some of the run's sources (built after a
     /// source was lost).
     pub partial_objects: u64,
-    /// Per source index: good objects that lack it.
+    /// Per source index: good objects that lack it (counting the first
+    /// [`MAX_MISSING_LISTED`] missing sources of each object).
     pub missing_by_source: std::collections::BTreeMap<u32, u64>,
     /// The first [`MAX_LISTED`] partial objects, in reading order.
     pub partial: Vec<PartialObject>,
