@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use evb_fabric::conflicts::{analyze, shift_steps, Analysis};
+use evb_fabric::conflicts::{analyze, analyze_with_loads, load_cells, shift_steps, Analysis};
 use evb_fabric::io;
 use evb_fabric::lft::Lfts;
 use evb_fabric::optimize;
@@ -75,6 +75,10 @@ struct ConflictsArgs {
     /// Number of worst links to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// The JSON lists every link's load in every step (`link_loads`) when the
+    /// fabric's directed links times the steps are at most this (0: never).
+    #[arg(long, default_value_t = 4_000_000)]
+    link_loads_max_cells: usize,
     /// Time limit for --order optimized, seconds.
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
@@ -297,7 +301,20 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
         steps
     };
     let t0 = std::time::Instant::now();
-    let an = analyze(&topo, &lfts, &order, &steps, a.top)?;
+    // The per-link matrix only goes to the JSON.
+    let max_cells = if a.json.is_some() {
+        a.link_loads_max_cells
+    } else {
+        0
+    };
+    let an = analyze_with_loads(&topo, &lfts, &order, &steps, a.top, max_cells)?;
+    if a.json.is_some() && an.link_loads.is_none() && max_cells > 0 {
+        eprintln!(
+            "note: per-link loads left out of the JSON: {} directed links x steps is over \
+             --link-loads-max-cells {max_cells} (pick fewer --steps or raise the limit)",
+            load_cells(&topo, steps.len())
+        );
+    }
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "fabric: {} ({} hosts, {} switches), {what}, order '{}'",
@@ -335,9 +352,10 @@ fn write_outputs(
             "total": an.total,
             "per_step": an.per_step,
             "worst_links": an.worst_links,
+            "link_loads": an.link_loads,
             "order_search": search,
         });
-        io::write_text(j, &serde_json::to_string_pretty(&v)?)?;
+        io::write_text(j, &pretty_with_compact_loads(v)?)?;
     }
     if let Some(c) = &a.csv {
         io::write_text(c, &an.csv())?;
@@ -350,6 +368,40 @@ fn write_outputs(
         evb_fabric::plot::plot(an, &title, p)?;
     }
     Ok(())
+}
+
+/// Pretty JSON, except that each link's `loads` array stays on one line
+/// (pretty-printed, a links x steps matrix would be one line per number).
+fn pretty_with_compact_loads(mut v: serde_json::Value) -> Result<String> {
+    let mut compact = Vec::new();
+    if let Some(links) = v
+        .pointer_mut("/link_loads/links")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for (i, link) in links.iter_mut().enumerate() {
+            if let Some(loads) = link.get_mut("loads") {
+                compact.push(serde_json::to_string(loads)?);
+                *loads = serde_json::Value::String(format!("@@loads{i}@@"));
+            }
+        }
+    }
+    let text = serde_json::to_string_pretty(&v)?;
+    // The markers come out in order, as strings (a name holding one would
+    // have its quotes escaped, so it cannot match).
+    let mut out =
+        String::with_capacity(text.len() + compact.iter().map(String::len).sum::<usize>());
+    let mut rest = text.as_str();
+    for (i, c) in compact.iter().enumerate() {
+        let marker = format!("\"@@loads{i}@@\"");
+        let at = rest
+            .find(&marker)
+            .context("link loads lost while writing the JSON")?;
+        out.push_str(&rest[..at]);
+        out.push_str(c);
+        rest = &rest[at + marker.len()..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 fn order(a: OrderArgs) -> Result<()> {

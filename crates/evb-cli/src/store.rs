@@ -31,6 +31,9 @@ struct ReadArgs {
     /// Objects larger than this many MiB are reported bad without being read.
     #[arg(long, default_value_t = 4096)]
     max_object_mib: u64,
+    /// List every good object: MEP, events, bytes and the sources it holds.
+    #[arg(long)]
+    list: bool,
 }
 
 pub fn run(args: StoreArgs) -> anyhow::Result<ExitCode> {
@@ -48,6 +51,7 @@ fn read(args: ReadArgs) -> anyhow::Result<ExitCode> {
     let target = StoreTarget::parse(&args.target)?;
     let options = ReadOptions {
         max_object_bytes: args.max_object_mib.saturating_mul(1 << 20),
+        list: args.list,
         ..ReadOptions::default()
     };
     let report = read_store(&target, &options)?;
@@ -61,6 +65,18 @@ fn read(args: ReadArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Partial objects named in the text report.
+const PARTIAL_SHOWN: usize = 20;
+
+/// Source indices as `0,1,3`.
+fn list(sources: &[u32]) -> String {
+    sources
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn format_report(r: &ReadReport) -> String {
@@ -78,6 +94,54 @@ fn format_report(r: &ReadReport) -> String {
         out.push_str(&format!("  ({} other files skipped)", r.other_files));
     }
     out.push('\n');
+    if r.version_1_objects > 0 {
+        out.push_str(&format!(
+            "{} objects of layout version 1 (no source table: every source)\n",
+            r.version_1_objects
+        ));
+    }
+    if r.partial_objects > 0 {
+        let by_source: Vec<String> = r
+            .missing_by_source
+            .iter()
+            .map(|(s, n)| format!("source {s} in {n}"))
+            .collect();
+        out.push_str(&format!(
+            "partial objects {} (built without some sources; missing: {})\n",
+            r.partial_objects,
+            by_source.join(", ")
+        ));
+        for p in r.partial.iter().take(PARTIAL_SHOWN) {
+            out.push_str(&format!(
+                "partial: {}: MEP {}, sources {} of {}, missing {}\n",
+                p.name,
+                p.mep,
+                p.sources_stored,
+                p.run_sources,
+                list(&p.missing)
+            ));
+        }
+        if r.partial_objects as usize > PARTIAL_SHOWN {
+            out.push_str(&format!(
+                "partial: ... {} more (--json lists {} at most, --list all objects)\n",
+                r.partial_objects as usize - PARTIAL_SHOWN,
+                evb_store::reader::MAX_LISTED
+            ));
+        }
+    }
+    for o in &r.listed {
+        out.push_str(&format!(
+            "object: {}: v{} MEP {} events {} bytes {} sources {} of {}: {}\n",
+            o.name,
+            o.version,
+            o.mep,
+            o.events,
+            o.bytes,
+            o.sources.len(),
+            o.run_sources,
+            list(&o.sources)
+        ));
+    }
     for bad in &r.bad {
         out.push_str(&format!("bad: {}: {}\n", bad.name, bad.reason));
     }

@@ -1,5 +1,7 @@
 //! Prometheus metrics: Debian's real `prometheus` scrapes a running
-//! `evb run` and the series it stored are checked through its HTTP API.
+//! `evb run` (4 nodes and 2 Filter Unit consumers) and the series it stored
+//! are checked through its HTTP API, the consumer and producer series
+//! against the run's own JSON.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -60,19 +62,26 @@ fn prometheus_scrapes_every_node() {
     let dir = std::env::temp_dir().join(format!("evb-metrics-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let base = free_ports(4);
+    // 4 nodes (endpoints 0..4) and 2 consumers (endpoints 4 and 5), each
+    // busy 10 ms per batch: slow enough that BUs wait for consumer credit.
+    let base = free_ports(6);
     let prom_port = free_ports(1);
+    let json = dir.join("run.json");
 
-    let run = KillOnDrop(
+    let mut run = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_evb"))
             .args(["run", "--progress", "never", "-n", "4", "-d", "12"])
+            .args(["--consumers", "2"])
+            .args(["--set", "output.consumer_busy_us=10000"])
             .args(["--set", &format!("metrics.base_port={base}")])
+            .arg("--json")
+            .arg(&json)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let targets: Vec<String> = (0..4)
+    let targets: Vec<String> = (0..6)
         .map(|i| format!("'127.0.0.1:{}'", base + i))
         .collect();
     let config: PathBuf = dir.join("prometheus.yml");
@@ -84,7 +93,7 @@ fn prometheus_scrapes_every_node() {
         ),
     )
     .unwrap();
-    let _prom = KillOnDrop(
+    let prom = KillOnDrop(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
@@ -119,7 +128,7 @@ fn prometheus_scrapes_every_node() {
     assert!(get(base, "/nothing").unwrap().0.contains("404"));
 
     // Prometheus stores a growing built-events series for all four nodes.
-    let query = "/api/v1/query?query=evb_events_built_total";
+    let query = "/api/v1/query?query=evb_events_built_total{role!=%22FU%22}";
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut first: Option<Vec<f64>> = None;
     loop {
@@ -160,7 +169,131 @@ fn prometheus_scrapes_every_node() {
         .parse()
         .unwrap_or(0.0);
     assert!(p50 > 0.0 && p50 < 2.5, "p50 from prometheus: {body}");
+
+    // A consumer's endpoint serves the consumer series, a BU's the producer side.
+    let fu = get(base + 4, "/metrics")
+        .expect("consumer 4 serves /metrics")
+        .1;
+    for name in [
+        "evb_consumer_batches_received_total{node=\"4\",role=\"FU\"}",
+        "evb_consumer_busy_seconds_total{node=\"4\",role=\"FU\"}",
+        "evb_consumer_busy{node=\"4\",role=\"FU\"}",
+        "evb_consumer_credits_outstanding{node=\"4\",role=\"FU\",bu=\"3\"}",
+    ] {
+        assert!(fu.contains(name), "no {name} in\n{fu}");
+    }
+    let bu = get(base + 1, "/metrics").expect("node 1 serves /metrics").1;
+    for name in [
+        "evb_bu_batches_delivered_total{node=\"1\",role=\"RU+BU\"}",
+        "evb_bu_output_queue_batches{",
+        "evb_bu_consumer_credit_stalls_total{",
+        "evb_bu_consumer_credits{node=\"1\",role=\"RU+BU\",consumer=\"5\"}",
+    ] {
+        assert!(bu.contains(name), "no {name} in\n{bu}");
+    }
+    assert!(!bu.contains("evb_consumer_"), "consumer series on a BU");
+
+    // Wait for the run to end, then compare what prometheus stored last
+    // with the run's final figures.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "evb run did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let c = &result["summary"]["consumers"];
+    let per_consumer: Vec<(u64, u64)> = c["per_consumer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["node"].as_u64().unwrap(), p["batches"].as_u64().unwrap()))
+        .collect();
+    let delivered = c["batches_delivered"].as_u64().unwrap();
+    assert_eq!(per_consumer.len(), 2);
+    assert_eq!(
+        per_consumer.iter().map(|p| p.1).sum::<u64>(),
+        delivered,
+        "consumed = delivered in the run JSON"
+    );
+    // Per series, the last value prometheus scraped (max over the run: counters).
+    let last = |metric: &str, label: &str| -> Vec<(String, f64)> {
+        let q = format!("/api/v1/query?query=max_over_time({metric}[5m])");
+        let (_, body) = get(prom_port, &q).unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let mut out: Vec<(String, f64)> = v["data"]["result"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{q}: {body}"))
+            .iter()
+            .map(|s| {
+                (
+                    s["metric"][label].as_str().unwrap_or("").to_string(),
+                    s["value"][1].as_str().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    };
+    let received = last("evb_consumer_batches_received_total", "node");
+    eprintln!("consumer batches received, last scraped: {received:?}; final per consumer {per_consumer:?}");
+    assert_eq!(received.len(), 2, "{received:?}");
+    for ((node, scraped), (fin_node, fin)) in received.iter().zip(&per_consumer) {
+        assert_eq!(node, &fin_node.to_string());
+        // Scraped up to a second or two before the end of a 12 s run.
+        assert!(
+            *scraped > 0.0 && *scraped <= *fin as f64 && *scraped >= 0.5 * *fin as f64,
+            "consumer {node}: scraped {scraped}, final {fin}"
+        );
+    }
+    let scraped_delivered: f64 = last("evb_bu_batches_delivered_total", "node")
+        .iter()
+        .map(|s| s.1)
+        .sum();
+    let scraped_received: f64 = received.iter().map(|s| s.1).sum();
+    eprintln!("BU batches delivered, last scraped sum: {scraped_delivered}; final {delivered}");
+    assert!(scraped_delivered <= delivered as f64 && scraped_delivered >= 0.5 * delivered as f64);
+    assert!(
+        (scraped_delivered - scraped_received).abs() <= 0.2 * delivered as f64,
+        "delivered {scraped_delivered} vs received {scraped_received}"
+    );
+    let busy = last("evb_consumer_busy_seconds_total", "node");
+    eprintln!("consumer busy seconds, last scraped: {busy:?}");
+    // 10 ms per batch: busy time is the batches received times 10 ms,
+    // less those still queued (at most 2 credits x 4 BUs).
+    for ((_, b), (_, n)) in busy.iter().zip(&received) {
+        assert!(
+            (b - n * 0.01).abs() <= 0.1 * n * 0.01 + 0.1,
+            "busy {b} s for {n} batches"
+        );
+    }
+    let credits = last("evb_consumer_credits_outstanding", "bu");
+    assert_eq!(credits.len(), 2 * 4, "per consumer and BU: {credits:?}");
+    assert!(
+        credits.iter().all(|c| c.1 <= 2.0),
+        "at most consumer_credits: {credits:?}"
+    );
+    let held = last("evb_bu_consumer_credits", "consumer");
+    assert_eq!(held.len(), 4 * 2, "per BU and consumer: {held:?}");
+    assert!(held.iter().all(|c| c.1 <= 2.0), "{held:?}");
+    let stalls: f64 = last("evb_bu_consumer_credit_stalls_total", "node")
+        .iter()
+        .map(|s| s.1)
+        .sum();
+    let queue_max: f64 = last("evb_bu_output_queue_batches", "node")
+        .iter()
+        .map(|s| s.1)
+        .fold(0.0, f64::max);
+    eprintln!("consumer-credit stalls {stalls}, deepest output queue scraped {queue_max}");
+    assert!(stalls > 0.0, "slow consumers: BUs wait for consumer credit");
+    assert!(
+        result["summary"]["consumers"]["em_credit_stalls"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     drop(run);
+    drop(prom);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every metric the shipped Grafana dashboard queries is one a node serves.
@@ -171,12 +304,23 @@ fn grafana_dashboard_queries_served_metrics() {
         "/../../grafana/evb-dashboard.json"
     );
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    // A node that is both a BU with consumers and a consumer serves every series.
     let served = evb_net::metrics::render(
         &evb_net::report::NodeReport {
             missing_by_source: vec![0, 1],
             ..Default::default()
         },
-        evb_net::metrics::Gauges::default(),
+        &evb_net::metrics::Gauges {
+            bu_output: Some(evb_net::metrics::BuOutputGauges {
+                credits_held: vec![(4, 1)],
+                ..Default::default()
+            }),
+            consumer: Some(evb_net::metrics::ConsumerGauges {
+                credits_outstanding: vec![(0, 1)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
     );
     let panels = dash["panels"].as_array().unwrap();
     assert!(panels.len() >= 8);

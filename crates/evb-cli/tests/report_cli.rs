@@ -509,6 +509,8 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
         ("\"per_step\": [", "\"per_step\": [\"x\", "),
         ("\"max_link_load\": ", "\"max_link_load\": 1e400, \"x\": "),
         ("\"worst_links\": [", "\"worst_links\": {}, \"y\": ["),
+        ("\"loads\": [", "\"loads\": [7,"),
+        ("\"loads\": [1", "\"loads\": [-1"),
     ] {
         std::fs::write(dir.join("mangled.json"), text.replacen(from, to, 1)).unwrap();
         let out = evb(dir, &["report", "mangled.json", "-o", "m.html"]);
@@ -519,6 +521,24 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
             out.stderr
         );
         assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    }
+    // The per-link loads: a row of the wrong length, a negative cell.
+    for (from, to, expected) in [
+        (
+            "\"loads\": [",
+            "\"loads\": [7,",
+            "field `link_loads.links[0].loads`: 8 loads for 7 steps",
+        ),
+        (
+            "\"loads\": [1",
+            "\"loads\": [-1",
+            "field `link_loads.links[0].loads[0]`: expected a whole number >= 0, found the number -1",
+        ),
+    ] {
+        std::fs::write(dir.join("mangled.json"), text.replacen(from, to, 1)).unwrap();
+        let out = evb(dir, &["report", "mangled.json", "-o", "m.html"]);
+        assert_eq!(out.code, Some(2), "{to}: {}", out.stderr);
+        assert!(out.stderr.contains(expected), "{}", out.stderr);
     }
 }
 
@@ -573,4 +593,196 @@ fn progress_bars_only_on_a_terminal_outside_ci() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(out.stdout.contains("evb sim:"), "{}", out.stdout);
     assert_eq!(out.stderr, "", "progress output in a pipe");
+}
+
+/// The SVG of the chart titled `title` in `html`.
+fn chart_titled<'a>(html: &'a str, title: &str) -> &'a str {
+    let at = html
+        .find(title)
+        .unwrap_or_else(|| panic!("no chart titled `{title}`"));
+    let start = html[..at].rfind("<svg").expect("the title is in an SVG");
+    let end = at + html[at..].find("</svg>").unwrap();
+    &html[start..end]
+}
+
+/// A run with Filter Unit consumers gets the output-stage figures (producer
+/// and consumer throughput, busy consumers over time); a fabric analysis
+/// with per-link loads gets a links x steps heat map. Both in Chromium.
+#[test]
+fn consumer_figures_and_link_heat_map_render_in_chromium() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    evb_ok(
+        dir,
+        &[
+            "run",
+            "--nodes",
+            "2",
+            "--duration",
+            "4",
+            "--consumers",
+            "2",
+            "--set",
+            "output.consumer_busy_us=5000",
+            "--json",
+            "run-fu.json",
+        ],
+    );
+    // Two leaves of two hosts under one spine, minhop, name order: in step
+    // 2 both hosts of a leaf send across, so the 2 leaf up-links and the 2
+    // spine down-links carry 2 flows each; steps 1 and 3 carry 1 per link.
+    evb_ok(
+        dir,
+        &[
+            "fabric",
+            "conflicts",
+            "--topology",
+            "fat-tree:radix=4,hosts=4,down=2,up=1",
+            "--routing",
+            "minhop",
+            "--order",
+            "name",
+            "--json",
+            "fabric-small.json",
+        ],
+    );
+    let fabric = read_json(&dir.join("fabric-small.json"));
+    let loads = &fabric["link_loads"];
+    assert_eq!(loads["steps"], serde_json::json!([1, 2, 3]));
+    let links = loads["links"].as_array().expect("link_loads.links");
+    assert_eq!(links.len(), 12, "{loads}");
+    let shared: Vec<&Value> = links.iter().filter(|l| l["loads"][1] == 2).collect();
+    assert_eq!(shared.len(), 4, "{loads}");
+    for l in &shared {
+        assert_eq!(l["loads"], serde_json::json!([1, 2, 1]), "{l}");
+        assert!(l["name"].as_str().unwrap().contains("->"));
+    }
+    assert_eq!(fabric["total"]["conflicts"], 4);
+
+    let run = read_json(&dir.join("run-fu.json"));
+    let c = &run["summary"]["consumers"];
+    assert!(c["batches_consumed"].as_u64().unwrap() > 0, "{c}");
+    let timeline = run["timeline"].as_array().unwrap();
+    let with_busy = timeline
+        .iter()
+        .filter(|s| s["busy_consumers"].as_f64().is_some_and(|b| b > 0.0))
+        .count();
+    assert!(
+        with_busy >= 2,
+        "busy consumers in the timeline: {timeline:?}"
+    );
+
+    evb_ok(
+        dir,
+        &[
+            "report",
+            "run-fu.json",
+            "fabric-small.json",
+            "-o",
+            "fu.html",
+        ],
+    );
+    let html = std::fs::read_to_string(dir.join("fu.html")).unwrap();
+    assert_self_contained(&html);
+    assert!(html.contains("<h3>Output stage: producers and consumers</h3>"));
+    // Each series is a line through one point per timeline sample, in the
+    // first and second colours of the palette.
+    let samples = |key: &str| timeline.iter().filter(|s| s[key].is_number()).count();
+    let throughput = chart_titled(&html, "Producer (BUs delivering) and consumer throughput");
+    assert!(throughput.contains("producer: delivered by the BUs"));
+    assert!(throughput.contains("consumer: consumed by the FUs"));
+    assert_eq!(line_points(throughput, RED), samples("producer_gbps"));
+    assert_eq!(line_points(throughput, GREEN), samples("consumer_gbps"));
+    let busy = chart_titled(&html, "Busy consumers over time");
+    assert!(busy.contains("busy consumers") && busy.contains("consumers in the run"));
+    assert_eq!(line_points(busy, RED), samples("busy_consumers"));
+    assert_eq!(line_points(busy, GREEN), 2, "the ceiling line");
+    // The per-consumer table: both FU endpoints (2 and 3 after 2 nodes).
+    for p in c["per_consumer"].as_array().unwrap() {
+        let row = format!(
+            "<td class=\"num\">{}</td><td class=\"num\">{}</td>",
+            p["node"],
+            grouped(p["batches"].as_u64().unwrap())
+        );
+        assert!(html.contains(&row), "no row {row}");
+    }
+    // The heat map: one row per loaded link (12), one column per step (3),
+    // the link names on the axis, and the colour scale.
+    let heat = chart_titled(&html, "Link load per step (flows on each directed link)");
+    assert!(
+        heat.matches("<rect").count() >= 12 * 3 + 100,
+        "heat map cells"
+    );
+    for l in &shared {
+        let name = l["name"].as_str().unwrap().replace('>', "&gt;");
+        assert!(heat.contains(&name), "no row for {name}");
+    }
+
+    // Chromium parses every chart and draws them.
+    let svgs = html.matches("<svg").count();
+    let dom = chromium(
+        dir,
+        &["--dump-dom"],
+        &format!("file://{}", dir.join("fu.html").display()),
+    );
+    assert_eq!(dom.code, Some(0), "chromium --dump-dom: {}", dom.stderr);
+    assert_eq!(dom.stdout.matches("<svg").count(), svgs, "SVGs in the DOM");
+    assert!(dom.stdout.contains("Busy consumers over time"));
+    assert!(dom
+        .stdout
+        .contains("Link load per step (flows on each directed link)"));
+    // The three new charts alone on a page, as Chromium draws them: the
+    // lines in their colours, the heat map in strong colour.
+    let page = |charts: &[&str]| {
+        format!(
+            "<!DOCTYPE html><html><body>{}</svg></body></html>",
+            charts.join("</svg>")
+        )
+    };
+    std::fs::write(dir.join("lines.html"), page(&[throughput, busy])).unwrap();
+    std::fs::write(dir.join("heat.html"), page(&[heat])).unwrap();
+    let (_, _, pixels) = screenshot(dir, &dir.join("lines.html"), "lines.png");
+    let near = |c: [u8; 3]| {
+        pixels
+            .iter()
+            .filter(|p| p.iter().zip(c).all(|(a, b)| a.abs_diff(b) < 40))
+            .count()
+    };
+    let (red, green) = (near([0xE6, 0x19, 0x4B]), near([0x3C, 0xB4, 0x4B]));
+    eprintln!(
+        "consumer charts screenshot: {red} red (producer, busy) and {green} green \
+         (consumer, ceiling) line pixels"
+    );
+    assert!(
+        red > 1000 && green > 1000,
+        "lines not drawn: {red} red, {green} green"
+    );
+    let (_, _, pixels) = screenshot(dir, &dir.join("heat.html"), "heat.png");
+    eprintln!(
+        "link heat map screenshot: {} strongly coloured pixels",
+        colourful(&pixels)
+    );
+    // 12 x 3 cells over most of a 1000 x 600 chart.
+    assert!(
+        colourful(&pixels) > 200_000,
+        "heat map: {} strongly coloured pixels",
+        colourful(&pixels)
+    );
+}
+
+const RED: &str = "#E6194B";
+const GREEN: &str = "#3CB44B";
+
+/// Points of the longest line drawn in `colour` in an SVG chart (legend
+/// samples are 2-point lines).
+fn line_points(svg: &str, colour: &str) -> usize {
+    svg.split("<polyline")
+        .skip(1)
+        .filter(|p| p.contains(&format!("stroke=\"{colour}\"")))
+        .filter_map(|p| {
+            let pts = p.split("points=\"").nth(1)?.split('"').next()?;
+            Some(pts.split_whitespace().count())
+        })
+        .max()
+        .unwrap_or(0)
 }

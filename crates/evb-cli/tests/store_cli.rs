@@ -429,3 +429,123 @@ fn evb_run_writes_every_built_batch_to_the_store() {
     assert_eq!(v["good_objects"], 90, "{text}");
     assert_eq!(v["bad"], serde_json::json!([]), "{text}");
 }
+
+/// A source lost mid-run (`--kill`: a real `kill -9` of node 2, its RU and
+/// BU): the surviving BUs build the later batches without source 2 and
+/// store them as such. `evb store read` verifies every object and names the
+/// missing source; every complete object holds all 4 sources.
+#[test]
+fn objects_built_after_a_source_is_lost_record_their_sources() {
+    let dir = std::env::temp_dir().join(format!("evb-run-store-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let json = dir.with_extension("json");
+    let mut cmd = evb();
+    // Small batches (8 events of 32 bytes a source): thousands of small
+    // objects, not gigabytes.
+    cmd.args(["run", "--progress", "never", "-n", "4", "--duration", "2.5"])
+        .args(["--kill", "2@1", "--allow-loss", "--json"])
+        .arg(&json)
+        .args([
+            "--set",
+            "source.events_per_mep=8",
+            "--set",
+            "source.size=fixed",
+        ])
+        .args(["--set", "source.mean_bytes=32"])
+        .args(["--set", "output.sink=store", "--set"])
+        .arg(format!("output.store={}", dir.display()));
+    let out = run(cmd);
+    let run_text = text(&out);
+    assert!(out.status.success(), "{run_text}");
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(result["summary"]["nodes_missing"], serde_json::json!([2]));
+
+    // The listing is large: to a file, not a pipe the child could fill.
+    let listing = dir.with_extension("list.json");
+    let mut cmd = evb();
+    cmd.args(["store", "read", "--json", "--list"]).arg(&dir);
+    let read = run_to_file(cmd, &listing);
+    let v: serde_json::Value = serde_json::from_slice(&read)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&read)));
+    // Node 2 may have died in the middle of a write: only its unfinished
+    // temporary file can be bad.
+    for bad in v["bad"].as_array().unwrap() {
+        let name = bad["name"].as_str().unwrap();
+        assert!(
+            name.contains("/node2/") && bad["reason"].as_str().unwrap().contains("unfinished"),
+            "{bad}"
+        );
+    }
+    let good = v["good_objects"].as_u64().unwrap();
+    let partial = v["partial_objects"].as_u64().unwrap();
+    eprintln!("store after kill -9 of node 2: {good} good objects, {partial} without source 2");
+    assert!(partial > 0, "later batches lack source 2: {v}");
+    assert!(good > partial, "batches before the kill hold every source");
+    assert_eq!(v["missing_by_source"], serde_json::json!({ "2": partial }));
+    let listed = v["listed"].as_array().unwrap();
+    assert_eq!(listed.len() as u64, good);
+    let mut last_complete = 0u64;
+    let mut first_partial = u64::MAX;
+    for o in listed {
+        let sources = o["sources"].clone();
+        let mep = o["mep"].as_u64().unwrap();
+        assert_eq!(o["run_sources"], 4);
+        if sources == serde_json::json!([0, 1, 3]) {
+            first_partial = first_partial.min(mep);
+            assert!(!o["name"].as_str().unwrap().contains("/node2/"));
+        } else {
+            assert_eq!(sources, serde_json::json!([0, 1, 2, 3]), "{o}");
+            last_complete = last_complete.max(mep);
+        }
+    }
+    eprintln!("last complete MEP {last_complete}, first without source 2 {first_partial}");
+    // The store's events are those of the batches the BUs built.
+    let node_built: u64 = result["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| !n.is_null() && n["node"] != 2)
+        .map(|n| n["events_built"].as_u64().unwrap())
+        .sum();
+    let survivors_events: u64 = listed
+        .iter()
+        .filter(|o| !o["name"].as_str().unwrap().contains("/node2/"))
+        .map(|o| o["events"].as_u64().unwrap())
+        .sum();
+    assert_eq!(survivors_events, node_built, "every built batch stored");
+    // The text report names the partial objects.
+    let mut cmd = evb();
+    cmd.args(["store", "read"]).arg(&dir);
+    let out = String::from_utf8_lossy(&run(cmd).stdout).to_string();
+    assert!(
+        out.contains(&format!(
+            "partial objects {partial} (built without some sources; missing: source 2 in {partial})"
+        )),
+        "{out}"
+    );
+    assert!(out.contains("sources 3 of 4, missing 2"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&json);
+    let _ = std::fs::remove_file(&listing);
+}
+
+/// Runs a command with its stdout to `path` (killed after 120 s); returns
+/// what it wrote.
+fn run_to_file(mut cmd: Command, path: &Path) -> Vec<u8> {
+    let mut child = cmd
+        .stdout(std::fs::File::create(path).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start evb");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().expect("wait for evb").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("evb did not finish within 120 s: {cmd:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::read(path).unwrap()
+}

@@ -120,6 +120,9 @@ pub struct BuStats {
     pub batches_undelivered: u64,
     /// Time the output queue was full (its batches holding EM credits), ns.
     pub output_full_ns: u64,
+    /// Built batches that found no consumer with credit and had to wait in
+    /// the output queue (each counted once).
+    pub consumer_credit_stalls: u64,
     /// Longest the output queue ever was.
     pub max_output_queue: u32,
 }
@@ -154,6 +157,7 @@ impl BuStats {
             bytes_delivered: 0,
             batches_undelivered: 0,
             output_full_ns: 0,
+            consumer_credit_stalls: 0,
             max_output_queue: 0,
         }
     }
@@ -184,6 +188,8 @@ struct Waiting {
     bytes: u64,
     /// Its `Finished` went to the EM already (it is within the buffer).
     reported: bool,
+    /// It found no consumer credit (counted in `consumer_credit_stalls`).
+    stalled: bool,
 }
 
 /// Where built batches go when there are consumers.
@@ -272,6 +278,12 @@ impl BuilderUnit {
         }
     }
 
+    /// Per FU index: consumer credits this BU holds (empty without
+    /// consumers).
+    pub fn consumer_credits(&self) -> &[u32] {
+        self.output.as_ref().map_or(&[], |o| &o.credits)
+    }
+
     /// Built batches waiting for a consumer.
     pub fn output_waiting(&self) -> usize {
         self.output.as_ref().map_or(0, |o| o.queue.len())
@@ -322,6 +334,10 @@ impl BuilderUnit {
         let n = o.credits.len();
         while let Some(&w) = o.queue.front() {
             let Some(f) = (0..n).map(|k| (o.next + k) % n).find(|&f| o.credits[f] > 0) else {
+                for w in o.queue.iter_mut().filter(|w| !w.stalled) {
+                    w.stalled = true;
+                    self.stats.consumer_credit_stalls += 1;
+                }
                 break;
             };
             o.credits[f] -= 1;
@@ -694,6 +710,7 @@ impl BuilderUnit {
                 events,
                 bytes: batch.bytes,
                 reported: false,
+                stalled: false,
             });
             self.pump_output(now, out);
             return;

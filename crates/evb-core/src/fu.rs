@@ -36,6 +36,11 @@ pub enum FuAction {
 /// Counters of a Filter Unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FuStats {
+    /// Deliveries whose payload arrived (admitted under credit), their
+    /// events and payload bytes: what this consumer received, consumed or not.
+    pub batches_received: u64,
+    pub events_received: u64,
+    pub bytes_received: u64,
     pub batches_consumed: u64,
     pub events_consumed: u64,
     /// Payload bytes of the batches consumed (fragment table included).
@@ -139,6 +144,11 @@ impl FilterUnit {
         self.queue.len()
     }
 
+    /// Per BU index: credits granted to it and not used yet.
+    pub fn credits_outstanding(&self) -> &[u32] {
+        &self.granted
+    }
+
     /// Nothing to do and nothing more will come.
     pub fn is_finished(&self) -> bool {
         self.current.is_none()
@@ -184,6 +194,9 @@ impl FilterUnit {
         out: &mut Vec<FuAction>,
     ) {
         self.admitted = self.admitted.saturating_sub(1);
+        self.stats.batches_received += 1;
+        self.stats.events_received += u64::from(h.event_count);
+        self.stats.bytes_received += u64::from(h.payload_len);
         if !intact {
             self.stats.batches_corrupt += 1;
         }
@@ -311,7 +324,11 @@ mod tests {
                 FuAction::Credit { bu: 0, credits: 1 }
             ]
         );
+        assert_eq!(fu.credits_outstanding(), &[1, 2]);
         fu.on_timeout(20_000, &mut out);
+        assert_eq!(fu.stats.batches_received, 2);
+        assert_eq!(fu.stats.events_received, 20);
+        assert_eq!(fu.stats.bytes_received, 200);
         assert_eq!(fu.stats.batches_consumed, 2);
         assert_eq!(fu.stats.busy_ns, 20_000);
         assert_eq!(fu.stats.deliveries_unexpected, 1);

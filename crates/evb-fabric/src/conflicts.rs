@@ -9,6 +9,10 @@
 //! steps and links. Also reported: flows (all traced flows), steps with at
 //! least one conflict, flows on shared links (flows on links with `f >= 2`)
 //! and the maximum link load (largest `f`).
+//!
+//! On request ([`analyze_with_loads`]) the load of every directed link in
+//! every step is kept too (the links x steps matrix of a heat map), bounded
+//! by a cell budget because it grows as links times steps.
 
 use crate::error::Result;
 use crate::lft::{link_of, trace, Lfts, NO_PATH};
@@ -50,6 +54,33 @@ pub struct LinkReport {
     pub max_load: u32,
 }
 
+/// One directed link's load in every analysed step.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LinkLoad {
+    /// Directed link id: the port's index in the fabric's port numbering
+    /// (stable for one topology file).
+    pub id: u32,
+    /// `node:port->to:to_port`.
+    pub name: String,
+    pub node: String,
+    pub port: u8,
+    pub to: String,
+    pub to_port: u8,
+    /// Flows on the link in each step, in the order of `LinkLoads::steps`.
+    pub loads: Vec<u32>,
+}
+
+/// The load of every directed link that carries a flow, per step.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LinkLoads {
+    /// The steps, in column order.
+    pub steps: Vec<usize>,
+    /// Links that carry at least one flow in some step, by id.
+    pub links: Vec<LinkLoad>,
+    /// Directed links of the fabric that carry no flow in any step (not listed).
+    pub idle_links: usize,
+}
+
 /// Result of an analysis.
 #[derive(Debug, Clone, Serialize)]
 pub struct Analysis {
@@ -57,6 +88,9 @@ pub struct Analysis {
     pub total: Totals,
     pub per_step: Vec<StepStats>,
     pub worst_links: Vec<LinkReport>,
+    /// Per-link per-step loads, when asked for and within the budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_loads: Option<LinkLoads>,
 }
 
 /// The full shift schedule for `n` ranks.
@@ -69,6 +103,8 @@ struct Partial {
     link_conf: Vec<u64>,
     link_steps: Vec<u64>,
     link_max: Vec<u32>,
+    /// With loads: per step, (link, flows) of every link used.
+    loads: Vec<(usize, Vec<(u32, u32)>)>,
 }
 
 /// Traces all flows of `steps` for the rank order `order` (host node ids).
@@ -79,7 +115,28 @@ pub fn analyze(
     steps: &[usize],
     top: usize,
 ) -> Result<Analysis> {
+    analyze_with_loads(topo, lfts, order, steps, top, 0)
+}
+
+/// The directed links of `topo` times `steps`: the cells of a full
+/// per-link load matrix.
+pub fn load_cells(topo: &Topology, steps: usize) -> usize {
+    topo.port_offsets().1.saturating_mul(steps)
+}
+
+/// Like [`analyze`], and keeps every link's load per step in
+/// `link_loads` when the fabric's directed links times the steps are at
+/// most `max_cells` (0: never).
+pub fn analyze_with_loads(
+    topo: &Topology,
+    lfts: &Lfts,
+    order: &[usize],
+    steps: &[usize],
+    top: usize,
+    max_cells: usize,
+) -> Result<Analysis> {
     let (offsets, nlinks) = topo.port_offsets();
+    let keep_loads = max_cells > 0 && nlinks.saturating_mul(steps.len()) <= max_cells;
     let n = order.len();
     // Precompute per host: first link, first switch and LID, so the inner
     // loop is table lookups only.
@@ -137,6 +194,7 @@ pub fn analyze(
             link_conf: vec![0; nlinks],
             link_steps: vec![0; nlinks],
             link_max: vec![0; nlinks],
+            loads: vec![],
         };
         let limit = topo.nodes.len();
         for &s in mine {
@@ -195,6 +253,10 @@ pub fn analyze(
                 shared_links: 0,
                 flows_on_shared_links: 0,
             };
+            if keep_loads {
+                let used = touched.iter().map(|&l| (l, counts[l as usize])).collect();
+                part.loads.push((s, used));
+            }
             for &l in &touched {
                 let c = counts[l as usize];
                 counts[l as usize] = 0;
@@ -226,9 +288,11 @@ pub fn analyze(
     let mut link_conf = vec![0u64; nlinks];
     let mut link_steps = vec![0u64; nlinks];
     let mut link_max = vec![0u32; nlinks];
+    let mut step_loads = vec![];
     for p in parts {
         let p = p?;
         per_step.extend(p.steps);
+        step_loads.extend(p.loads);
         for l in 0..nlinks {
             link_conf[l] += p.link_conf[l];
             link_steps[l] += p.link_steps[l];
@@ -250,6 +314,49 @@ pub fn analyze(
     let mut worst: Vec<usize> = (0..nlinks).filter(|&l| link_conf[l] > 0).collect();
     worst.sort_by(|&a, &b| link_conf[b].cmp(&link_conf[a]).then(a.cmp(&b)));
     worst.truncate(top);
+    let link_loads = keep_loads.then(|| {
+        step_loads.sort_by_key(|s| s.0);
+        let columns = step_loads.len();
+        let mut dense: Vec<Option<Vec<u32>>> = vec![None; nlinks];
+        for (column, (_, used)) in step_loads.iter().enumerate() {
+            for &(l, c) in used {
+                dense[l as usize].get_or_insert_with(|| vec![0; columns])[column] = c;
+            }
+        }
+        let links: Vec<LinkLoad> = dense
+            .into_iter()
+            .enumerate()
+            .filter_map(|(l, loads)| {
+                let loads = loads?;
+                let (node, port) = link_of(&offsets, l as u32);
+                let r = topo.nodes[node].ports[port as usize];
+                let name = &topo.nodes[node].name;
+                let to = r
+                    .map(|r| topo.nodes[r.node].name.clone())
+                    .unwrap_or_default();
+                let to_port = r.map(|r| r.port).unwrap_or(0);
+                Some(LinkLoad {
+                    id: l as u32,
+                    name: format!("{name}:{port}->{to}:{to_port}"),
+                    node: name.clone(),
+                    port,
+                    to,
+                    to_port,
+                    loads,
+                })
+            })
+            .collect();
+        let cabled = topo
+            .nodes
+            .iter()
+            .map(|n| n.ports.iter().filter(|p| p.is_some()).count())
+            .sum::<usize>();
+        LinkLoads {
+            steps: step_loads.iter().map(|s| s.0).collect(),
+            idle_links: cabled.saturating_sub(links.len()),
+            links,
+        }
+    });
     let worst_links = worst
         .into_iter()
         .map(|l| {
@@ -273,6 +380,7 @@ pub fn analyze(
         total,
         per_step,
         worst_links,
+        link_loads,
     })
 }
 
@@ -312,5 +420,69 @@ impl Analysis {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::optimize::order_by_name;
+    use crate::routing::{route, Engine};
+    use crate::topo::FatTreeSpec;
+
+    /// Two leaves of two hosts under one spine (worked out by hand in
+    /// tests/analysis.rs): in step 2 both hosts of a leaf send across, so
+    /// each leaf up-link and each spine down-link carries 2 flows; in steps
+    /// 1 and 3 one flow each way crosses. Host links carry 1 flow a step.
+    #[test]
+    fn link_loads_per_step_by_hand() {
+        let t = FatTreeSpec::parse("fat-tree:radix=4,hosts=4,down=2,up=1")
+            .unwrap()
+            .build()
+            .unwrap();
+        let lfts = route(&t, &Engine::Minhop).unwrap();
+        let order = order_by_name(&t);
+        let steps = shift_steps(4);
+        let a = analyze_with_loads(&t, &lfts, &order, &steps, 10, 1 << 20).unwrap();
+        let loads = a.link_loads.as_ref().expect("within the budget");
+        assert_eq!(loads.steps, vec![1, 2, 3]);
+        // 4 host up-links, 4 leaf down-links to hosts, 2 leaf up-links, 2
+        // spine down-links; nothing idle.
+        assert_eq!(loads.links.len(), 12);
+        assert_eq!(loads.idle_links, 0);
+        let shared: Vec<&LinkLoad> = loads.links.iter().filter(|l| l.loads[1] == 2).collect();
+        assert_eq!(shared.len(), 4, "{loads:?}");
+        for l in &shared {
+            assert_eq!(l.loads, vec![1, 2, 1], "{}", l.name);
+        }
+        // The shared links are exactly the worst links, by name.
+        let mut worst: Vec<String> = a
+            .worst_links
+            .iter()
+            .map(|w| format!("{}:{}->{}:{}", w.node, w.port, w.to, w.to_port))
+            .collect();
+        let mut names: Vec<String> = shared.iter().map(|l| l.name.clone()).collect();
+        worst.sort();
+        names.sort();
+        assert_eq!(worst, names);
+        let unshared = loads.links.iter().filter(|l| l.loads == vec![1, 1, 1]);
+        assert_eq!(unshared.count(), 8);
+        // Every step's figures follow from its column.
+        for (k, st) in a.per_step.iter().enumerate() {
+            let column: Vec<u32> = loads.links.iter().map(|l| l.loads[k]).collect();
+            assert_eq!(st.max_link_load, *column.iter().max().unwrap());
+            let conflicts: u64 = column.iter().map(|&c| u64::from(c.saturating_sub(1))).sum();
+            assert_eq!(st.conflicts, conflicts);
+        }
+        // Over the budget, or not asked for: no matrix.
+        let cells = load_cells(&t, steps.len());
+        assert!(analyze_with_loads(&t, &lfts, &order, &steps, 10, cells - 1)
+            .unwrap()
+            .link_loads
+            .is_none());
+        assert!(analyze(&t, &lfts, &order, &steps, 10)
+            .unwrap()
+            .link_loads
+            .is_none());
     }
 }

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use evb_core::{Layout, Node, NodeId};
+
 use crate::report::NodeReport;
 
 /// Upper bounds of the latency histogram buckets, seconds.
@@ -89,8 +91,8 @@ fn answer(mut s: TcpStream, text: &MetricsText) -> std::io::Result<()> {
     )
 }
 
-/// Live gauges the report does not carry.
-#[derive(Debug, Default, Clone, Copy)]
+/// Live gauges (and counters) the report does not carry.
+#[derive(Debug, Default, Clone)]
 pub struct Gauges {
     /// MEPs whose data the RU still holds (sending or waiting to send).
     pub ru_meps_held: usize,
@@ -98,10 +100,73 @@ pub struct Gauges {
     pub bu_open_batches: usize,
     /// Peers this node is linked to and has not lost.
     pub peers_up: usize,
+    /// A BU of a run with consumers: its output stage.
+    pub bu_output: Option<BuOutputGauges>,
+    /// A Filter Unit consumer.
+    pub consumer: Option<ConsumerGauges>,
+}
+
+/// The output stage of a BU that delivers to consumers.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct BuOutputGauges {
+    /// Built batches waiting for a consumer.
+    pub queue: usize,
+    /// Built batches that found no consumer credit and had to wait.
+    pub credit_stalls: u64,
+    /// (FU endpoint, consumer credits this BU holds for it).
+    pub credits_held: Vec<(NodeId, u32)>,
+}
+
+/// A Filter Unit consumer's live state and what it received.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ConsumerGauges {
+    pub batches_received: u64,
+    pub events_received: u64,
+    pub bytes_received: u64,
+    /// Working on a batch right now.
+    pub busy: bool,
+    /// Batches waiting behind the one being worked on.
+    pub queued: usize,
+    /// (BU endpoint, credits granted to it and not used yet).
+    pub credits_outstanding: Vec<(NodeId, u32)>,
+}
+
+/// The output-stage gauges of `node`: its BU's (with consumers) and its FU's.
+pub fn output_gauges(
+    node: &Node,
+    layout: &Layout,
+) -> (Option<BuOutputGauges>, Option<ConsumerGauges>) {
+    let bu = node
+        .bu()
+        .filter(|b| !b.consumer_credits().is_empty())
+        .map(|b| BuOutputGauges {
+            queue: b.output_waiting(),
+            credit_stalls: b.stats.consumer_credit_stalls,
+            credits_held: layout
+                .fu_nodes
+                .iter()
+                .copied()
+                .zip(b.consumer_credits().iter().copied())
+                .collect(),
+        });
+    let fu = node.fu().map(|f| ConsumerGauges {
+        batches_received: f.stats.batches_received,
+        events_received: f.stats.events_received,
+        bytes_received: f.stats.bytes_received,
+        busy: f.is_busy(),
+        queued: f.queued(),
+        credits_outstanding: layout
+            .bu_nodes
+            .iter()
+            .copied()
+            .zip(f.credits_outstanding().iter().copied())
+            .collect(),
+    });
+    (bu, fu)
 }
 
 /// The text exposition of one node's counters.
-pub fn render(r: &NodeReport, g: Gauges) -> String {
+pub fn render(r: &NodeReport, g: &Gauges) -> String {
     let mut out = String::with_capacity(4096);
     let node = r.node;
     let role = &r.role;
@@ -216,6 +281,12 @@ pub fn render(r: &NodeReport, g: Gauges) -> String {
         c(r.control_rejected),
     );
     metric(
+        "evb_em_credit_stalls_total",
+        "counter",
+        "Times the EM had a MEP to assign and no BU had credit (EM node only).",
+        c(r.em_credit_stalls),
+    );
+    metric(
         "evb_em_meps_lost_bu_gone_total",
         "counter",
         "MEPs lost with their Builder Unit (EM node only).",
@@ -263,6 +334,138 @@ pub fn render(r: &NodeReport, g: Gauges) -> String {
         "Seconds since the node started its run.",
         r.elapsed_s,
     );
+    if let Some(o) = &g.bu_output {
+        metric(
+            "evb_bu_batches_delivered_total",
+            "counter",
+            "Built batches this BU handed to consumers.",
+            c(r.batches_delivered),
+        );
+        metric(
+            "evb_bu_delivered_bytes_total",
+            "counter",
+            "Bytes of the batches this BU handed to consumers (fragment table included).",
+            c(r.bytes_delivered),
+        );
+        metric(
+            "evb_bu_batches_undelivered_total",
+            "counter",
+            "Built batches no consumer could take (all gone, or the drain ended).",
+            c(r.batches_undelivered),
+        );
+        metric(
+            "evb_bu_output_queue_batches",
+            "gauge",
+            "Built batches waiting for a consumer.",
+            o.queue as f64,
+        );
+        metric(
+            "evb_bu_output_queue_max",
+            "gauge",
+            "Longest the output queue has been.",
+            f64::from(r.max_output_queue),
+        );
+        metric(
+            "evb_bu_output_full_seconds_total",
+            "counter",
+            "Time the output queue was full (EM credits held back).",
+            r.output_full_s,
+        );
+        metric(
+            "evb_bu_consumer_credit_stalls_total",
+            "counter",
+            "Built batches that found no consumer credit and had to wait.",
+            c(o.credit_stalls),
+        );
+    }
+    if let Some(f) = &g.consumer {
+        metric(
+            "evb_consumer_batches_received_total",
+            "counter",
+            "Batches delivered to this consumer (payload arrived).",
+            c(f.batches_received),
+        );
+        metric(
+            "evb_consumer_events_received_total",
+            "counter",
+            "Events in the batches delivered to this consumer.",
+            c(f.events_received),
+        );
+        metric(
+            "evb_consumer_received_bytes_total",
+            "counter",
+            "Bytes of the batches delivered to this consumer.",
+            c(f.bytes_received),
+        );
+        metric(
+            "evb_consumer_batches_consumed_total",
+            "counter",
+            "Batches this consumer finished working on.",
+            c(r.batches_consumed),
+        );
+        metric(
+            "evb_consumer_events_consumed_total",
+            "counter",
+            "Events in the batches this consumer finished.",
+            c(r.events_consumed),
+        );
+        metric(
+            "evb_consumer_consumed_bytes_total",
+            "counter",
+            "Bytes of the batches this consumer finished.",
+            c(r.bytes_consumed),
+        );
+        metric(
+            "evb_consumer_batches_corrupt_total",
+            "counter",
+            "Delivered batches that failed verification (CRC or fragment table).",
+            c(r.batches_consumed_corrupt),
+        );
+        metric(
+            "evb_consumer_deliveries_unexpected_total",
+            "counter",
+            "Deliveries beyond the credit granted, or from a non-BU: dropped.",
+            c(r.deliveries_unexpected),
+        );
+        metric(
+            "evb_consumer_busy_seconds_total",
+            "counter",
+            "Time this consumer spent working on batches.",
+            r.busy_s,
+        );
+        metric(
+            "evb_consumer_busy",
+            "gauge",
+            "1 while this consumer works on a batch, else 0.",
+            if f.busy { 1.0 } else { 0.0 },
+        );
+        metric(
+            "evb_consumer_queued_batches",
+            "gauge",
+            "Batches waiting at this consumer behind the one it works on.",
+            f.queued as f64,
+        );
+    }
+    if let Some(o) = &g.bu_output {
+        let name = "evb_bu_consumer_credits";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Consumer credits this BU holds, per consumer (FU endpoint).\n# TYPE {name} gauge"
+        );
+        for (fu, n) in &o.credits_held {
+            let _ = writeln!(out, "{name}{{{labels},consumer=\"{fu}\"}} {n}");
+        }
+    }
+    if let Some(f) = &g.consumer {
+        let name = "evb_consumer_credits_outstanding";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Credits this consumer granted a BU (endpoint) and the BU has not used yet.\n# TYPE {name} gauge"
+        );
+        for (bu, n) in &f.credits_outstanding {
+            let _ = writeln!(out, "{name}{{{labels},bu=\"{bu}\"}} {n}");
+        }
+    }
     if !r.missing_by_source.is_empty() {
         let _ = writeln!(
             out,
@@ -312,7 +515,7 @@ mod tests {
             events_built: 42,
             ..Default::default()
         };
-        let text = render(&r, Gauges::default());
+        let text = render(&r, &Gauges::default());
         assert!(text.contains("evb_events_built_total{node=\"3\",role=\"RU+BU\"} 42"));
         assert!(text.contains(
             "evb_batch_latency_seconds_bucket{node=\"3\",role=\"RU+BU\",le=\"0.0001\"} 2"
@@ -321,5 +524,50 @@ mod tests {
         assert!(text.contains("le=\"2.5\"} 7"));
         assert!(text.contains("le=\"+Inf\"} 8"));
         assert!(text.contains("evb_batch_latency_seconds_count{node=\"3\",role=\"RU+BU\"} 8"));
+        // No consumer series on a node without consumers.
+        assert!(!text.contains("evb_consumer_") && !text.contains("evb_bu_consumer"));
+    }
+
+    #[test]
+    fn consumer_and_producer_series() {
+        let r = NodeReport {
+            node: 5,
+            role: "FU".into(),
+            batches_consumed: 7,
+            busy_s: 1.5,
+            ..Default::default()
+        };
+        let g = Gauges {
+            consumer: Some(ConsumerGauges {
+                batches_received: 9,
+                busy: true,
+                credits_outstanding: vec![(0, 2), (1, 0)],
+                ..Default::default()
+            }),
+            bu_output: Some(BuOutputGauges {
+                queue: 3,
+                credit_stalls: 4,
+                credits_held: vec![(4, 1), (5, 2)],
+            }),
+            ..Default::default()
+        };
+        let text = render(&r, &g);
+        let l = "node=\"5\",role=\"FU\"";
+        for line in [
+            format!("evb_consumer_batches_received_total{{{l}}} 9"),
+            format!("evb_consumer_batches_consumed_total{{{l}}} 7"),
+            format!("evb_consumer_busy_seconds_total{{{l}}} 1.5"),
+            format!("evb_consumer_busy{{{l}}} 1"),
+            format!("evb_consumer_credits_outstanding{{{l},bu=\"0\"}} 2"),
+            format!("evb_consumer_credits_outstanding{{{l},bu=\"1\"}} 0"),
+            format!("evb_bu_output_queue_batches{{{l}}} 3"),
+            format!("evb_bu_consumer_credit_stalls_total{{{l}}} 4"),
+            format!("evb_bu_consumer_credits{{{l},consumer=\"5\"}} 2"),
+        ] {
+            assert!(
+                text.contains(&format!("\n{line}\n")),
+                "missing `{line}` in\n{text}"
+            );
+        }
     }
 }

@@ -887,7 +887,11 @@ impl Runtime {
         }
         r.drain_timed_out = drain_timed_out;
         if let Some(m) = &self.metrics {
+            let (bu_output, consumer) =
+                crate::metrics::output_gauges(&self.engine.node, &self.layout);
             let gauges = crate::metrics::Gauges {
+                bu_output,
+                consumer,
                 ru_meps_held: self.engine.meps.len(),
                 bu_open_batches: self.engine.batches.len(),
                 peers_up: self
@@ -896,7 +900,7 @@ impl Runtime {
                     .filter(|&&p| p != self.rank && !self.lost.iter().any(|l| l.peer == p))
                     .count(),
             };
-            m.set(crate::metrics::render(&r, gauges));
+            m.set(crate::metrics::render(&r, &gauges));
         }
         if !full {
             // STATS lines stay small: the histogram only in FINAL.
@@ -931,18 +935,23 @@ fn store_batch(
     events_per_mep: u32,
     b: &BatchSlots,
 ) -> Result<()> {
-    let parts: Vec<&[u8]> = b
+    let (sources, parts): (Vec<u32>, Vec<&[u8]>) = b
         .slots
         .iter()
-        .filter_map(|s| match s {
-            Some(Slot::Received { data, start, len }) => Some(&data[*start..*start + *len]),
-            Some(Slot::Local(rc)) => Some(&rc[..]),
-            // A source that is down is absent from the object.
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Some(Slot::Received { data, start, len }) => {
+                Some((i as u32, &data[*start..*start + *len]))
+            }
+            Some(Slot::Local(rc)) => Some((i as u32, &rc[..])),
+            // A source that is down is absent from the object, which
+            // records the sources it holds.
             None => None,
         })
-        .collect();
+        .unzip();
+    let run_sources = b.slots.len() as u32;
     loop {
-        match store.write_batch(mep, events_per_mep, &parts) {
+        match store.write_batch_sources(mep, events_per_mep, run_sources, &sources, &parts) {
             Ok(()) => return Ok(()),
             Err(evb_store::StoreError::Backpressure { .. }) => {
                 store.flush().context("the event store")?;

@@ -293,12 +293,20 @@ impl Picture for HeatMap<'_> {
         area.fill(&WHITE).map_err(|e| e.to_string())?;
         let (w, _) = area.dim_in_pixel();
         let (main, legend) = area.split_horizontally(w.saturating_sub(90));
+        // Room for the longest row label (link names are long), within reason.
+        let longest = self
+            .y_ticks
+            .iter()
+            .map(|t| t.chars().count())
+            .max()
+            .unwrap_or(0);
+        let y_area = (longest as u32 * 8 + 30).clamp(65, 280);
         // Segmented axes: one segment per cell, labelled at its centre.
         let mut chart = ChartBuilder::on(&main)
             .caption(self.title, ("sans-serif", 24))
             .margin(12)
             .x_label_area_size(45)
-            .y_label_area_size(65)
+            .y_label_area_size(y_area)
             .build_cartesian_2d(
                 // A segmented range a..b has b - a + 1 segments.
                 (0..width.saturating_sub(1).max(1)).into_segmented(),

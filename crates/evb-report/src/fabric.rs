@@ -1,6 +1,8 @@
 //! `evb fabric conflicts --json` files: how the shift schedule loads the
 //! fabric's links, step by step, and which links are shared most.
 
+use std::fmt::Write;
+
 use evb_plot::{Bar, Series};
 
 use crate::html::{count, facts, short_name, table, Cell};
@@ -11,6 +13,122 @@ use crate::{figure, Input, Result};
 const WORST_LINKS: usize = 20;
 /// Widest row of the per-step heat map.
 const MAX_GRID_COLUMNS: usize = 50;
+/// Links (rows) of the links x steps heat map: the most loaded ones.
+const MAX_LINK_ROWS: usize = 48;
+/// Step columns of the links x steps heat map; more steps are binned.
+const MAX_STEP_COLUMNS: usize = 128;
+
+/// One link's row of `link_loads`.
+struct LinkRow {
+    name: String,
+    loads: Vec<u64>,
+}
+
+/// `link_loads` of the file: the steps and every listed link's loads, or
+/// `None` when the file has none (older evb, or over the cell budget).
+fn link_loads(root: &At) -> Result<Option<(Vec<u64>, Vec<LinkRow>)>> {
+    let ll = root.get("link_loads");
+    if ll.is_null() {
+        return Ok(None);
+    }
+    let steps: Vec<u64> = ll
+        .get("steps")
+        .array()?
+        .iter()
+        .map(At::u64)
+        .collect::<Result<_>>()?;
+    let mut rows = Vec::new();
+    for link in ll.get("links").array()? {
+        let loads_at = link.get("loads");
+        let raw = loads_at
+            .value
+            .as_array()
+            .ok_or_else(|| loads_at.error("expected an array of flow counts"))?;
+        if raw.len() != steps.len() {
+            return Err(loads_at.error(format!("{} loads for {} steps", raw.len(), steps.len())));
+        }
+        let mut loads = Vec::with_capacity(raw.len());
+        for (i, v) in raw.iter().enumerate() {
+            match v.as_u64() {
+                Some(x) => loads.push(x),
+                // Only a bad cell pays for a field path.
+                None => return Err(loads_at.array()?[i].u64().unwrap_err()),
+            }
+        }
+        rows.push(LinkRow {
+            name: link.get("name").str()?.to_string(),
+            loads,
+        });
+    }
+    Ok(Some((steps, rows)))
+}
+
+/// The links x steps heat map: the most shared links (by conflicts summed
+/// over steps, then largest load), one row each; steps binned into at most
+/// [`MAX_STEP_COLUMNS`] columns, a cell showing the largest load in its bin.
+fn link_heat_map(input: &Input, steps: &[u64], links: &[LinkRow]) -> Result<String> {
+    let mut ranked: Vec<(&LinkRow, u64, u64)> = links
+        .iter()
+        .map(|l| {
+            let conflicts = l.loads.iter().map(|&c| c.saturating_sub(1)).sum::<u64>();
+            let max = l.loads.iter().copied().max().unwrap_or(0);
+            (l, conflicts, max)
+        })
+        .collect();
+    ranked.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(b.2.cmp(&a.2))
+            .then(a.0.name.cmp(&b.0.name))
+    });
+    ranked.truncate(MAX_LINK_ROWS);
+    // The most shared link on top (plotters counts rows from the bottom).
+    ranked.reverse();
+    let bin = steps.len().div_ceil(MAX_STEP_COLUMNS).max(1);
+    let columns = steps.len().div_ceil(bin);
+    let grid: Vec<Vec<f64>> = ranked
+        .iter()
+        .map(|(l, _, _)| {
+            l.loads
+                .chunks(bin)
+                .map(|c| c.iter().copied().max().unwrap_or(0) as f64)
+                .collect()
+        })
+        .collect();
+    // A column is labelled with its first step.
+    let x_ticks: Vec<String> = (0..columns).map(|c| steps[c * bin].to_string()).collect();
+    let y_ticks: Vec<String> = ranked.iter().map(|(l, _, _)| l.name.clone()).collect();
+    let chart = if grid.is_empty() {
+        Err(evb_plot::PlotError::Empty("the file lists no loaded links"))
+    } else {
+        evb_plot::heat_map_svg(
+            "Link load per step (flows on each directed link)",
+            if bin == 1 {
+                "step"
+            } else {
+                "steps (binned; first step of each column)"
+            },
+            "directed link",
+            &grid,
+            &x_ticks,
+            &y_ticks,
+        )
+    };
+    let mut out = figure(input.file, chart)?;
+    let _ = writeln!(
+        out,
+        "<p class=\"note\">Each row is one directed link, each column one step of the shift \
+         schedule{}; the colour is the number of flows on the link (2 or more: the flows share \
+         its bandwidth). {} of {} loaded links shown, the most shared first.</p>",
+        if bin == 1 {
+            String::new()
+        } else {
+            format!(" ({bin} steps a column, the largest load of them)")
+        },
+        ranked.len(),
+        links.len()
+    );
+    Ok(out)
+}
 
 struct Totals {
     conflicts: u64,
@@ -90,41 +208,11 @@ pub(crate) fn section(input: &Input) -> Result<String> {
 
     let steps = steps(root)?;
     out.push_str("<h3>Link load per step</h3>\n");
-    // Steps wrapped into a grid, row by row, so that thousands of steps fit.
-    let columns = (steps.len() as f64)
-        .sqrt()
-        .ceil()
-        .clamp(1.0, MAX_GRID_COLUMNS as f64) as usize;
-    let grid_rows = steps.len().div_ceil(columns);
-    let mut grid = vec![vec![0.0; columns]; grid_rows];
-    for (i, s) in steps.iter().enumerate() {
-        grid[i / columns][i % columns] = s.max_link_load as f64;
-    }
-    let x_ticks: Vec<String> = (0..columns).map(|c| format!("+{c}")).collect();
-    let y_ticks: Vec<String> = (0..grid_rows)
-        .map(|r| {
-            steps
-                .get(r * columns)
-                .map_or(String::new(), |s| s.step.to_string())
-        })
-        .collect();
-    let chart = if steps.is_empty() {
-        Err(evb_plot::PlotError::Empty("the file has no steps"))
+    if let Some((load_steps, links)) = link_loads(root)? {
+        out.push_str(&link_heat_map(input, &load_steps, &links)?);
     } else {
-        evb_plot::heat_map_svg(
-            "Most loaded link in each step (flows on it)",
-            "step offset in the row",
-            "first step of the row",
-            &grid,
-            &x_ticks,
-            &y_ticks,
-        )
-    };
-    out.push_str(&figure(input.file, chart)?);
-    out.push_str(
-        "<p class=\"note\">Each cell is one step of the shift schedule; its colour is the load \
-         of the busiest directed link in that step (1 = no sharing). Cells after the last step are 0.</p>\n",
-    );
+        out.push_str(&busiest_link_grid(input, &steps)?);
+    }
     let conflicts: Vec<(f64, f64)> = steps
         .iter()
         .map(|s| (s.step as f64, s.conflicts as f64))
@@ -185,6 +273,52 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             &rows,
         ));
     }
+    Ok(out)
+}
+
+/// Without per-link loads: the busiest link's load in each step, the steps
+/// wrapped into a grid row by row.
+fn busiest_link_grid(input: &Input, steps: &[Step]) -> Result<String> {
+    let mut out = String::new();
+    // Steps wrapped into a grid, row by row, so that thousands of steps fit.
+    let columns = (steps.len() as f64)
+        .sqrt()
+        .ceil()
+        .clamp(1.0, MAX_GRID_COLUMNS as f64) as usize;
+    let grid_rows = steps.len().div_ceil(columns);
+    let mut grid = vec![vec![0.0; columns]; grid_rows];
+    for (i, s) in steps.iter().enumerate() {
+        grid[i / columns][i % columns] = s.max_link_load as f64;
+    }
+    let x_ticks: Vec<String> = (0..columns).map(|c| format!("+{c}")).collect();
+    let y_ticks: Vec<String> = (0..grid_rows)
+        .map(|r| {
+            steps
+                .get(r * columns)
+                .map_or(String::new(), |s| s.step.to_string())
+        })
+        .collect();
+    let chart = if steps.is_empty() {
+        Err(evb_plot::PlotError::Empty("the file has no steps"))
+    } else {
+        evb_plot::heat_map_svg(
+            "Most loaded link in each step (flows on it)",
+            "step offset in the row",
+            "first step of the row",
+            &grid,
+            &x_ticks,
+            &y_ticks,
+        )
+    };
+    out.push_str(&figure(input.file, chart)?);
+    out.push_str(
+        "<p class=\"note\">Each cell is one step of the shift schedule; its colour is the load \
+         of the busiest directed link in that step (1 = no sharing). Cells after the last step are 0.</p>\n",
+    );
+    out.push_str(
+        "<p class=\"note\">This file has no per-link loads (<code>link_loads</code>: written by an older evb, or more \
+         links x steps than <code>--link-loads-max-cells</code>).</p>\n",
+    );
     Ok(out)
 }
 

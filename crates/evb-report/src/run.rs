@@ -141,6 +141,7 @@ pub(crate) fn section(input: &Input) -> Result<String> {
 
     out.push_str("<h3>Throughput over time</h3>\n");
     out.push_str(&figure(input.file, throughput_chart(root)?)?);
+    out.push_str(&consumers(input)?);
 
     out.push_str("<h3>Batch building latency</h3>\n");
     let nodes = node_buckets(root)?;
@@ -197,6 +198,128 @@ fn throughput_chart(root: &At) -> Result<Result<String, evb_plot::PlotError>> {
         "Built Gb/s, all nodes"
     };
     Ok(evb_plot::line_chart_svg(title, "time (s)", "Gb/s", &series))
+}
+
+/// The output stage of a run with Filter Unit consumers (`summary.consumers`
+/// and the consumer fields of the timeline): producer and consumer
+/// throughput and the number of busy consumers over time, per consumer
+/// figures. Empty for a run without consumers.
+fn consumers(input: &Input) -> Result<String> {
+    let root = &input.root;
+    let c = root.get("summary").get("consumers");
+    if c.is_null() {
+        return Ok(String::new());
+    }
+    let consumers = c.get("consumers").u64()?;
+    let mut out = String::from("<h3>Output stage: producers and consumers</h3>\n");
+    out.push_str(&facts(&[
+        ("consumers", count(consumers)),
+        (
+            "batches delivered / consumed",
+            format!(
+                "{} / {}",
+                count(c.get("batches_delivered").u64()?),
+                count(c.get("batches_consumed").u64()?)
+            ),
+        ),
+        (
+            "not consumed / undelivered / corrupt",
+            format!(
+                "{} / {} / {}",
+                count(c.get("batches_not_consumed").u64()?),
+                count(c.get("batches_undelivered").u64()?),
+                count(c.get("batches_corrupt").u64()?)
+            ),
+        ),
+        (
+            "producer / consumer throughput",
+            format!(
+                "{:.2} / {:.2} Gb/s",
+                c.get("producer_gbps").f64()?,
+                c.get("consumer_gbps").f64()?
+            ),
+        ),
+        (
+            "backpressure",
+            format!(
+                "EM credit stalls {}, BU output queues full {} s, longest queue {}",
+                count(c.get("em_credit_stalls").u64()?),
+                fixed(Some(c.get("output_full_s").f64()?), 3),
+                count(c.get("max_output_queue").u64()?)
+            ),
+        ),
+    ]));
+    let mut producer = Vec::new();
+    let mut consumer = Vec::new();
+    let mut busy = Vec::new();
+    for sample in root.get("timeline").opt_array()? {
+        let t = sample.get("t_s").f64()?;
+        if let Some(v) = sample.get("producer_gbps").opt_f64()? {
+            producer.push((t, v));
+        }
+        if let Some(v) = sample.get("consumer_gbps").opt_f64()? {
+            consumer.push((t, v));
+        }
+        if let Some(v) = sample.get("busy_consumers").opt_f64()? {
+            busy.push((t, v));
+        }
+    }
+    out.push_str(&figure(
+        input.file,
+        evb_plot::line_chart_svg(
+            "Producer (BUs delivering) and consumer throughput",
+            "time (s)",
+            "Gb/s",
+            &[
+                Series {
+                    name: "producer: delivered by the BUs".into(),
+                    points: producer,
+                },
+                Series {
+                    name: "consumer: consumed by the FUs".into(),
+                    points: consumer,
+                },
+            ],
+        ),
+    )?);
+    let ceiling = match (busy.first(), busy.last()) {
+        (Some(first), Some(last)) => vec![(first.0, consumers as f64), (last.0, consumers as f64)],
+        _ => Vec::new(),
+    };
+    out.push_str(&figure(
+        input.file,
+        evb_plot::line_chart_svg(
+            "Busy consumers over time (mean over each interval)",
+            "time (s)",
+            "consumers busy",
+            &[
+                Series {
+                    name: "busy consumers".into(),
+                    points: busy,
+                },
+                Series {
+                    name: "consumers in the run".into(),
+                    points: ceiling,
+                },
+            ],
+        ),
+    )?);
+    let mut rows = Vec::new();
+    for p in c.get("per_consumer").opt_array()? {
+        rows.push(vec![
+            Cell::num(p.get("node").u64()?.to_string()),
+            Cell::num(count(p.get("batches").u64()?)),
+            Cell::num(count(p.get("bytes").u64()?)),
+            Cell::num(format!("{:.0} %", p.get("busy_fraction").f64()? * 100.0)),
+        ]);
+    }
+    if !rows.is_empty() {
+        out.push_str(&table(
+            &["consumer (endpoint)", "batches consumed", "bytes", "busy"],
+            &rows,
+        ));
+    }
+    Ok(out)
 }
 
 /// Min, mean and max over many per-node lines sampled at the same times.

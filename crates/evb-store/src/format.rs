@@ -15,24 +15,35 @@ use std::fmt;
 
 /// First four bytes of every object.
 pub const MAGIC: [u8; 4] = *b"EVBO";
-/// Layout version; changes when the header or index layout changes.
-pub const VERSION: u16 = 1;
+/// Layout version written; changes when the header or index layout changes.
+/// Version 2 added the source table (which sources an object holds: a batch
+/// built after a source was lost lacks it). Version 1 objects are still
+/// read: they hold every source of the run.
+pub const VERSION: u16 = 2;
+/// The oldest layout version this reader still reads.
+pub const OLDEST_VERSION: u16 = 1;
 /// Fixed header size in bytes.
 pub const HEADER_LEN: usize = 48;
 /// Bytes of one event entry in the index: offset u64, length u32, crc32c u32.
 pub const EVENT_ENTRY_LEN: usize = 16;
 /// Bytes of one fragment size in the index.
 pub const FRAGMENT_ENTRY_LEN: usize = 4;
+/// Bytes of one entry of the source table (version 2): the run's source
+/// count first, then one source index per stored source.
+pub const SOURCE_ENTRY_LEN: usize = 4;
 /// File name extension of an object.
 pub const EXTENSION: &str = "evbo";
 
 /// The identity and shape of one stored batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectHeader {
+    /// Layout version of the object (1 or 2).
+    pub version: u16,
     pub run_id: u32,
     pub node: u16,
     pub mep: u64,
     pub event_count: u32,
+    /// Sources (fragments per event) this object holds.
     pub source_count: u32,
     pub payload_len: u64,
 }
@@ -42,9 +53,15 @@ impl ObjectHeader {
     pub fn index_len(&self) -> Option<u64> {
         let events = u64::from(self.event_count);
         let fragments = events.checked_mul(u64::from(self.source_count))?;
+        let source_table = if self.version >= 2 {
+            (u64::from(self.source_count) + 1) * SOURCE_ENTRY_LEN as u64
+        } else {
+            0
+        };
         events
             .checked_mul(EVENT_ENTRY_LEN as u64)?
-            .checked_add(fragments.checked_mul(FRAGMENT_ENTRY_LEN as u64)?)
+            .checked_add(fragments.checked_mul(FRAGMENT_ENTRY_LEN as u64)?)?
+            .checked_add(source_table)
     }
 
     /// Whole object size implied by the header, `None` if it overflows u64.
@@ -102,6 +119,18 @@ pub enum ObjectError {
         stored: u32,
         computed: u32,
     },
+    /// The source table is not strictly increasing source indices below
+    /// the run's source count.
+    SourceTable {
+        position: u32,
+        source: u32,
+        reason: &'static str,
+    },
+    /// The header holds more sources than the run has.
+    SourceCount {
+        source_count: u32,
+        run_sources: u32,
+    },
 }
 
 impl fmt::Display for ObjectError {
@@ -117,9 +146,10 @@ impl fmt::Display for ObjectError {
                 len - expected
             ),
             ObjectError::BadMagic(m) => write!(f, "header: bad magic {m:02x?} (expected \"EVBO\")"),
-            ObjectError::BadVersion(v) => {
-                write!(f, "header: unsupported version {v} (this reader knows {VERSION})")
-            }
+            ObjectError::BadVersion(v) => write!(
+                f,
+                "header: unsupported version {v} (this reader knows versions {OLDEST_VERSION} to {VERSION})"
+            ),
             ObjectError::BadHeaderLen(l) => {
                 write!(f, "header: header_len {l} (expected {HEADER_LEN})")
             }
@@ -168,6 +198,21 @@ impl fmt::Display for ObjectError {
             } => write!(
                 f,
                 "payload of event {event}: CRC-32C mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            ),
+            ObjectError::SourceTable {
+                position,
+                source,
+                reason,
+            } => write!(
+                f,
+                "index: source table entry {position} is source {source}: {reason}"
+            ),
+            ObjectError::SourceCount {
+                source_count,
+                run_sources,
+            } => write!(
+                f,
+                "header: {source_count} sources stored but the run has {run_sources}"
             ),
         }
     }
@@ -235,7 +280,8 @@ fn fragment_data_len(
 /// thread and the checksums on the writer's.
 ///
 /// `fragments` are the fragment payloads of the batch in source order, each
-/// an event-size table of `events` u32 then the event data.
+/// an event-size table of `events` u32 then the event data; every source of
+/// the run is there (see [`layout_sources`] for a batch without some).
 pub fn layout(
     out: &mut Vec<u8>,
     run_id: u32,
@@ -248,16 +294,59 @@ pub fn layout(
         source: fragments.len(),
         reason: "more than 2^32 sources".into(),
     })?;
+    let all: Vec<u32> = (0..sources).collect();
+    layout_sources(out, run_id, node, mep, events, sources, &all, fragments)
+}
+
+/// Like [`layout`] for a batch built from some of the run's `run_sources`
+/// sources: `sources[i]` is the source index of `fragments[i]`, strictly
+/// increasing and below `run_sources` (a batch built after a source was
+/// lost lacks that source). The object records which sources it holds.
+#[allow(clippy::too_many_arguments)]
+pub fn layout_sources(
+    out: &mut Vec<u8>,
+    run_id: u32,
+    node: u16,
+    mep: u64,
+    events: u32,
+    run_sources: u32,
+    sources: &[u32],
+    fragments: &[&[u8]],
+) -> Result<(), FragmentLayoutError> {
+    if sources.len() != fragments.len() {
+        return Err(FragmentLayoutError {
+            source: fragments.len(),
+            reason: format!(
+                "{} fragments but {} source indices",
+                fragments.len(),
+                sources.len()
+            ),
+        });
+    }
+    let mut previous: Option<u32> = None;
+    for &s in sources {
+        if s >= run_sources || previous.is_some_and(|p| p >= s) {
+            return Err(FragmentLayoutError {
+                source: s as usize,
+                reason: format!(
+                    "source indices must increase strictly and stay below the run's {run_sources} sources"
+                ),
+            });
+        }
+        previous = Some(s);
+    }
+    let source_count = sources.len() as u32;
     let mut payload_len = 0u64;
-    for (source, fragment) in fragments.iter().enumerate() {
-        payload_len += fragment_data_len(source, fragment, events)?;
+    for (&source, fragment) in sources.iter().zip(fragments) {
+        payload_len += fragment_data_len(source as usize, fragment, events)?;
     }
     let header = ObjectHeader {
+        version: VERSION,
         run_id,
         node,
         mep,
         event_count: events,
-        source_count: sources,
+        source_count,
         payload_len,
     };
     // Fragments are in memory, so these sizes are bounded by what exists.
@@ -288,6 +377,11 @@ pub fn layout(
             out.extend_from_slice(&f[e * 4..e * 4 + 4]);
         }
     }
+    // Source table: the run's source count, then the sources held.
+    out.extend_from_slice(&run_sources.to_le_bytes());
+    for s in sources {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
     // Payload, event-major: walk every fragment's data with a cursor.
     let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
     for e in 0..events {
@@ -303,7 +397,7 @@ pub fn layout(
 
 fn write_header(out: &mut Vec<u8>, h: &ObjectHeader, index_crc: u32, header_crc: u32) {
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&h.version.to_le_bytes());
     out.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
     out.extend_from_slice(&h.run_id.to_le_bytes());
     out.extend_from_slice(&h.node.to_le_bytes());
@@ -319,9 +413,15 @@ fn write_header(out: &mut Vec<u8>, h: &ObjectHeader, index_crc: u32, header_crc:
 /// Fills in the checksums of an object made by [`layout`]: each event's
 /// CRC-32C, then the index's, then the header's (which covers the index CRC).
 pub fn seal(object: &mut [u8]) {
+    let version = u16_at(object, 4);
     let events = u32_at(object, 24) as usize;
     let sources = u32_at(object, 28) as usize;
-    let index_len = events * EVENT_ENTRY_LEN + events * sources * FRAGMENT_ENTRY_LEN;
+    let source_table = if version >= 2 {
+        (sources + 1) * SOURCE_ENTRY_LEN
+    } else {
+        0
+    };
+    let index_len = events * EVENT_ENTRY_LEN + events * sources * FRAGMENT_ENTRY_LEN + source_table;
     let (head, payload) = object.split_at_mut(HEADER_LEN + index_len);
     for e in 0..events {
         let entry = HEADER_LEN + e * EVENT_ENTRY_LEN;
@@ -350,6 +450,32 @@ pub fn encode(
     Ok(out)
 }
 
+/// Builds a complete, sealed object of a batch holding only `sources` of
+/// the run's `run_sources` (see [`layout_sources`]).
+pub fn encode_sources(
+    run_id: u32,
+    node: u16,
+    mep: u64,
+    events: u32,
+    run_sources: u32,
+    sources: &[u32],
+    fragments: &[&[u8]],
+) -> Result<Vec<u8>, FragmentLayoutError> {
+    let mut out = Vec::new();
+    layout_sources(
+        &mut out,
+        run_id,
+        node,
+        mep,
+        events,
+        run_sources,
+        sources,
+        fragments,
+    )?;
+    seal(&mut out);
+    Ok(out)
+}
+
 /// A verified object, borrowed from its bytes: every checksum and length has
 /// been checked, so its accessors cannot fail.
 #[derive(Debug, Clone, Copy)]
@@ -368,7 +494,67 @@ impl<'a> StoredBatch<'a> {
         &self.payload[offset..offset + len]
     }
 
-    /// Size of the fragment of source `s` in event `e`.
+    /// The run's number of sources (version 1: every source is stored).
+    pub fn run_sources(&self) -> u32 {
+        match self.source_table() {
+            Some(t) => u32_at(t, 0),
+            None => self.header.source_count,
+        }
+    }
+
+    /// The source index of stored column `s` (`s < source_count`).
+    pub fn source(&self, s: u32) -> u32 {
+        match self.source_table() {
+            Some(t) => u32_at(t, (s as usize + 1) * SOURCE_ENTRY_LEN),
+            None => s,
+        }
+    }
+
+    /// The source indices stored, in column order (increasing).
+    pub fn sources(&self) -> Vec<u32> {
+        (0..self.header.source_count)
+            .map(|s| self.source(s))
+            .collect()
+    }
+
+    /// How many of the run's sources the object lacks.
+    pub fn missing_count(&self) -> u32 {
+        self.run_sources() - self.header.source_count
+    }
+
+    /// The source indices the object lacks, at most `limit` of them (the
+    /// run's source count comes from the object: it may be large).
+    pub fn missing_sources(&self, limit: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut next = 0u32;
+        for s in (0..self.header.source_count)
+            .map(|c| self.source(c))
+            .chain([self.run_sources()])
+        {
+            while next < s && out.len() < limit {
+                out.push(next);
+                next += 1;
+            }
+            if out.len() >= limit {
+                break;
+            }
+            next = s + 1;
+        }
+        out
+    }
+
+    /// Version 2: the source table (run's source count, then the sources).
+    fn source_table(&self) -> Option<&'a [u8]> {
+        (self.header.version >= 2).then(|| {
+            let e = self.header.event_count as usize;
+            let at =
+                e * EVENT_ENTRY_LEN + e * self.header.source_count as usize * FRAGMENT_ENTRY_LEN;
+            &self.index[at..]
+        })
+    }
+
+    /// Size of the fragment in stored column `s` (source [`Self::source`]`(s)`)
+    /// of event `e`.
     pub fn fragment_len(&self, e: u32, s: u32) -> u32 {
         let table = self.header.event_count as usize * EVENT_ENTRY_LEN;
         let at = table
@@ -376,7 +562,7 @@ impl<'a> StoredBatch<'a> {
         u32_at(self.index, at)
     }
 
-    /// The fragment of source `s` in event `e`.
+    /// The fragment in stored column `s` of event `e`.
     pub fn fragment(&self, e: u32, s: u32) -> &'a [u8] {
         let start: usize = (0..s).map(|i| self.fragment_len(e, i) as usize).sum();
         &self.event(e)[start..start + self.fragment_len(e, s) as usize]
@@ -405,7 +591,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<ObjectHeader, ObjectError> {
     // Version and size are checked after the CRC so that a flipped bit there
     // is reported as what it is: corruption.
     let version = u16_at(bytes, 4);
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(ObjectError::BadVersion(version));
     }
     let header_len = u16_at(bytes, 6);
@@ -413,6 +599,7 @@ pub fn decode_header(bytes: &[u8]) -> Result<ObjectHeader, ObjectError> {
         return Err(ObjectError::BadHeaderLen(header_len));
     }
     Ok(ObjectHeader {
+        version,
         run_id: u32_at(bytes, 8),
         node: u16_at(bytes, 12),
         mep: u64_at(bytes, 16),
@@ -518,6 +705,37 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
             payload_len: header.payload_len,
         });
     }
+    if header.version >= 2 {
+        let at = header.event_count as usize * EVENT_ENTRY_LEN
+            + header.event_count as usize * sources * FRAGMENT_ENTRY_LEN;
+        let table = &index[at..];
+        let run_sources = u32_at(table, 0);
+        if header.source_count > run_sources {
+            return Err(ObjectError::SourceCount {
+                source_count: header.source_count,
+                run_sources,
+            });
+        }
+        let mut previous: Option<u32> = None;
+        for position in 0..header.source_count {
+            let source = u32_at(table, (position as usize + 1) * SOURCE_ENTRY_LEN);
+            let reason = if source >= run_sources {
+                Some("not below the run's source count")
+            } else if previous.is_some_and(|p| p >= source) {
+                Some("source indices must increase strictly")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(ObjectError::SourceTable {
+                    position,
+                    source,
+                    reason,
+                });
+            }
+            previous = Some(source);
+        }
+    }
     Ok(StoredBatch {
         header,
         index,
@@ -577,6 +795,93 @@ mod tests {
         let short = [1u8, 0, 0];
         let err = encode(1, 0, 0, 2, &[&fragment(&[0, 0], 0), &short]).unwrap_err();
         assert_eq!(err.source, 1);
+    }
+
+    #[test]
+    fn an_object_without_a_lost_source_records_which_sources_it_holds() {
+        // Run of 4 sources; source 2 was lost before this batch was built.
+        let a = fragment(&[3, 0], 10);
+        let b = fragment(&[1, 2], 20);
+        let d = fragment(&[0, 5], 40);
+        let obj = encode_sources(7, 2, 99, 2, 4, &[0, 1, 3], &[&a, &b, &d]).unwrap();
+        let batch = decode(&obj).unwrap();
+        assert_eq!(batch.header.version, VERSION);
+        assert_eq!(batch.header.source_count, 3);
+        assert_eq!(batch.run_sources(), 4);
+        assert_eq!(batch.sources(), vec![0, 1, 3]);
+        assert_eq!(batch.missing_count(), 1);
+        assert_eq!(batch.missing_sources(10), vec![2]);
+        assert_eq!(batch.source(2), 3);
+        assert_eq!(batch.fragment(1, 2), &[41, 41, 41, 41, 41]);
+        assert_eq!(batch.event(0), &[10, 10, 10, 20]);
+        // A complete batch lacks nothing.
+        let full = decode(&encode(7, 2, 100, 2, &[&a, &b]).unwrap())
+            .unwrap()
+            .missing_sources(10);
+        assert!(full.is_empty());
+        // Edges: missing at both ends, and the limit.
+        let obj = encode_sources(7, 2, 1, 2, 6, &[2, 3], &[&a, &b]).unwrap();
+        let batch = decode(&obj).unwrap();
+        assert_eq!(batch.missing_sources(10), vec![0, 1, 4, 5]);
+        assert_eq!(batch.missing_sources(3), vec![0, 1, 4]);
+    }
+
+    #[test]
+    fn source_lists_that_do_not_fit_are_refused() {
+        let a = fragment(&[1], 0);
+        for (run, list) in [(2, vec![2u32]), (4, vec![1, 1]), (4, vec![3, 1])] {
+            let two = [&a[..], &a[..]];
+            let frags = &two[..list.len()];
+            let err = encode_sources(1, 0, 0, 1, run, &list, frags).unwrap_err();
+            assert!(err.reason.contains("increase strictly"), "{err}");
+        }
+        let err = encode_sources(1, 0, 0, 1, 4, &[0, 1], &[&a]).unwrap_err();
+        assert!(err.reason.contains("1 fragments but 2 source"), "{err}");
+        // A sealed object whose table is damaged consistently (CRCs redone).
+        let mut obj = encode_sources(1, 0, 0, 1, 4, &[0, 2], &[&a, &a]).unwrap();
+        let table = obj.len() - 2 - 3 * 4;
+        obj[table + 8..table + 12].copy_from_slice(&0u32.to_le_bytes());
+        seal(&mut obj);
+        let err = decode(&obj).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "index: source table entry 1 is source 0: source indices must increase strictly"
+        );
+        obj[table..table + 4].copy_from_slice(&1u32.to_le_bytes());
+        seal(&mut obj);
+        let err = decode(&obj).unwrap_err().to_string();
+        assert_eq!(err, "header: 2 sources stored but the run has 1");
+    }
+
+    /// A version 1 object (no source table), as the first writers made them.
+    fn version_1(fragments: &[&[u8]], events: u32) -> Vec<u8> {
+        let v2 = encode(3, 1, 5, events, fragments).unwrap();
+        let e = events as usize;
+        let table = HEADER_LEN + e * EVENT_ENTRY_LEN + e * fragments.len() * FRAGMENT_ENTRY_LEN;
+        let mut v1 = v2[..table].to_vec();
+        v1.extend_from_slice(&v2[table + (fragments.len() + 1) * SOURCE_ENTRY_LEN..]);
+        v1[4..6].copy_from_slice(&1u16.to_le_bytes());
+        seal(&mut v1);
+        v1
+    }
+
+    #[test]
+    fn version_1_objects_are_still_read_and_newer_ones_refused() {
+        let a = fragment(&[3, 0], 10);
+        let b = fragment(&[1, 2], 20);
+        let v1 = version_1(&[&a, &b], 2);
+        let batch = decode(&v1).unwrap();
+        assert_eq!(batch.header.version, 1);
+        assert_eq!(batch.sources(), vec![0, 1]);
+        assert_eq!(batch.run_sources(), 2);
+        assert_eq!(batch.event(1), &[21, 21]);
+        let mut v3 = encode(3, 1, 5, 2, &[&a, &b]).unwrap();
+        v3[4..6].copy_from_slice(&3u16.to_le_bytes());
+        seal(&mut v3);
+        assert_eq!(
+            decode(&v3).unwrap_err().to_string(),
+            "header: unsupported version 3 (this reader knows versions 1 to 2)"
+        );
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct ReadOptions {
     pub max_object_bytes: u64,
     /// S3: timeout of one request.
     pub timeout: Duration,
+    /// Keep a summary of every good object in the report (`listed`).
+    pub list: bool,
 }
 
 impl Default for ReadOptions {
@@ -29,6 +31,7 @@ impl Default for ReadOptions {
         ReadOptions {
             max_object_bytes: 4 << 30,
             timeout: Duration::from_secs(60),
+            list: false,
         }
     }
 }
@@ -48,6 +51,48 @@ pub struct ReadReport {
     /// Files or keys under the target that are not objects (skipped).
     pub other_files: u64,
     pub bad: Vec<BadObject>,
+    /// Good objects of layout version 1 (no source table: every source).
+    pub version_1_objects: u64,
+    /// Good objects that lack some of the run's sources (built after a
+    /// source was lost).
+    pub partial_objects: u64,
+    /// Per source index: good objects that lack it (counting the first
+    /// [`MAX_MISSING_LISTED`] missing sources of each object).
+    pub missing_by_source: std::collections::BTreeMap<u32, u64>,
+    /// The first [`MAX_LISTED`] partial objects, in reading order.
+    pub partial: Vec<PartialObject>,
+    /// With [`ReadOptions::list`]: every good object, in reading order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listed: Vec<ObjectSummary>,
+}
+
+/// Partial objects listed in a report; the rest are only counted.
+pub const MAX_LISTED: usize = 1000;
+/// Missing sources listed per object; the rest are only counted.
+pub const MAX_MISSING_LISTED: usize = 64;
+
+/// A good object that lacks some of the run's sources.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartialObject {
+    pub name: String,
+    pub mep: u64,
+    pub run_sources: u32,
+    pub sources_stored: u32,
+    /// The missing source indices (at most [`MAX_MISSING_LISTED`]).
+    pub missing: Vec<u32>,
+}
+
+/// What one good object holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ObjectSummary {
+    pub name: String,
+    pub version: u16,
+    pub mep: u64,
+    pub events: u32,
+    pub bytes: u64,
+    pub run_sources: u32,
+    /// The source indices stored, in order.
+    pub sources: Vec<u32>,
 }
 
 /// An object that failed verification, and why.
@@ -58,24 +103,54 @@ pub struct BadObject {
 }
 
 impl ReadReport {
-    fn record(&mut self, name: String, bytes: Result<Vec<u8>, String>) {
+    fn record(&mut self, name: String, bytes: Result<Vec<u8>, String>, list: bool) {
         self.objects += 1;
-        let verdict = bytes.and_then(|b| verify(&name, &b).map(|events| (events, b.len())));
-        match verdict {
-            Ok((events, len)) => {
-                self.good_objects += 1;
-                self.events += events;
-                self.bytes += len as u64;
+        let verdict = bytes.and_then(|b| {
+            let batch = verify(&name, &b)?;
+            let h = batch.header;
+            self.good_objects += 1;
+            self.events += u64::from(h.event_count);
+            self.bytes += b.len() as u64;
+            self.version_1_objects += u64::from(h.version == 1);
+            if batch.missing_count() > 0 {
+                self.partial_objects += 1;
+                let missing = batch.missing_sources(MAX_MISSING_LISTED);
+                for &s in &missing {
+                    *self.missing_by_source.entry(s).or_default() += 1;
+                }
+                if self.partial.len() < MAX_LISTED {
+                    self.partial.push(PartialObject {
+                        name: name.clone(),
+                        mep: h.mep,
+                        run_sources: batch.run_sources(),
+                        sources_stored: h.source_count,
+                        missing,
+                    });
+                }
             }
-            Err(reason) => self.bad.push(BadObject { name, reason }),
+            if list {
+                self.listed.push(ObjectSummary {
+                    name: name.clone(),
+                    version: h.version,
+                    mep: h.mep,
+                    events: h.event_count,
+                    bytes: b.len() as u64,
+                    run_sources: batch.run_sources(),
+                    sources: batch.sources(),
+                });
+            }
+            Ok(())
+        });
+        if let Err(reason) = verdict {
+            self.bad.push(BadObject { name, reason });
         }
     }
 }
 
-/// Verifies one object's bytes; its events, or why it is bad. The name is
-/// checked against the header when it has the `runR/nodeN/MEP.evbo` form,
-/// so that an object copied under the wrong key is noticed.
-pub fn verify(name: &str, bytes: &[u8]) -> Result<u64, String> {
+/// Verifies one object's bytes: a view of it, or why it is bad. The name
+/// is checked against the header when it has the `runR/nodeN/MEP.evbo`
+/// form, so that an object copied under the wrong key is noticed.
+pub fn verify<'a>(name: &str, bytes: &'a [u8]) -> Result<format::StoredBatch<'a>, String> {
     let batch = format::decode(bytes).map_err(|e| e.to_string())?;
     let h = batch.header;
     if let Some((run, node, mep)) = format::parse_object_key(name) {
@@ -86,7 +161,7 @@ pub fn verify(name: &str, bytes: &[u8]) -> Result<u64, String> {
             ));
         }
     }
-    Ok(u64::from(h.event_count))
+    Ok(batch)
 }
 
 /// Reads and verifies every object of a store.
@@ -117,7 +192,7 @@ pub fn read_store(target: &StoreTarget, options: &ReadOptions) -> Result<ReadRep
                         .get_object(&listed.key, options.max_object_bytes)
                         .map_err(|e| e.to_string())
                 };
-                report.record(name.to_string(), bytes);
+                report.record(name.to_string(), bytes, options.list);
             }
         }
     }
@@ -133,7 +208,7 @@ fn read_dir(root: &Path, options: &ReadOptions, report: &mut ReadReport) -> Resu
     if meta.is_file() {
         let name = root.display().to_string();
         let bytes = read_file(root, options.max_object_bytes);
-        report.record(name, bytes);
+        report.record(name, bytes, options.list);
         return Ok(());
     }
     let mut files = Vec::new();
@@ -155,7 +230,7 @@ fn read_dir(root: &Path, options: &ReadOptions, report: &mut ReadReport) -> Resu
             });
         } else if name.ends_with(&object_suffix) {
             let bytes = read_file(&path, options.max_object_bytes);
-            report.record(name, bytes);
+            report.record(name, bytes, options.list);
         } else {
             report.other_files += 1;
         }

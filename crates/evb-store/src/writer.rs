@@ -178,6 +178,29 @@ impl StoreWriter {
         events_per_mep: u32,
         fragments: &[&[u8]],
     ) -> Result<(), StoreError> {
+        let run_sources = u32::try_from(fragments.len()).map_err(|_| StoreError::InvalidBatch {
+            mep,
+            problem: format::FragmentLayoutError {
+                source: fragments.len(),
+                reason: "more than 2^32 sources".into(),
+            },
+        })?;
+        let all: Vec<u32> = (0..run_sources).collect();
+        self.write_batch_sources(mep, events_per_mep, run_sources, &all, fragments)
+    }
+
+    /// Like [`Self::write_batch`] for a batch built from some of the run's
+    /// `run_sources` sources (others were lost): `sources[i]` is the source
+    /// index of `fragments[i]`, strictly increasing. The object records
+    /// which sources it holds (docs/store.md, source table).
+    pub fn write_batch_sources(
+        &mut self,
+        mep: u64,
+        events_per_mep: u32,
+        run_sources: u32,
+        sources: &[u32],
+        fragments: &[&[u8]],
+    ) -> Result<(), StoreError> {
         {
             let mut state = self.shared.lock();
             if let Some(err) = &state.error {
@@ -191,12 +214,14 @@ impl StoreWriter {
             }
         }
         let mut object = self.spare_buffers.try_recv().unwrap_or_default();
-        format::layout(
+        format::layout_sources(
             &mut object,
             self.run_id,
             self.node,
             mep,
             events_per_mep,
+            run_sources,
+            sources,
             fragments,
         )
         .map_err(|problem| StoreError::InvalidBatch { mep, problem })?;

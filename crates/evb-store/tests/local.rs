@@ -95,6 +95,83 @@ fn round_trip_through_the_writer() {
     }
 }
 
+/// A run of 4 sources whose source 2 is lost after MEP 4: the writer
+/// stores later batches with 3 sources, the reader names which.
+#[test]
+fn batches_without_a_lost_source_read_back_with_their_source_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().to_path_buf());
+    let mut writer = StoreWriter::open(&target, 6, 1).unwrap();
+    for mep in 0..10u64 {
+        let all = batch(mep, 4, 16);
+        let sources: Vec<u32> = if mep < 5 {
+            vec![0, 1, 2, 3]
+        } else {
+            vec![0, 1, 3]
+        };
+        let refs: Vec<&[u8]> = sources
+            .iter()
+            .map(|&s| all[s as usize].as_slice())
+            .collect();
+        loop {
+            match writer.write_batch_sources(mep, 16, 4, &sources, &refs) {
+                Ok(()) => break,
+                Err(StoreError::Backpressure { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(e) => panic!("write_batch_sources: {e}"),
+            }
+        }
+    }
+    // A source list that does not fit is refused, naming the MEP.
+    let f = batch(0, 1, 16);
+    let err = writer
+        .write_batch_sources(10, 16, 4, &[3, 1], &[&f[0], &f[0]])
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("batch of MEP 10: fragment of source 1:"),
+        "{err}"
+    );
+    writer.close().unwrap();
+    let options = ReadOptions {
+        list: true,
+        ..ReadOptions::default()
+    };
+    let report = read_store(&target, &options).unwrap();
+    assert_eq!(report.bad, vec![]);
+    assert_eq!(report.good_objects, 10);
+    assert_eq!(report.events, 10 * 16);
+    assert_eq!(report.partial_objects, 5);
+    assert_eq!(report.version_1_objects, 0);
+    assert_eq!(
+        report.missing_by_source,
+        std::collections::BTreeMap::from([(2, 5)])
+    );
+    let partial: Vec<u64> = report.partial.iter().map(|p| p.mep).collect();
+    assert_eq!(partial, vec![5, 6, 7, 8, 9]);
+    assert!(report
+        .partial
+        .iter()
+        .all(|p| p.missing == vec![2] && p.sources_stored == 3 && p.run_sources == 4));
+    for o in &report.listed {
+        let expected: Vec<u32> = if o.mep < 5 {
+            vec![0, 1, 2, 3]
+        } else {
+            vec![0, 1, 3]
+        };
+        assert_eq!(o.sources, expected, "{}", o.name);
+        assert_eq!((o.version, o.run_sources), (format::VERSION, 4));
+    }
+    // The stored fragments are the sources' own: column 2 of MEP 7 is source 3.
+    let bytes = std::fs::read(dir.path().join(format::object_key(6, 1, 7))).unwrap();
+    let stored = format::decode(&bytes).unwrap();
+    assert_eq!(stored.source(2), 3);
+    let source_3 = &batch(7, 4, 16)[3];
+    let size_0 = u32::from_le_bytes(source_3[..4].try_into().unwrap()) as usize;
+    assert_eq!(stored.fragment(0, 2), &source_3[16 * 4..16 * 4 + size_0]);
+}
+
 fn one_object(dir: &Path) -> (std::path::PathBuf, Vec<u8>) {
     write_run(dir, 1, 2, 1, 3, 10);
     let path = dir.join(format::object_key(1, 2, 0));
