@@ -174,7 +174,8 @@ impl EventManager {
     /// credit until it grants some, and is told which sources are down; its
     /// RU is in every assignment from the next MEP on, and the BUs are told
     /// so (`SourceUp`) before any such assignment. Nothing happens for an
-    /// endpoint that was not lost, or once the run has stopped.
+    /// endpoint that was not lost; once the run has stopped, it is only
+    /// told so (it missed the `EndOfRun`).
     pub fn on_node_joined(
         &mut self,
         node: NodeId,
@@ -182,6 +183,12 @@ impl EventManager {
         out: &mut Vec<(NodeId, Message)>,
     ) {
         if self.stopped {
+            out.push((
+                node,
+                Message::EndOfRun {
+                    meps: self.next_mep,
+                },
+            ));
             return;
         }
         let mut rejoined = false;
