@@ -125,9 +125,10 @@ fn a_silent_node_is_found_by_heartbeats() {
     );
 }
 
-/// `kill -9` of node 2 at 1.5 s, a fresh `evb node --rejoin` for it at 3 s:
-/// the survivors re-dial it, the EM re-admits its BU and RU, and it builds
-/// again; every event keeps exactly one fate.
+/// `kill -9` of node 2 at 1.5 s, a fresh `evb node --rejoin` for it at 3 s,
+/// 8 s in all: the survivors re-dial it (backoff up to 1 s, so within about
+/// a second), the EM re-admits its BU and RU, and it builds again; every
+/// event keeps exactly one fate.
 #[test]
 fn a_killed_node_restarts_rejoins_and_builds_again() {
     let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
@@ -140,7 +141,7 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
             "--nodes",
             "4",
             "--duration",
-            "7",
+            "8",
             "--progress",
             "never",
             "--kill",
@@ -211,7 +212,7 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
     );
     let rejoin_at = rejoined.iter().copied().fold(0.0, f64::max);
     assert!(
-        rejoined.iter().all(|&t| t >= 3.0) && rejoin_at < 5.0,
+        rejoined.iter().all(|&t| t >= 3.0) && rejoin_at < 6.0,
         "{failures:?}"
     );
     assert!(text.contains("rejoined"), "printed in the summary: {text}");
@@ -236,7 +237,7 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
         dead.iter().all(|&g| g == 0.0),
         "dead yet building? {dead:?}"
     );
-    let after = node2_gbps(rejoin_at + 1.0, 6.9);
+    let after = node2_gbps(rejoin_at + 1.0, 7.9);
     assert!(
         !after.is_empty() && after.iter().all(|&g| g > 0.0),
         "node 2 does not build after the rejoin: {after:?}\n{text}"
@@ -252,10 +253,10 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
         g.iter().sum::<f64>() / g.len().max(1) as f64
     };
     eprintln!(
-        "built Gb/s, mean of 1 s samples: while node 2 was dead (2.5-3.05 s) {:.2}; after its rejoin ({:.1}-6.9 s) {:.2}; node 2 alone after: {after:?}",
+        "built Gb/s, mean of 1 s samples: while node 2 was dead (2.5-3.05 s) {:.2}; after its rejoin ({:.1}-7.9 s) {:.2}; node 2 alone after: {after:?}",
         mean(2.5, 3.05),
         rejoin_at + 1.0,
-        mean(rejoin_at + 1.0, 6.9)
+        mean(rejoin_at + 1.0, 7.9)
     );
     // The survivors and the new incarnation finished normally.
     for node in v["nodes"].as_array().unwrap() {
