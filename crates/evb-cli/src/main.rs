@@ -93,6 +93,10 @@ struct RunArgs {
     /// Fault injection: SIGSTOP node RANK at SECONDS (it goes silent, its connections stay open).
     #[arg(long, value_name = "RANK@SECONDS")]
     stop: Vec<String>,
+    /// Restart node RANK (killed earlier with --kill) at SECONDS: a fresh process that rejoins
+    /// the run (tcp only; not node 0, the EM).
+    #[arg(long, value_name = "RANK@SECONDS")]
+    restart: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -109,6 +113,10 @@ struct NodeArgs {
     /// `--control launcher`: a directory every rank can see (shared filesystem).
     #[arg(long)]
     rendezvous: Option<PathBuf>,
+    /// Join a run already going, as a restarted node (same rank, same address): no start
+    /// barrier, connect to the live peers, the EM re-admits it (tcp only).
+    #[arg(long)]
+    rejoin: bool,
 }
 
 #[derive(Debug, Args)]
@@ -207,6 +215,11 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     .map(|s| InjectedFault::parse(s, libc::SIGSTOP)),
             )
             .collect::<anyhow::Result<_>>()?,
+        restarts: args
+            .restart
+            .iter()
+            .map(|r| InjectedFault::parse(r, 0))
+            .collect::<anyhow::Result<_>>()?,
     };
     let (result, clean) = run_local(&opts)?;
     print!("{}", format_summary(&result));
@@ -253,6 +266,7 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         rank,
         control,
         rendezvous: args.rendezvous,
+        rejoin: args.rejoin,
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,9 @@
 //! (nftables, random 20 %), is rate-limited (tbf), goes down briefly, or
 //! goes down for longer than the peer timeout. The accounting must stay
 //! exact every time: every MEP the EM assigned is built, incomplete, corrupt
-//! or lost with its BU, and nothing is both or neither.
+//! or lost with its BU, and nothing is both or neither. After an outage
+//! longer than the peer timeout, the lower id re-dials (with backoff) and the
+//! peers rejoin: traffic resumes.
 //! (The kernel here has no netem, so delay is rate-limit queueing.)
 
 use std::process::{Child, Command, Output, Stdio};
@@ -157,6 +159,21 @@ fn run_with_fault(
     seconds: f64,
     fault: impl FnOnce(&Hosts),
 ) -> (Value, Option<Value>, String) {
+    let (out0, out1) = run_nodes_with_fault(tag, seconds, fault);
+    let stderr = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    );
+    let r1 = String::from_utf8_lossy(&out1.stdout)
+        .contains("FINAL ")
+        .then(|| final_report(&out1));
+    (final_report(&out0), r1, stderr)
+}
+
+/// Runs both nodes for `seconds` while `fault` acts on the link; returns
+/// the output of node 0 and node 1.
+fn run_nodes_with_fault(tag: u8, seconds: f64, fault: impl FnOnce(&Hosts)) -> (Output, Output) {
     let hosts = Hosts::new(tag);
     let sets = vec![format!("run.duration_s={seconds}")];
     let node1 = hosts.spawn(1, &sets);
@@ -170,18 +187,17 @@ fn run_with_fault(
             node1.wait_with_output().unwrap(),
         ));
     });
-    let (out0, out1) = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the nodes did not finish within 60 s");
-    let stderr = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out0.stderr),
-        String::from_utf8_lossy(&out1.stderr)
-    );
-    let r1 = String::from_utf8_lossy(&out1.stdout)
-        .contains("FINAL ")
-        .then(|| final_report(&out1));
-    (final_report(&out0), r1, stderr)
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the nodes did not finish within 60 s")
+}
+
+/// A node's STATS reports, in order, then its FINAL one.
+fn reports(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("STATS ").or(l.strip_prefix("FINAL ")))
+        .map(|j| serde_json::from_str(j).unwrap())
+        .collect()
 }
 
 /// The EM's accounting adds up exactly.
@@ -257,12 +273,18 @@ fn short_link_outage_loses_nothing() {
 }
 
 #[test]
-fn long_link_outage_is_a_lost_peer_with_exact_accounting() {
-    let (em, r1, stderr) = run_with_fault(3, 4.0, |h| {
+fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
+    let (out0, out1) = run_nodes_with_fault(3, 7.0, |h| {
         sh(Some(&h.a), &["ip", "link", "set", &h.dev_a, "down"]);
         std::thread::sleep(Duration::from_millis(2500));
         sh(Some(&h.a), &["ip", "link", "set", &h.dev_a, "up"]);
     });
+    let stderr = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    );
+    let em = final_report(&out0);
     assert_exact(&em, &stderr);
     let lost = em["peers_lost"]
         .as_array()
@@ -272,12 +294,54 @@ fn long_link_outage_is_a_lost_peer_with_exact_accounting() {
         lost[0]["reason"].as_str().unwrap().contains("silent"),
         "{lost:?}"
     );
-    // The other side lost the EM and drained; it reports it too.
-    let r1 = r1.expect("node 1 reports");
+    // The other side lost the EM; it reports it too.
+    let r1 = final_report(&out1);
     assert_eq!(r1["peers_lost"][0]["peer"], 0, "{r1}");
     // Something was not built: incomplete or lost with the BU, and counted.
     assert!(
         n(&em, "em_meps_incomplete") + n(&em, "em_meps_lost_bu_gone") > 0,
         "{em}"
+    );
+    // The link came back: node 0 (the lower id) re-dialed with backoff,
+    // and each side saw the other rejoin.
+    assert!(
+        stderr.contains("evb node 0: reconnected to endpoint 1"),
+        "{stderr}"
+    );
+    assert_eq!(em["rejoins"][0]["peer"], 1, "{em}\n{stderr}");
+    assert_eq!(r1["rejoins"][0]["peer"], 0, "{r1}\n{stderr}");
+    let outage_s =
+        em["rejoins"][0]["at_unix_s"].as_f64().unwrap() - lost[0]["at_unix_s"].as_f64().unwrap();
+    assert!(
+        outage_s > 1.0 && outage_s < 4.0,
+        "rejoined {outage_s} s after the loss\n{stderr}"
+    );
+    // Traffic resumed: both BUs built events after the rejoin, and the EM
+    // counted them.
+    for (node, out) in [(0, &out0), (1, &out1)] {
+        let all = reports(out);
+        let at_rejoin = all
+            .iter()
+            .find(|r| r["rejoins"].as_array().is_some_and(|a| !a.is_empty()))
+            .unwrap_or_else(|| panic!("node {node} never reported the rejoin\n{stderr}"));
+        let last = all.last().unwrap();
+        let (before, after) = (n(at_rejoin, "events_built"), n(last, "events_built"));
+        assert!(
+            after > before + 64 * 20,
+            "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
+        );
+        assert_eq!(last["drain_timed_out"], false, "node {node}\n{stderr}");
+        eprintln!("node {node}: {before} events built by the rejoin, {after} in all");
+    }
+    eprintln!(
+        "rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}; {}",
+        n(&em, "meps_assigned"),
+        n(&em, "em_meps_built"),
+        n(&em, "em_meps_incomplete"),
+        n(&em, "em_meps_lost_bu_gone"),
+        stderr
+            .lines()
+            .find(|l| l.contains("reconnected"))
+            .unwrap_or_default()
     );
 }

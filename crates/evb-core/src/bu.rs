@@ -229,8 +229,9 @@ pub struct BuilderUnit {
     /// PULL: requests not yet issued, in schedule order.
     to_request: VecDeque<(MepId, u16)>,
     requests_in_flight: u32,
-    /// Per source: the first MEP built without it (its RU is gone).
-    gone_from: Vec<Option<MepId>>,
+    /// Per source: the MEP ranges built without it, `[down, up)` (its RU
+    /// was gone; `up` is `None` while it still is).
+    gone_from: Vec<Vec<(MepId, Option<MepId>)>>,
     /// Per source: this BU's own link from it is gone, so nothing more can
     /// arrive from it.
     link_lost: Vec<bool>,
@@ -262,7 +263,7 @@ impl BuilderUnit {
             finished_order: VecDeque::new(),
             to_request: VecDeque::new(),
             requests_in_flight: 0,
-            gone_from: vec![None; layout.rus()],
+            gone_from: vec![Vec::new(); layout.rus()],
             link_lost: vec![false; layout.rus()],
             output: (layout.fus() > 0).then(|| Output {
                 fu_nodes: layout.fu_nodes.clone(),
@@ -423,15 +424,29 @@ impl BuilderUnit {
         self.deadlines.first().map(|&(t, _)| t)
     }
 
+    /// Whether the batch of `mep` has a fragment from `source`: not when the
+    /// EM declared the source gone for a range holding `mep`.
+    fn expects(&self, mep: MepId, source: u16) -> bool {
+        self.gone_from.get(source as usize).is_some_and(|ranges| {
+            !ranges
+                .iter()
+                .any(|&(down, up)| mep >= down && up.is_none_or(|up| mep < up))
+        })
+    }
+
+    /// The MEP from which `source` is currently gone, if it is.
+    fn gone_now(&self, source: u16) -> Option<MepId> {
+        match self.gone_from.get(source as usize)?.last()? {
+            &(down, None) => Some(down),
+            _ => None,
+        }
+    }
+
     fn open_batch(&mut self, now: Nanos, mep: MepId, assigned: bool) -> &mut Batch {
         let sources = self.ru_nodes.len();
         let deadline = now + self.timeout_ns;
         self.deadlines.insert((deadline, mep));
-        let expected: Vec<bool> = self
-            .gone_from
-            .iter()
-            .map(|g| g.is_none_or(|from| mep < from))
-            .collect();
+        let expected: Vec<bool> = (0..sources as u16).map(|s| self.expects(mep, s)).collect();
         let expected_count = expected.iter().filter(|&&e| e).count();
         self.open.entry(mep).or_insert(Batch {
             assigned,
@@ -538,7 +553,10 @@ impl BuilderUnit {
             // PUSH: the fragment may overtake its assignment (it travels on
             // another connection). Open a provisional batch, but never more
             // than the credits could justify.
-            None if protocol == Protocol::Push && open_len < credits => {
+            None if protocol == Protocol::Push
+                && open_len < credits
+                && self.expects(h.mep, h.source) =>
+            {
                 self.open_batch(now, h.mep, false);
                 Admit::Keep
             }
@@ -770,13 +788,18 @@ impl BuilderUnit {
         from_mep: MepId,
         out: &mut Vec<BuAction>,
     ) {
-        let Some(slot) = self.gone_from.get_mut(source as usize) else {
+        let Some(ranges) = self.gone_from.get_mut(source as usize) else {
             return;
         };
-        if slot.is_some() {
+        if matches!(ranges.last(), Some((_, None))) {
             return;
         }
-        *slot = Some(from_mep);
+        // After a rejoin, a later loss cannot reach back before the rejoin.
+        let from_mep = match ranges.last() {
+            Some(&(_, Some(up))) => from_mep.max(up),
+            _ => from_mep,
+        };
+        ranges.push((from_mep, None));
         let affected: Vec<MepId> = self.open.range(from_mep..).map(|(&m, _)| m).collect();
         for mep in &affected {
             let b = self.open.get_mut(mep).expect("in range");
@@ -799,6 +822,46 @@ impl BuilderUnit {
         self.issue_requests(out);
     }
 
+    /// The EM says the RU of `source` is back: MEPs from `from_mep` on are
+    /// built with it again (batches already open among them wait for it).
+    pub fn on_source_up(&mut self, source: u16, from_mep: MepId, out: &mut Vec<BuAction>) {
+        let Some(ranges) = self.gone_from.get_mut(source as usize) else {
+            return;
+        };
+        let Some(last) = ranges.last_mut() else {
+            return; // Never gone here (a new BU): expected all along.
+        };
+        let (down, None) = *last else {
+            return; // Not gone: a duplicate.
+        };
+        let up = from_mep.max(down);
+        last.1 = Some(up);
+        let s = source as usize;
+        let reopened: Vec<MepId> = self
+            .open
+            .range(up..)
+            .filter(|(_, b)| !b.expected[s])
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in reopened {
+            let b = self.open.get_mut(&mep).expect("in range");
+            b.expected[s] = true;
+            b.expected_count += 1;
+            if self.protocol == Protocol::Pull && b.assigned {
+                self.to_request.push_back((mep, source));
+            }
+        }
+        self.issue_requests(out);
+    }
+
+    /// This BU's own connection from the RU of `source` is back (the node
+    /// rejoined): fragments can arrive from it again.
+    pub fn on_source_link_up(&mut self, source: u16) {
+        if let Some(l) = self.link_lost.get_mut(source as usize) {
+            *l = false;
+        }
+    }
+
     /// This BU's own connection from the RU of `source` is gone: nothing
     /// more will arrive from it.
     pub fn on_source_link_lost(&mut self, now: Nanos, source: u16, out: &mut Vec<BuAction>) {
@@ -814,12 +877,12 @@ impl BuilderUnit {
     /// them now rather than at their timeout, freeing their credits.
     fn give_up_waiting_for(&mut self, now: Nanos, source: u16, out: &mut Vec<BuAction>) {
         let s = source as usize;
-        let (Some(Some(from)), Some(true)) = (self.gone_from.get(s), self.link_lost.get(s)) else {
+        let (Some(from), Some(true)) = (self.gone_now(source), self.link_lost.get(s)) else {
             return;
         };
         let waiting: Vec<MepId> = self
             .open
-            .range(..*from)
+            .range(..from)
             .filter(|(_, b)| b.assigned && b.expected[s] && !b.arrived[s])
             .map(|(&m, _)| m)
             .collect();

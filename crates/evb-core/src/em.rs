@@ -14,6 +14,11 @@
 //! `event_builder.ru_buffer_meps`, the readout is throttled: the MEPs of
 //! the throttled time are vetoed at the source (never read out, counted
 //! apart), so RU memory stays bounded and nothing already read out is lost.
+//!
+//! A lost endpoint can rejoin (its node restarted, or its link came back):
+//! its BU is live again and gets MEPs once it grants credits, and its RU is
+//! re-admitted from a MEP boundary (`SourceUp`): the MEPs assigned from then
+//! on include it again. The EM's own node (node 0) cannot rejoin.
 
 use std::collections::BTreeSet;
 
@@ -35,6 +40,9 @@ pub struct EmStats {
     /// BU and RU endpoints lost during the run.
     pub bus_lost: Vec<NodeId>,
     pub rus_lost: Vec<NodeId>,
+    /// Endpoints that rejoined after being lost, in order (one entry per
+    /// rejoin).
+    pub rejoined: Vec<NodeId>,
     /// Paced readout: MEPs vetoed at the source while throttled (never
     /// read out), time throttled and how many times it started.
     pub meps_vetoed: u64,
@@ -327,6 +335,72 @@ impl EventManager {
             self.stop(out);
         } else {
             self.assign(out);
+        }
+    }
+
+    /// Endpoint `node` is back after it was lost (a new incarnation of the
+    /// process, or the same one reconnected). Its BU is live again with no
+    /// credit until it grants some, and is told which sources are down; its
+    /// RU is in every assignment from the next MEP on, and the BUs are told
+    /// so (`SourceUp`) before any such assignment. Nothing happens for an
+    /// endpoint that was not lost; once the run has stopped, it is only
+    /// told so (it missed the `EndOfRun`).
+    pub fn on_node_joined(
+        &mut self,
+        node: NodeId,
+        layout: &Layout,
+        out: &mut Vec<(NodeId, Message)>,
+    ) {
+        if self.stopped {
+            out.push((
+                node,
+                Message::EndOfRun {
+                    meps: self.next_mep,
+                },
+            ));
+            return;
+        }
+        let mut rejoined = false;
+        if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
+            let b = b as usize;
+            if self.bu_lost[b] {
+                self.bu_lost[b] = false;
+                self.credits[b] = 0;
+                rejoined = true;
+                // A new BU expects every source: name the ones still down
+                // (none of its MEPs will have them).
+                for (s, &lost) in self.ru_lost.iter().enumerate() {
+                    if lost && self.ru_nodes[s] != node {
+                        out.push((
+                            node,
+                            Message::SourceDown {
+                                source: s as u16,
+                                from_mep: 0,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(s) = layout.ru_of.get(node as usize).copied().flatten() {
+            if self.ru_lost[s as usize] {
+                self.ru_lost[s as usize] = false;
+                rejoined = true;
+                for (b, &bu) in self.bu_nodes.iter().enumerate() {
+                    if !self.bu_lost[b] {
+                        out.push((
+                            bu,
+                            Message::SourceUp {
+                                source: s,
+                                from_mep: self.next_mep,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        if rejoined {
+            self.stats.rejoined.push(node);
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! Each connection delivers in order (as TCP does) with a seeded random
 //! latency; fragments take time in proportion to their size. Faults can be
-//! injected: corrupt one fragment, silence one source. Every action is
+//! injected: corrupt one fragment, silence one source, crash a node (and
+//! restart it: a fresh incarnation that rejoins the run). Every action is
 //! logged, so the same seed must give the same log, and the harness checks
 //! the credit invariant at every step. With consumers, deliveries travel
 //! like fragments and the consumer credits are checked as well.
@@ -48,6 +49,11 @@ enum Event {
         to: NodeId,
         peer: NodeId,
     },
+    /// A crashed node starts again, fresh, and rejoins: every survivor
+    /// learns of it before anything the new incarnation sends arrives.
+    Restart {
+        node: NodeId,
+    },
 }
 
 /// Orderable copies of wire types for the event queue.
@@ -67,6 +73,10 @@ pub struct Faults {
     /// `detection_ns` later.
     pub crash: Option<(NodeId, Nanos)>,
     pub detection_ns: Nanos,
+    /// The crashed node restarts at this time, or once every survivor has
+    /// noticed its death if that is later (as a real restart on the same
+    /// port can only be accepted then). Not after the end of the run.
+    pub restart_at: Option<Nanos>,
 }
 
 /// What a harness run produced.
@@ -93,6 +103,8 @@ pub struct Report {
     pub consumer_credit_violations: u64,
     /// Most batches delivered and not yet consumed on one (BU, FU) pair.
     pub max_consumer_outstanding: u32,
+    /// When the crashed node restarted and rejoined, if it did.
+    pub restarted_at: Option<Nanos>,
 }
 
 impl Report {
@@ -124,6 +136,9 @@ pub struct Harness {
     scratch: Vec<u32>,
     pub bytes_per_ns: f64,
     crashed: BTreeSet<NodeId>,
+    /// Per restarted node: events queued up to this sequence number were
+    /// meant for its earlier incarnation, and are dropped.
+    restart_mark: BTreeMap<NodeId, u64>,
     /// Per (BU, FU): credit granted (as sent) and not yet used.
     consumer_credit: BTreeMap<(NodeId, NodeId), i64>,
     /// Per (BU, FU): delivered, not yet consumed.
@@ -156,6 +171,7 @@ impl Harness {
             scratch: Vec::new(),
             bytes_per_ns: 10.0,
             crashed: BTreeSet::new(),
+            restart_mark: BTreeMap::new(),
             consumer_credit: BTreeMap::new(),
             consumer_outstanding: BTreeMap::new(),
             report: Report::default(),
@@ -217,8 +233,8 @@ impl Harness {
                 }
                 continue;
             }
-            let Reverse((_, _, event)) = self.queue.pop().expect("peeked");
-            self.handle(event);
+            let Reverse((_, seq, event)) = self.queue.pop().expect("peeked");
+            self.handle(event, seq);
         }
         let all_done = self.alive().all(|i| self.nodes[i].is_done());
         self.report.all_done = all_done;
@@ -235,7 +251,7 @@ impl Harness {
         (0..self.nodes.len()).filter(|i| !self.crashed.contains(&(*i as NodeId)))
     }
 
-    fn handle(&mut self, event: Event) {
+    fn handle(&mut self, event: Event, seq: u64) {
         let now = self.now;
         let target = match &event {
             Event::Message { to, .. } | Event::Fragment { to, .. } | Event::PeerLost { to, .. } => {
@@ -243,23 +259,55 @@ impl Harness {
             }
             Event::SendComplete { node, .. } => Some(*node),
             Event::Stop => Some(self.layout.em),
-            Event::Crash { .. } => None,
+            Event::Crash { .. } | Event::Restart { .. } => None,
         };
         if target.is_some_and(|t| self.crashed.contains(&t)) {
             return; // The dead take no input.
+        }
+        if target.is_some_and(|t| self.restart_mark.get(&t).is_some_and(|&m| seq <= m)) {
+            return; // Meant for an earlier incarnation: its connections are gone.
         }
         match event {
             Event::Crash { node } => {
                 self.crashed.insert(node);
                 let at = now + self.faults.detection_ns;
+                let mut all_noticed = at;
                 for to in 0..self.nodes.len() as NodeId {
                     if to != node {
                         // A connection reports its loss after delivering what
                         // was already on it.
                         let last = self.last_delivery.get(&(node, to)).copied().unwrap_or(0);
-                        self.schedule(at.max(last + 1), Event::PeerLost { to, peer: node });
+                        let lost_at = at.max(last + 1);
+                        all_noticed = all_noticed.max(lost_at);
+                        self.schedule(lost_at, Event::PeerLost { to, peer: node });
                     }
                 }
+                if let Some(t) = self.faults.restart_at {
+                    self.schedule(t.max(all_noticed + 1), Event::Restart { node });
+                }
+            }
+            Event::Restart { node } => {
+                let em = self.layout.em as usize;
+                let ended = self.crashed.contains(&(em as NodeId))
+                    || self.nodes[em].em().is_none_or(|e| e.is_stopped());
+                if ended {
+                    return; // Too late: the run is over.
+                }
+                self.crashed.remove(&node);
+                self.restart_mark.insert(node, self.seq);
+                self.outstanding.remove(&node);
+                self.report.restarted_at = Some(now);
+                // The survivors accept the new incarnation's connections
+                // before anything arrives on them.
+                for to in 0..self.nodes.len() as NodeId {
+                    if to != node && !self.crashed.contains(&to) {
+                        self.nodes[to as usize].on_peer_joined(now, node);
+                        self.drain(to);
+                    }
+                }
+                self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
+                self.nodes[node as usize].start(now);
+                self.drain(node);
             }
             Event::PeerLost { to, peer } => {
                 self.nodes[to as usize].on_peer_lost(now, peer);
@@ -447,6 +495,7 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::SourceDown { source, from_mep } => MessageKey(10, from_mep, source.into()),
         Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into()),
         Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0),
+        Message::SourceUp { source, from_mep } => MessageKey(13, from_mep, source.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -484,6 +533,10 @@ fn decode_key(k: MessageKey) -> Message {
             credits: k.2 as u32,
         },
         12 => Message::OutputEnd { bu: k.1 as u16 },
+        13 => Message::SourceUp {
+            from_mep: k.1,
+            source: k.2 as u16,
+        },
         _ => Message::Heartbeat,
     }
 }

@@ -323,6 +323,36 @@ impl Node {
         self.flush(now);
     }
 
+    /// Endpoint `peer` is back after it was lost: a new incarnation of its
+    /// process (restarted, same node id), or the same process reconnected
+    /// after a network fault. The driver calls this before handing over
+    /// anything the new connection carries. Its BU is served again and its
+    /// RU sends again; the EM re-admits it (see
+    /// [`EventManager::on_node_joined`]). When the EM comes back to this
+    /// node, this node's BU grants its credits again: the EM forgot them
+    /// when it lost this node.
+    pub fn on_peer_joined(&mut self, now: Nanos, peer: NodeId) {
+        self.tick(now);
+        if let Some(ru) = &mut self.ru {
+            ru.on_bu_joined(peer);
+        }
+        if let (Some(bu), Some(source)) = (
+            &mut self.bu,
+            self.layout.ru_of.get(peer as usize).copied().flatten(),
+        ) {
+            bu.on_source_link_up(source);
+        }
+        if peer == self.layout.em && peer != self.id && self.end_of_run.is_none() {
+            if let Some(bu) = &mut self.bu {
+                bu.start(&mut self.bu_out);
+            }
+        }
+        if let Some(em) = &mut self.em {
+            em.on_node_joined(peer, &self.layout, &mut self.em_out);
+        }
+        self.flush(now);
+    }
+
     /// Why the node is not done, for diagnostics: empty when nothing is left.
     pub fn pending_work(&self) -> String {
         let mut parts = Vec::new();
@@ -447,6 +477,11 @@ impl Node {
             Message::SourceDown { source, from_mep } if from_em => {
                 if let Some(b) = &mut self.bu {
                     b.on_source_down(now, source, from_mep, &mut self.bu_out);
+                }
+            }
+            Message::SourceUp { source, from_mep } if from_em => {
+                if let Some(b) = &mut self.bu {
+                    b.on_source_up(source, from_mep, &mut self.bu_out);
                 }
             }
             Message::Abandon { mep, bu } if from_bu && bu == from => match &mut self.ru {

@@ -328,6 +328,16 @@ impl ReadoutUnit {
         }
     }
 
+    /// The BU on endpoint `bu` is back (a new incarnation, or the same one
+    /// reconnected): it is served again, for the MEPs assigned to it from
+    /// now on. Whatever was held for its earlier incarnation was dropped
+    /// when it was lost.
+    pub fn on_bu_joined(&mut self, bu: NodeId) {
+        if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
+            self.dest_gone[idx as usize] = false;
+        }
+    }
+
     fn send(stats: &mut RuStats, in_flight: &mut u32, h: &mut Held, out: &mut Vec<RuAction>) {
         let header = h.header.expect("only ready MEPs are sent");
         h.sent = true;

@@ -103,6 +103,7 @@ pub enum Kind {
     SourceDown = 10,
     ConsumerCredit = 11,
     OutputEnd = 12,
+    SourceUp = 13,
 }
 
 impl Kind {
@@ -120,6 +121,7 @@ impl Kind {
             10 => Kind::SourceDown,
             11 => Kind::ConsumerCredit,
             12 => Kind::OutputEnd,
+            13 => Kind::SourceUp,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -139,6 +141,7 @@ impl Kind {
             Kind::SourceDown => Some(12),
             Kind::ConsumerCredit => Some(8),
             Kind::OutputEnd => Some(4),
+            Kind::SourceUp => Some(12),
         }
     }
 
@@ -156,6 +159,7 @@ impl Kind {
             Kind::SourceDown => "SourceDown",
             Kind::ConsumerCredit => "ConsumerCredit",
             Kind::OutputEnd => "OutputEnd",
+            Kind::SourceUp => "SourceUp",
         }
     }
 }
@@ -308,6 +312,9 @@ pub enum Message {
     ConsumerCredit { fu: NodeId, credits: u32 },
     /// BU -> FU: the BU on endpoint `bu` delivers nothing more this run.
     OutputEnd { bu: NodeId },
+    /// EM -> BUs: the RU of `source` is back (its node rejoined); MEPs from
+    /// `from_mep` on are built with it again.
+    SourceUp { source: u16, from_mep: MepId },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -332,6 +339,7 @@ impl Message {
             Message::SourceDown { .. } => Kind::SourceDown,
             Message::ConsumerCredit { .. } => Kind::ConsumerCredit,
             Message::OutputEnd { .. } => Kind::OutputEnd,
+            Message::SourceUp { .. } => Kind::SourceUp,
         }
     }
 
@@ -375,7 +383,7 @@ impl Message {
                 out.extend_from_slice(&bu.to_le_bytes());
                 out.extend_from_slice(&[outcome, 0]);
             }
-            Message::SourceDown { source, from_mep } => {
+            Message::SourceDown { source, from_mep } | Message::SourceUp { source, from_mep } => {
                 out.extend_from_slice(&from_mep.to_le_bytes());
                 out.extend_from_slice(&source.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
@@ -403,7 +411,9 @@ impl Message {
         // corruption or a peer speaking another dialect.
         let reserved: &[usize] = match frame.kind {
             Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd => &[2, 3],
-            Kind::Assign | Kind::Request | Kind::Abandon | Kind::SourceDown => &[10, 11],
+            Kind::Assign | Kind::Request | Kind::Abandon | Kind::SourceDown | Kind::SourceUp => {
+                &[10, 11]
+            }
             Kind::Finished => &[11],
             Kind::Fragment => &[28, 29, 30, 31],
             _ => &[],
@@ -464,6 +474,10 @@ impl Message {
                 credits: u32_at(4),
             },
             Kind::OutputEnd => Message::OutputEnd { bu: u16_at(0) },
+            Kind::SourceUp => Message::SourceUp {
+                from_mep: u64_at(0),
+                source: u16_at(8),
+            },
         })
     }
 }
@@ -507,6 +521,8 @@ mod tests {
                 .prop_map(|(mep, bu, outcome)| Message::Finished { mep, bu, outcome }),
             (any::<u16>(), any::<u64>())
                 .prop_map(|(source, from_mep)| Message::SourceDown { source, from_mep }),
+            (any::<u16>(), any::<u64>())
+                .prop_map(|(source, from_mep)| Message::SourceUp { source, from_mep }),
             (
                 any::<u32>(),
                 any::<u16>(),

@@ -402,3 +402,72 @@ fn a_paced_readout_stays_within_its_buffer_and_builds_all_it_reads_out() {
         "{throttled_runs} of 600 throttled"
     );
 }
+
+/// A node dies and a fresh incarnation of it restarts and rejoins: the EM
+/// re-admits its BU and RU from a MEP boundary. Every MEP still has exactly
+/// one fate, none is built twice, the run finishes, and the new
+/// incarnation takes part in building.
+#[test]
+fn a_restarted_node_rejoins_and_builds_again() {
+    let (mut checked, mut rejoined, mut built_after, mut sent_after) = (0, 0, 0, 0);
+    for case in 0..200u64 {
+        let mut config = random_config(7000 + case);
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 600;
+        let layout = evb_core::Layout::from_config(&config);
+        let candidates: Vec<u16> = (0..layout.nodes)
+            .filter(|&n| n != layout.em)
+            .filter(|&n| layout.bu_nodes.iter().any(|&b| b != n))
+            .filter(|&n| layout.ru_nodes.iter().any(|&r| r != n))
+            .collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        let mut rng = Pcg64Mcg::seed_from_u64(case);
+        let victim = candidates[rng.gen_range(0..candidates.len())];
+        for seed in 0..3u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let crash_at = rng.gen_range(0..400_000);
+            h.faults.crash = Some((victim, crash_at));
+            h.faults.detection_ns = 1_000_000;
+            h.faults.restart_at = Some(crash_at + rng.gen_range(0..3_000_000));
+            let report = h.run(None, 600_000_000_000);
+            let what =
+                format!("case {case} seed {seed}: node {victim} dies and restarts: {config:?}");
+            assert!(report.all_done, "every node must finish: {what}");
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            let em = report.stats[layout.em as usize].em.clone().unwrap();
+            assert_eq!(em.meps_assigned, 600, "{what}");
+            assert_eq!(
+                em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
+                em.meps_assigned,
+                "{what}: {em:?}"
+            );
+            assert_eq!(em.meps_built, report.built.len() as u64, "{what}");
+            // Only what was in flight around the death (and the rejoin) can
+            // be missing.
+            let in_flight = u64::from(config.event_builder.credits) * layout.bus() as u64;
+            assert!(em.meps_built + 3 * in_flight >= 600, "{what}: {em:?}");
+            if report.restarted_at.is_some() {
+                rejoined += 1;
+                assert_eq!(em.rejoined, vec![victim], "{what}");
+                let fresh = &report.stats[victim as usize];
+                if fresh.bu.as_ref().is_some_and(|b| b.batches_built > 0) {
+                    built_after += 1;
+                }
+                if fresh.ru.as_ref().is_some_and(|r| r.fragments_sent > 0) {
+                    sent_after += 1;
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 300, "only {checked} runs");
+    assert!(
+        rejoined > checked / 2,
+        "only {rejoined} of {checked} rejoined"
+    );
+    assert!(built_after > rejoined / 3, "{built_after} of {rejoined}");
+    assert!(sent_after > rejoined / 3, "{sent_after} of {rejoined}");
+    eprintln!("{checked} runs, {rejoined} rejoins, BU built after {built_after}, RU sent after {sent_after}");
+}

@@ -357,3 +357,123 @@ fn a_late_assignment_of_a_given_up_batch_is_reported() {
     bu.on_assign(3_000_001, 9, &mut out);
     assert!(out.is_empty());
 }
+
+/// The EM re-admits a rejoined node: its RU from the next MEP on, told to
+/// the live BUs before any assignment that includes it; its BU only once
+/// it grants credits, told which sources are still down.
+#[test]
+fn em_readmits_a_rejoined_node_at_a_mep_boundary() {
+    use evb_core::em::EventManager;
+    use evb_core::wire::Message;
+    let c = config(Protocol::Push, Schedule::Barrel, LocalTraffic::Memory);
+    let layout = Layout::from_config(&c);
+    let mut em = EventManager::new(&layout, 0);
+    let mut out = Vec::new();
+    for b in 0..4 {
+        em.on_credit(b, 2, &mut out);
+    }
+    out.clear();
+    em.on_node_lost(2, &layout, &mut out);
+    em.on_node_lost(3, &layout, &mut out);
+    assert!(out.contains(&(
+        0,
+        Message::SourceDown {
+            source: 2,
+            from_mep: 8
+        }
+    )));
+    out.clear();
+    // Node 2 comes back: BUs 0 and 1 (live) hear SourceUp from MEP 8; the
+    // rejoined BU hears that source 3 is down; nothing assigned to it yet.
+    em.on_node_joined(2, &layout, &mut out);
+    for bu in [0, 1] {
+        assert!(
+            out.contains(&(
+                bu,
+                Message::SourceUp {
+                    source: 2,
+                    from_mep: 8
+                }
+            )),
+            "{out:?}"
+        );
+    }
+    assert!(out.contains(&(
+        2,
+        Message::SourceDown {
+            source: 3,
+            from_mep: 0
+        }
+    )));
+    assert!(!out.iter().any(|(_, m)| matches!(m, Message::Assign { .. })));
+    assert_eq!(em.stats.rejoined, vec![2]);
+    // A second join of a live node changes nothing.
+    out.clear();
+    em.on_node_joined(2, &layout, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    // Credits: the rejoined BU gets MEPs, and its RU is in every Assign.
+    em.on_credit(2, 1, &mut out);
+    em.on_finished(0, 0, 0, &mut out);
+    let assigns: Vec<_> = out
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::Assign { mep, bu } => Some((*to, *mep, *bu)),
+            _ => None,
+        })
+        .collect();
+    assert!(assigns.contains(&(2, 8, 2)), "{assigns:?}");
+    let mep9_to: Vec<u16> = assigns.iter().filter(|a| a.1 == 9).map(|a| a.0).collect();
+    assert!(mep9_to.contains(&2) && !mep9_to.contains(&3), "{assigns:?}");
+}
+
+/// A BU builds MEPs in a source's down range without it and expects it
+/// again from its `SourceUp` on; junk SourceUp never panics.
+#[test]
+fn bu_expects_a_source_again_after_source_up() {
+    use evb_core::bu::{BuAction, BuilderUnit};
+    let c = config(Protocol::Push, Schedule::Barrel, LocalTraffic::Nic);
+    let layout = Layout::from_config(&c);
+    let mut bu = BuilderUnit::new(&c, &layout, 0);
+    let mut out = Vec::new();
+    bu.on_source_down(0, 3, 10, &mut out);
+    bu.on_source_up(3, 20, &mut out);
+    bu.on_source_up(3, 30, &mut out); // Not down any more: ignored.
+    bu.on_source_up(999, 5, &mut out); // No such source.
+    let fragment = |mep: u64, source: u16| FragmentHeader {
+        run_id: c.run.run_id,
+        mep,
+        source,
+        event_count: 16,
+        payload_len: 64,
+        crc32c: 7,
+        ..Default::default()
+    };
+    let feed = |bu: &mut BuilderUnit, mep: u64, sources: &[u16], out: &mut Vec<BuAction>| {
+        bu.on_assign(0, mep, out);
+        for &s in sources {
+            let h = fragment(mep, s);
+            let from = layout.ru_nodes[s as usize];
+            assert_eq!(
+                bu.admit(0, from, &h),
+                evb_core::bu::Admit::Keep,
+                "{mep} {s}"
+            );
+            bu.on_fragment(0, &h, 7, out);
+        }
+    };
+    let built = |out: &[BuAction], mep: u64| {
+        out.iter().any(
+            |a| matches!(a, BuAction::Finish { mep: m, outcome: Outcome::Built, .. } if *m == mep),
+        )
+    };
+    feed(&mut bu, 5, &[0, 1, 2, 3], &mut out);
+    assert!(built(&out, 5));
+    feed(&mut bu, 15, &[0, 1, 2], &mut out);
+    assert!(built(&out, 15), "built without the down source");
+    feed(&mut bu, 25, &[0, 1, 2], &mut out);
+    assert!(!built(&out, 25), "source 3 is expected again");
+    let h = fragment(25, 3);
+    assert_eq!(bu.admit(0, 3, &h), evb_core::bu::Admit::Keep);
+    bu.on_fragment(0, &h, 7, &mut out);
+    assert!(built(&out, 25));
+}

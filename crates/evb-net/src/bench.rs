@@ -277,6 +277,8 @@ impl Worker {
                     let p = (mep >> 48) as usize;
                     self.outstanding[p] = self.outstanding[p].saturating_sub(1);
                 }
+                // Rejoin is not enabled for benchmarks.
+                LinkEvent::Joined { .. } => {}
                 LinkEvent::Closed { peer, error } => {
                     self.closed[peer as usize] = true;
                     // Once we finished, a peer closing its end is expected.

@@ -37,6 +37,9 @@ pub struct RunOptions {
     pub exe: Option<PathBuf>,
     /// Faults to inject: signal a node at a time into the run.
     pub faults: Vec<InjectedFault>,
+    /// Nodes to restart (after a `--kill`) at a time into the run: a fresh
+    /// `evb node --rejoin` with the same rank and address (`signal` unused).
+    pub restarts: Vec<InjectedFault>,
 }
 
 /// A signal sent to a node process at a time into the run (testing aid:
@@ -151,7 +154,13 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 .to_string();
         }
     }
-    config.transport.kind = crate::transport::resolve_auto(&config.transport.kind).into();
+    // `auto` is shm on one machine, except that only tcp lets a restarted
+    // node rejoin.
+    config.transport.kind = if config.transport.kind == "auto" && !opts.restarts.is_empty() {
+        "tcp".into()
+    } else {
+        crate::transport::resolve_auto(&config.transport.kind).into()
+    };
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
@@ -170,10 +179,34 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Ok(k) => k,
         Err(_) => crate::transport::auth::fresh_key_hex(),
     };
+    for r in &opts.restarts {
+        let killed_before = opts
+            .faults
+            .iter()
+            .any(|f| f.node == r.node && f.signal == libc::SIGKILL && f.at_s < r.at_s);
+        if !killed_before {
+            bail!(
+                "--restart {}@{}: restart a node killed earlier with --kill",
+                r.node,
+                r.at_s
+            );
+        }
+        if r.node == layout.em {
+            bail!(
+                "--restart: node {} hosts the EM, which cannot rejoin",
+                r.node
+            );
+        }
+        if config.transport.kind != "tcp" {
+            bail!(
+                "--restart: only the tcp transport can rejoin, not `{}`",
+                config.transport.kind
+            );
+        }
+    }
     let (tx, rx) = mpsc::channel();
-    let mut children: Vec<Child> = Vec::new();
-    let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
-    for rank in 0..endpoints {
+    // Starts node `rank` (`rejoin`: a restarted node joining the run).
+    let mut spawn = |rank: usize, rejoin: bool| -> Result<(Child, Option<ChildStdin>)> {
         let mut cmd = Command::new(&exe);
         cmd.args([
             "node",
@@ -188,20 +221,37 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
+        if rejoin {
+            cmd.arg("--rejoin");
+        }
         // Own process group: Ctrl-C reaches the launcher only, which then
         // asks for an orderly drain.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
-        stdins.push(child.stdin.take());
+        let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
         std::thread::spawn(move || read_node_output(rank, stdout, tx));
+        Ok((child, stdin))
+    };
+    let mut children: Vec<Child> = Vec::new();
+    let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
+    for rank in 0..endpoints {
+        let (child, stdin) = spawn(rank, false)?;
+        stdins.push(stdin);
         children.push(child);
     }
-    drop(tx);
-    let result = supervise(opts, &config, &layout, &mut children, &mut stdins, &rx);
+    let result = supervise(
+        opts,
+        &config,
+        &layout,
+        &mut children,
+        &mut stdins,
+        &rx,
+        &mut spawn,
+    );
     // Whatever happened, no node outlives the launcher.
     for c in &mut children {
         let _ = c.kill();
@@ -235,6 +285,14 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 node: loss.peer,
                 seen_by: format!("node {}", r.node),
                 what: format!("lost: {}", loss.reason),
+            });
+        }
+        for back in &r.rejoins {
+            failures.push(crate::report::FailureEvent {
+                at_s: back.at_unix_s - started_unix,
+                node: back.peer,
+                seen_by: format!("node {}", r.node),
+                what: "rejoined".into(),
             });
         }
     }
@@ -312,6 +370,8 @@ struct Supervised {
     started_unix: f64,
 }
 
+type Spawn<'a> = dyn FnMut(usize, bool) -> Result<(Child, Option<ChildStdin>)> + 'a;
+
 fn supervise(
     opts: &RunOptions,
     config: &Config,
@@ -319,6 +379,7 @@ fn supervise(
     children: &mut [Child],
     stdins: &mut [Option<ChildStdin>],
     rx: &mpsc::Receiver<FromNode>,
+    spawn: &mut Spawn<'_>,
 ) -> Result<Supervised> {
     let endpoints = children.len();
     // Rendezvous: every node's port, then everyone gets the list.
@@ -349,6 +410,10 @@ fn supervise(
         })
         .collect();
     let line = format!("PEERS {}\n", peers.join(" "));
+    let mut pending_restarts = opts.restarts.clone();
+    // Counters of earlier incarnations of restarted nodes, so the timeline
+    // does not step back: (events_built, bytes_built) per node.
+    let mut earlier: Vec<(u64, u64)> = vec![(0, 0); endpoints];
     for (rank, s) in stdins.iter_mut().enumerate() {
         let s = s.as_mut().expect("piped");
         s.write_all(line.as_bytes())
@@ -430,6 +495,36 @@ fn supervise(
             }
         }
         pending_faults.retain(|f| f.at_s > elapsed);
+        // Restart once the killed process's output has ended.
+        let due: Vec<InjectedFault> = pending_restarts
+            .iter()
+            .copied()
+            .filter(|r| r.at_s <= elapsed && !open[r.node as usize])
+            .collect();
+        pending_restarts.retain(|r| !due.contains(r));
+        for r in due {
+            let rank = r.node as usize;
+            let _ = children[rank].wait();
+            let (child, mut stdin) = spawn(rank, true)?;
+            if let Some(s) = stdin.as_mut() {
+                s.write_all(line.as_bytes())
+                    .and_then(|_| s.flush())
+                    .with_context(|| format!("sending the peer list to restarted node {rank}"))?;
+            }
+            children[rank] = child;
+            stdins[rank] = stdin;
+            open[rank] = true;
+            last_heard[rank] = Instant::now();
+            earlier[rank].0 += latest[rank].events_built;
+            earlier[rank].1 += latest[rank].bytes_built;
+            latest[rank] = NodeReport::default();
+            failures.push(crate::report::FailureEvent {
+                at_s: elapsed,
+                node: r.node,
+                seen_by: "launcher".into(),
+                what: "restarted (rejoins the run)".into(),
+            });
+        }
         let n_int = interrupts.load(Ordering::SeqCst);
         if n_int >= 1 && !stop_sent {
             stop_sent = true;
@@ -450,9 +545,17 @@ fn supervise(
         if last_tick.elapsed() >= Duration::from_secs(1) {
             let dt = last_tick.elapsed().as_secs_f64();
             last_tick = Instant::now();
-            let bytes: u64 = latest.iter().map(|r| r.bytes_built).sum();
-            let events: u64 = latest.iter().map(|r| r.events_built).sum();
-            let node_bytes: Vec<u64> = latest.iter().map(|r| r.bytes_built).collect();
+            let node_bytes: Vec<u64> = latest
+                .iter()
+                .zip(&earlier)
+                .map(|(r, e)| r.bytes_built + e.1)
+                .collect();
+            let bytes: u64 = node_bytes.iter().sum();
+            let events: u64 = latest
+                .iter()
+                .zip(&earlier)
+                .map(|(r, e)| r.events_built + e.0)
+                .sum();
             last_node_bytes.resize(node_bytes.len(), 0);
             let node_built_gbps = node_bytes
                 .iter()

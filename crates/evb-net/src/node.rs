@@ -49,6 +49,10 @@ pub struct NodeOptions {
     pub control: Control,
     /// `Control::Launcher`: the directory where ranks exchange addresses.
     pub rendezvous: Option<PathBuf>,
+    /// This process restarts a node of a run already going: it listens on
+    /// the node's address again, connects to the live peers without the
+    /// start barrier, and the EM re-admits it (TCP only).
+    pub rejoin: bool,
 }
 
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
@@ -80,8 +84,43 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
             layout.endpoints
         );
     }
-    let mut transport = open_transport(&config, &layout, rank, opts.control)?;
+    if opts.rejoin && rank == layout.em {
+        bail!("node {rank} hosts the EM: it cannot rejoin a run (restarting the EM ends the run)");
+    }
+    // A restarted node listens where its peers know it: under `evb run`,
+    // the address list comes first.
+    let early_peers = match (opts.rejoin, opts.control) {
+        (true, Control::Stdio) => Some(read_peers_line(&layout)?),
+        _ => None,
+    };
+    let mut transport = match &early_peers {
+        Some(peers) => {
+            if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
+                bail!("only the tcp transport can rejoin a run");
+            }
+            let listen = peers[rank as usize]
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| anyhow!("bad own address `{}`", peers[rank as usize]))?;
+            Box::new(transport::tcp::TcpTransport::bind(
+                &config,
+                &layout,
+                rank,
+                Some(listen),
+            )?)
+        }
+        None => open_transport(&config, &layout, rank, opts.control)?,
+    };
+    let rejoin_ok = transport.enable_rejoin(opts.rejoin);
+    if opts.rejoin && !rejoin_ok {
+        bail!(
+            "transport `{}` cannot rejoin a run: only tcp can",
+            transport.name()
+        );
+    }
     let peers = match opts.control {
+        _ if early_peers.is_some() => early_peers.expect("checked"),
         // MPI knows every rank already: nothing to exchange.
         Control::Launcher
             if TransportKind::parse(&config.transport.kind)? == TransportKind::Mpi =>
@@ -119,6 +158,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     };
     let mut rt = Runtime::new(config, layout, rank)?;
     rt.metrics = metrics;
+    rt.restarted = opts.rejoin;
     if opts.control == Control::Launcher {
         // Many ranks share the launcher's stdout, where long lines of
         // different ranks interleave: the final report also goes to a file.
@@ -242,25 +282,7 @@ pub(crate) fn rendezvous(
         Control::Stdio => {
             println!("LISTEN {}", transport.local_token());
             std::io::stdout().flush()?;
-            let mut line = String::new();
-            if std::io::stdin().lock().read_line(&mut line)? == 0 {
-                bail!("stdin closed before the PEERS line");
-            }
-            let line = line.trim_end();
-            let tokens: Vec<String> = line
-                .strip_prefix("PEERS ")
-                .ok_or_else(|| anyhow!("expected `PEERS token...`, got `{line}`"))?
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            if tokens.len() != layout.endpoints as usize {
-                bail!(
-                    "PEERS lists {} addresses for {} endpoints",
-                    tokens.len(),
-                    layout.endpoints
-                );
-            }
-            Ok(tokens)
+            read_peers_line(layout)
         }
         Control::Launcher => bail!("launcher rendezvous is handled by run_node"),
         Control::Config => {
@@ -276,6 +298,29 @@ pub(crate) fn rendezvous(
                 .collect())
         }
     }
+}
+
+/// Reads the `PEERS token...` line `evb run` sends.
+fn read_peers_line(layout: &Layout) -> Result<Vec<String>> {
+    let mut line = String::new();
+    if std::io::stdin().lock().read_line(&mut line)? == 0 {
+        bail!("stdin closed before the PEERS line");
+    }
+    let line = line.trim_end();
+    let tokens: Vec<String> = line
+        .strip_prefix("PEERS ")
+        .ok_or_else(|| anyhow!("expected `PEERS token...`, got `{line}`"))?
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if tokens.len() != layout.endpoints as usize {
+        bail!(
+            "PEERS lists {} addresses for {} endpoints",
+            tokens.len(),
+            layout.endpoints
+        );
+    }
+    Ok(tokens)
 }
 
 /// Forwards `STOP` (and the end of stdin) from a thread to the event loop.
@@ -431,6 +476,11 @@ struct Runtime {
     linked: Vec<NodeId>,
     /// Peers declared lost, with when and why.
     lost: Vec<crate::report::PeerLoss>,
+    /// Lost peers that came back, with when (a peer is down while it has
+    /// more losses than rejoins).
+    rejoins: Vec<crate::report::PeerRejoin>,
+    /// This process is a restarted node joining a run already going.
+    restarted: bool,
     /// A peer silent this long is lost.
     peer_timeout: Duration,
     /// This node told its peers it has finished.
@@ -501,6 +551,8 @@ impl Runtime {
             rank,
             config,
             lost: Vec::new(),
+            rejoins: Vec::new(),
+            restarted: false,
             peer_timeout,
             finished: false,
             events: Vec::new(),
@@ -519,6 +571,19 @@ impl Runtime {
         self.engine.epoch = Instant::now();
         // Silence is counted from the start of the run, not the setup.
         self.engine.last_rx.fill(Instant::now());
+        if self.restarted {
+            // The peers that did not connect are down for this incarnation
+            // (dead, or slow to re-dial us): they may join later.
+            let missing: Vec<NodeId> = self
+                .linked
+                .iter()
+                .copied()
+                .filter(|&p| p != self.rank && !transport.has_link(p))
+                .collect();
+            for p in missing {
+                self.declare_lost(transport, p, "not connected when this node rejoined".into());
+            }
+        }
         let now = self.engine.now();
         self.engine.node.start(now);
         self.process_actions(transport)?;
@@ -541,9 +606,13 @@ impl Runtime {
                 self.engine.node.stop(now);
             }
             // Without the EM nothing more will be assigned: drain.
-            let em_lost = self.lost.iter().any(|l| l.peer == self.layout.em);
+            let em_lost = self.is_lost(self.layout.em);
             if drain_deadline.is_none() && (self.engine.node.end_of_run().is_some() || em_lost) {
                 drain_deadline = Some(now_i + drain);
+            }
+            if !em_lost && self.engine.node.end_of_run().is_none() && !drain_timed_out {
+                // The EM came back (rejoin) before the drain was over.
+                drain_deadline = None;
             }
             if now_i >= next_heartbeat {
                 next_heartbeat = now_i + HEARTBEAT;
@@ -653,6 +722,7 @@ impl Runtime {
                         self.engine.node.on_send_complete(now, mep);
                     }
                     LinkEvent::Closed { peer, error } => self.link_closed(transport, peer, error),
+                    LinkEvent::Joined { peer } => self.peer_joined(peer),
                 }
             }
             self.process_actions(transport)?;
@@ -671,10 +741,32 @@ impl Runtime {
         let end = self.engine.node.end_of_run().is_some();
         // A clean close after the end of the run is how peers finish.
         let orderly = self.engine.node.is_done() || self.finished || (end && error.is_none());
-        if !orderly && peer != self.rank && !self.lost.iter().any(|l| l.peer == peer) {
+        if !orderly && peer != self.rank && !self.is_lost(peer) {
             let reason = error.unwrap_or_else(|| "connection closed".into());
             self.declare_lost(transport, peer, reason);
         }
+    }
+
+    /// `peer` is down: lost more often than it rejoined.
+    fn is_lost(&self, peer: NodeId) -> bool {
+        let lost = self.lost.iter().filter(|l| l.peer == peer).count();
+        lost > self.rejoins.iter().filter(|r| r.peer == peer).count()
+    }
+
+    /// A lost peer is connected again: a new incarnation, or the same
+    /// process after a network fault. The node serves it again (and the EM
+    /// re-admits it).
+    fn peer_joined(&mut self, peer: NodeId) {
+        if self.engine.node.is_done() || self.finished || !self.is_lost(peer) {
+            return;
+        }
+        eprintln!("evb node {}: endpoint {peer} rejoined", self.rank);
+        self.rejoins.push(crate::report::PeerRejoin::now(peer));
+        if let Some(t) = self.engine.last_rx.get_mut(peer as usize) {
+            *t = Instant::now();
+        }
+        let now = self.engine.now();
+        self.engine.node.on_peer_joined(now, peer);
     }
 
     fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
@@ -693,7 +785,7 @@ impl Runtime {
         }
         let mut silent = Vec::new();
         for &p in &self.linked {
-            if p == self.rank || self.lost.iter().any(|l| l.peer == p) {
+            if p == self.rank || self.is_lost(p) {
                 continue;
             }
             // Judge before queueing our heartbeat: our own write must not
@@ -875,6 +967,8 @@ impl Runtime {
             full || self.metrics.is_some(),
         );
         r.peers_lost = self.lost.clone();
+        r.rejoins = self.rejoins.clone();
+        r.restarted = self.restarted;
         if let Some(fu) = self.engine.node.fu() {
             r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
         }
@@ -897,7 +991,7 @@ impl Runtime {
                 peers_up: self
                     .linked
                     .iter()
-                    .filter(|&&p| p != self.rank && !self.lost.iter().any(|l| l.peer == p))
+                    .filter(|&&p| p != self.rank && !self.is_lost(p))
                     .count(),
             };
             m.set(crate::metrics::render(&r, &gauges));

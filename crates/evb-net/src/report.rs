@@ -84,6 +84,12 @@ pub struct NodeReport {
     /// Peers this node lost during the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers_lost: Vec<PeerLoss>,
+    /// Lost peers that came back (restarted or reconnected), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejoins: Vec<PeerRejoin>,
+    /// This process is a restarted node that rejoined the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restarted: bool,
     /// (EM) MEPs finished by outcome, and lost with a BU, as the BUs
     /// reported them to the EM: the run's authoritative accounting.
     #[serde(default)]
@@ -259,6 +265,21 @@ impl PeerLoss {
 }
 
 /// Resident memory of this process (Linux `/proc/self/statm`), bytes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PeerRejoin {
+    pub peer: u16,
+    pub at_unix_s: f64,
+}
+
+impl PeerRejoin {
+    pub fn now(peer: u16) -> PeerRejoin {
+        PeerRejoin {
+            peer,
+            at_unix_s: unix_now(),
+        }
+    }
+}
+
 pub fn resident_bytes() -> u64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
         .ok()

@@ -14,6 +14,11 @@
 //! Liveness is the runtime's job, the same for all: every received message
 //! counts as a sign of life ([`RxHandler::on_alive`]), heartbeats fill the
 //! silences, and a peer silent for `transport.peer_timeout_ms` is dropped.
+//!
+//! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
+//! re-establishes connections with a lost peer (restarted, or reachable
+//! again) and reports [`LinkEvent::Joined`]. The message engines do not: a
+//! peer they lost stays lost for the rest of the run.
 
 pub mod auth;
 pub mod mpi;
@@ -62,6 +67,10 @@ pub enum LinkEvent {
     /// The link to `peer` ended: an error, or the peer's orderly finish
     /// (`error: None`).
     Closed { peer: NodeId, error: Option<String> },
+    /// A new connection with `peer` is set up during the run (it restarted,
+    /// or its link came back). Reported before anything it carries is
+    /// handed over; a connection it replaces was reported `Closed` first.
+    Joined { peer: NodeId },
 }
 
 /// One node's view of the network.
@@ -103,6 +112,18 @@ pub trait Transport {
     fn finish(&mut self);
     /// Every linked peer has finished too (or is gone).
     fn all_finished(&self) -> bool;
+    /// Before [`Transport::connect`]: keep accepting and re-dialing peers
+    /// during the run so lost ones can rejoin; `restarted`: this process
+    /// joins a run already going (no start barrier; it connects to the live
+    /// peers). False when the transport cannot (the default).
+    fn enable_rejoin(&mut self, _restarted: bool) -> bool {
+        false
+    }
+    /// There is a link to `peer` now (after a restarted node's connect,
+    /// the peers without one are lost).
+    fn has_link(&self, _peer: NodeId) -> bool {
+        true
+    }
 }
 
 /// The transport a config asks for.

@@ -6,10 +6,24 @@
 //! non-blocking. A folded node with `local = "nic"` also connects to
 //! itself: it sends on the socket it opened and receives on the one it
 //! accepted.
+//!
+//! Rejoin (when the runtime enables it): the listener stays open for the
+//! whole run. A background thread accepts connections and runs the same
+//! handshake (Hello with the run id, the run-key proof); strangers are still
+//! rejected. The connection of a pair is always opened by its lower node id:
+//! when a peer with a higher id is lost, this node re-dials it with
+//! exponential backoff (50 ms doubling to 1 s) until it answers or the run
+//! ends. A restarted node (`enable_rejoin(true)`) dials the higher ids
+//! itself and waits a while for the lower ones to re-dial it. A new
+//! connection from a peer that still has one replaces it: the old one is
+//! reported closed (a loss) before the new one is reported joined.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream, ToSocketAddrs};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -30,11 +44,55 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 const READ_STEPS: usize = 96;
 /// Writes that progressed this recently show the peer is taking data.
 const TX_PROGRESS_ALIVE: Duration = Duration::from_millis(300);
+/// Re-dialing a lost peer: first wait, and the most it grows to.
+const REDIAL_FIRST: Duration = Duration::from_millis(50);
+const REDIAL_MAX: Duration = Duration::from_secs(1);
+/// One connection attempt (connect plus handshake) during the run.
+const DIAL_TIMEOUT: Duration = Duration::from_millis(800);
+/// A restarted node waits this long for the lower ids to re-dial it before
+/// it starts (briefly: meanwhile it sends no heartbeat on the connections it
+/// has); later ones join during the run.
+const REJOIN_WAIT: Duration = Duration::from_millis(300);
+
+/// Who this node is, for handshakes on any thread.
+#[derive(Clone)]
+struct Handshake {
+    rank: NodeId,
+    run_id: u32,
+    endpoints: u16,
+    /// The run key: connections must prove it (see [`super::auth`]).
+    key: Option<Vec<u8>>,
+    /// Our own self-link proves itself with this nonce.
+    self_nonce: [u8; NONCE_LEN],
+}
+
+/// A connection set up off the event loop, waiting to be taken in.
+struct Incoming {
+    stream: StdTcpStream,
+    peer: NodeId,
+}
 
 pub struct TcpTransport {
     rank: NodeId,
     run_id: u32,
     endpoints: u16,
+    hs: Handshake,
+    /// Rejoin enabled by the runtime; `restarted`: this process is a new
+    /// incarnation joining a run already going.
+    rejoin: bool,
+    restarted: bool,
+    local_port: u16,
+    addrs: Vec<SocketAddr>,
+    /// Connections accepted or re-dialed by background threads.
+    incoming_tx: mpsc::Sender<Incoming>,
+    incoming_rx: mpsc::Receiver<Incoming>,
+    /// New connections whose peer still had an open one: reported closed
+    /// first, joined at the next poll.
+    deferred: Vec<Incoming>,
+    /// Per endpoint: the cancel flag of a re-dial under way.
+    redials: Vec<Option<Arc<AtomicBool>>>,
+    /// Tells the background threads the run is over.
+    stop: Arc<AtomicBool>,
     linked: Vec<NodeId>,
     listener: Option<TcpListener>,
     poll: Poll,
@@ -67,10 +125,28 @@ impl TcpTransport {
         let port = listen.map(|a| a.port()).unwrap_or(0);
         let listener = TcpListener::bind((bind, port))
             .with_context(|| format!("binding to transport.bind = {bind}, port {port}"))?;
+        let key = auth::load_key(&config.transport.run_key_file)?;
+        let (incoming_tx, incoming_rx) = mpsc::channel();
         Ok(TcpTransport {
             rank,
             run_id: config.run.run_id,
             endpoints: layout.endpoints,
+            hs: Handshake {
+                rank,
+                run_id: config.run.run_id,
+                endpoints: layout.endpoints,
+                key: key.clone(),
+                self_nonce: auth::nonce(),
+            },
+            rejoin: false,
+            restarted: false,
+            local_port: listener.local_addr()?.port(),
+            addrs: Vec::new(),
+            incoming_tx,
+            incoming_rx,
+            deferred: Vec::new(),
+            redials: vec![None; layout.endpoints as usize],
+            stop: Arc::new(AtomicBool::new(false)),
             linked: linked_peers(config, layout, rank),
             listener: Some(listener),
             poll: Poll::new()?,
@@ -81,7 +157,7 @@ impl TcpTransport {
             max_body: super::max_body_bytes(config),
             socket_buffer_bytes: config.transport.socket_buffer_bytes,
             finished: false,
-            key: auth::load_key(&config.transport.run_key_file)?,
+            key,
             more_to_read: Vec::new(),
         })
     }
@@ -105,7 +181,7 @@ impl TcpTransport {
         let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
         // Connections whose handshake already included the peer's answer.
         let mut answered = Vec::new();
-        let self_nonce = auth::nonce();
+        let self_nonce = self.hs.self_nonce;
         for &peer in self.linked.iter().filter(|&&p| p >= me) {
             let addr = addrs[peer as usize];
             let mut s = connect_retry(addr, deadline)
@@ -116,7 +192,8 @@ impl TcpTransport {
                     // Our own acceptor checks this nonce: only we know it.
                     s.write_all(&self_nonce)?;
                 } else {
-                    self.prove_as_connector(&mut s, key, peer, deadline)
+                    self.hs
+                        .prove_as_connector(&mut s, key, peer, deadline)
                         .with_context(|| {
                             format!("run-key handshake with endpoint {peer} at {addr}")
                         })?;
@@ -139,9 +216,7 @@ impl TcpTransport {
                     ))?;
                     let checked = read_hello(&s, self.run_id, self.endpoints).and_then(|peer| {
                         match &self.key {
-                            Some(key) => {
-                                self.check_as_acceptor(&s, key, peer, &hello, &self_nonce)?
-                            }
+                            Some(key) => self.hs.check_as_acceptor(&s, key, peer, &hello)?,
                             // The answer: tells the peer we are set up (not
                             // on the receive-only self-link).
                             None if peer != me => (&s).write_all(&hello)?,
@@ -168,127 +243,218 @@ impl TcpTransport {
                 Err(e) => return Err(e.into()),
             }
         }
-        for (i, (s, peer)) in opened.into_iter().enumerate() {
-            s.set_read_timeout(None)?;
-            s.set_nodelay(true)?;
-            if self.socket_buffer_bytes > 0 {
-                set_socket_buffers(&s, self.socket_buffer_bytes);
-            }
-            s.set_nonblocking(true)?;
-            let mut stream = mio::net::TcpStream::from_std(s);
-            self.poll.registry().register(
-                &mut stream,
-                Token(i),
-                Interest::READABLE | Interest::WRITABLE,
-            )?;
-            // Receive-only self-link: the peer is us, but we never send on it.
-            let rx_peer = peer.or(Some(me));
+        for (k, (s, peer)) in opened.into_iter().enumerate() {
+            let i = self.add_conn(s, peer)?;
             if let Some(p) = peer {
-                self.tx_conn[p as usize] = Some(i);
-                if i < outgoing && p != me {
+                if k < outgoing && p != me {
                     self.awaiting_hello.push(i);
                 }
             }
-            let mut conn = Conn::new(stream, rx_peer, self.max_body);
-            conn.hello_seen = answered.contains(&i);
-            self.conns.push(conn);
+            self.conns[i].hello_seen = answered.contains(&k);
         }
+        // Kept for connections during the run (rejoin), else closed.
+        self.listener = Some(listener);
         Ok(())
     }
 
-    /// Connecting side of the run-key handshake (after our Hello).
-    fn prove_as_connector(
-        &self,
-        s: &mut StdTcpStream,
-        key: &[u8],
-        peer: NodeId,
-        deadline: Instant,
-    ) -> Result<()> {
-        let nonce_c = auth::nonce();
-        s.write_all(&nonce_c)?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
-        let answered = read_hello(s, self.run_id, self.endpoints).context("reading the answer")?;
-        if answered != peer {
-            bail!("endpoint {peer}'s address answered as endpoint {answered}");
-        }
-        let mut challenge = [0u8; NONCE_LEN + MAC_LEN];
-        s.read_exact(&mut challenge)
-            .context("reading the peer's proof")?;
-        let nonce_a: [u8; NONCE_LEN] = challenge[..NONCE_LEN].try_into().expect("16");
-        let mac_a: [u8; MAC_LEN] = challenge[NONCE_LEN..].try_into().expect("32");
-        if !auth::verify(
-            key,
-            "evb-accept",
-            self.run_id,
-            peer,
-            self.rank,
-            &nonce_c,
-            &nonce_a,
-            &mac_a,
-        ) {
-            bail!("endpoint {peer} did not prove the run key");
-        }
-        s.write_all(&auth::proof(
-            key,
-            "evb-connect",
-            self.run_id,
-            self.rank,
-            peer,
-            &nonce_a,
-            &nonce_c,
-        ))?;
+    /// Takes in a set-up connection: `peer` is who we send to on it
+    /// (`None`: the receive-only self-link). Returns its index.
+    fn add_conn(&mut self, s: StdTcpStream, peer: Option<NodeId>) -> Result<usize> {
         s.set_read_timeout(None)?;
+        s.set_nodelay(true)?;
+        if self.socket_buffer_bytes > 0 {
+            set_socket_buffers(&s, self.socket_buffer_bytes);
+        }
+        s.set_nonblocking(true)?;
+        let i = self.conns.len();
+        let mut stream = mio::net::TcpStream::from_std(s);
+        self.poll.registry().register(
+            &mut stream,
+            Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        // Receive-only self-link: the peer is us, but we never send on it.
+        let rx_peer = peer.or(Some(self.rank));
+        if let Some(p) = peer {
+            self.tx_conn[p as usize] = Some(i);
+        }
+        self.conns.push(Conn::new(stream, rx_peer, self.max_body));
+        Ok(i)
+    }
+
+    /// From now on, connections are accepted in the background.
+    fn start_acceptor(&mut self) -> Result<()> {
+        let Some(listener) = self.listener.take() else {
+            return Ok(());
+        };
+        listener.set_nonblocking(true)?;
+        let hs = self.hs.clone();
+        let tx = self.incoming_tx.clone();
+        let stop = self.stop.clone();
+        std::thread::Builder::new()
+            .name("evb-accept".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((s, from)) => {
+                            let hs = hs.clone();
+                            let tx = tx.clone();
+                            // Off this thread: a silent stranger must not
+                            // hold up the next connection.
+                            std::thread::spawn(move || match hs.accept(&s) {
+                                Ok(peer) => {
+                                    let _ = tx.send(Incoming { stream: s, peer });
+                                }
+                                Err(e) => eprintln!(
+                                    "evb node {}: rejected a connection from {from}: {e:#}",
+                                    hs.rank
+                                ),
+                            });
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => {
+                            eprintln!("evb node {}: accepting: {e}", hs.rank);
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                }
+            })?;
         Ok(())
     }
 
-    /// Accepting side: the peer's Hello was read; answer and check its proof.
-    fn check_as_acceptor(
-        &self,
-        s: &StdTcpStream,
-        key: &[u8],
-        peer: NodeId,
-        hello: &[u8],
-        self_nonce: &[u8; NONCE_LEN],
-    ) -> Result<()> {
-        let mut nonce_c = [0u8; NONCE_LEN];
-        (&*s)
-            .read_exact(&mut nonce_c)
-            .context("reading the nonce")?;
-        if peer == self.rank {
-            if &nonce_c != self_nonce {
-                bail!("a connection claiming to be this node did not come from it");
-            }
-            return Ok(());
+    /// Re-dials `peer` in the background until it answers, the run ends,
+    /// or it comes back some other way.
+    fn start_redial(&mut self, peer: NodeId) {
+        let Some(&addr) = self.addrs.get(peer as usize) else {
+            return;
+        };
+        if self.redials[peer as usize].is_some() || self.stop.load(Ordering::Relaxed) {
+            return;
         }
-        let nonce_a = auth::nonce();
-        let mut answer = hello.to_vec();
-        answer.extend_from_slice(&nonce_a);
-        answer.extend_from_slice(&auth::proof(
-            key,
-            "evb-accept",
-            self.run_id,
-            self.rank,
-            peer,
-            &nonce_c,
-            &nonce_a,
-        ));
-        (&*s).write_all(&answer)?;
-        let mut mac_c = [0u8; MAC_LEN];
-        (&*s)
-            .read_exact(&mut mac_c)
-            .context("reading the run-key proof")?;
-        if !auth::verify(
-            key,
-            "evb-connect",
-            self.run_id,
-            peer,
-            self.rank,
-            &nonce_a,
-            &nonce_c,
-            &mac_c,
-        ) {
-            bail!("endpoint {peer} (claimed) did not prove the run key");
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.redials[peer as usize] = Some(cancel.clone());
+        let hs = self.hs.clone();
+        let tx = self.incoming_tx.clone();
+        let stop = self.stop.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("evb-redial-{peer}"))
+            .spawn(move || {
+                let mut delay = REDIAL_FIRST;
+                let mut attempts = 0u32;
+                loop {
+                    std::thread::sleep(delay);
+                    if stop.load(Ordering::Relaxed) || cancel.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    attempts += 1;
+                    match hs.dial(addr, peer, DIAL_TIMEOUT) {
+                        Ok(stream) => {
+                            eprintln!(
+                                "evb node {}: reconnected to endpoint {peer} at {addr} (attempt {attempts})",
+                                hs.rank
+                            );
+                            let _ = tx.send(Incoming { stream, peer });
+                            return;
+                        }
+                        Err(_) => delay = (delay * 2).min(REDIAL_MAX),
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.redials[peer as usize] = None;
+        }
+    }
+
+    /// Takes in the connections set up in the background: a peer's new
+    /// connection replaces its old one (reported closed now, joined at the
+    /// next poll, so the runtime handles the loss first).
+    fn take_incoming(&mut self, events: &mut Vec<LinkEvent>) {
+        for inc in std::mem::take(&mut self.deferred) {
+            self.join(inc, events);
+        }
+        while let Ok(inc) = self.incoming_rx.try_recv() {
+            if self.finished {
+                continue; // Dropped: the run is over for us.
+            }
+            let old = self
+                .tx_conn
+                .get(inc.peer as usize)
+                .copied()
+                .flatten()
+                .filter(|&i| !self.conns[i].closed && inc.peer != self.rank);
+            match old {
+                Some(i) => {
+                    self.close_conn(
+                        i,
+                        Some("replaced by a new connection from the same endpoint".into()),
+                        events,
+                    );
+                    self.deferred.push(inc);
+                }
+                None => self.join(inc, events),
+            }
+        }
+    }
+
+    fn join(&mut self, inc: Incoming, events: &mut Vec<LinkEvent>) {
+        let peer = inc.peer;
+        if let Some(cancel) = self.redials[peer as usize].take() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+        let tx_peer = (peer != self.rank).then_some(peer);
+        match self.add_conn(inc.stream, tx_peer) {
+            Ok(i) => {
+                self.conns[i].hello_seen = true;
+                if peer != self.rank {
+                    events.push(LinkEvent::Joined { peer });
+                }
+            }
+            Err(e) => eprintln!(
+                "evb node {}: taking in endpoint {peer}'s connection: {e:#}",
+                self.rank
+            ),
+        }
+    }
+
+    /// A restarted node's setup: dial the higher ids (those alive answer at
+    /// once), then wait a while for the lower ids to re-dial us. Peers not
+    /// linked at the end are the runtime's to declare lost.
+    fn connect_restarted(&mut self) -> Result<()> {
+        let me = self.rank;
+        self.start_acceptor()?;
+        let higher: Vec<NodeId> = self.linked.iter().copied().filter(|&p| p >= me).collect();
+        for peer in higher {
+            let addr = self.addrs[peer as usize];
+            let dialed = if peer == me {
+                connect_self(&self.hs, addr)
+            } else {
+                self.hs.dial(addr, peer, DIAL_TIMEOUT)
+            };
+            match dialed {
+                Ok(s) => {
+                    let i = self.add_conn(s, Some(peer))?;
+                    self.conns[i].hello_seen = true;
+                }
+                Err(e) => eprintln!("evb node {me}: endpoint {peer} at {addr} is not there: {e:#}"),
+            }
+        }
+        let deadline = Instant::now() + REJOIN_WAIT;
+        let mut waiting: Vec<NodeId> = self.linked.iter().copied().filter(|&p| p <= me).collect();
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                eprintln!("evb node {me}: endpoints {waiting:?} did not connect at the rejoin");
+                break;
+            }
+            let Ok(inc) = self.incoming_rx.recv_timeout(left) else {
+                continue;
+            };
+            let tx_peer = (inc.peer != me).then_some(inc.peer);
+            waiting.retain(|&p| p != inc.peer);
+            let i = self.add_conn(inc.stream, tx_peer)?;
+            self.conns[i].hello_seen = true;
         }
         Ok(())
     }
@@ -345,13 +511,21 @@ impl Transport for TcpTransport {
     }
 
     fn local_token(&self) -> String {
-        let port = self
-            .listener
-            .as_ref()
-            .and_then(|l| l.local_addr().ok())
-            .map(|a| a.port())
-            .unwrap_or(0);
-        port.to_string()
+        self.local_port.to_string()
+    }
+
+    fn enable_rejoin(&mut self, restarted: bool) -> bool {
+        self.rejoin = true;
+        self.restarted = restarted;
+        true
+    }
+
+    fn has_link(&self, peer: NodeId) -> bool {
+        self.tx_conn
+            .get(peer as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|i| !self.conns[i].closed)
     }
 
     fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
@@ -367,6 +541,10 @@ impl Transport for TcpTransport {
         if addrs.len() != self.endpoints as usize {
             bail!("{} addresses for {} endpoints", addrs.len(), self.endpoints);
         }
+        self.addrs = addrs.clone();
+        if self.restarted {
+            return self.connect_restarted();
+        }
         self.open_links(&addrs)?;
         // Start barrier: every peer we connected to has answered.
         let deadline = Instant::now() + SETUP_TIMEOUT;
@@ -379,6 +557,11 @@ impl Transport for TcpTransport {
                 .filter(|&i| !self.conns[i].hello_seen && !self.conns[i].closed)
                 .collect();
             if waiting.is_empty() {
+                if self.rejoin {
+                    self.start_acceptor()?;
+                } else {
+                    self.listener = None;
+                }
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -441,7 +624,8 @@ impl Transport for TcpTransport {
         self.flush(events);
         // Sends that completed are news for the caller, and unread input
         // is waiting: do not sleep on either.
-        let timeout = if events.len() > before || !self.more_to_read.is_empty() {
+        let news = events.len() > before || !self.deferred.is_empty();
+        let timeout = if news || !self.more_to_read.is_empty() {
             Duration::ZERO
         } else {
             timeout
@@ -453,6 +637,9 @@ impl Transport for TcpTransport {
         }
         self.read_events(handler, events);
         self.flush(events);
+        // After reading: the runtime learns of a join before anything the
+        // new connection carries is read (at the next poll).
+        self.take_incoming(events);
         Ok(())
     }
 
@@ -486,6 +673,10 @@ impl Transport for TcpTransport {
                 .into_iter()
                 .filter(|e| matches!(e, LinkEvent::SendDone(_))),
         );
+        // The lower id re-dials: the peer may only be cut off, or restart.
+        if self.rejoin && peer > self.rank && !self.finished {
+            self.start_redial(peer);
+        }
     }
 
     fn peer_active(&self, peer: NodeId) -> bool {
@@ -510,6 +701,7 @@ impl Transport for TcpTransport {
             return;
         }
         self.finished = true;
+        self.stop.store(true, Ordering::Relaxed);
         for c in &mut self.conns {
             let _ = c.stream.shutdown(std::net::Shutdown::Write);
             c.write_shut = true;
@@ -519,6 +711,162 @@ impl Transport for TcpTransport {
     fn all_finished(&self) -> bool {
         self.conns.iter().all(|c| c.closed)
     }
+}
+
+impl Handshake {
+    fn hello(&self) -> Vec<u8> {
+        let mut hello = Vec::new();
+        Message::Hello {
+            run_id: self.run_id,
+            node: self.rank,
+            nodes: self.endpoints,
+        }
+        .encode_into(&mut hello);
+        hello
+    }
+
+    /// Opens a connection to `peer` during the run and goes through the
+    /// whole handshake before returning it (the peer answers at once).
+    fn dial(&self, addr: SocketAddr, peer: NodeId, timeout: Duration) -> Result<StdTcpStream> {
+        let deadline = Instant::now() + timeout;
+        let mut s = StdTcpStream::connect_timeout(&addr, timeout)?;
+        s.write_all(&self.hello())?;
+        match &self.key {
+            Some(key) => self.prove_as_connector(&mut s, key, peer, deadline)?,
+            None => {
+                s.set_read_timeout(Some(timeout))?;
+                let answered =
+                    read_hello(&s, self.run_id, self.endpoints).context("reading the answer")?;
+                if answered != peer {
+                    bail!("endpoint {peer}'s address answered as endpoint {answered}");
+                }
+                s.set_read_timeout(None)?;
+            }
+        }
+        Ok(s)
+    }
+
+    /// Accepting side during the run: the peer's Hello, our answer, the
+    /// run-key proof. Returns who the peer is.
+    fn accept(&self, s: &StdTcpStream) -> Result<NodeId> {
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(HELLO_TIMEOUT))?;
+        let peer = read_hello(s, self.run_id, self.endpoints)?;
+        let hello = self.hello();
+        match &self.key {
+            Some(key) => self.check_as_acceptor(s, key, peer, &hello)?,
+            None if peer != self.rank => (&*s).write_all(&hello)?,
+            None => {}
+        }
+        Ok(peer)
+    }
+
+    /// Connecting side of the run-key handshake (after our Hello).
+    fn prove_as_connector(
+        &self,
+        s: &mut StdTcpStream,
+        key: &[u8],
+        peer: NodeId,
+        deadline: Instant,
+    ) -> Result<()> {
+        let nonce_c = auth::nonce();
+        s.write_all(&nonce_c)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        let answered = read_hello(s, self.run_id, self.endpoints).context("reading the answer")?;
+        if answered != peer {
+            bail!("endpoint {peer}'s address answered as endpoint {answered}");
+        }
+        let mut challenge = [0u8; NONCE_LEN + MAC_LEN];
+        s.read_exact(&mut challenge)
+            .context("reading the peer's proof")?;
+        let nonce_a: [u8; NONCE_LEN] = challenge[..NONCE_LEN].try_into().expect("16");
+        let mac_a: [u8; MAC_LEN] = challenge[NONCE_LEN..].try_into().expect("32");
+        if !auth::verify(
+            key,
+            "evb-accept",
+            self.run_id,
+            peer,
+            self.rank,
+            &nonce_c,
+            &nonce_a,
+            &mac_a,
+        ) {
+            bail!("endpoint {peer} did not prove the run key");
+        }
+        s.write_all(&auth::proof(
+            key,
+            "evb-connect",
+            self.run_id,
+            self.rank,
+            peer,
+            &nonce_a,
+            &nonce_c,
+        ))?;
+        s.set_read_timeout(None)?;
+        Ok(())
+    }
+
+    /// Accepting side: the peer's Hello was read; answer and check its proof.
+    fn check_as_acceptor(
+        &self,
+        s: &StdTcpStream,
+        key: &[u8],
+        peer: NodeId,
+        hello: &[u8],
+    ) -> Result<()> {
+        let mut nonce_c = [0u8; NONCE_LEN];
+        (&*s)
+            .read_exact(&mut nonce_c)
+            .context("reading the nonce")?;
+        if peer == self.rank {
+            if nonce_c != self.self_nonce {
+                bail!("a connection claiming to be this node did not come from it");
+            }
+            return Ok(());
+        }
+        let nonce_a = auth::nonce();
+        let mut answer = hello.to_vec();
+        answer.extend_from_slice(&nonce_a);
+        answer.extend_from_slice(&auth::proof(
+            key,
+            "evb-accept",
+            self.run_id,
+            self.rank,
+            peer,
+            &nonce_c,
+            &nonce_a,
+        ));
+        (&*s).write_all(&answer)?;
+        let mut mac_c = [0u8; MAC_LEN];
+        (&*s)
+            .read_exact(&mut mac_c)
+            .context("reading the run-key proof")?;
+        if !auth::verify(
+            key,
+            "evb-connect",
+            self.run_id,
+            peer,
+            self.rank,
+            &nonce_a,
+            &nonce_c,
+            &mac_c,
+        ) {
+            bail!("endpoint {peer} (claimed) did not prove the run key");
+        }
+        Ok(())
+    }
+}
+
+/// A restarted node's link to itself (`local = "nic"`): Hello and, with a
+/// run key, the nonce only this process knows.
+fn connect_self(hs: &Handshake, addr: SocketAddr) -> Result<StdTcpStream> {
+    let mut s = StdTcpStream::connect_timeout(&addr, DIAL_TIMEOUT)?;
+    s.write_all(&hs.hello())?;
+    if hs.key.is_some() {
+        s.write_all(&hs.self_nonce)?;
+    }
+    Ok(s)
 }
 
 fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<StdTcpStream> {
