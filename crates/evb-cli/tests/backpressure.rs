@@ -178,3 +178,75 @@ fn a_configuration_needing_more_memory_than_the_machine_is_refused_up_front() {
         "{text}"
     );
 }
+
+/// Three consecutive free ports (a small race, acceptable in a test).
+fn free_ports(n: u16) -> u16 {
+    for _ in 0..50 {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = a.local_addr().unwrap().port();
+        if p < 60000 && (1..n).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no {n} free consecutive ports");
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+fn series(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| {
+            l.starts_with(name)
+                && (l[name.len()..].starts_with(' ') || l[name.len()..].starts_with('{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
+#[test]
+fn the_throttle_is_visible_in_the_metrics_while_it_acts() {
+    let port = free_ports(3);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args([
+            "run",
+            "--progress",
+            "never",
+            "--nodes",
+            "2",
+            "--consumers",
+            "1",
+        ])
+        .args(["--duration", "4"])
+        .args(["--set", &format!("metrics.base_port={port}")])
+        .args(["--set", "output.consumer_busy_us=20000"])
+        .args(["--set", "source.mep_rate_hz=400"])
+        .args(["--set", "event_builder.ru_buffer_meps=6"])
+        .args(["--set", "source.events_per_mep=256"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3000));
+    let em = scrape(port);
+    let other = scrape(port + 1);
+    let _ = child.wait();
+    // Throttles come and go every few ms: many have ended by now.
+    assert!(series(&em, "evb_em_meps_vetoed_total") > 100.0, "{em}");
+    assert!(series(&em, "evb_em_throttle_episodes_total") >= 1.0, "{em}");
+    let throttled = series(&em, "evb_em_throttled_seconds_total");
+    assert!(throttled > 0.5 && throttled < 4.0, "{em}");
+    for text in [&em, &other] {
+        let held = series(text, "evb_ru_meps_held_max");
+        assert!((1.0..=6.0).contains(&held), "{text}");
+    }
+}

@@ -20,7 +20,15 @@ fn delay_relay(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let (down, _) = listener.accept().expect("node 0 connects");
-        let up = TcpStream::connect(("127.0.0.1", upstream)).expect("node 1 listens");
+        // Node 1 may not listen yet when node 0 dials: retry for a while.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let up = loop {
+            match TcpStream::connect(("127.0.0.1", upstream)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => panic!("node 1 never listened: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
         let _ = down.set_nodelay(true);
         let _ = up.set_nodelay(true);
         let pipes = [

@@ -293,6 +293,30 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
         c(r.em_meps_lost_bu_gone),
     );
     metric(
+        "evb_em_meps_vetoed_total",
+        "counter",
+        "Paced readout: MEPs vetoed at the source while the readout was throttled (EM node only).",
+        c(r.em_meps_vetoed),
+    );
+    metric(
+        "evb_em_throttled_seconds_total",
+        "counter",
+        "Paced readout: time the readout was throttled because the RU buffers were full (EM node only).",
+        r.em_throttled_s,
+    );
+    metric(
+        "evb_em_throttle_episodes_total",
+        "counter",
+        "Paced readout: times the throttle came on (EM node only).",
+        c(r.em_throttle_episodes),
+    );
+    metric(
+        "evb_ru_meps_held_max",
+        "gauge",
+        "Most assigned MEPs this RU held at once (its buffer occupancy).",
+        c(r.max_meps_held),
+    );
+    metric(
         "evb_peers_lost",
         "gauge",
         "Peers this node declared lost.",
