@@ -279,6 +279,7 @@ impl Worker {
                 }
                 // Rejoin is not enabled for benchmarks.
                 LinkEvent::Joined { .. } => {}
+                LinkEvent::Finished { peer } => self.closed[peer as usize] = true,
                 LinkEvent::Closed { peer, error } => {
                     self.closed[peer as usize] = true;
                     // Once we finished, a peer closing its end is expected.

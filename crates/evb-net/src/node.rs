@@ -369,10 +369,10 @@ struct Engine {
     /// RU data of MEPs not yet released.
     meps: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader)>,
     /// Spare buffers for MEP data.
-    pool: Vec<Vec<u8>>,
+    pool: SparePool,
     /// Spare receive buffers. Kept apart from `pool` so that they keep
     /// their length: growing a buffer again would clear it byte by byte.
-    rx_pool: Vec<Vec<u8>>,
+    rx_pool: SparePool,
     batches: HashMap<MepId, BatchSlots>,
     rus: usize,
     sink: Option<std::fs::File>,
@@ -384,21 +384,66 @@ struct Engine {
     consuming: HashMap<(NodeId, MepId), Vec<u8>>,
 }
 
+/// How often spare buffers unused since the last look are freed.
+const POOL_TRIM: Duration = Duration::from_secs(10);
+
+/// Spare buffers, with the fewest spares there were since the last trim:
+/// those were never needed, so [`SparePool::trim`] frees them.
+#[derive(Default)]
+struct SparePool {
+    spares: Vec<Vec<u8>>,
+    low_water: usize,
+}
+
+impl SparePool {
+    /// Most spares kept, whatever the burst.
+    const MAX: usize = 256;
+
+    fn take(&mut self) -> Option<Vec<u8>> {
+        let b = self.spares.pop();
+        self.low_water = self.low_water.min(self.spares.len());
+        b
+    }
+
+    fn give(&mut self, buf: Vec<u8>) {
+        if self.spares.len() < Self::MAX {
+            self.spares.push(buf);
+        }
+    }
+
+    /// Frees the spares unused since the last trim; returns how many.
+    fn trim(&mut self) -> usize {
+        let unused = self.low_water.min(self.spares.len());
+        // The oldest spares go (taken last, they are the coldest).
+        self.spares.drain(..unused);
+        self.low_water = self.spares.len();
+        unused
+    }
+}
+
 impl Engine {
     fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
     fn give_back(&mut self, buf: Vec<u8>) {
-        // Keep enough spares for the steady state, not every buffer ever used.
-        if self.pool.len() < 256 {
-            self.pool.push(buf);
-        }
+        self.pool.give(buf);
     }
 
     fn give_back_rx(&mut self, buf: Vec<u8>) {
-        if self.rx_pool.len() < 256 {
-            self.rx_pool.push(buf);
+        self.rx_pool.give(buf);
+    }
+
+    /// Frees the spare buffers no one needed since the last call, and
+    /// gives the memory back to the system: after a burst (a backlog, a
+    /// slow consumer) the resident memory returns to the steady state.
+    fn trim_pools(&mut self) {
+        let freed = self.pool.trim() + self.rx_pool.trim();
+        if freed > 0 {
+            // SAFETY: glibc's malloc_trim only returns free heap pages.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
     }
 
@@ -428,7 +473,7 @@ impl RxHandler for Engine {
     }
 
     fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
-        match self.rx_pool.pop() {
+        match self.rx_pool.take() {
             Some(b) if b.len() >= min_len => b,
             // A new zeroed allocation: large ones come from the kernel as
             // untouched pages, so a generous size costs only what is used.
@@ -474,6 +519,8 @@ struct Runtime {
     config: Config,
     /// The endpoints this one has a link to.
     linked: Vec<NodeId>,
+    /// Peers that said they finished: no longer expected to speak.
+    peers_finished: Vec<bool>,
     /// Peers declared lost, with when and why.
     lost: Vec<crate::report::PeerLoss>,
     /// Lost peers that came back, with when (a peer is down while it has
@@ -537,8 +584,8 @@ impl Runtime {
                 sources,
                 size_scratch: Vec::new(),
                 meps: HashMap::new(),
-                pool: Vec::new(),
-                rx_pool: Vec::new(),
+                pool: SparePool::default(),
+                rx_pool: SparePool::default(),
                 batches: HashMap::new(),
                 rus: layout.rus(),
                 sink,
@@ -547,6 +594,7 @@ impl Runtime {
                 consuming: HashMap::new(),
             },
             linked: transport::linked_peers(&config, &layout, rank),
+            peers_finished: vec![false; layout.endpoints as usize],
             layout,
             rank,
             config,
@@ -589,6 +637,7 @@ impl Runtime {
         self.process_actions(transport)?;
         let mut next_stats = Instant::now() + STATS_INTERVAL;
         let mut next_heartbeat = Instant::now() + HEARTBEAT;
+        let mut next_trim = Instant::now() + POOL_TRIM;
         let duration = self.config.run.duration_s;
         let stop_at = (self.rank == self.layout.em && duration > 0.0)
             .then(|| self.engine.epoch + Duration::from_secs_f64(duration));
@@ -617,6 +666,10 @@ impl Runtime {
             if now_i >= next_heartbeat {
                 next_heartbeat = now_i + HEARTBEAT;
                 self.heartbeat_and_check(transport, now_i);
+            }
+            if now_i >= next_trim {
+                next_trim = now_i + POOL_TRIM;
+                self.engine.trim_pools();
             }
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
@@ -723,6 +776,11 @@ impl Runtime {
                     }
                     LinkEvent::Closed { peer, error } => self.link_closed(transport, peer, error),
                     LinkEvent::Joined { peer } => self.peer_joined(peer),
+                    LinkEvent::Finished { peer } => {
+                        if let Some(f) = self.peers_finished.get_mut(peer as usize) {
+                            *f = true;
+                        }
+                    }
                 }
             }
             self.process_actions(transport)?;
@@ -785,7 +843,7 @@ impl Runtime {
         }
         let mut silent = Vec::new();
         for &p in &self.linked {
-            if p == self.rank || self.is_lost(p) {
+            if p == self.rank || self.is_lost(p) || self.peers_finished[p as usize] {
                 continue;
             }
             // Judge before queueing our heartbeat: our own write must not
@@ -829,7 +887,7 @@ impl Runtime {
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
                     let source = e.sources.as_ref().expect("only an RU is asked to produce");
-                    let mut buf = e.pool.pop().unwrap_or_default();
+                    let mut buf = e.pool.take().unwrap_or_default();
                     let header = source.produce(mep, &mut buf, &mut e.size_scratch);
                     let faults = &self.config.faults;
                     if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
@@ -925,7 +983,7 @@ impl Runtime {
             return;
         };
         let parts: Vec<&[u8]> = b.slots.iter().map(slot_bytes).collect();
-        let mut buf = e.pool.pop().unwrap_or_default();
+        let mut buf = e.pool.take().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(&(parts.len() as u32).to_le_bytes());
         for p in &parts {
@@ -1080,5 +1138,30 @@ fn slot_bytes(s: &Option<Slot>) -> &[u8] {
         Some(Slot::Received { data, start, len }) => &data[*start..*start + *len],
         Some(Slot::Local(rc)) => &rc[..],
         None => &[][..],
+    }
+}
+
+#[cfg(test)]
+mod spare_pool_tests {
+    use super::SparePool;
+
+    #[test]
+    fn spares_unused_for_a_whole_period_are_freed() {
+        let mut p = SparePool::default();
+        // A burst leaves 10 spares.
+        for _ in 0..10 {
+            p.give(vec![0; 16]);
+        }
+        assert_eq!(p.trim(), 0, "the first look only starts the count");
+        // The steady state uses at most 3 at once.
+        for _ in 0..5 {
+            let a: Vec<_> = (0..3).map(|_| p.take().unwrap()).collect();
+            a.into_iter().for_each(|b| p.give(b));
+        }
+        assert_eq!(p.trim(), 7, "7 spares were never needed");
+        assert_eq!(p.spares.len(), 3);
+        // Nothing taken in the next period: all 3 go.
+        assert_eq!(p.trim(), 3);
+        assert!(p.take().is_none());
     }
 }

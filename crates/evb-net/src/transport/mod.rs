@@ -67,6 +67,10 @@ pub enum LinkEvent {
     /// The link to `peer` ended: an error, or the peer's orderly finish
     /// (`error: None`).
     Closed { peer: NodeId, error: Option<String> },
+    /// `peer` said it has finished (an explicit goodbye, as the message
+    /// engines send): orderly, whatever this node has heard of the end of
+    /// the run (the EM's EndOfRun may still be queued behind other peers).
+    Finished { peer: NodeId },
     /// A new connection with `peer` is set up during the run (it restarted,
     /// or its link came back). Reported before anything it carries is
     /// handed over; a connection it replaces was reported `Closed` first.

@@ -287,7 +287,7 @@ impl<E: Endpoint> MsgTransport<E> {
         if tag & TAG_BYE != 0 {
             if !self.bye_from[peer as usize] {
                 self.bye_from[peer as usize] = true;
-                events.push(LinkEvent::Closed { peer, error: None });
+                events.push(LinkEvent::Finished { peer });
             }
             return Some(buf);
         }
@@ -439,14 +439,17 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 bail!("endpoints {missing:?} did not say Hello within {SETUP_TIMEOUT:?}");
             }
             self.poll(Duration::from_millis(20), handler, &mut events)?;
-            if let Some(LinkEvent::Closed { peer, error }) = events
-                .iter()
-                .find(|e| matches!(e, LinkEvent::Closed { .. }))
-            {
-                bail!(
-                    "endpoint {peer} failed during setup: {}",
-                    error.as_deref().unwrap_or("it finished")
-                );
+            for e in &events {
+                match e {
+                    LinkEvent::Closed { peer, error } => bail!(
+                        "endpoint {peer} failed during setup: {}",
+                        error.as_deref().unwrap_or("it finished")
+                    ),
+                    LinkEvent::Finished { peer } => {
+                        bail!("endpoint {peer} failed during setup: it finished")
+                    }
+                    _ => {}
+                }
             }
         }
     }
