@@ -218,6 +218,11 @@ transport_suite!(ucx, "ucx:tcp");
 // dead peer's unexpected messages, see its crate docs).
 transport_suite!(ofi_tcp, "ofi:tcp");
 
+// UCX 1.13 over shared memory only (posix, cma, self): no UCX error
+// handling without a network transport, so a dead peer is found by the
+// runtime's silence timeout; eager protocol only (see ucx.rs).
+transport_suite!(ucx_shm, "ucx:posix,cma,self");
+
 /// libfabric's shm provider (1.17). Only the event builder: the bench
 /// all-to-all and slow-receiver exchanges (messages up to 4 MiB, 2-piece
 /// sends) still stall with every worker idle in `wait` (see
