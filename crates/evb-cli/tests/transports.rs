@@ -214,21 +214,23 @@ transport_suite!(tcp, "tcp");
 transport_suite!(shm, "shm");
 transport_suite!(ucx, "ucx:tcp");
 
-/// libfabric over tcp;ofi_rxm. Its dead-peer case is not here yet: when a
-/// peer dies, libfabric 1.17 reports a completion evb-ofi does not
-/// recognise and the survivors stop (issue notes).
-mod ofi_tcp {
-    #[test]
-    fn all_to_all_in_order() {
-        super::all_to_all_in_order("ofi:tcp");
-    }
-    #[test]
-    fn slow_receiver_backpressure() {
-        super::slow_receiver_backpressure("ofi:tcp");
-    }
+// libfabric over tcp;ofi_rxm (evb-ofi works around 1.17's handling of a
+// dead peer's unexpected messages, see its crate docs).
+transport_suite!(ofi_tcp, "ofi:tcp");
+
+// UCX 1.13 over shared memory only (posix, cma, self): no UCX error
+// handling without a network transport, so a dead peer is found by the
+// runtime's silence timeout; eager protocol only (see ucx.rs).
+transport_suite!(ucx_shm, "ucx:posix,cma,self");
+
+/// libfabric's shm provider (1.17). Only the event builder: the bench
+/// all-to-all and slow-receiver exchanges (messages up to 4 MiB, 2-piece
+/// sends) still stall with every worker idle in `wait` (see
+/// docs/transports.md), so they are not claimed here.
+mod ofi_shm {
     #[test]
     fn event_builder_exact() {
-        super::event_builder_exact("ofi:tcp");
+        super::event_builder_exact("ofi:shm");
     }
 }
 

@@ -39,6 +39,16 @@ ssize_t evb_fi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_ad
                      uint64_t tag, uint64_t ignore, void *context)
 { return fi_trecv(ep, buf, len, desc, src_addr, tag, ignore, context); }
 
+/* A tagged receive with flags: FI_PEEK | FI_DISCARD drops one unexpected message. */
+ssize_t evb_fi_tdiscard(struct fid_ep *ep, uint64_t tag, uint64_t ignore, void *context)
+{
+	struct fi_msg_tagged msg = {
+		.msg_iov = NULL, .desc = NULL, .iov_count = 0, .addr = FI_ADDR_UNSPEC,
+		.tag = tag, .ignore = ignore, .context = context, .data = 0,
+	};
+	return fi_trecvmsg(ep, &msg, FI_PEEK | FI_DISCARD);
+}
+
 ssize_t evb_fi_cq_read(struct fid_cq *cq, void *buf, size_t count) { return fi_cq_read(cq, buf, count); }
 ssize_t evb_fi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags)
 { return fi_cq_readerr(cq, buf, flags); }

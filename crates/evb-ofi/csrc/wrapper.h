@@ -26,6 +26,7 @@ ssize_t evb_fi_tsendv(struct fid_ep *ep, const struct iovec *iov, void **desc, s
                       fi_addr_t dest_addr, uint64_t tag, void *context);
 ssize_t evb_fi_trecv(struct fid_ep *ep, void *buf, size_t len, void *desc, fi_addr_t src_addr,
                      uint64_t tag, uint64_t ignore, void *context);
+ssize_t evb_fi_tdiscard(struct fid_ep *ep, uint64_t tag, uint64_t ignore, void *context);
 ssize_t evb_fi_cq_read(struct fid_cq *cq, void *buf, size_t count);
 ssize_t evb_fi_cq_readerr(struct fid_cq *cq, struct fi_cq_err_entry *buf, uint64_t flags);
 ssize_t evb_fi_cq_sread(struct fid_cq *cq, void *buf, size_t count, const void *cond, int timeout);

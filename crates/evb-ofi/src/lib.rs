@@ -15,14 +15,19 @@
 //! the completion queue, so the caller must keep calling [`Endpoint::progress`].
 //!
 //! What a caller can rely on, and what it must do:
-//! - Messages from one sender arrive whole and in the order sent; receive
-//!   completions come in the order the buffers were posted (a small message
-//!   can wait behind a large one from another peer that matched earlier).
-//!   With libfabric 1.17's shm, order holds only while receivers keep at
-//!   least as many buffers posted as senders have in flight: its handling of
-//!   unexpected messages can reorder them.
-//! - The tag is opaque here; the caller encodes the sender (and message kind)
-//!   in it, since RDM receives are posted for any source.
+//! - Messages from one sender arrive whole and are handed out in the order
+//!   sent. Providers do not guarantee this by themselves: tcp;ofi_rxm
+//!   completes a large (rendezvous) message after a small one sent later,
+//!   and libfabric 1.17's shm can reorder unexpected messages. So every send
+//!   carries a per-destination sequence number in the upper 32 bits of the
+//!   tag, and the receiver holds a completion back until its predecessors
+//!   from the same sender have been handed out. Messages from different
+//!   senders are not ordered with respect to each other.
+//! - The caller's tag is 32 bits and opaque here, except that the bits in
+//!   `Options::source_mask` must name the sender (RDM receives are posted
+//!   for any source): messages that agree on them form one ordered stream.
+//! - A lost peer: `forget_source` hands out what was held back for it (its
+//!   stream may have a hole that never fills) and stops ordering it.
 //! - `send` returns Ok(false) ("try again") while a connection to a new peer
 //!   is being set up and when the transmit queue is full: progress, retry.
 //! - A dead peer shows up as `SendFailed` completions (tcp: within a few
@@ -32,7 +37,7 @@
 
 mod sys;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::ops::Range;
@@ -71,7 +76,14 @@ pub struct Options {
     /// badly (libfabric 1.17's tcp;ofi_rxm drops the connection for eager
     /// messages, shm aborts the process).
     pub max_message: usize,
+    /// The bits of the caller's 32-bit tag that name the sender; see the
+    /// crate documentation on ordering. The default takes the whole tag.
+    pub source_mask: u64,
 }
+
+/// Tag bits left to the caller; the upper 32 carry the sequence number.
+pub const TAG_BITS: u32 = 32;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 
 /// Default `Options::max_message`: a 4 MiB fragment and its header.
 pub const DEFAULT_MAX_MESSAGE: usize = (4 << 20) + 4096;
@@ -83,6 +95,7 @@ impl Options {
             domain: None,
             progress: Progress::Blocking,
             max_message: DEFAULT_MAX_MESSAGE,
+            source_mask: TAG_MASK,
         }
     }
 }
@@ -135,6 +148,12 @@ pub enum Completion {
         tag: u64,
         reason: String,
     },
+    /// The provider reported a failure it did not tie to any operation this
+    /// endpoint posted (a null or internal context). libfabric 1.17's
+    /// tcp;ofi_rxm does this when a message from a peer whose connection is
+    /// already gone is matched to a posted receive: that receive is never
+    /// completed, so the caller should post a replacement buffer.
+    Unattributed { reason: String },
 }
 
 fn strerror(ret: isize) -> String {
@@ -162,9 +181,25 @@ enum OpKind {
     },
     Recv {
         buf: Vec<u8>,
-        /// Posting order, see `Endpoint::recv_order`.
-        seq: u64,
     },
+    /// FI_PEEK | FI_DISCARD of one unexpected message from a forgotten
+    /// sender (the tag's source bits).
+    Discard {
+        source: u64,
+    },
+    /// Failed: its buffers are gone, the context stays reserved.
+    Dead,
+}
+
+/// The receive side of one sender's ordered stream.
+#[derive(Default)]
+struct Stream {
+    /// Sequence number of the next message to hand out.
+    next: u32,
+    /// Completions that arrived before their predecessors.
+    held: BTreeMap<u32, Completion>,
+    /// `forget_source` was called: hand everything out as it comes.
+    forgotten: bool,
 }
 
 enum Waiter {
@@ -177,6 +212,8 @@ enum Waiter {
 }
 
 const CQ_BATCH: usize = 64;
+/// How many stale unexpected messages one `post_recv` may skip (see there).
+const MAX_STALE_UNEXPECTED: usize = 4096;
 /// How long `wait` sleeps when the provider has no wait fd.
 const NAP: Duration = Duration::from_micros(100);
 const FI_ADDR_UNSPEC: u64 = u64::MAX;
@@ -197,14 +234,19 @@ pub struct Endpoint {
     peers: Vec<sys::fi_addr_t>,
     ops: HashMap<usize, Box<Op>>,
     sends: usize,
-    /// Receive completions are handed out in the order the buffers were
-    /// posted. Wildcard receives are matched in posting order and FI_ORDER_SAS
-    /// keeps each sender's messages in order, but providers may *complete*
-    /// them out of order (shm finishes a 2 KiB message before a 1 KiB one sent
-    /// earlier). Only already-matched transfers can hold others back.
-    recv_order: VecDeque<u64>,
-    recv_done: HashMap<u64, Completion>,
-    next_recv_seq: u64,
+    /// Next sequence number per (destination, sender bits of the tag).
+    send_seq: HashMap<(PeerId, u64), u32>,
+    /// Per sender (tag & source_mask): what to hand out next, what waits.
+    streams: HashMap<u64, Stream>,
+    source_mask: u64,
+    /// Completions ready to be handed out by the next `progress`.
+    ready: Vec<Completion>,
+    /// Operations that failed, kept allocated so that their context address
+    /// is never reused: libfabric 1.17's tcp;ofi_rxm can report a failed
+    /// operation twice (once per failed piece of a rendezvous transfer, or
+    /// an error and then a completion); a second report must not hit a newer
+    /// operation that happens to live at the same address.
+    dead: HashMap<usize, Box<Op>>,
     register_local: bool,
     iov_limit: usize,
     max_message: usize,
@@ -384,9 +426,11 @@ impl Endpoint {
             peers: Vec::new(),
             ops: HashMap::new(),
             sends: 0,
-            recv_order: VecDeque::new(),
-            recv_done: HashMap::new(),
-            next_recv_seq: 0,
+            send_seq: HashMap::new(),
+            streams: HashMap::new(),
+            source_mask: opts.source_mask & TAG_MASK,
+            ready: Vec::new(),
+            dead: HashMap::new(),
             register_local: false,
             iov_limit: 1,
             max_message: opts.max_message,
@@ -586,15 +630,14 @@ impl Endpoint {
                 self.max_message
             )));
         }
-        let seq = self.next_recv_seq;
         let mut op = Box::new(Op {
             fi_ctx: Default::default(),
-            kind: OpKind::Recv { buf, seq },
+            kind: OpKind::Recv { buf },
             regions: Vec::new(),
         });
         let data = match &mut op.kind {
-            OpKind::Recv { buf, .. } => buf.as_mut_ptr(),
-            OpKind::Send { .. } => unreachable!("just built as a receive"),
+            OpKind::Recv { buf } => buf.as_mut_ptr(),
+            _ => unreachable!("just built as a receive"),
         };
         let mut desc: *mut c_void = ptr::null_mut();
         if self.register_local {
@@ -604,26 +647,36 @@ impl Endpoint {
             desc = unsafe { sys::evb_fi_mr_desc(mr) };
         }
         let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
-        // SAFETY: the buffer and context live in `op`, kept in self.ops until the completion.
-        let ret = unsafe {
-            sys::evb_fi_trecv(
-                self.ep,
-                data.cast(),
-                cap,
-                desc,
-                FI_ADDR_UNSPEC,
-                0,
-                u64::MAX,
-                ctx_ptr,
-            )
-        };
+        let mut ret = 0;
+        // libfabric 1.17's tcp;ofi_rxm matches a new receive against its
+        // queue of unexpected messages at once; when the first one came from
+        // a connection that has since gone (a dead peer's rendezvous or
+        // segmented message) it discards that message and fails the call with
+        // FI_EOTHER, without touching the buffer. Each retry takes the next
+        // unexpected message, so a bounded loop gets past a dead peer's queue.
+        for _ in 0..MAX_STALE_UNEXPECTED {
+            // SAFETY: the buffer and context live in `op`, kept in self.ops until the completion.
+            ret = unsafe {
+                sys::evb_fi_trecv(
+                    self.ep,
+                    data.cast(),
+                    cap,
+                    desc,
+                    FI_ADDR_UNSPEC,
+                    0,
+                    u64::MAX,
+                    ctx_ptr,
+                )
+            };
+            if ret != -(sys::FI_EOTHER as isize) {
+                break;
+            }
+        }
         if ret != 0 {
             self.release(op);
-            return Err(Error::call("fi_trecv", ret as isize));
+            return Err(Error::call("fi_trecv", ret));
         }
         self.ops.insert(ctx_ptr as usize, op);
-        self.next_recv_seq += 1;
-        self.recv_order.push_back(seq);
         Ok(())
     }
 
@@ -657,6 +710,11 @@ impl Endpoint {
             }
             None => (None, 0..0),
         };
+        if tag > TAG_MASK {
+            return Err(Error::new(format!(
+                "send: tag {tag:#x} does not fit the {TAG_BITS} bits left to the caller"
+            )));
+        }
         let total = head.len() + range.len();
         if total > self.max_message {
             return Err(Error::new(format!(
@@ -718,6 +776,9 @@ impl Endpoint {
             })
             .collect();
         let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
+        let stream = (peer, tag & self.source_mask);
+        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
+        let wire_tag = (u64::from(seq) << TAG_BITS) | tag;
         // SAFETY: the memory behind iov is owned by `op` (Vec heap data and the Rc),
         // which stays in self.ops until the completion.
         let ret = unsafe {
@@ -727,7 +788,7 @@ impl Endpoint {
                 descs.as_mut_ptr(),
                 iov.len(),
                 dest,
-                tag,
+                wire_tag,
                 ctx_ptr,
             )
         };
@@ -740,6 +801,7 @@ impl Endpoint {
             return Err(Error::call("fi_tsendv", ret as isize));
         }
         self.ops.insert(ctx_ptr as usize, op);
+        self.send_seq.insert(stream, seq.wrapping_add(1));
         self.sends += 1;
         Ok(true)
     }
@@ -749,9 +811,59 @@ impl Endpoint {
         self.sends
     }
 
-    /// Receive buffers posted and not yet returned.
+    /// Receive buffers posted and not yet returned (including completed
+    /// ones held back for order).
     pub fn posted_recvs(&self) -> usize {
-        self.ops.len() - self.sends
+        self.ops.len() - self.sends + self.streams.values().map(|s| s.held.len()).sum::<usize>()
+    }
+
+    /// Messages from `source` (tag & source_mask) arrived and wait for an
+    /// earlier one still in transfer: evidence that the sender is alive.
+    pub fn source_waiting(&self, source: u64) -> bool {
+        self.streams
+            .get(&(source & self.source_mask))
+            .is_some_and(|s| !s.held.is_empty())
+    }
+
+    /// The peer whose messages carry `source` (tag & source_mask) is gone:
+    /// hands out, with the next `progress`, whatever of its stream was held
+    /// back behind a message that will now never arrive, and from then on
+    /// hands out its messages as they come, unordered.
+    pub fn forget_source(&mut self, source: u64) {
+        let stream = self.streams.entry(source & self.source_mask).or_default();
+        stream.forgotten = true;
+        let held = std::mem::take(&mut stream.held);
+        self.ready.extend(held.into_values());
+        self.discard_unexpected(source & self.source_mask);
+    }
+
+    /// Drops one message from `source` the provider holds as unexpected (no
+    /// receive matched it yet); the completion posts the next one until none
+    /// is left. libfabric 1.17's tcp;ofi_rxm keeps a dead peer's unexpected
+    /// rendezvous and segmented messages after freeing their connection, and
+    /// matching one later with a posted receive fails (FI_EOTHER) or, once
+    /// no connection is left, crashes inside the library. Providers without
+    /// FI_PEEK refuse the call: nothing to do then. Only done on rxm: 1.17's
+    /// shm starts the transfer of the message it should discard into the
+    /// (absent) buffer, looping in process_vm_readv with its region lock
+    /// held, which deadlocks every process on the node.
+    fn discard_unexpected(&mut self, source: u64) {
+        if !self.provider.contains("ofi_rxm") {
+            return;
+        }
+        let mut op = Box::new(Op {
+            fi_ctx: Default::default(),
+            kind: OpKind::Discard { source },
+            regions: Vec::new(),
+        });
+        let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
+        // Match the source bits only: any sequence number, any other bits.
+        let ignore = !self.source_mask;
+        // SAFETY: the context lives in self.ops until its completion.
+        let ret = unsafe { sys::evb_fi_tdiscard(self.ep, source, ignore, ctx_ptr) };
+        if ret == 0 {
+            self.ops.insert(ctx_ptr as usize, op);
+        }
     }
 
     #[allow(clippy::boxed_local)] // ops live boxed: their address is the libfabric context
@@ -765,6 +877,7 @@ impl Endpoint {
 
     /// Non-blocking: drives the library and appends completions to `out`.
     pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        out.append(&mut self.ready);
         let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
         loop {
             // SAFETY: entries has room for CQ_BATCH tagged entries.
@@ -774,10 +887,10 @@ impl Endpoint {
                     self.complete(e, out)?;
                 }
                 if (n as usize) < CQ_BATCH {
-                    return Ok(());
+                    return self.unblock_held();
                 }
             } else if n == -(sys::FI_EAGAIN as isize) {
-                return Ok(());
+                return self.unblock_held();
             } else if n == -(sys::FI_EAVAIL as isize) {
                 self.complete_error(out)?;
             } else {
@@ -786,14 +899,56 @@ impl Endpoint {
         }
     }
 
-    fn take_op(&mut self, context: *mut c_void) -> Result<OpKind, Error> {
-        let op = self.ops.remove(&(context as usize)).ok_or_else(|| {
-            Error::new("libfabric completed an operation this endpoint did not post")
-        })?;
+    /// Completions held back for order wait for a message that no posted
+    /// receive can take any more: every buffer posted is held (libfabric
+    /// 1.17's shm can match later messages of a sender while an earlier
+    /// one sits in its unexpected queue). Post one more buffer so the
+    /// missing message can land; it goes to the caller like any other.
+    fn unblock_held(&mut self) -> Result<(), Error> {
+        if self.streams.values().all(|s| s.held.is_empty()) {
+            return Ok(());
+        }
+        let posted = self
+            .ops
+            .values()
+            .filter(|op| matches!(op.kind, OpKind::Recv { .. }))
+            .count();
+        if posted == 0 {
+            self.post_recv(Vec::with_capacity(self.max_message))?;
+        }
+        Ok(())
+    }
+
+    /// The operation behind a completion's context; None when it is not one
+    /// of ours (see `Completion::Unattributed`).
+    fn take_op(&mut self, context: *mut c_void) -> Option<OpKind> {
+        if self.dead.contains_key(&(context as usize)) {
+            return Some(OpKind::Dead);
+        }
+        let op = self.ops.remove(&(context as usize))?;
         if matches!(op.kind, OpKind::Send { .. }) {
             self.sends -= 1;
         }
-        Ok(self.release(op))
+        Some(self.release(op))
+    }
+
+    /// Like `take_op` for a failed operation, whose context address stays
+    /// reserved (see `dead`).
+    fn take_failed(&mut self, context: *mut c_void) -> Option<OpKind> {
+        if self.dead.contains_key(&(context as usize)) {
+            return Some(OpKind::Dead);
+        }
+        let mut op = self.ops.remove(&(context as usize))?;
+        if matches!(op.kind, OpKind::Send { .. }) {
+            self.sends -= 1;
+        }
+        for mr in op.regions.drain(..) {
+            // SAFETY: registered by us; the operation is over.
+            unsafe { sys::evb_fi_close(&mut (*mr).fid) };
+        }
+        let kind = std::mem::replace(&mut op.kind, OpKind::Dead);
+        self.dead.insert(context as usize, op);
+        Some(kind)
     }
 
     fn complete(
@@ -801,21 +956,27 @@ impl Endpoint {
         e: &sys::fi_cq_tagged_entry,
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
-        match self.take_op(e.op_context)? {
-            OpKind::Send { ctx, .. } => out.push(Completion::Sent { ctx }),
-            OpKind::Recv { mut buf, seq } => {
+        match self.take_op(e.op_context) {
+            Some(OpKind::Send { ctx, .. }) => out.push(Completion::Sent { ctx }),
+            Some(OpKind::Recv { mut buf }) => {
                 let len = e.len.min(buf.capacity());
                 // SAFETY: the provider wrote `len` bytes into the buffer.
                 unsafe { buf.set_len(len) };
-                self.recv_finished(
-                    seq,
-                    Completion::Received {
-                        buf,
-                        len,
-                        tag: e.tag,
-                    },
-                    out,
-                );
+                let tag = e.tag & TAG_MASK;
+                let seq = (e.tag >> TAG_BITS) as u32;
+                self.recv_finished(seq, Completion::Received { buf, len, tag }, out);
+            }
+            // One stale message dropped: look for the next.
+            Some(OpKind::Discard { source }) => self.discard_unexpected(source),
+            // A late report of an operation that already failed.
+            Some(OpKind::Dead) => {}
+            None => {
+                // A successful completion for something we never posted would
+                // be a provider bug we cannot recover from.
+                return Err(Error::new(format!(
+                    "libfabric completed an operation this endpoint did not post (context {:p}, flags {:#x})",
+                    e.op_context, e.flags
+                )));
             }
         }
         Ok(())
@@ -848,10 +1009,21 @@ impl Endpoint {
                 reason = format!("{reason}: {detail}");
             }
         }
-        match self.take_op(err.op_context)? {
-            OpKind::Send { ctx, .. } => out.push(Completion::SendFailed { ctx, reason }),
-            OpKind::Recv { mut buf, seq } => {
-                if err.err == sys::FI_ETRUNC as c_int {
+        let is_discard = |op: &Op| matches!(op.kind, OpKind::Discard { .. });
+        if self
+            .ops
+            .get(&(err.op_context as usize))
+            .is_some_and(|op| is_discard(op))
+        {
+            // A discard that found nothing (more) to drop (FI_ENOMSG).
+            self.take_op(err.op_context);
+            return Ok(());
+        }
+        match self.take_failed(err.op_context) {
+            Some(OpKind::Send { ctx, .. }) => out.push(Completion::SendFailed { ctx, reason }),
+            Some(OpKind::Recv { mut buf }) => {
+                let truncated = err.err == sys::FI_ETRUNC as c_int;
+                if truncated {
                     reason = format!(
                         "message of {} bytes truncated to the {}-byte receive buffer",
                         err.len + err.olen,
@@ -861,28 +1033,52 @@ impl Endpoint {
                 let len = err.len.min(buf.capacity());
                 // SAFETY: the provider wrote `len` bytes before failing.
                 unsafe { buf.set_len(len) };
-                self.recv_finished(
-                    seq,
-                    Completion::RecvFailed {
-                        buf,
-                        tag: err.tag,
-                        reason,
-                    },
-                    out,
-                );
+                let failed = Completion::RecvFailed {
+                    buf,
+                    tag: err.tag & TAG_MASK,
+                    reason,
+                };
+                if truncated {
+                    // The tag is the message's: it takes its place in the stream.
+                    self.recv_finished((err.tag >> TAG_BITS) as u32, failed, out);
+                } else {
+                    // A broken connection: the entry carries no tag of ours.
+                    out.push(failed);
+                }
             }
+            Some(OpKind::Discard { .. }) | Some(OpKind::Dead) => {}
+            None => out.push(Completion::Unattributed {
+                reason: format!(
+                    "{reason} (context {:p}, flags {:#x})",
+                    err.op_context, err.flags
+                ),
+            }),
         }
         Ok(())
     }
 
-    fn recv_finished(&mut self, seq: u64, done: Completion, out: &mut Vec<Completion>) {
-        self.recv_done.insert(seq, done);
-        while let Some(front) = self.recv_order.front() {
-            let Some(done) = self.recv_done.remove(front) else {
-                break;
-            };
-            self.recv_order.pop_front();
+    /// Hands out a receive completion in its sender's order.
+    fn recv_finished(&mut self, seq: u32, done: Completion, out: &mut Vec<Completion>) {
+        let source = match &done {
+            Completion::Received { tag, .. } | Completion::RecvFailed { tag, .. } => {
+                tag & self.source_mask
+            }
+            _ => unreachable!("only receive completions are ordered"),
+        };
+        let stream = self.streams.entry(source).or_default();
+        if stream.forgotten {
             out.push(done);
+            return;
+        }
+        if seq != stream.next {
+            stream.held.insert(seq, done);
+            return;
+        }
+        out.push(done);
+        stream.next = stream.next.wrapping_add(1);
+        while let Some(next) = stream.held.remove(&stream.next) {
+            out.push(next);
+            stream.next = stream.next.wrapping_add(1);
         }
     }
 

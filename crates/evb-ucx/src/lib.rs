@@ -7,11 +7,16 @@
 //!
 //! Why tags: each message is sent with the sender's tag and received with a
 //! zero tag mask, so one pool of receive buffers serves every peer and the
-//! receiver still learns who sent what. UCP matches messages to receives in the
-//! order the receives were posted and keeps each sender's order; completions,
-//! however, can finish out of order (a large rendezvous message finishes after
-//! a small eager one behind it), so received messages are handed out in
-//! matching order, which preserves every sender->receiver order.
+//! receiver still learns who sent what. UCP matches each sender's messages in
+//! order, but completions can finish out of order (a large rendezvous message
+//! finishes after a small eager one behind it). So every send carries a
+//! per-destination sequence number in the upper 32 bits of the tag and the
+//! receiver hands a sender's messages out in that order (`Options::source_mask`:
+//! the bits of the caller's 32-bit tag that name the sender). Messages from
+//! different senders do not wait for each other: a receive that never
+//! completes (matched to a dead peer's rendezvous, which shared-memory
+//! transports without error handling leave pending) only holds back that
+//! peer's stream, which `forget_source` releases.
 //!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
@@ -60,6 +65,23 @@ pub struct Options {
     /// shared-memory transports (posix, sysv, cma, self) cannot do this, so
     /// with them it must be off: a dead peer then goes unnoticed by UCX.
     pub peer_failure_detection: bool,
+    /// The bits of the caller's 32-bit tag that name the sender (see the
+    /// module docs on ordering).
+    pub source_mask: u64,
+}
+
+/// Tag bits left to the caller; the upper 32 carry the sequence number.
+pub const TAG_BITS: u32 = 32;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+
+/// The receive side of one sender's ordered stream.
+#[derive(Default)]
+struct Stream {
+    next: u32,
+    /// Completions that arrived before their predecessors (None: a failed
+    /// receive that only takes its place).
+    held: std::collections::BTreeMap<u32, Option<Completion>>,
+    forgotten: bool,
 }
 
 impl Default for Options {
@@ -70,6 +92,7 @@ impl Default for Options {
             max_outstanding_sends: 1024,
             ucx_config: Vec::new(),
             peer_failure_detection: true,
+            source_mask: TAG_MASK,
         }
     }
 }
@@ -99,6 +122,8 @@ pub enum Error {
         tls: String,
         available: String,
     },
+    #[error("tag {0:#x} does not fit the 32 bits left to the caller")]
+    BadTag(u64),
     #[error("{call} failed: {reason}")]
     Ucx {
         call: &'static str,
@@ -366,6 +391,11 @@ pub struct Endpoint {
     recv_order: VecDeque<usize>,
     /// Completions known outside callbacks (immediate completions), handed out by progress.
     ready: Vec<Completion>,
+    source_mask: u64,
+    /// Next sequence number per (destination, sender bits of the tag).
+    send_seq: std::collections::HashMap<(PeerId, u64), u32>,
+    /// Per sender (tag & source_mask).
+    streams: std::collections::HashMap<u64, Stream>,
 }
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
@@ -482,6 +512,9 @@ impl Endpoint {
                 recvs: Slab::new(),
                 recv_order: VecDeque::new(),
                 ready: Vec::new(),
+                source_mask: opts.source_mask & TAG_MASK,
+                send_seq: std::collections::HashMap::new(),
+                streams: std::collections::HashMap::new(),
             })
         }
     }
@@ -610,6 +643,9 @@ impl Endpoint {
                 });
             }
         }
+        if tag > TAG_MASK {
+            return Err(Error::BadTag(tag));
+        }
         if let Some(reason) = &p.failed {
             self.ready.push(Completion::SendFailed {
                 ctx,
@@ -650,11 +686,24 @@ impl Endpoint {
             ..Default::default()
         };
         param.cb.send = Some(on_send_done);
+        let stream = (peer, tag & self.source_mask);
+        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
+        let wire_tag = (u64::from(seq) << TAG_BITS) | tag;
         // SAFETY: the iov array and the buffers it points to are stored in the
         // slot and outlive the operation; the Rc body is never mutated meanwhile.
         let request = unsafe {
-            sys::ucp_tag_send_nbx(ep, iov.as_ptr() as *const c_void, iov_count, tag, &param)
+            sys::ucp_tag_send_nbx(
+                ep,
+                iov.as_ptr() as *const c_void,
+                iov_count,
+                wire_tag,
+                &param,
+            )
         };
+        let sent = request.is_null() || ptr_status(request).is_none();
+        if sent {
+            self.send_seq.insert(stream, seq.wrapping_add(1));
+        }
         if request.is_null() {
             self.sends.unreserve(slot);
             self.ready.push(Completion::Sent { ctx });
@@ -736,23 +785,29 @@ impl Endpoint {
                 }
             }
         }
-        // Hand out receives in matching order (see the module docs).
-        while let Some(&slot) = self.recv_order.front() {
+        // Hand out finished receives in each sender's order (module docs).
+        let mut i = 0;
+        while i < self.recv_order.len() {
+            let slot = self.recv_order[i];
             let finished = matches!(&self.recvs.ops[slot], Some(op) if op.result.is_some());
             if !finished {
-                break;
+                i += 1;
+                continue;
             }
-            self.recv_order.pop_front();
+            self.recv_order.remove(i);
             let op = self.recvs.take(slot).expect("slot in recv_order is live");
-            let (status, tag, len) = op.result.expect("checked above");
+            let (status, wire_tag, len) = op.result.expect("checked above");
+            let tag = wire_tag & TAG_MASK;
+            let seq = (wire_tag >> TAG_BITS) as u32;
             let mut buf = op.buf;
             if status == sys::UCS_OK && len <= buf.capacity() {
                 // SAFETY: UCX wrote `len` bytes into the buffer's storage.
                 unsafe { buf.set_len(len) };
-                out.push(Completion::Received { buf, len, tag });
+                self.in_order(tag, seq, Some(Completion::Received { buf, len, tag }), out);
             } else {
                 buf.clear();
-                let reason = if status == sys::UCS_ERR_MESSAGE_TRUNCATED {
+                let truncated = status == sys::UCS_ERR_MESSAGE_TRUNCATED;
+                let reason = if truncated {
                     format!(
                         "message from tag {tag:#x} is larger than the {}-byte receive buffer ({})",
                         buf.capacity(),
@@ -762,9 +817,56 @@ impl Endpoint {
                     status_string(status)
                 };
                 out.push(Completion::ReceiveFailed { buf, reason });
+                if truncated {
+                    // It had its place in the sender's stream.
+                    self.in_order(tag, seq, None, out);
+                }
             }
         }
         Ok(())
+    }
+
+    /// Hands out (or holds back) message `seq` of the sender named by `tag`.
+    fn in_order(
+        &mut self,
+        tag: u64,
+        seq: u32,
+        done: Option<Completion>,
+        out: &mut Vec<Completion>,
+    ) {
+        let stream = self.streams.entry(tag & self.source_mask).or_default();
+        if stream.forgotten {
+            out.extend(done);
+            return;
+        }
+        if seq != stream.next {
+            stream.held.insert(seq, done);
+            return;
+        }
+        out.extend(done);
+        stream.next = stream.next.wrapping_add(1);
+        while let Some(next) = stream.held.remove(&stream.next) {
+            out.extend(next);
+            stream.next = stream.next.wrapping_add(1);
+        }
+    }
+
+    /// Messages from `source` (tag & source_mask) arrived and wait for an
+    /// earlier one still in transfer: evidence that the sender is alive.
+    pub fn source_waiting(&self, source: u64) -> bool {
+        self.streams
+            .get(&(source & self.source_mask))
+            .is_some_and(|s| !s.held.is_empty())
+    }
+
+    /// The sender named by `source` is gone: what was held back behind a
+    /// message of its that will never complete is handed out by the next
+    /// `progress`, and its messages are no longer ordered.
+    pub fn forget_source(&mut self, source: u64) {
+        let stream = self.streams.entry(source & self.source_mask).or_default();
+        stream.forgotten = true;
+        let held = std::mem::take(&mut stream.held);
+        self.ready.extend(held.into_values().flatten());
     }
 
     /// Blocks until something may have happened or `timeout` passed

@@ -74,9 +74,17 @@ pub trait Endpoint {
     fn wait(&mut self, timeout: Duration) -> Result<()>;
     /// Every peer has reached this endpoint (the start barrier passed).
     fn setup_done(&mut self) {}
+    /// The link to this peer (engine index; `tag`: the tag its messages
+    /// carry) was dropped: nothing more will be received from it.
+    fn drop_peer(&mut self, _peer: usize, _tag: u64) {}
     /// Messages from this peer wait to be received (if the engine can tell).
     fn peer_active(&self, _peer: usize) -> bool {
         false
+    }
+    /// `peer_active` for an engine that knows peers by the tag their
+    /// messages carry (`tag`: the peer's).
+    fn peer_active_tagged(&self, peer: usize, _tag: u64) -> bool {
+        self.peer_active(peer)
     }
 }
 
@@ -513,6 +521,9 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
             return;
         }
         self.dropped[p] = true;
+        if let Some(index) = self.peer_index[p] {
+            self.ep.drop_peer(index, u64::from(peer));
+        }
         for q in self.queued[p].drain(..) {
             self.queued_total -= 1;
             if let Some(mep) = q.mep {
@@ -534,7 +545,8 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     }
 
     fn peer_active(&self, peer: NodeId) -> bool {
-        self.peer_index[peer as usize].is_some_and(|i| self.ep.peer_active(i))
+        self.peer_index[peer as usize]
+            .is_some_and(|i| self.ep.peer_active_tagged(i, u64::from(peer)))
     }
 
     fn finish(&mut self) {

@@ -7,13 +7,17 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::msg::{Body, Completion, Endpoint};
+use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
 
 pub struct OfiEndpoint {
     ep: evb_ofi::Endpoint,
     max_message: usize,
+    /// Failed receives so far (reported up to REPORT_LIMIT).
+    recv_failures: usize,
 }
+
+const REPORT_LIMIT: usize = 8;
 
 impl OfiEndpoint {
     pub fn open(provider: &str, progress: Progress, max_message: usize) -> Result<OfiEndpoint> {
@@ -23,9 +27,13 @@ impl OfiEndpoint {
             Progress::Busy => evb_ofi::Progress::Busy,
         };
         opts.max_message = max_message;
+        // The sender's rank: each rank's messages (its BYE included) form
+        // one ordered stream.
+        opts.source_mask = TAG_RANK_MASK;
         Ok(OfiEndpoint {
             ep: evb_ofi::Endpoint::open(&opts)?,
             max_message,
+            recv_failures: 0,
         })
     }
 
@@ -69,9 +77,24 @@ impl Endpoint for OfiEndpoint {
                     out.push(Completion::Received { buf, len, tag });
                 }
                 evb_ofi::Completion::RecvFailed { buf, reason, .. } => {
-                    eprintln!("evb ofi: a message could not be received: {reason}");
+                    // A connection that broke mid-message (the peer died;
+                    // the runtime learns it from the failed sends or the
+                    // silence) or a message too large: keep the buffer working.
+                    if self.recv_failures < REPORT_LIMIT {
+                        eprintln!("evb ofi: a message could not be received: {reason}");
+                    }
+                    self.recv_failures += 1;
                     let buf = self.full_length(buf);
                     self.ep.post_recv(buf)?;
+                }
+                evb_ofi::Completion::Unattributed { reason } => {
+                    // The provider may have swallowed one of our receives
+                    // with it: post a replacement so the pool does not shrink.
+                    if self.recv_failures < REPORT_LIMIT {
+                        eprintln!("evb ofi: the provider reported an error for no operation of ours (a lost peer's message): {reason}");
+                    }
+                    self.recv_failures += 1;
+                    self.ep.post_recv(vec![0; self.max_message])?;
                 }
             }
         }
@@ -80,5 +103,15 @@ impl Endpoint for OfiEndpoint {
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         Ok(self.ep.wait(timeout)?)
+    }
+
+    /// A message from the peer arrived but waits for an earlier one of its
+    /// (a large transfer still in progress): the peer is alive.
+    fn peer_active_tagged(&self, _peer: usize, tag: u64) -> bool {
+        self.ep.source_waiting(tag)
+    }
+
+    fn drop_peer(&mut self, _peer: usize, tag: u64) {
+        self.ep.forget_source(tag);
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::msg::{Body, Completion, Endpoint};
+use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
 
 pub struct UcxEndpoint {
@@ -29,13 +29,27 @@ fn shared_memory_only(tls: &str) -> bool {
 
 impl UcxEndpoint {
     pub fn open(tls: Option<&str>, progress: Progress, max_message: usize) -> Result<UcxEndpoint> {
+        let shm_only = tls.is_some_and(shared_memory_only);
+        let mut ucx_config = Vec::new();
+        if shm_only && std::env::var_os("UCX_RNDV_THRESH").is_none() {
+            // Eager only (bcopy through the shared-memory FIFO): a rendezvous
+            // (cma get, then an acknowledgement) needs both processes in
+            // their event loops, and on a loaded machine two busy peers then
+            // went silent for longer than the peer timeout; a dead peer's
+            // rendezvous also never completes without error handling.
+            ucx_config.push(("RNDV_THRESH".to_string(), "inf".to_string()));
+        }
         let opts = evb_ucx::Options {
+            ucx_config,
             tls: tls.map(str::to_string),
             progress: match progress {
                 Progress::Blocking => evb_ucx::Progress::Blocking,
                 Progress::Busy => evb_ucx::Progress::Busy,
             },
-            peer_failure_detection: !tls.is_some_and(shared_memory_only),
+            peer_failure_detection: !shm_only,
+            // The sender's rank: each rank's messages (its BYE included)
+            // form one ordered stream.
+            source_mask: TAG_RANK_MASK,
             ..evb_ucx::Options::default()
         };
         Ok(UcxEndpoint {
@@ -101,5 +115,18 @@ impl Endpoint for UcxEndpoint {
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
         Ok(self.ep.wait(timeout)?)
+    }
+
+    /// A message from the peer arrived but waits for an earlier one of its
+    /// (a rendezvous still in transfer): the peer is alive.
+    fn peer_active_tagged(&self, _peer: usize, tag: u64) -> bool {
+        self.ep.source_waiting(tag)
+    }
+
+    /// Without UCX error handling (shared-memory UCX_TLS) a receive matched
+    /// to the dead peer's rendezvous never completes: release what waits
+    /// behind it.
+    fn drop_peer(&mut self, _peer: usize, tag: u64) {
+        self.ep.forget_source(tag);
     }
 }

@@ -96,7 +96,7 @@ fn run() -> Result<(), String> {
                 Completion::SendFailed { reason, .. } => {
                     return Err(format!("echo failed: {reason}"))
                 }
-                Completion::RecvFailed { reason, .. } => {
+                Completion::RecvFailed { reason, .. } | Completion::Unattributed { reason } => {
                     return Err(format!("receive failed: {reason}"))
                 }
             }
