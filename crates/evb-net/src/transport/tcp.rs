@@ -163,14 +163,7 @@ impl TcpTransport {
     }
 
     fn hello(&self) -> Vec<u8> {
-        let mut hello = Vec::new();
-        Message::Hello {
-            run_id: self.run_id,
-            node: self.rank,
-            nodes: self.endpoints,
-        }
-        .encode_into(&mut hello);
-        hello
+        self.hs.hello()
     }
 
     fn open_links(&mut self, addrs: &[SocketAddr]) -> Result<()> {
