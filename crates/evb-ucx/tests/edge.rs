@@ -263,7 +263,24 @@ fn blocking_wait_sleeps_and_wakes_on_a_message() {
         let mut tx = open(Some("tcp"));
         addr_tx.send(tx.local_address()).unwrap();
         let peer = tx.add_peer(&go_rx.recv().unwrap()).unwrap();
-        go_rx.recv().unwrap(); // the signal to send
+        // Keep progressing until the signal to send, as every node of a run
+        // does: UCX's tcp connection handshake needs both workers, and the
+        // receiver's half-open endpoint stays writable-ready (a busy event fd)
+        // for as long as this side sits on an unread connection request.
+        let mut early = Vec::new();
+        loop {
+            match go_rx.try_recv() {
+                Ok(_) => break,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {}
+                Err(e) => panic!("sender: signal channel: {e}"),
+            }
+            tx.wait(Duration::from_millis(20)).unwrap();
+            tx.progress(&mut early).unwrap();
+        }
+        assert!(
+            early.is_empty(),
+            "sender: completions before sending: {early:?}"
+        );
         let sent_at = Instant::now();
         assert!(tx
             .send(
