@@ -106,6 +106,9 @@ pub struct ConformanceArgs {
     /// The last rank kills itself after receiving this many messages (dead peer).
     #[arg(long)]
     die_after: Option<u64>,
+    /// A peer silent this long is declared lost, in ms.
+    #[arg(long, default_value_t = 800)]
+    peer_timeout_ms: u64,
 }
 
 /// One row of the p2p table.
@@ -239,6 +242,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Conformance(a) => {
             let mut spec = spec_from(Scenario::Conformance, &a.common, a.ranks);
             spec.messages = a.messages;
+            spec.peer_timeout_ms = a.peer_timeout_ms;
             spec.sizes = vec![64, 1000, 4096, 65536, 1 << 20, 4 << 20, 100];
             if a.slow_us > 0 {
                 spec.slow_rank = Some(1);

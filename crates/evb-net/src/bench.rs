@@ -64,6 +64,15 @@ pub struct BenchSpec {
     /// Conformance: this rank kills itself after receiving `die_after`.
     pub die_rank: Option<u16>,
     pub die_after: u64,
+    /// A peer silent this long is declared lost (ms). Scenarios that do
+    /// not test a death raise it: on a starved 2-core machine a busy peer
+    /// can go quiet for most of a second.
+    #[serde(default = "default_peer_timeout_ms")]
+    pub peer_timeout_ms: u64,
+}
+
+fn default_peer_timeout_ms() -> u64 {
+    PEER_TIMEOUT_DEFAULT.as_millis() as u64
 }
 
 impl BenchSpec {
@@ -83,6 +92,7 @@ impl BenchSpec {
             slow_us: 0,
             die_rank: None,
             die_after: 0,
+            peer_timeout_ms: default_peer_timeout_ms(),
         }
     }
 
@@ -144,7 +154,7 @@ pub struct WorkerResult {
 
 const MARKER: Message = Message::EndOfRun { meps: 0 };
 const HEARTBEAT: Duration = Duration::from_millis(100);
-const PEER_TIMEOUT: Duration = Duration::from_millis(800);
+const PEER_TIMEOUT_DEFAULT: Duration = Duration::from_millis(800);
 
 /// Receive side of a worker.
 struct Rx {
@@ -264,6 +274,7 @@ struct Worker {
     lost_report: Vec<(u16, f64)>,
     closed: Vec<bool>,
     next_heartbeat: Instant,
+    peer_timeout: Duration,
     finishing: bool,
 }
 
@@ -304,7 +315,7 @@ impl Worker {
                     self.t.send_control(p, &Message::Heartbeat);
                 }
                 let silent = now.duration_since(self.rx.last_rx[p as usize]);
-                if silent > PEER_TIMEOUT {
+                if silent > self.peer_timeout {
                     self.declare_lost(p, format!("silent for {silent:?}"));
                 }
             }
@@ -700,6 +711,7 @@ pub fn run_worker(
         lost_report: Vec::new(),
         closed: vec![false; n],
         next_heartbeat: Instant::now(),
+        peer_timeout: Duration::from_millis(spec.peer_timeout_ms.max(1)),
         finishing: false,
     };
     let sizes = match spec.scenario {
