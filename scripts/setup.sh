@@ -9,6 +9,7 @@ APT_PACKAGES=(
   fonts-dejavu-core                    # text in PNG and SVG plots (evb-plot, evb fabric)
   opensm ibsim-utils infiniband-diags  # fabric tests against the real subnet manager
   libopenmpi-dev openmpi-bin           # the mpi transport, cluster launch tests (mpirun); bench/: the MPI_Alltoall peer
+  libmpich-dev mpich                   # the same under MPICH (scripts/evb-mpich.sh builds evb against it; OpenMPI stays the default mpicc)
   libclang-dev clang                   # bindgen: the MPI bindings (mpi-sys) and UCX headers (evb-ucx)
   chromium                             # evb report tests: the HTML report in a real browser
   prometheus                           # metrics test: the real scraper

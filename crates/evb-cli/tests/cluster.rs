@@ -1,6 +1,7 @@
 //! `evb node --control launcher`: the event builder started by a cluster
-//! launcher. Real OpenMPI `mpirun` (installed by scripts/setup.sh), and the
-//! Slurm environment path with the variables `srun` sets.
+//! launcher. Real OpenMPI `mpirun` and MPICH `mpiexec` (installed by
+//! scripts/setup.sh), and the Slurm environment path with the variables
+//! `srun` sets.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -95,6 +96,66 @@ fn under_openmpi_mpirun() {
         assert_exact(&finals(&dir, 4), 4, &text);
         // (Ranks' stderr lines may interleave: look for the launcher only.)
         assert!(text.contains("of 4 from OpenMPI"), "{text}");
+    }
+}
+
+/// evb built against MPICH (scripts/evb-mpich.sh; the `mpi` crate binds one
+/// MPI at build time and the default build is OpenMPI's).
+pub fn mpich_evb() -> PathBuf {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/evb-mpich.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("bash runs");
+    assert!(out.status.success(), "{script} failed");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// Runs `launcher args...` with a time bound; (success, output).
+fn launch(launcher: &mut Command, what: &str) -> (bool, String) {
+    let child = launcher
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(90)) else {
+        // SAFETY: signalling the launcher we started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        panic!("{what} did not finish within 90 s");
+    };
+    let out = out.unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn under_mpich_mpiexec() {
+    let evb = mpich_evb();
+    // tcp takes addresses from the rendezvous; mpi moves every fragment
+    // through MPICH's own MPI_Isend/MPI_Irecv.
+    for transport in ["tcp", "mpi"] {
+        let dir = tmp(&format!("mpich-{transport}"));
+        let (ok, text) = launch(
+            Command::new("mpiexec.mpich")
+                .args(["-n", "4"])
+                .arg(&evb)
+                .args(["node", "--control", "launcher", "--rendezvous"])
+                .arg(&dir)
+                .args(["--set", "run.duration_s=1.5", "--set"])
+                .arg(format!("transport.kind={transport}"))
+                .args(["--set", "source.events_per_mep=256"]),
+            "mpiexec.mpich (scripts/setup.sh installs mpich)",
+        );
+        assert!(ok, "{transport}: {text}");
+        assert_exact(&finals(&dir, 4), 4, &text);
+        assert!(text.contains("of 4 from PMI (MPICH/Hydra)"), "{text}");
     }
 }
 

@@ -324,11 +324,32 @@ fn unknown_transport_is_a_clear_error() {
 }
 
 /// MPI runs under a launcher: the same conformance workers, started by
-/// OpenMPI's mpirun (4 ranks), results written to a directory.
+/// OpenMPI's mpirun or MPICH's mpiexec (4 ranks), results written to a
+/// directory.
 mod mpi {
     use serde_json::Value;
+    use std::path::PathBuf;
     use std::process::{Command, Stdio};
     use std::time::Duration;
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Mpi {
+        OpenMpi,
+        Mpich,
+    }
+
+    /// evb built against MPICH (scripts/evb-mpich.sh: the `mpi` crate binds
+    /// one MPI at build time, and the default build is OpenMPI's).
+    fn mpich_evb() -> PathBuf {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/evb-mpich.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("bash runs");
+        assert!(out.status.success(), "{script} failed");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    }
 
     fn spec(extra: &[(&str, Value)]) -> String {
         let mut v = serde_json::json!({
@@ -343,28 +364,45 @@ mod mpi {
         v.to_string()
     }
 
-    /// Runs the workers under mpirun; (exit success, results by rank, output).
-    fn mpirun(name: &str, spec: &str) -> (bool, Vec<Option<Value>>, String) {
+    /// Runs the workers under the launcher of `mpi`; (exit success,
+    /// results by rank, output).
+    fn launch(mpi: Mpi, name: &str, spec: &str) -> (bool, Vec<Option<Value>>, String) {
+        // Built before taking the lock: the first call compiles.
+        let evb = match mpi {
+            Mpi::OpenMpi => PathBuf::from(env!("CARGO_BIN_EXE_evb")),
+            Mpi::Mpich => mpich_evb(),
+        };
         let _serial = super::serial();
-        let dir = super::tmp(&format!("mpi-{name}"));
+        let dir = super::tmp(&format!("mpi-{mpi:?}-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "--bind-to",
-                "none",
-                "-np",
-                "4",
-            ])
-            .arg(env!("CARGO_BIN_EXE_evb"))
+        let mut launcher = match mpi {
+            Mpi::OpenMpi => {
+                let mut c = Command::new("mpirun");
+                c.args([
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "--bind-to",
+                    "none",
+                    "-np",
+                    "4",
+                ]);
+                c
+            }
+            Mpi::Mpich => {
+                let mut c = Command::new("mpiexec.mpich");
+                c.args(["-n", "4"]);
+                c
+            }
+        };
+        let child = launcher
+            .arg(evb)
             .args(["bench", "worker", "--spec", spec, "--rendezvous"])
             .arg(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("mpirun (scripts/setup.sh installs openmpi-bin)");
+            .expect("mpirun / mpiexec.mpich (scripts/setup.sh installs openmpi-bin and mpich)");
         let pid = child.id();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -373,7 +411,7 @@ mod mpi {
         let Ok(out) = rx.recv_timeout(Duration::from_secs(120)) else {
             // SAFETY: signalling the mpirun we started.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("mpirun did not finish within 120 s");
+            panic!("{mpi:?} launcher did not finish within 120 s");
         };
         let out = out.unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
@@ -390,7 +428,16 @@ mod mpi {
 
     #[test]
     fn all_to_all_in_order() {
-        let (ok, results, text) = mpirun("order", &spec(&[]));
+        all_to_all_in_order_under(Mpi::OpenMpi);
+    }
+
+    #[test]
+    fn mpich_all_to_all_in_order() {
+        all_to_all_in_order_under(Mpi::Mpich);
+    }
+
+    fn all_to_all_in_order_under(mpi: Mpi) {
+        let (ok, results, text) = launch(mpi, "order", &spec(&[]));
         assert!(ok, "{text}");
         for (rank, r) in results.iter().enumerate() {
             let r = r
@@ -408,12 +455,21 @@ mod mpi {
 
     #[test]
     fn slow_receiver_backpressure() {
+        slow_receiver_backpressure_under(Mpi::OpenMpi);
+    }
+
+    #[test]
+    fn mpich_slow_receiver_backpressure() {
+        slow_receiver_backpressure_under(Mpi::Mpich);
+    }
+
+    fn slow_receiver_backpressure_under(mpi: Mpi) {
         let extra = [
             ("slow_rank", Value::from(1)),
             ("slow_us", Value::from(3000)),
             ("window", Value::from(4)),
         ];
-        let (ok, results, text) = mpirun("slow", &spec(&extra));
+        let (ok, results, text) = launch(mpi, "slow", &spec(&extra));
         assert!(ok, "{text}");
         for (rank, r) in results.iter().enumerate() {
             let r = r
@@ -431,13 +487,25 @@ mod mpi {
     /// model): mpirun must end, with a failure status, not hang.
     #[test]
     fn dead_rank_ends_the_job() {
+        dead_rank_ends_the_job_under(Mpi::OpenMpi);
+    }
+
+    #[test]
+    fn mpich_dead_rank_ends_the_job() {
+        dead_rank_ends_the_job_under(Mpi::Mpich);
+    }
+
+    fn dead_rank_ends_the_job_under(mpi: Mpi) {
         let extra = [
             ("die_rank", Value::from(3)),
             ("die_after", Value::from(100)),
             ("messages", Value::from(300)),
         ];
-        let (ok, results, text) = mpirun("dead", &spec(&extra));
-        assert!(!ok, "mpirun should report the dead rank\n{text}");
+        let (ok, results, text) = launch(mpi, "dead", &spec(&extra));
+        assert!(
+            !ok,
+            "{mpi:?}: the launcher should report the dead rank\n{text}"
+        );
         assert!(results[3].is_none(), "{text}");
     }
 }

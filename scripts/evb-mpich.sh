@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds evb linked against MPICH (Debian's libmpich-dev) and prints the
+# binary's path: target/mpich/release/evb.
+#
+# The `mpi` crate binds the MPI that `mpicc` names when it is built, and
+# Debian's default mpicc is OpenMPI's; MPI libraries differ in their ABI, so
+# MPICH needs a build of its own. The first build starts from a copy of
+# target/release, so that only the crates that link MPI are rebuilt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+command -v mpicc.mpich >/dev/null || {
+  echo "evb-mpich: mpicc.mpich is missing (scripts/setup.sh installs libmpich-dev)" >&2
+  exit 1
+}
+dir=target/mpich
+if [ ! -d "$dir/release" ] && [ -d target/release ]; then
+  mkdir -p "$dir"
+  cp -a target/release "$dir/"
+  # The copied MPI bindings were generated for OpenMPI: make cargo redo them
+  # (mpi-sys does not rebuild when MPICC changes).
+  rm -rf "$dir"/release/.fingerprint/mpi-sys-* "$dir"/release/build/mpi-sys-*
+fi
+MPICC=mpicc.mpich CARGO_TARGET_DIR="$dir" cargo build --release --quiet --bin evb >&2
+bin="$PWD/$dir/release/evb"
+if ! ldd "$bin" | grep -q 'libmpich\.so' || ldd "$bin" | grep -q 'libmpi\.so'; then
+  echo "evb-mpich: $bin is not linked against MPICH alone:" >&2
+  ldd "$bin" | grep -i mpi >&2
+  exit 1
+fi
+echo "$bin"
