@@ -14,6 +14,10 @@ command -v mpicc.mpich >/dev/null || {
   exit 1
 }
 dir=target/mpich
+mkdir -p target
+# Tests call this concurrently: one copies and builds, the others wait.
+exec 9>target/.evb-mpich.lock
+flock 9
 if [ ! -d "$dir/release" ] && [ -d target/release ]; then
   mkdir -p "$dir"
   cp -a target/release "$dir/"
@@ -23,9 +27,10 @@ if [ ! -d "$dir/release" ] && [ -d target/release ]; then
 fi
 MPICC=mpicc.mpich CARGO_TARGET_DIR="$dir" cargo build --release --quiet --bin evb >&2
 bin="$PWD/$dir/release/evb"
-if ! ldd "$bin" | grep -q 'libmpich\.so' || ldd "$bin" | grep -q 'libmpi\.so'; then
+libs=$(ldd "$bin")
+if ! grep -q 'libmpich\.so' <<<"$libs" || grep -q 'libmpi\.so' <<<"$libs"; then
   echo "evb-mpich: $bin is not linked against MPICH alone:" >&2
-  ldd "$bin" | grep -i mpi >&2
+  grep -i mpi <<<"$libs" >&2
   exit 1
 fi
 echo "$bin"
