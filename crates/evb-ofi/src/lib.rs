@@ -44,7 +44,7 @@ use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
 pub type PeerId = usize;
@@ -200,7 +200,15 @@ struct Stream {
     held: BTreeMap<u32, Completion>,
     /// `forget_source` was called: hand everything out as it comes.
     forgotten: bool,
+    /// When the latest message was held back: fresh evidence of a live
+    /// sender. A held message with no newer arrival says nothing: a dead
+    /// sender's transfer in progress can stay unfinished for ever.
+    last_held_at: Option<Instant>,
 }
+
+/// How recently a message must have been held back for [`Endpoint::source_waiting`]
+/// to call its sender alive.
+const HELD_EVIDENCE: Duration = Duration::from_millis(250);
 
 enum Waiter {
     /// The CQ's fd, polled after fi_trywait says sleeping is safe.
@@ -817,12 +825,17 @@ impl Endpoint {
         self.ops.len() - self.sends + self.streams.values().map(|s| s.held.len()).sum::<usize>()
     }
 
-    /// Messages from `source` (tag & source_mask) arrived and wait for an
-    /// earlier one still in transfer: evidence that the sender is alive.
+    /// Messages from `source` (tag & source_mask) arrived lately and wait
+    /// for an earlier one still in transfer: evidence that the sender is
+    /// alive. Only lately: libfabric 1.17's tcp;ofi_rxm can leave the
+    /// receive of a dead sender's rendezvous message pending for ever, and
+    /// the messages held behind it must not keep the sender alive.
     pub fn source_waiting(&self, source: u64) -> bool {
         self.streams
             .get(&(source & self.source_mask))
-            .is_some_and(|s| !s.held.is_empty())
+            .is_some_and(|s| {
+                !s.held.is_empty() && s.last_held_at.is_some_and(|t| t.elapsed() < HELD_EVIDENCE)
+            })
     }
 
     /// The peer whose messages carry `source` (tag & source_mask) is gone:
@@ -1072,6 +1085,7 @@ impl Endpoint {
         }
         if seq != stream.next {
             stream.held.insert(seq, done);
+            stream.last_held_at = Some(Instant::now());
             return;
         }
         out.push(done);

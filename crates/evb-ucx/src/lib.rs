@@ -82,7 +82,14 @@ struct Stream {
     /// receive that only takes its place).
     held: std::collections::BTreeMap<u32, Option<Completion>>,
     forgotten: bool,
+    /// When the latest completion was held back: evidence of a live sender
+    /// only while it is fresh (a dead sender's receive can stay pending).
+    last_held_at: Option<Instant>,
 }
+
+/// How recently a completion must have been held back for
+/// [`Endpoint::source_waiting`] to call its sender alive.
+const HELD_EVIDENCE: Duration = Duration::from_millis(250);
 
 impl Default for Options {
     fn default() -> Self {
@@ -841,6 +848,7 @@ impl Endpoint {
         }
         if seq != stream.next {
             stream.held.insert(seq, done);
+            stream.last_held_at = Some(Instant::now());
             return;
         }
         out.extend(done);
@@ -856,7 +864,12 @@ impl Endpoint {
     pub fn source_waiting(&self, source: u64) -> bool {
         self.streams
             .get(&(source & self.source_mask))
-            .is_some_and(|s| !s.held.is_empty())
+            .is_some_and(|s| {
+                // Only lately held: a receive matched to a dead sender's
+                // message can stay pending for ever (no error handling on
+                // shared memory), and what waits behind it is no evidence.
+                !s.held.is_empty() && s.last_held_at.is_some_and(|t| t.elapsed() < HELD_EVIDENCE)
+            })
     }
 
     /// The sender named by `source` is gone: what was held back behind a
