@@ -363,7 +363,7 @@ impl Harness {
                     if let Message::ConsumerCredit { fu, credits } = msg {
                         *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
                     }
-                    if let Message::Assign { mep, bu } = msg {
+                    if let Message::Assign { mep, bu } | Message::Reassign { mep, bu } = msg {
                         if to == bu {
                             let set = self.outstanding.entry(bu).or_default();
                             set.insert(mep);
@@ -496,6 +496,11 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into()),
         Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0),
         Message::SourceUp { source, from_mep } => MessageKey(13, from_mep, source.into()),
+        Message::BuLost { bu, round } => MessageKey(14, bu.into(), round.into()),
+        Message::Holding { round, mep } => MessageKey(15, mep, round.into()),
+        Message::HoldingDone { round } => MessageKey(16, round.into(), 0),
+        Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
+        Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -536,6 +541,20 @@ fn decode_key(k: MessageKey) -> Message {
         13 => Message::SourceUp {
             from_mep: k.1,
             source: k.2 as u16,
+        },
+        14 => Message::BuLost {
+            bu: k.1 as u16,
+            round: k.2 as u32,
+        },
+        15 => Message::Holding {
+            mep: k.1,
+            round: k.2 as u32,
+        },
+        16 => Message::HoldingDone { round: k.1 as u32 },
+        17 => Message::ReleaseHeld { round: k.1 as u32 },
+        18 => Message::Reassign {
+            mep: k.1,
+            bu: k.2 as u16,
         },
         _ => Message::Heartbeat,
     }

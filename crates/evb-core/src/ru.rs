@@ -5,6 +5,14 @@
 //! BU; the send schedule picks which queue goes next, with at most
 //! `parallel_sends` transfers in flight. PULL: the RU answers each request
 //! of a BU as soon as the data is ready; the BU paces the requests.
+//!
+//! A lost BU: the RU stops shipping to it but keeps the fragments it has
+//! not handed to the transport ("orphaned"), because the EM may re-assign
+//! those MEPs to another BU. On the EM's `BuLost` the RU lists what it
+//! still holds of that BU's MEPs; a later `Assign` of such a MEP retargets
+//! the entry to its new BU, and `ReleaseHeld` (or the end of the run)
+//! drops the rest. Orphans nobody claims are bounded per BU by its
+//! credits: beyond that the oldest is released.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -41,6 +49,12 @@ pub struct RuStats {
     pub max_in_flight: u32,
     /// Most assigned MEPs held at once (the RU buffer occupancy).
     pub max_held: u64,
+    /// Fragments kept for a lost BU and then shipped to the BU the EM
+    /// re-assigned their MEP to.
+    pub meps_retargeted: u64,
+    /// Fragments kept for a lost BU and then dropped (the EM counted the
+    /// MEP lost, or nobody claimed it).
+    pub orphans_released: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +68,30 @@ struct Held {
     sent: bool,
     /// PULL: the BU gave the batch up before the assignment arrived here.
     abandoned: bool,
+    /// Its BU is lost: never shipped there; kept until the EM re-assigns
+    /// the MEP or says to drop it.
+    orphaned: bool,
+    /// The EM's decision round that listed it (`BuLost`), if any.
+    round: Option<u32>,
+    /// PULL, orphaned: a request (true) or abandon (false) from another BU
+    /// that overtook the EM's re-assignment to it.
+    early: Option<(NodeId, bool)>,
+}
+
+impl Held {
+    fn new(bu: NodeId) -> Held {
+        Held {
+            bu,
+            assigned: false,
+            header: None,
+            requested: false,
+            sent: false,
+            abandoned: false,
+            orphaned: false,
+            round: None,
+            early: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +124,9 @@ pub struct ReadoutUnit {
     /// Unassigned requests kept at most (guards against a flood of junk).
     max_orphan_requests: usize,
     orphan_requests: usize,
+    /// Orphaned fragments no `BuLost` has listed, kept at most per BU
+    /// (its credits: all the EM can have outstanding there).
+    max_unclaimed_orphans: usize,
     pub stats: RuStats,
 }
 
@@ -114,6 +155,7 @@ impl ReadoutUnit {
             held_assigned: 0,
             max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
             orphan_requests: 0,
+            max_unclaimed_orphans: config.event_builder.credits.max(1) as usize,
             stats: RuStats::default(),
         }
     }
@@ -147,17 +189,10 @@ impl ReadoutUnit {
 
     /// The EM assigned `mep` to the BU on endpoint `bu`.
     pub fn on_assign(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
-        if self.bu_of.get(bu as usize).copied().flatten().is_none() {
+        let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() else {
             return; // Not a BU: a confused or hostile EM; nothing to ship to.
-        }
-        let entry = self.held.entry(mep).or_insert(Held {
-            bu,
-            assigned: false,
-            header: None,
-            requested: false,
-            sent: false,
-            abandoned: false,
-        });
+        };
+        let entry = self.held.entry(mep).or_insert(Held::new(bu));
         if entry.assigned {
             return; // Duplicate assignment: already in hand.
         }
@@ -178,9 +213,144 @@ impl ReadoutUnit {
         }
         entry.assigned = true;
         entry.bu = bu;
+        // Assigned to a BU this RU already knows is lost: keep it for the
+        // EM's decision (the EM may not have noticed the loss yet).
+        entry.orphaned = self.dest_gone[idx as usize] && !self.ended;
         self.held_assigned += 1;
         self.stats.max_held = self.stats.max_held.max(self.held_assigned);
         out.push(RuAction::Produce { mep });
+        if self.dest_gone[idx as usize] && !self.ended {
+            self.bound_unclaimed(bu, out);
+        }
+    }
+
+    /// The EM re-assigned `mep`, kept for a lost BU, to the BU on `bu`:
+    /// ship it there. Ignored unless this RU kept it.
+    pub fn on_reassign(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() else {
+            return;
+        };
+        let idx = idx as usize;
+        let protocol = self.protocol;
+        let Some(h) = self.held.get_mut(&mep).filter(|h| h.assigned && h.orphaned) else {
+            return;
+        };
+        h.bu = bu;
+        h.round = None;
+        h.requested = false;
+        let early = h.early.take();
+        if self.dest_gone[idx] {
+            // Lost too, as far as this RU knows: kept for the next decision.
+            self.bound_unclaimed(bu, out);
+            return;
+        }
+        h.orphaned = false;
+        self.stats.meps_retargeted += 1;
+        match early {
+            Some((from, false)) if from == bu => {
+                // The new BU gave the batch up before this assignment came.
+                self.release_held(mep, out);
+                return;
+            }
+            Some((from, true)) if from == bu => h.requested = true,
+            _ => {}
+        }
+        if h.header.is_none() {
+            return; // on_mep_ready ships it.
+        }
+        match protocol {
+            Protocol::Push => {
+                self.queues[idx].push_back(mep);
+                self.queued += 1;
+                self.pump(out);
+            }
+            Protocol::Pull => {
+                if h.requested {
+                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                }
+            }
+        }
+    }
+
+    /// Drops the assigned, unsent entry of `mep` and releases its data.
+    fn release_held(&mut self, mep: MepId, out: &mut Vec<RuAction>) {
+        if let Some(h) = self.held.remove(&mep) {
+            debug_assert!(h.assigned && !h.sent);
+            if h.orphaned {
+                self.stats.orphans_released += 1;
+            }
+            self.held_assigned -= 1;
+            out.push(RuAction::Release { mep });
+        }
+    }
+
+    /// Keeps the orphans of `bu` that no `BuLost` listed within the bound,
+    /// releasing the oldest first (if the EM asks for one later, it is not
+    /// held: counted lost, the accounting stays exact).
+    fn bound_unclaimed(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
+        let unclaimed: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned && h.round.is_none() && h.bu == bu)
+            .map(|(&m, _)| m)
+            .collect();
+        let excess = unclaimed.len().saturating_sub(self.max_unclaimed_orphans);
+        for &mep in &unclaimed[..excess] {
+            self.release_held(mep, out);
+        }
+    }
+
+    /// Orphans what is held for `bu` and not handed to the transport.
+    fn orphan_unsent(&mut self, bu: NodeId) {
+        if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
+            let drained = self.queues[idx as usize].len();
+            self.queues[idx as usize].clear();
+            self.queued -= drained;
+        }
+        for h in self.held.values_mut() {
+            if h.bu == bu && h.assigned && !h.sent {
+                h.orphaned = true;
+            }
+        }
+    }
+
+    /// The EM's decision `round` on lost BU `bu` starts: keep everything of
+    /// it not handed to the transport and list it (the MEPs to report to
+    /// the EM). Every assignment the EM made to that BU before losing it
+    /// has arrived here already (same connection, in order).
+    pub fn on_bu_lost(&mut self, bu: NodeId, round: u32) -> Vec<MepId> {
+        if self.bu_of.get(bu as usize).copied().flatten().is_none() {
+            return Vec::new();
+        }
+        self.orphan_unsent(bu);
+        let mut listed = Vec::new();
+        for (&mep, h) in &mut self.held {
+            if h.orphaned && h.bu == bu && h.round.is_none() {
+                h.round = Some(round);
+                listed.push(mep);
+            }
+        }
+        listed
+    }
+
+    /// The EM decided `round`: what it re-assigned was retargeted already;
+    /// the rest is dropped.
+    pub fn on_release_held(&mut self, round: u32, out: &mut Vec<RuAction>) {
+        let drop: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned && h.round == Some(round))
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in drop {
+            self.release_held(mep, out);
+        }
+        self.pump(out);
+    }
+
+    /// Fragments kept for lost BUs, awaiting the EM's decision.
+    pub fn orphans(&self) -> usize {
+        self.held.values().filter(|h| h.orphaned).count()
     }
 
     /// The data of `mep` is in memory, described by `header`.
@@ -193,6 +363,9 @@ impl ReadoutUnit {
         }
         h.header = Some(header);
         self.stats.meps_produced += 1;
+        if h.orphaned {
+            return; // Kept for the EM's decision, shipped nowhere yet.
+        }
         match self.protocol {
             Protocol::Push => {
                 let bu = self.bu_of[h.bu as usize].expect("checked on assign") as usize;
@@ -215,6 +388,13 @@ impl ReadoutUnit {
             return;
         }
         match self.held.get_mut(&mep) {
+            Some(h) if h.orphaned => {
+                // Its lost BU (reconnected) gets nothing; another BU's
+                // request overtook the EM's re-assignment to it.
+                if h.bu != bu && h.early.is_none() {
+                    h.early = Some((bu, true));
+                }
+            }
             Some(h) if h.bu == bu && !h.requested => {
                 h.requested = true;
                 if h.header.is_some() {
@@ -241,12 +421,9 @@ impl ReadoutUnit {
         self.held.insert(
             mep,
             Held {
-                bu,
-                assigned: false,
-                header: None,
                 requested,
-                sent: false,
                 abandoned: !requested,
+                ..Held::new(bu)
             },
         );
     }
@@ -262,14 +439,16 @@ impl ReadoutUnit {
         }
         match self.held.get_mut(&mep) {
             Some(h) if h.bu == bu && !h.sent => {
-                let h = self.held.remove(&mep).expect("just seen");
                 if h.assigned {
-                    {
-                        self.held_assigned -= 1;
-                        out.push(RuAction::Release { mep });
-                    }
-                } else if h.requested {
+                    self.release_held(mep, out);
+                } else {
+                    self.held.remove(&mep);
                     self.orphan_requests -= 1;
+                }
+            }
+            Some(h) if h.orphaned => {
+                if h.early.is_none() {
+                    h.early = Some((bu, false));
                 }
             }
             Some(_) => {}
@@ -293,38 +472,44 @@ impl ReadoutUnit {
         self.pump(out);
     }
 
-    /// A destination died or the run gave up on it: drop what is queued for
-    /// it (it will never be built there) and release the data.
+    /// A destination died or the run gave up on it: ship nothing more to
+    /// it. During the run, what is not yet with the transport is kept for
+    /// the EM's decision (it may re-assign those MEPs); after the end of the
+    /// run it is released.
     pub fn forget_bu(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
         if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
             self.dest_gone[idx as usize] = true;
-            for mep in self.queues[idx as usize].drain(..) {
-                self.queued -= 1;
-                self.held.remove(&mep);
-                {
-                    self.held_assigned -= 1;
-                    out.push(RuAction::Release { mep });
-                }
-            }
         }
-        let unsent: Vec<MepId> = self
+        self.orphan_unsent(bu);
+        // Early requests and abandons from it will never be matched.
+        let early: Vec<MepId> = self
             .held
             .iter()
-            .filter(|(_, h)| h.bu == bu && !h.sent)
+            .filter(|(_, h)| h.bu == bu && !h.assigned)
             .map(|(&m, _)| m)
             .collect();
-        for mep in unsent {
-            if let Some(h) = self.held.remove(&mep) {
-                if h.header.is_some() || h.assigned {
-                    {
-                        self.held_assigned -= 1;
-                        out.push(RuAction::Release { mep });
-                    }
-                }
-                if (h.requested || h.abandoned) && !h.assigned {
-                    self.orphan_requests -= 1;
-                }
-            }
+        for mep in early {
+            self.held.remove(&mep);
+            self.orphan_requests -= 1;
+        }
+        if self.ended {
+            self.release_orphans(out);
+        } else {
+            self.bound_unclaimed(bu, out);
+        }
+        self.pump(out);
+    }
+
+    /// Releases every orphan (the run has ended: no decision is coming).
+    fn release_orphans(&mut self, out: &mut Vec<RuAction>) {
+        let orphans: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned)
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in orphans {
+            self.release_held(mep, out);
         }
     }
 
@@ -389,8 +574,11 @@ impl ReadoutUnit {
 
     /// The run has ended: nothing more will be assigned, so a phase-locked
     /// barrel must not wait for a MEP that will never come.
+    /// Every decision of the EM on lost BUs came before it, so the orphans
+    /// left are nobody's: released.
     pub fn on_end_of_run(&mut self, out: &mut Vec<RuAction>) {
         self.ended = true;
+        self.release_orphans(out);
         self.pump(out);
     }
 
