@@ -105,6 +105,8 @@ pub struct Report {
     pub max_consumer_outstanding: u32,
     /// When the crashed node restarted and rejoined, if it did.
     pub restarted_at: Option<Nanos>,
+    /// Per node: whether its RU ended holding nothing (`None`: no RU).
+    pub ru_idle: Vec<Option<bool>>,
 }
 
 impl Report {
@@ -205,6 +207,7 @@ impl Harness {
             self.nodes[i].start(0);
             self.drain(i as NodeId);
         }
+        let mut spins = 0u64;
         while self.alive().any(|i| !self.nodes[i].is_done()) {
             let next_timer = self
                 .alive()
@@ -219,6 +222,21 @@ impl Harness {
             };
             if t > limit {
                 break;
+            }
+            // A node whose deadline never clears would spin here for ever:
+            // fail loudly instead, with what each node still waits for.
+            if t <= self.now {
+                spins += 1;
+                assert!(
+                    spins < 1_000_000,
+                    "no progress at t={t}: {:?}\n{}",
+                    self.alive()
+                        .map(|i| (i, self.nodes[i].pending_work()))
+                        .collect::<Vec<_>>(),
+                    self.report.log[self.report.log.len().saturating_sub(40)..].join("\n")
+                );
+            } else {
+                spins = 0;
             }
             self.now = self.now.max(t);
             if next_timer == Some(t) {
@@ -243,6 +261,11 @@ impl Harness {
             .map_or(0, |e| e.meps_assigned());
         self.report.end_time = self.now;
         self.report.stats = self.nodes.iter().map(Node::stats).collect();
+        self.report.ru_idle = self
+            .nodes
+            .iter()
+            .map(|n| n.ru().map(crate::ru::ReadoutUnit::is_idle))
+            .collect();
         self.report
     }
 

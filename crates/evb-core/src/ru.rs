@@ -639,3 +639,151 @@ impl ReadoutUnit {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ru(protocol: Protocol) -> ReadoutUnit {
+        let mut config = Config::default();
+        config.nodes.count = 3;
+        config.event_builder.protocol = protocol;
+        config.event_builder.schedule = Schedule::BarrelSkip;
+        config.event_builder.parallel_sends = 1;
+        config.event_builder.credits = 2;
+        let layout = Layout::from_config(&config);
+        ReadoutUnit::new(&config, &layout, 0)
+    }
+
+    fn ready(ru: &mut ReadoutUnit, mep: MepId, out: &mut Vec<RuAction>) {
+        let header = FragmentHeader {
+            mep,
+            payload_len: 8,
+            ..Default::default()
+        };
+        ru.on_mep_ready(header, out);
+    }
+
+    fn sends(out: &[RuAction]) -> Vec<(NodeId, MepId)> {
+        out.iter()
+            .filter_map(|a| match a {
+                RuAction::Send { to, header } => Some((*to, header.mep)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn releases(out: &[RuAction]) -> Vec<MepId> {
+        out.iter()
+            .filter_map(|a| match a {
+                RuAction::Release { mep } => Some(*mep),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pull_keeps_a_lost_bus_fragment_and_retargets_it_to_the_new_bu() {
+        let mut r = ru(Protocol::Pull);
+        let mut out = Vec::new();
+        r.on_assign(5, 1, &mut out);
+        ready(&mut r, 5, &mut out);
+        out.clear();
+        // BU 1 dies before asking: the fragment is kept, not released.
+        r.forget_bu(1, &mut out);
+        assert!(releases(&out).is_empty(), "{out:?}");
+        // The lost BU (reconnected) gets nothing.
+        r.on_request(5, 1, &mut out);
+        assert!(sends(&out).is_empty());
+        assert_eq!(r.on_bu_lost(1, 7), vec![5]);
+        assert_eq!(r.on_bu_lost(1, 8), Vec::<MepId>::new(), "listed once");
+        // The new BU's request overtakes the EM's re-assignment: remembered.
+        r.on_request(5, 2, &mut out);
+        assert!(sends(&out).is_empty());
+        r.on_reassign(5, 2, &mut out);
+        assert_eq!(sends(&out), vec![(2, 5)]);
+        assert_eq!(r.stats.meps_retargeted, 1);
+        out.clear();
+        r.on_release_held(7, &mut out);
+        assert!(releases(&out).is_empty(), "re-assigned, not dropped");
+        r.on_send_complete(5, &mut out);
+        assert_eq!(releases(&out), vec![5]);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn pull_retarget_after_an_early_abandon_releases() {
+        let mut r = ru(Protocol::Pull);
+        let mut out = Vec::new();
+        r.on_assign(3, 1, &mut out);
+        r.forget_bu(1, &mut out);
+        assert_eq!(r.on_bu_lost(1, 0), vec![3]);
+        // The new BU gave the batch up before the re-assignment reached us.
+        r.on_abandon(3, 2, &mut out);
+        r.on_reassign(3, 2, &mut out);
+        ready(&mut r, 3, &mut out);
+        assert!(sends(&out).is_empty(), "{out:?}");
+        assert_eq!(releases(&out), vec![3]);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn push_requeues_what_was_not_sent_and_drops_what_the_em_did_not_take() {
+        let mut r = ru(Protocol::Push);
+        let mut out = Vec::new();
+        for mep in [3, 4, 6] {
+            r.on_assign(mep, 1, &mut out);
+            ready(&mut r, mep, &mut out);
+        }
+        // One transfer at a time: 3 is with the transport, 4 and 6 queued.
+        assert_eq!(sends(&out), vec![(1, 3)]);
+        out.clear();
+        r.forget_bu(1, &mut out);
+        assert!(releases(&out).is_empty());
+        assert_eq!(r.orphans(), 2);
+        // What the transport has is not held any more.
+        assert_eq!(r.on_bu_lost(1, 0), vec![4, 6]);
+        r.on_send_complete(3, &mut out);
+        assert_eq!(releases(&out), vec![3]);
+        out.clear();
+        // The EM re-assigns 4 to BU 2 (and names a MEP this RU never had:
+        // ignored), then drops the rest of the round.
+        r.on_reassign(4, 2, &mut out);
+        r.on_reassign(9, 2, &mut out);
+        assert_eq!(sends(&out), vec![(2, 4)]);
+        r.on_release_held(0, &mut out);
+        assert_eq!(releases(&out), vec![6]);
+        assert_eq!(r.stats.orphans_released, 1);
+        r.on_send_complete(4, &mut out);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn orphans_nobody_claims_are_bounded_and_go_at_the_end_of_the_run() {
+        let mut r = ru(Protocol::Push);
+        let mut out = Vec::new();
+        r.forget_bu(1, &mut out);
+        // The EM, not yet aware, keeps assigning to BU 1: kept, at most its
+        // credits (2) of them, the oldest released first.
+        for mep in 0..5 {
+            r.on_assign(mep, 1, &mut out);
+            ready(&mut r, mep, &mut out);
+        }
+        assert!(sends(&out).is_empty());
+        assert_eq!(releases(&out), vec![0, 1, 2]);
+        assert_eq!(r.orphans(), 2);
+        out.clear();
+        r.on_end_of_run(&mut out);
+        assert_eq!(releases(&out), vec![3, 4]);
+        assert!(r.is_idle());
+        // After the end of the run a lost BU's data goes at once.
+        r.on_bu_joined(1);
+        r.on_assign(7, 1, &mut out);
+        ready(&mut r, 7, &mut out);
+        r.on_assign(8, 1, &mut out);
+        ready(&mut r, 8, &mut out);
+        out.clear();
+        r.forget_bu(1, &mut out);
+        assert_eq!(releases(&out), vec![8], "7 is with the transport");
+    }
+}
