@@ -427,7 +427,10 @@ impl EventManager {
             id,
             required: live.clone(),
             waiting: live,
-            meps: meps.into_iter().map(|m| (m, vec![false; sources])).collect(),
+            meps: meps
+                .into_iter()
+                .map(|m| (m, vec![false; sources]))
+                .collect(),
             to_place: VecDeque::new(),
         });
     }
@@ -449,6 +452,7 @@ impl EventManager {
         layout: &Layout,
         out: &mut Vec<(NodeId, Message)>,
     ) {
+        let mut new_round = None;
         if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
             let b = b as usize;
             if !self.bu_lost[b] {
@@ -459,7 +463,9 @@ impl EventManager {
                     self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
                     self.outstanding[b].clear();
                 } else {
-                    self.open_round(b, out);
+                    // Once this node's RU, if any, is marked lost too: it
+                    // is not asked.
+                    new_round = Some(b);
                 }
                 self.stats.bus_lost.push(node);
             }
@@ -485,6 +491,9 @@ impl EventManager {
                     }
                 }
             }
+        }
+        if let Some(b) = new_round {
+            self.open_round(b, out);
         }
         if self.bu_lost.iter().all(|&l| l) && !self.stopped {
             // Nobody left to build: the run is over, and what the readout
@@ -602,7 +611,9 @@ impl EventManager {
                 false
             }
             Some(_) => true,
-            None if self.stop_requested || (self.max_meps != 0 && self.next_mep >= self.max_meps) => {
+            None if self.stop_requested
+                || (self.max_meps != 0 && self.next_mep >= self.max_meps) =>
+            {
                 self.stop_requested = false;
                 self.stop(out);
                 false
@@ -789,5 +800,178 @@ mod tests {
         let mut out = Vec::new();
         em.on_credit(0, 2, &mut out);
         assert_eq!(assigns(&out, 0), 2);
+    }
+
+    fn count(out: &[(NodeId, Message)], f: impl Fn(&Message) -> bool) -> usize {
+        out.iter().filter(|(_, m)| f(m)).count()
+    }
+
+    /// Three nodes, each an RU and a BU; BU 1 (node 1) takes MEPs 0 and 1,
+    /// then node 1 dies. Returns the EM and what it said on the loss.
+    fn lose_node_1_with_two_meps() -> (EventManager, Layout, Vec<(NodeId, Message)>) {
+        let l = layout(3);
+        let mut em = EventManager::new(&l, 0);
+        let mut out = Vec::new();
+        em.on_credit(1, 2, &mut out);
+        assert_eq!(assigns(&out, 1), 2);
+        out.clear();
+        em.on_node_lost(1, &l, &mut out);
+        (em, l, out)
+    }
+
+    #[test]
+    fn meps_every_live_ru_holds_are_reassigned_ahead_of_new_ones() {
+        let (mut em, _l, out) = lose_node_1_with_two_meps();
+        // The live RUs (nodes 0 and 2) are asked; node 1's RU died with it.
+        let asked: Vec<NodeId> = out
+            .iter()
+            .filter(|(_, m)| matches!(m, Message::BuLost { bu: 1, round: 0 }))
+            .map(|(to, _)| *to)
+            .collect();
+        assert_eq!(asked, vec![0, 2]);
+        assert_eq!(em.outstanding(), 2, "still to be decided");
+        let mut out = Vec::new();
+        em.stop(&mut out);
+        assert!(!em.is_stopped(), "EndOfRun waits for the decision");
+        for ru in [0, 2] {
+            em.on_holding(ru, 0, 0);
+            em.on_holding(ru, 0, 1);
+            em.on_holding(ru, 0, 99); // Not the lost BU's: ignored.
+            em.on_holding_done(ru, 0, &mut out);
+        }
+        assert!(out.is_empty(), "no BU has credit yet: {out:?}");
+        // BU 2 grants one credit: MEP 0 goes there, to BU 2 and RU 0 (node
+        // 2's RU gets the copy on its node); no new MEP.
+        em.on_credit(2, 1, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                (2, Message::Reassign { mep: 0, bu: 2 }),
+                (0, Message::Reassign { mep: 0, bu: 2 })
+            ]
+        );
+        out.clear();
+        em.on_credit(0, 1, &mut out);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 1, bu: 0 })),
+            2
+        );
+        // The round is closed: the RUs drop what is left, then EndOfRun.
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::ReleaseHeld { round: 0 })),
+            2
+        );
+        assert_eq!(count(&out, |m| matches!(m, Message::Assign { .. })), 0);
+        assert!(em.is_stopped());
+        assert_eq!(em.meps_assigned(), 2, "no new MEP after the stop");
+        let release = out
+            .iter()
+            .position(|(_, m)| matches!(m, Message::ReleaseHeld { .. }));
+        let end = out
+            .iter()
+            .position(|(_, m)| matches!(m, Message::EndOfRun { .. }));
+        assert!(release < end, "{out:?}");
+        em.on_finished(2, 0, outcome::BUILT, &mut out);
+        em.on_finished(0, 1, outcome::INCOMPLETE, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+        assert_eq!(em.stats.meps_lost_bu_gone, 0);
+        assert_eq!((em.stats.meps_built, em.stats.meps_incomplete), (1, 1));
+        assert_eq!(em.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_mep_one_ru_no_longer_holds_is_lost() {
+        let (mut em, _l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_holding(0, 0, 0);
+        em.on_holding(0, 0, 1);
+        em.on_holding_done(0, 0, &mut out);
+        // RU 2 had shipped MEP 1 to the dead BU.
+        em.on_holding(2, 0, 0);
+        em.on_holding_done(2, 0, &mut out);
+        em.on_credit(2, 1, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 1);
+        assert_eq!(em.stats.meps_reassigned, 1);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 0, .. })),
+            2
+        );
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 1, .. })),
+            0
+        );
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::ReleaseHeld { round: 0 })),
+            2
+        );
+        // Exact: every MEP assigned is lost, finished, or outstanding (the
+        // returned credit took MEP 2).
+        em.on_finished(2, 0, outcome::BUILT, &mut out);
+        let s = &em.stats;
+        assert_eq!(s.meps_assigned, 3);
+        assert_eq!(
+            s.meps_built + s.meps_lost_bu_gone + em.outstanding() as u64,
+            s.meps_assigned
+        );
+    }
+
+    #[test]
+    fn an_ru_lost_during_the_decision_counts_as_answered() {
+        let (mut em, l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_holding(0, 0, 0);
+        em.on_holding(0, 0, 1);
+        em.on_holding_done(0, 0, &mut out);
+        assert_eq!(em.open_rounds(), 1, "RU 2 has not answered");
+        // Node 2 (RU 2 and BU 2) dies before answering: RU 0 alone decides;
+        // BU 0 is left to build.
+        em.on_node_lost(2, &l, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 0);
+        out.clear();
+        em.on_credit(0, 2, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { bu: 0, .. })),
+            2
+        );
+        // Only the live RU is told to drop the rest.
+        assert_eq!(
+            out.iter()
+                .filter(|(_, m)| matches!(m, Message::ReleaseHeld { .. }))
+                .map(|(to, _)| *to)
+                .collect::<Vec<_>>(),
+            vec![0]
+        );
+        assert_eq!(em.open_rounds(), 0);
+        // A late answer of a closed round changes nothing.
+        em.on_holding_done(2, 0, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+    }
+
+    #[test]
+    fn with_no_bu_left_the_undecided_meps_are_lost_and_the_run_ends() {
+        let (mut em, l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_node_lost(2, &l, &mut out);
+        assert!(!em.is_stopped());
+        // BU 0 lives on the EM's node; losing every other BU and then it
+        // (as a test: the EM's node cannot really be lost) ends the run.
+        em.on_node_lost(0, &l, &mut out);
+        assert!(em.is_stopped());
+        assert_eq!(em.stats.meps_lost_bu_gone, 2);
+        assert_eq!(em.outstanding(), 0);
+    }
+
+    #[test]
+    fn after_end_of_run_a_lost_bus_meps_are_lost_at_once() {
+        let l = layout(3);
+        let mut em = EventManager::new(&l, 2);
+        let mut out = Vec::new();
+        em.on_credit(1, 2, &mut out);
+        assert!(em.is_stopped());
+        out.clear();
+        em.on_node_lost(1, &l, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 2);
+        assert_eq!(count(&out, |m| matches!(m, Message::BuLost { .. })), 0);
     }
 }

@@ -392,10 +392,7 @@ impl Node {
                 parts.push(format!("EM waits for {} MEPs", em.outstanding()));
             }
             if em.open_rounds() > 0 {
-                parts.push(format!(
-                    "EM decides on {} lost BUs' MEPs",
-                    em.open_rounds()
-                ));
+                parts.push(format!("EM decides on {} lost BUs' MEPs", em.open_rounds()));
             }
         }
         if self.end_of_run.is_none() {

@@ -778,7 +778,10 @@ mod tests {
                 bad[4..8].copy_from_slice(&bad_len.to_le_bytes());
                 let err = decode_stream(&bad, 1 << 16).unwrap_err();
                 assert!(
-                    matches!(err, WireError::BadLength { .. } | WireError::TooLarge { .. }),
+                    matches!(
+                        err,
+                        WireError::BadLength { .. } | WireError::TooLarge { .. }
+                    ),
                     "{msg:?} with body_len {bad_len}: {err}"
                 );
             }

@@ -297,7 +297,10 @@ fn crash_during_a_timed_run(case: u64, seed: u64) -> Option<(u64, u64, Vec<Strin
         report.max_outstanding
     );
     let em = report.stats[layout.em as usize].em.clone().unwrap();
-    assert!(em.bus_lost.contains(&victim), "noticed during the run: {what}");
+    assert!(
+        em.bus_lost.contains(&victim),
+        "noticed during the run: {what}"
+    );
     // Exact accounting: every MEP has one fate; a re-assigned one is
     // counted by its outcome at its new BU.
     assert_eq!(
@@ -353,7 +356,11 @@ fn a_dead_bus_meps_are_reassigned_when_the_rus_hold_them() {
                 continue;
             };
             if std::env::var("DST_TRACE").is_ok() {
-                eprintln!("case {case} seed {seed}: {:?} {} actions", t0.elapsed(), log.len());
+                eprintln!(
+                    "case {case} seed {seed}: {:?} {} actions",
+                    t0.elapsed(),
+                    log.len()
+                );
             }
             runs += 1;
             with_round += u64::from(rounds > 0);
