@@ -599,9 +599,15 @@ impl ReadoutUnit {
                     if self.now < since + self.wait_ns {
                         return None;
                     }
+                    // Out of turn, the oldest MEP first: the first queue
+                    // after the phase could win every time and starve the
+                    // others (found by the DST: a rejoined BU's steady
+                    // stream held another BU's MEP past its timeout).
                     self.waiting_since = Some(self.now);
-                    let k = (1..n).find(|k| !self.queues[(start + k) % n].is_empty())?;
-                    return Some((start + k) % n);
+                    return (1..n)
+                        .map(|k| (start + k) % n)
+                        .filter(|&i| !self.queues[i].is_empty())
+                        .min_by_key(|&i| self.queues[i][0]);
                 }
                 self.waiting_since = None;
                 self.phase = (self.phase + k + 1) % n;
@@ -785,5 +791,28 @@ mod tests {
         out.clear();
         r.forget_bu(1, &mut out);
         assert_eq!(releases(&out), vec![8], "7 is with the transport");
+    }
+
+    #[test]
+    fn a_barrel_out_of_turn_serves_the_oldest_mep() {
+        let mut config = Config::default();
+        config.nodes.count = 4;
+        config.event_builder.schedule = Schedule::Barrel;
+        config.event_builder.parallel_sends = 1;
+        config.event_builder.barrel_wait_us = 1000;
+        let layout = Layout::from_config(&config);
+        // Source 1 starts at phase BU 1, which has nothing.
+        let mut r = ReadoutUnit::new(&config, &layout, 1);
+        let mut out = Vec::new();
+        r.on_assign(20, 0, &mut out);
+        ready(&mut r, 20, &mut out);
+        r.on_assign(21, 3, &mut out);
+        ready(&mut r, 21, &mut out);
+        assert!(sends(&out).is_empty(), "waits for its phase's MEP");
+        r.set_now(1_000_000);
+        r.on_timeout(&mut out);
+        // BU 3 comes first after the phase, but MEP 20 is older: a queue
+        // refilled at every wait must not starve it.
+        assert_eq!(sends(&out), vec![(0, 20)]);
     }
 }
