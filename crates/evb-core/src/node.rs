@@ -382,8 +382,9 @@ impl Node {
             let (held, queued) = ru.holding();
             if held > 0 || ru.in_flight() > 0 {
                 parts.push(format!(
-                    "RU holds {held} MEPs ({queued} queued, {} in flight)",
-                    ru.in_flight()
+                    "RU holds {held} MEPs ({queued} queued, {} in flight, {} kept for lost BUs)",
+                    ru.in_flight(),
+                    ru.orphans()
                 ));
             }
         }
