@@ -8,6 +8,15 @@ use std::process::Command;
 use serde_json::Value;
 
 fn run_with(fault: &str, spec: &str, name: &str) -> (i32, Value, String) {
+    run_with_settings(fault, spec, name, &[])
+}
+
+fn run_with_settings(
+    fault: &str,
+    spec: &str,
+    name: &str,
+    settings: &[&str],
+) -> (i32, Value, String) {
     let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join(format!("{name}.json"));
@@ -26,6 +35,7 @@ fn run_with(fault: &str, spec: &str, name: &str) -> (i32, Value, String) {
         ])
         .arg(&json)
         .args(["--set", "source.events_per_mep=1024"])
+        .args(settings.iter().flat_map(|s| ["--set", s]))
         .output()
         .unwrap();
     let text = format!(
@@ -44,7 +54,14 @@ fn n(v: &Value, key: &str) -> u64 {
 }
 
 /// Checks what every node death must give; returns the failure timeline.
-fn check_death(code: i32, v: &Value, text: &str, victim: u64, fault_at: f64) -> Vec<Value> {
+fn check_death(
+    code: i32,
+    v: &Value,
+    text: &str,
+    victim: u64,
+    fault_at: f64,
+    credits: u64,
+) -> Vec<Value> {
     assert_eq!(
         code, 1,
         "a death loses events, so the run fails without --allow-loss: {text}"
@@ -65,7 +82,14 @@ fn check_death(code: i32, v: &Value, text: &str, victim: u64, fault_at: f64) -> 
     );
     assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
     assert_eq!(lost, n(v, "events_lost_bu_gone"), "{text}");
-    assert!(lost <= 2 * 1024, "at most the dead BU's credits: {text}");
+    // The dead BU's batches: re-assigned (the RUs still held them) or lost,
+    // at most its credits in all.
+    let reassigned = n(v, "meps_reassigned");
+    assert_eq!(n(v, "events_reassigned"), reassigned * 1024, "{text}");
+    assert!(
+        lost + reassigned * 1024 <= credits * 1024,
+        "at most the dead BU's credits: {text}"
+    );
     assert_eq!(corrupt, 0);
     // Detected by every survivor within a second.
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
@@ -105,17 +129,49 @@ fn check_death(code: i32, v: &Value, text: &str, victim: u64, fault_at: f64) -> 
 #[test]
 fn kill_9_of_a_node_is_survived_and_accounted_for() {
     let (code, v, text) = run_with("--kill", "2@1.5", "kill");
-    let failures = check_death(code, &v, &text, 2, 1.5);
+    let failures = check_death(code, &v, &text, 2, 1.5, 2);
     assert!(failures
         .iter()
         .any(|f| f["seen_by"] == "launcher" && f["what"].as_str().unwrap().contains("SIGKILL")));
     assert!(text.contains("failure timeline"), "{text}");
 }
 
+/// PULL with 8 credits: a BU asks for its batches' fragments a few at a
+/// time, so when it is killed the RUs still hold most of its batches. The
+/// EM asks them, re-assigns what every live RU holds to the survivors and
+/// counts only the rest lost; every event keeps exactly one fate.
+#[test]
+fn a_killed_bus_batches_are_reassigned_when_the_rus_hold_them() {
+    let (code, v, text) = run_with_settings(
+        "--kill",
+        "2@1.5",
+        "kill-reassign",
+        &["event_builder.protocol=pull", "event_builder.credits=8"],
+    );
+    check_death(code, &v, &text, 2, 1.5, 8);
+    let reassigned = n(&v, "meps_reassigned");
+    eprintln!(
+        "re-assigned {reassigned} MEPs, lost {} events; generated {} = built {} + incomplete {} + corrupt {} + lost {}",
+        n(&v, "events_lost"),
+        n(&v, "events_generated"),
+        n(&v, "events_built"),
+        n(&v, "events_incomplete"),
+        n(&v, "events_corrupt"),
+        n(&v, "events_lost")
+    );
+    assert!(reassigned > 0, "nothing re-assigned: {text}");
+    assert!(
+        text.contains(&format!("re-assigned from a dead BU: {reassigned} MEPs")),
+        "printed in the summary: {text}"
+    );
+    // The EM's node reports it too.
+    assert_eq!(v["nodes"][0]["em_meps_reassigned"], reassigned, "{text}");
+}
+
 #[test]
 fn a_silent_node_is_found_by_heartbeats() {
     let (code, v, text) = run_with("--stop", "3@1.5", "stop");
-    let failures = check_death(code, &v, &text, 3, 1.5);
+    let failures = check_death(code, &v, &text, 3, 1.5, 2);
     assert!(
         failures
             .iter()
@@ -181,7 +237,10 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
     );
     assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
     assert_eq!(lost, n(&v, "events_lost_bu_gone"), "{text}");
-    assert!(lost <= 2 * 1024, "at most the dead BU's credits: {text}");
+    assert!(
+        lost + n(&v, "meps_reassigned") * 1024 <= 2 * 1024,
+        "at most the dead BU's credits, lost or re-assigned: {text}"
+    );
     assert_eq!(corrupt, 0, "{text}");
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     // The death is seen by every survivor within a second.

@@ -520,6 +520,13 @@ impl BuilderUnit {
             }
             self.issue_requests(out);
         }
+        // A re-assigned MEP predates the loss of a source: if that source
+        // is both gone and cut off, its fragment will never come.
+        for source in 0..self.link_lost.len() as u16 {
+            if self.link_lost[source as usize] {
+                self.give_up_waiting_for(now, source, out);
+            }
+        }
         self.check_complete(now, mep, out);
     }
 

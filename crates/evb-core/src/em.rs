@@ -3,9 +3,20 @@
 //! A BU grants credits (batches it can build at once); the EM never assigns
 //! beyond them, and picks round-robin among the BUs that have credit. Each
 //! BU reports every MEP it finishes with its outcome, which returns the
-//! credit and gives the EM the exact accounting of the run: when a BU is
-//! lost, the MEPs it had not finished are counted lost, by name. When an RU
-//! is lost, the BUs are told to build later MEPs without it.
+//! credit and gives the EM the exact accounting of the run. When an RU is
+//! lost, the BUs are told to build later MEPs without it.
+//!
+//! A lost BU's unfinished MEPs are re-assigned when the RUs still hold
+//! their fragments. The EM opens a decision round: `BuLost` to every live
+//! RU (after every assignment to that BU on the same connection), each
+//! answers with the MEPs it still holds (`Holding`, then `HoldingDone`; an
+//! RU lost meanwhile counts as answered). A MEP every live RU still holds
+//! is re-assigned, ahead of new MEPs, to a BU with credit (`Reassign` to
+//! it and to the RUs holding it); the rest are counted lost
+//! (`meps_lost_bu_gone`). Once all of a round's MEPs are placed,
+//! `ReleaseHeld` tells the RUs to drop what they still hold for it.
+//! `EndOfRun` waits for every open round, so nothing stays held. A BU lost
+//! after `EndOfRun` (or with no BU left) loses its MEPs as before.
 //!
 //! Paced readout (`source.mep_rate_hz` > 0): the detector delivers a MEP
 //! every 1/rate seconds whether or not the event builder keeps up, the way
@@ -20,7 +31,7 @@
 //! re-admitted from a MEP boundary (`SourceUp`): the MEPs assigned from then
 //! on include it again. The EM's own node (node 0) cannot rejoin.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::bu::Nanos;
 use crate::layout::Layout;
@@ -35,8 +46,13 @@ pub struct EmStats {
     pub meps_built: u64,
     pub meps_incomplete: u64,
     pub meps_corrupt: u64,
-    /// MEPs assigned to a BU that was lost before finishing them.
+    /// MEPs assigned to a BU that was lost before finishing them, and that
+    /// could not be re-assigned (an RU had shipped or dropped its fragment).
     pub meps_lost_bu_gone: u64,
+    /// MEPs of a lost BU re-assigned to another BU (each then counted by
+    /// its outcome there), and the decision rounds held.
+    pub meps_reassigned: u64,
+    pub reassign_rounds: u64,
     /// BU and RU endpoints lost during the run.
     pub bus_lost: Vec<NodeId>,
     pub rus_lost: Vec<NodeId>,
@@ -79,6 +95,27 @@ impl Pacing {
     }
 }
 
+/// A decision round on the unfinished MEPs of a lost BU.
+#[derive(Debug, Clone)]
+struct Round {
+    id: u32,
+    /// Per source: must hold a MEP for it to be re-assigned (live when the
+    /// round opened and not lost since).
+    required: Vec<bool>,
+    /// Per source: its `HoldingDone` is still expected.
+    waiting: Vec<bool>,
+    /// The lost BU's MEPs, each with the sources that still hold it.
+    meps: BTreeMap<MepId, Vec<bool>>,
+    /// Decided: MEPs to re-assign, in order, with their holders.
+    to_place: VecDeque<(MepId, Vec<bool>)>,
+}
+
+impl Round {
+    fn decided(&self) -> bool {
+        !self.waiting.contains(&true)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EventManager {
     /// Credits held per BU index.
@@ -101,6 +138,9 @@ pub struct EventManager {
     /// waiting for a BU are assigned.
     stop_requested: bool,
     pacing: Option<Pacing>,
+    /// Open decision rounds on lost BUs' MEPs, oldest first.
+    rounds: VecDeque<Round>,
+    next_round: u32,
     pub stats: EmStats,
 }
 
@@ -121,6 +161,8 @@ impl EventManager {
             stalled: false,
             stop_requested: false,
             pacing: None,
+            rounds: VecDeque::new(),
+            next_round: 0,
             stats: EmStats::default(),
         }
     }
@@ -284,9 +326,121 @@ impl EventManager {
         self.on_credit(bu_index, 1, out);
     }
 
-    /// MEPs assigned and not yet finished, over all BUs.
+    /// MEPs assigned and not yet finished, over all BUs, including those
+    /// of lost BUs awaiting a decision or re-assignment.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.iter().map(BTreeSet::len).sum()
+        let held: usize = self
+            .rounds
+            .iter()
+            .map(|r| r.meps.len() + r.to_place.len())
+            .sum();
+        self.outstanding.iter().map(BTreeSet::len).sum::<usize>() + held
+    }
+
+    /// Decision rounds on lost BUs not yet closed.
+    pub fn open_rounds(&self) -> usize {
+        self.rounds.len()
+    }
+
+    /// The RU of `source` still holds its fragment of `mep` for `round`.
+    pub fn on_holding(&mut self, source: u16, round: u32, mep: MepId) {
+        let s = source as usize;
+        let Some(r) = self.rounds.iter_mut().find(|r| r.id == round) else {
+            return; // Decided already, or junk.
+        };
+        if !r.waiting.get(s).copied().unwrap_or(false) {
+            return;
+        }
+        if let Some(holders) = r.meps.get_mut(&mep) {
+            holders[s] = true;
+        }
+    }
+
+    /// The RU of `source` listed all it holds for `round`.
+    pub fn on_holding_done(&mut self, source: u16, round: u32, out: &mut Vec<(NodeId, Message)>) {
+        if let Some(r) = self.rounds.iter_mut().find(|r| r.id == round) {
+            if let Some(w) = r.waiting.get_mut(source as usize) {
+                *w = false;
+            }
+        }
+        self.decide(out);
+    }
+
+    /// Decides every round whose answers are all in: a MEP every required
+    /// RU holds waits for re-assignment, the rest are lost. Closes rounds
+    /// with nothing left to place, then assigns.
+    fn decide(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        for r in &mut self.rounds {
+            if !r.decided() || r.meps.is_empty() {
+                continue;
+            }
+            for (mep, holders) in std::mem::take(&mut r.meps) {
+                let all_hold = r.required.iter().any(|&q| q)
+                    && r.required.iter().zip(&holders).all(|(&q, &h)| !q || h);
+                if all_hold {
+                    r.to_place.push_back((mep, holders));
+                } else {
+                    self.stats.meps_lost_bu_gone += 1;
+                }
+            }
+        }
+        self.close_placed_rounds(out);
+        self.assign(out);
+    }
+
+    /// Rounds decided with every re-assignment made are closed: the RUs
+    /// drop what they still hold for them.
+    fn close_placed_rounds(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        let ru_lost = &self.ru_lost;
+        let ru_nodes = &self.ru_nodes;
+        self.rounds.retain(|r| {
+            let closed = r.decided() && r.meps.is_empty() && r.to_place.is_empty();
+            if closed {
+                for (s, &ru) in ru_nodes.iter().enumerate() {
+                    if !ru_lost[s] {
+                        out.push((ru, Message::ReleaseHeld { round: r.id }));
+                    }
+                }
+            }
+            !closed
+        });
+    }
+
+    /// Opens a decision round on the unfinished MEPs of lost BU `b`.
+    fn open_round(&mut self, b: usize, out: &mut Vec<(NodeId, Message)>) {
+        let meps = std::mem::take(&mut self.outstanding[b]);
+        if meps.is_empty() {
+            return;
+        }
+        let live: Vec<bool> = self.ru_lost.iter().map(|&l| !l).collect();
+        let id = self.next_round;
+        self.next_round = self.next_round.wrapping_add(1);
+        self.stats.reassign_rounds += 1;
+        let bu = self.bu_nodes[b];
+        for (s, &ru) in self.ru_nodes.iter().enumerate() {
+            if live[s] {
+                out.push((ru, Message::BuLost { bu, round: id }));
+            }
+        }
+        let sources = self.ru_nodes.len();
+        self.rounds.push_back(Round {
+            id,
+            required: live.clone(),
+            waiting: live,
+            meps: meps
+                .into_iter()
+                .map(|m| (m, vec![false; sources]))
+                .collect(),
+            to_place: VecDeque::new(),
+        });
+    }
+
+    /// No BU is left: every MEP awaiting a decision or re-assignment is
+    /// lost, and the rounds close (the RUs drop their orphans at EndOfRun).
+    fn lose_all_rounds(&mut self) {
+        for r in self.rounds.drain(..) {
+            self.stats.meps_lost_bu_gone += (r.meps.len() + r.to_place.len()) as u64;
+        }
     }
 
     /// Endpoint `node` is gone. Its BU gets nothing more, and what it had
@@ -298,13 +452,21 @@ impl EventManager {
         layout: &Layout,
         out: &mut Vec<(NodeId, Message)>,
     ) {
+        let mut new_round = None;
         if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
             let b = b as usize;
             if !self.bu_lost[b] {
                 self.bu_lost[b] = true;
                 self.credits[b] = 0;
-                self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
-                self.outstanding[b].clear();
+                if self.stopped {
+                    // After EndOfRun nothing can be re-assigned.
+                    self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
+                    self.outstanding[b].clear();
+                } else {
+                    // Once this node's RU, if any, is marked lost too: it
+                    // is not asked.
+                    new_round = Some(b);
+                }
                 self.stats.bus_lost.push(node);
             }
         }
@@ -312,6 +474,11 @@ impl EventManager {
             if !self.ru_lost[s as usize] {
                 self.ru_lost[s as usize] = true;
                 self.stats.rus_lost.push(node);
+                // Its answers are in, as far as they will ever be.
+                for r in &mut self.rounds {
+                    r.required[s as usize] = false;
+                    r.waiting[s as usize] = false;
+                }
                 for (b, &bu) in self.bu_nodes.iter().enumerate() {
                     if !self.bu_lost[b] {
                         out.push((
@@ -325,6 +492,9 @@ impl EventManager {
                 }
             }
         }
+        if let Some(b) = new_round {
+            self.open_round(b, out);
+        }
         if self.bu_lost.iter().all(|&l| l) && !self.stopped {
             // Nobody left to build: the run is over, and what the readout
             // holds for a BU can never be built.
@@ -332,9 +502,10 @@ impl EventManager {
                 self.stats.meps_lost_no_bu += p.waiting;
                 p.waiting = 0;
             }
+            self.lose_all_rounds();
             self.stop(out);
         } else {
-            self.assign(out);
+            self.decide(out);
         }
     }
 
@@ -405,12 +576,14 @@ impl EventManager {
     }
 
     /// Stops assigning and tells every endpoint how many MEPs exist.
-    /// Paced readout: MEPs already read out are assigned first.
+    /// Paced readout: MEPs already read out are assigned first; and every
+    /// decision round on a lost BU's MEPs is closed first (its MEPs
+    /// re-assigned or counted lost), so no RU is left holding them.
     pub fn stop(&mut self, out: &mut Vec<(NodeId, Message)>) {
         if self.stopped {
             return;
         }
-        if self.waiting() > 0 {
+        if self.waiting() > 0 || !self.rounds.is_empty() {
             self.stop_requested = true;
             return;
         }
@@ -425,23 +598,36 @@ impl EventManager {
         }
     }
 
+    /// Whether a new MEP may be assigned now; ends the run when the budget
+    /// is spent or a requested stop can go ahead.
+    fn new_mep_allowed(&mut self, out: &mut Vec<(NodeId, Message)>) -> bool {
+        match &self.pacing {
+            // Paced: only MEPs the readout delivered are assigned.
+            Some(p) if p.waiting == 0 => {
+                if self.stop_requested {
+                    self.stop_requested = false;
+                    self.stop(out);
+                }
+                false
+            }
+            Some(_) => true,
+            None if self.stop_requested
+                || (self.max_meps != 0 && self.next_mep >= self.max_meps) =>
+            {
+                self.stop_requested = false;
+                self.stop(out);
+                false
+            }
+            None => true,
+        }
+    }
+
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {
         while !self.stopped {
-            match &self.pacing {
-                // Paced: only MEPs the readout delivered are assigned.
-                Some(p) if p.waiting == 0 => {
-                    if self.stop_requested {
-                        self.stop_requested = false;
-                        self.stop(out);
-                    }
-                    return;
-                }
-                Some(_) => {}
-                None if self.max_meps != 0 && self.next_mep >= self.max_meps => {
-                    self.stop(out);
-                    return;
-                }
-                None => {}
+            // A lost BU's MEPs the RUs still hold go first.
+            let again = self.rounds.iter().position(|r| !r.to_place.is_empty());
+            if again.is_none() && !self.new_mep_allowed(out) {
+                return;
             }
             let n = self.credits.len();
             let Some(bu) = (0..n)
@@ -455,23 +641,42 @@ impl EventManager {
                 return;
             };
             self.stalled = false;
-            if let Some(p) = &mut self.pacing {
-                p.waiting -= 1;
-            }
             self.credits[bu] -= 1;
             self.next_bu = (bu + 1) % n;
-            let mep = self.next_mep;
-            self.next_mep += 1;
-            self.stats.meps_assigned += 1;
-            self.outstanding[bu].insert(mep);
             let bu_node = self.bu_nodes[bu];
-            let msg = Message::Assign { mep, bu: bu_node };
-            // The BU first, then every live RU (a folded node gets one copy).
+            let (mep, holders) = match again {
+                Some(i) => {
+                    let (mep, holders) = self.rounds[i].to_place.pop_front().expect("non-empty");
+                    self.stats.meps_reassigned += 1;
+                    (mep, Some(holders))
+                }
+                None => {
+                    if let Some(p) = &mut self.pacing {
+                        p.waiting -= 1;
+                    }
+                    let mep = self.next_mep;
+                    self.next_mep += 1;
+                    self.stats.meps_assigned += 1;
+                    (mep, None)
+                }
+            };
+            self.outstanding[bu].insert(mep);
+            let msg = if holders.is_some() {
+                Message::Reassign { mep, bu: bu_node }
+            } else {
+                Message::Assign { mep, bu: bu_node }
+            };
+            // The BU first, then every live RU (a folded node gets one
+            // copy); a re-assignment only to the RUs that kept the MEP.
             out.push((bu_node, msg));
             for (s, &ru) in self.ru_nodes.iter().enumerate() {
-                if ru != bu_node && !self.ru_lost[s] {
+                let has = holders.as_ref().is_none_or(|h| h[s]);
+                if ru != bu_node && !self.ru_lost[s] && has {
                     out.push((ru, msg));
                 }
+            }
+            if again.is_some() {
+                self.close_placed_rounds(out);
             }
         }
     }
@@ -595,5 +800,178 @@ mod tests {
         let mut out = Vec::new();
         em.on_credit(0, 2, &mut out);
         assert_eq!(assigns(&out, 0), 2);
+    }
+
+    fn count(out: &[(NodeId, Message)], f: impl Fn(&Message) -> bool) -> usize {
+        out.iter().filter(|(_, m)| f(m)).count()
+    }
+
+    /// Three nodes, each an RU and a BU; BU 1 (node 1) takes MEPs 0 and 1,
+    /// then node 1 dies. Returns the EM and what it said on the loss.
+    fn lose_node_1_with_two_meps() -> (EventManager, Layout, Vec<(NodeId, Message)>) {
+        let l = layout(3);
+        let mut em = EventManager::new(&l, 0);
+        let mut out = Vec::new();
+        em.on_credit(1, 2, &mut out);
+        assert_eq!(assigns(&out, 1), 2);
+        out.clear();
+        em.on_node_lost(1, &l, &mut out);
+        (em, l, out)
+    }
+
+    #[test]
+    fn meps_every_live_ru_holds_are_reassigned_ahead_of_new_ones() {
+        let (mut em, _l, out) = lose_node_1_with_two_meps();
+        // The live RUs (nodes 0 and 2) are asked; node 1's RU died with it.
+        let asked: Vec<NodeId> = out
+            .iter()
+            .filter(|(_, m)| matches!(m, Message::BuLost { bu: 1, round: 0 }))
+            .map(|(to, _)| *to)
+            .collect();
+        assert_eq!(asked, vec![0, 2]);
+        assert_eq!(em.outstanding(), 2, "still to be decided");
+        let mut out = Vec::new();
+        em.stop(&mut out);
+        assert!(!em.is_stopped(), "EndOfRun waits for the decision");
+        for ru in [0, 2] {
+            em.on_holding(ru, 0, 0);
+            em.on_holding(ru, 0, 1);
+            em.on_holding(ru, 0, 99); // Not the lost BU's: ignored.
+            em.on_holding_done(ru, 0, &mut out);
+        }
+        assert!(out.is_empty(), "no BU has credit yet: {out:?}");
+        // BU 2 grants one credit: MEP 0 goes there, to BU 2 and RU 0 (node
+        // 2's RU gets the copy on its node); no new MEP.
+        em.on_credit(2, 1, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                (2, Message::Reassign { mep: 0, bu: 2 }),
+                (0, Message::Reassign { mep: 0, bu: 2 })
+            ]
+        );
+        out.clear();
+        em.on_credit(0, 1, &mut out);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 1, bu: 0 })),
+            2
+        );
+        // The round is closed: the RUs drop what is left, then EndOfRun.
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::ReleaseHeld { round: 0 })),
+            2
+        );
+        assert_eq!(count(&out, |m| matches!(m, Message::Assign { .. })), 0);
+        assert!(em.is_stopped());
+        assert_eq!(em.meps_assigned(), 2, "no new MEP after the stop");
+        let release = out
+            .iter()
+            .position(|(_, m)| matches!(m, Message::ReleaseHeld { .. }));
+        let end = out
+            .iter()
+            .position(|(_, m)| matches!(m, Message::EndOfRun { .. }));
+        assert!(release < end, "{out:?}");
+        em.on_finished(2, 0, outcome::BUILT, &mut out);
+        em.on_finished(0, 1, outcome::INCOMPLETE, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+        assert_eq!(em.stats.meps_lost_bu_gone, 0);
+        assert_eq!((em.stats.meps_built, em.stats.meps_incomplete), (1, 1));
+        assert_eq!(em.outstanding(), 0);
+    }
+
+    #[test]
+    fn a_mep_one_ru_no_longer_holds_is_lost() {
+        let (mut em, _l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_holding(0, 0, 0);
+        em.on_holding(0, 0, 1);
+        em.on_holding_done(0, 0, &mut out);
+        // RU 2 had shipped MEP 1 to the dead BU.
+        em.on_holding(2, 0, 0);
+        em.on_holding_done(2, 0, &mut out);
+        em.on_credit(2, 1, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 1);
+        assert_eq!(em.stats.meps_reassigned, 1);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 0, .. })),
+            2
+        );
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { mep: 1, .. })),
+            0
+        );
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::ReleaseHeld { round: 0 })),
+            2
+        );
+        // Exact: every MEP assigned is lost, finished, or outstanding (the
+        // returned credit took MEP 2).
+        em.on_finished(2, 0, outcome::BUILT, &mut out);
+        let s = &em.stats;
+        assert_eq!(s.meps_assigned, 3);
+        assert_eq!(
+            s.meps_built + s.meps_lost_bu_gone + em.outstanding() as u64,
+            s.meps_assigned
+        );
+    }
+
+    #[test]
+    fn an_ru_lost_during_the_decision_counts_as_answered() {
+        let (mut em, l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_holding(0, 0, 0);
+        em.on_holding(0, 0, 1);
+        em.on_holding_done(0, 0, &mut out);
+        assert_eq!(em.open_rounds(), 1, "RU 2 has not answered");
+        // Node 2 (RU 2 and BU 2) dies before answering: RU 0 alone decides;
+        // BU 0 is left to build.
+        em.on_node_lost(2, &l, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 0);
+        out.clear();
+        em.on_credit(0, 2, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Reassign { bu: 0, .. })),
+            2
+        );
+        // Only the live RU is told to drop the rest.
+        assert_eq!(
+            out.iter()
+                .filter(|(_, m)| matches!(m, Message::ReleaseHeld { .. }))
+                .map(|(to, _)| *to)
+                .collect::<Vec<_>>(),
+            vec![0]
+        );
+        assert_eq!(em.open_rounds(), 0);
+        // A late answer of a closed round changes nothing.
+        em.on_holding_done(2, 0, &mut out);
+        assert_eq!(em.stats.meps_reassigned, 2);
+    }
+
+    #[test]
+    fn with_no_bu_left_the_undecided_meps_are_lost_and_the_run_ends() {
+        let (mut em, l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_node_lost(2, &l, &mut out);
+        assert!(!em.is_stopped());
+        // BU 0 lives on the EM's node; losing every other BU and then it
+        // (as a test: the EM's node cannot really be lost) ends the run.
+        em.on_node_lost(0, &l, &mut out);
+        assert!(em.is_stopped());
+        assert_eq!(em.stats.meps_lost_bu_gone, 2);
+        assert_eq!(em.outstanding(), 0);
+    }
+
+    #[test]
+    fn after_end_of_run_a_lost_bus_meps_are_lost_at_once() {
+        let l = layout(3);
+        let mut em = EventManager::new(&l, 2);
+        let mut out = Vec::new();
+        em.on_credit(1, 2, &mut out);
+        assert!(em.is_stopped());
+        out.clear();
+        em.on_node_lost(1, &l, &mut out);
+        assert_eq!(em.stats.meps_lost_bu_gone, 2);
+        assert_eq!(count(&out, |m| matches!(m, Message::BuLost { .. })), 0);
     }
 }

@@ -105,6 +105,8 @@ pub struct Report {
     pub max_consumer_outstanding: u32,
     /// When the crashed node restarted and rejoined, if it did.
     pub restarted_at: Option<Nanos>,
+    /// Per node: whether its RU ended holding nothing (`None`: no RU).
+    pub ru_idle: Vec<Option<bool>>,
 }
 
 impl Report {
@@ -205,6 +207,7 @@ impl Harness {
             self.nodes[i].start(0);
             self.drain(i as NodeId);
         }
+        let mut spins = 0u64;
         while self.alive().any(|i| !self.nodes[i].is_done()) {
             let next_timer = self
                 .alive()
@@ -219,6 +222,21 @@ impl Harness {
             };
             if t > limit {
                 break;
+            }
+            // A node whose deadline never clears would spin here for ever:
+            // fail loudly instead, with what each node still waits for.
+            if t <= self.now {
+                spins += 1;
+                assert!(
+                    spins < 1_000_000,
+                    "no progress at t={t}: {:?}\n{}",
+                    self.alive()
+                        .map(|i| (i, self.nodes[i].pending_work()))
+                        .collect::<Vec<_>>(),
+                    self.report.log[self.report.log.len().saturating_sub(40)..].join("\n")
+                );
+            } else {
+                spins = 0;
             }
             self.now = self.now.max(t);
             if next_timer == Some(t) {
@@ -243,6 +261,11 @@ impl Harness {
             .map_or(0, |e| e.meps_assigned());
         self.report.end_time = self.now;
         self.report.stats = self.nodes.iter().map(Node::stats).collect();
+        self.report.ru_idle = self
+            .nodes
+            .iter()
+            .map(|n| n.ru().map(crate::ru::ReadoutUnit::is_idle))
+            .collect();
         self.report
     }
 
@@ -363,7 +386,7 @@ impl Harness {
                     if let Message::ConsumerCredit { fu, credits } = msg {
                         *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
                     }
-                    if let Message::Assign { mep, bu } = msg {
+                    if let Message::Assign { mep, bu } | Message::Reassign { mep, bu } = msg {
                         if to == bu {
                             let set = self.outstanding.entry(bu).or_default();
                             set.insert(mep);
@@ -496,6 +519,11 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into()),
         Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0),
         Message::SourceUp { source, from_mep } => MessageKey(13, from_mep, source.into()),
+        Message::BuLost { bu, round } => MessageKey(14, bu.into(), round.into()),
+        Message::Holding { round, mep } => MessageKey(15, mep, round.into()),
+        Message::HoldingDone { round } => MessageKey(16, round.into(), 0),
+        Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
+        Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
@@ -536,6 +564,20 @@ fn decode_key(k: MessageKey) -> Message {
         13 => Message::SourceUp {
             from_mep: k.1,
             source: k.2 as u16,
+        },
+        14 => Message::BuLost {
+            bu: k.1 as u16,
+            round: k.2 as u32,
+        },
+        15 => Message::Holding {
+            mep: k.1,
+            round: k.2 as u32,
+        },
+        16 => Message::HoldingDone { round: k.1 as u32 },
+        17 => Message::ReleaseHeld { round: k.1 as u32 },
+        18 => Message::Reassign {
+            mep: k.1,
+            bu: k.2 as u16,
         },
         _ => Message::Heartbeat,
     }

@@ -299,7 +299,8 @@ impl Node {
     }
 
     /// Endpoint `peer` is gone (its connection failed or went silent):
-    /// stop shipping to its BU; the EM reassigns and accounts.
+    /// stop shipping to its BU (keeping what was not yet sent, which the EM
+    /// may re-assign); the EM decides on its MEPs and accounts.
     pub fn on_peer_lost(&mut self, now: Nanos, peer: NodeId) {
         self.tick(now);
         if let Some(ru) = &mut self.ru {
@@ -381,14 +382,18 @@ impl Node {
             let (held, queued) = ru.holding();
             if held > 0 || ru.in_flight() > 0 {
                 parts.push(format!(
-                    "RU holds {held} MEPs ({queued} queued, {} in flight)",
-                    ru.in_flight()
+                    "RU holds {held} MEPs ({queued} queued, {} in flight, {} kept for lost BUs)",
+                    ru.in_flight(),
+                    ru.orphans()
                 ));
             }
         }
         if let Some(em) = &self.em {
             if em.outstanding() > 0 {
                 parts.push(format!("EM waits for {} MEPs", em.outstanding()));
+            }
+            if em.open_rounds() > 0 {
+                parts.push(format!("EM decides on {} lost BUs' MEPs", em.open_rounds()));
             }
         }
         if self.end_of_run.is_none() {
@@ -432,6 +437,7 @@ impl Node {
             .copied()
             .flatten()
             .is_some();
+        let from_ru = self.layout.ru_of.get(from as usize).copied().flatten();
         let from_fu = self
             .layout
             .fu_of
@@ -472,6 +478,50 @@ impl Node {
                     let idx = self.layout.bu_of[bu as usize].expect("from_bu") as usize;
                     em.on_finished(idx, mep, outcome, &mut self.em_out);
                 }
+                None => self.control_rejected += 1,
+            },
+            Message::Reassign { mep, bu } if from_em => {
+                if bu == self.id {
+                    if let Some(b) = &mut self.bu {
+                        b.on_assign(now, mep, &mut self.bu_out);
+                    }
+                }
+                if let Some(r) = &mut self.ru {
+                    r.on_reassign(mep, bu, &mut self.ru_out);
+                }
+            }
+            Message::BuLost { bu, round } if from_em => match &mut self.ru {
+                Some(r) => {
+                    // Listed to the EM on this node's connection to it, in
+                    // order, closed by HoldingDone.
+                    let held = r.on_bu_lost(bu, round);
+                    let replies = held
+                        .into_iter()
+                        .map(|mep| Message::Holding { round, mep })
+                        .chain([Message::HoldingDone { round }]);
+                    for msg in replies {
+                        if self.layout.em == self.id {
+                            self.internal.push_back(msg);
+                        } else {
+                            self.actions.push_back(Action::Send {
+                                to: self.layout.em,
+                                msg,
+                            });
+                        }
+                    }
+                }
+                None => self.control_rejected += 1,
+            },
+            Message::ReleaseHeld { round } if from_em => match &mut self.ru {
+                Some(r) => r.on_release_held(round, &mut self.ru_out),
+                None => self.control_rejected += 1,
+            },
+            Message::Holding { round, mep } if from_ru.is_some() => match &mut self.em {
+                Some(em) => em.on_holding(from_ru.expect("checked"), round, mep),
+                None => self.control_rejected += 1,
+            },
+            Message::HoldingDone { round } if from_ru.is_some() => match &mut self.em {
+                Some(em) => em.on_holding_done(from_ru.expect("checked"), round, &mut self.em_out),
                 None => self.control_rejected += 1,
             },
             Message::SourceDown { source, from_mep } if from_em => {

@@ -5,6 +5,14 @@
 //! BU; the send schedule picks which queue goes next, with at most
 //! `parallel_sends` transfers in flight. PULL: the RU answers each request
 //! of a BU as soon as the data is ready; the BU paces the requests.
+//!
+//! A lost BU: the RU stops shipping to it but keeps the fragments it has
+//! not handed to the transport ("orphaned"), because the EM may re-assign
+//! those MEPs to another BU. On the EM's `BuLost` the RU lists what it
+//! still holds of that BU's MEPs; a later `Assign` of such a MEP retargets
+//! the entry to its new BU, and `ReleaseHeld` (or the end of the run)
+//! drops the rest. Orphans nobody claims are bounded per BU by its
+//! credits: beyond that the oldest is released.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -41,6 +49,12 @@ pub struct RuStats {
     pub max_in_flight: u32,
     /// Most assigned MEPs held at once (the RU buffer occupancy).
     pub max_held: u64,
+    /// Fragments kept for a lost BU and then shipped to the BU the EM
+    /// re-assigned their MEP to.
+    pub meps_retargeted: u64,
+    /// Fragments kept for a lost BU and then dropped (the EM counted the
+    /// MEP lost, or nobody claimed it).
+    pub orphans_released: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -54,6 +68,30 @@ struct Held {
     sent: bool,
     /// PULL: the BU gave the batch up before the assignment arrived here.
     abandoned: bool,
+    /// Its BU is lost: never shipped there; kept until the EM re-assigns
+    /// the MEP or says to drop it.
+    orphaned: bool,
+    /// The EM's decision round that listed it (`BuLost`), if any.
+    round: Option<u32>,
+    /// PULL, orphaned: a request (true) or abandon (false) from another BU
+    /// that overtook the EM's re-assignment to it.
+    early: Option<(NodeId, bool)>,
+}
+
+impl Held {
+    fn new(bu: NodeId) -> Held {
+        Held {
+            bu,
+            assigned: false,
+            header: None,
+            requested: false,
+            sent: false,
+            abandoned: false,
+            orphaned: false,
+            round: None,
+            early: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -86,6 +124,9 @@ pub struct ReadoutUnit {
     /// Unassigned requests kept at most (guards against a flood of junk).
     max_orphan_requests: usize,
     orphan_requests: usize,
+    /// Orphaned fragments no `BuLost` has listed, kept at most per BU
+    /// (its credits: all the EM can have outstanding there).
+    max_unclaimed_orphans: usize,
     pub stats: RuStats,
 }
 
@@ -114,6 +155,7 @@ impl ReadoutUnit {
             held_assigned: 0,
             max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
             orphan_requests: 0,
+            max_unclaimed_orphans: config.event_builder.credits.max(1) as usize,
             stats: RuStats::default(),
         }
     }
@@ -147,17 +189,10 @@ impl ReadoutUnit {
 
     /// The EM assigned `mep` to the BU on endpoint `bu`.
     pub fn on_assign(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
-        if self.bu_of.get(bu as usize).copied().flatten().is_none() {
+        let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() else {
             return; // Not a BU: a confused or hostile EM; nothing to ship to.
-        }
-        let entry = self.held.entry(mep).or_insert(Held {
-            bu,
-            assigned: false,
-            header: None,
-            requested: false,
-            sent: false,
-            abandoned: false,
-        });
+        };
+        let entry = self.held.entry(mep).or_insert(Held::new(bu));
         if entry.assigned {
             return; // Duplicate assignment: already in hand.
         }
@@ -178,9 +213,144 @@ impl ReadoutUnit {
         }
         entry.assigned = true;
         entry.bu = bu;
+        // Assigned to a BU this RU already knows is lost: keep it for the
+        // EM's decision (the EM may not have noticed the loss yet).
+        entry.orphaned = self.dest_gone[idx as usize] && !self.ended;
         self.held_assigned += 1;
         self.stats.max_held = self.stats.max_held.max(self.held_assigned);
         out.push(RuAction::Produce { mep });
+        if self.dest_gone[idx as usize] && !self.ended {
+            self.bound_unclaimed(bu, out);
+        }
+    }
+
+    /// The EM re-assigned `mep`, kept for a lost BU, to the BU on `bu`:
+    /// ship it there. Ignored unless this RU kept it.
+    pub fn on_reassign(&mut self, mep: MepId, bu: NodeId, out: &mut Vec<RuAction>) {
+        let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() else {
+            return;
+        };
+        let idx = idx as usize;
+        let protocol = self.protocol;
+        let Some(h) = self.held.get_mut(&mep).filter(|h| h.assigned && h.orphaned) else {
+            return;
+        };
+        h.bu = bu;
+        h.round = None;
+        h.requested = false;
+        let early = h.early.take();
+        if self.dest_gone[idx] {
+            // Lost too, as far as this RU knows: kept for the next decision.
+            self.bound_unclaimed(bu, out);
+            return;
+        }
+        h.orphaned = false;
+        self.stats.meps_retargeted += 1;
+        match early {
+            Some((from, false)) if from == bu => {
+                // The new BU gave the batch up before this assignment came.
+                self.release_held(mep, out);
+                return;
+            }
+            Some((from, true)) if from == bu => h.requested = true,
+            _ => {}
+        }
+        if h.header.is_none() {
+            return; // on_mep_ready ships it.
+        }
+        match protocol {
+            Protocol::Push => {
+                self.queues[idx].push_back(mep);
+                self.queued += 1;
+                self.pump(out);
+            }
+            Protocol::Pull => {
+                if h.requested {
+                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                }
+            }
+        }
+    }
+
+    /// Drops the assigned, unsent entry of `mep` and releases its data.
+    fn release_held(&mut self, mep: MepId, out: &mut Vec<RuAction>) {
+        if let Some(h) = self.held.remove(&mep) {
+            debug_assert!(h.assigned && !h.sent);
+            if h.orphaned {
+                self.stats.orphans_released += 1;
+            }
+            self.held_assigned -= 1;
+            out.push(RuAction::Release { mep });
+        }
+    }
+
+    /// Keeps the orphans of `bu` that no `BuLost` listed within the bound,
+    /// releasing the oldest first (if the EM asks for one later, it is not
+    /// held: counted lost, the accounting stays exact).
+    fn bound_unclaimed(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
+        let unclaimed: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned && h.round.is_none() && h.bu == bu)
+            .map(|(&m, _)| m)
+            .collect();
+        let excess = unclaimed.len().saturating_sub(self.max_unclaimed_orphans);
+        for &mep in &unclaimed[..excess] {
+            self.release_held(mep, out);
+        }
+    }
+
+    /// Orphans what is held for `bu` and not handed to the transport.
+    fn orphan_unsent(&mut self, bu: NodeId) {
+        if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
+            let drained = self.queues[idx as usize].len();
+            self.queues[idx as usize].clear();
+            self.queued -= drained;
+        }
+        for h in self.held.values_mut() {
+            if h.bu == bu && h.assigned && !h.sent {
+                h.orphaned = true;
+            }
+        }
+    }
+
+    /// The EM's decision `round` on lost BU `bu` starts: keep everything of
+    /// it not handed to the transport and list it (the MEPs to report to
+    /// the EM). Every assignment the EM made to that BU before losing it
+    /// has arrived here already (same connection, in order).
+    pub fn on_bu_lost(&mut self, bu: NodeId, round: u32) -> Vec<MepId> {
+        if self.bu_of.get(bu as usize).copied().flatten().is_none() {
+            return Vec::new();
+        }
+        self.orphan_unsent(bu);
+        let mut listed = Vec::new();
+        for (&mep, h) in &mut self.held {
+            if h.orphaned && h.bu == bu && h.round.is_none() {
+                h.round = Some(round);
+                listed.push(mep);
+            }
+        }
+        listed
+    }
+
+    /// The EM decided `round`: what it re-assigned was retargeted already;
+    /// the rest is dropped.
+    pub fn on_release_held(&mut self, round: u32, out: &mut Vec<RuAction>) {
+        let drop: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned && h.round == Some(round))
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in drop {
+            self.release_held(mep, out);
+        }
+        self.pump(out);
+    }
+
+    /// Fragments kept for lost BUs, awaiting the EM's decision.
+    pub fn orphans(&self) -> usize {
+        self.held.values().filter(|h| h.orphaned).count()
     }
 
     /// The data of `mep` is in memory, described by `header`.
@@ -193,6 +363,9 @@ impl ReadoutUnit {
         }
         h.header = Some(header);
         self.stats.meps_produced += 1;
+        if h.orphaned {
+            return; // Kept for the EM's decision, shipped nowhere yet.
+        }
         match self.protocol {
             Protocol::Push => {
                 let bu = self.bu_of[h.bu as usize].expect("checked on assign") as usize;
@@ -215,6 +388,13 @@ impl ReadoutUnit {
             return;
         }
         match self.held.get_mut(&mep) {
+            Some(h) if h.orphaned => {
+                // Its lost BU (reconnected) gets nothing; another BU's
+                // request overtook the EM's re-assignment to it.
+                if h.bu != bu && h.early.is_none() {
+                    h.early = Some((bu, true));
+                }
+            }
             Some(h) if h.bu == bu && !h.requested => {
                 h.requested = true;
                 if h.header.is_some() {
@@ -241,12 +421,9 @@ impl ReadoutUnit {
         self.held.insert(
             mep,
             Held {
-                bu,
-                assigned: false,
-                header: None,
                 requested,
-                sent: false,
                 abandoned: !requested,
+                ..Held::new(bu)
             },
         );
     }
@@ -262,14 +439,16 @@ impl ReadoutUnit {
         }
         match self.held.get_mut(&mep) {
             Some(h) if h.bu == bu && !h.sent => {
-                let h = self.held.remove(&mep).expect("just seen");
                 if h.assigned {
-                    {
-                        self.held_assigned -= 1;
-                        out.push(RuAction::Release { mep });
-                    }
-                } else if h.requested {
+                    self.release_held(mep, out);
+                } else {
+                    self.held.remove(&mep);
                     self.orphan_requests -= 1;
+                }
+            }
+            Some(h) if h.orphaned => {
+                if h.early.is_none() {
+                    h.early = Some((bu, false));
                 }
             }
             Some(_) => {}
@@ -293,38 +472,44 @@ impl ReadoutUnit {
         self.pump(out);
     }
 
-    /// A destination died or the run gave up on it: drop what is queued for
-    /// it (it will never be built there) and release the data.
+    /// A destination died or the run gave up on it: ship nothing more to
+    /// it. During the run, what is not yet with the transport is kept for
+    /// the EM's decision (it may re-assign those MEPs); after the end of the
+    /// run it is released.
     pub fn forget_bu(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
         if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
             self.dest_gone[idx as usize] = true;
-            for mep in self.queues[idx as usize].drain(..) {
-                self.queued -= 1;
-                self.held.remove(&mep);
-                {
-                    self.held_assigned -= 1;
-                    out.push(RuAction::Release { mep });
-                }
-            }
         }
-        let unsent: Vec<MepId> = self
+        self.orphan_unsent(bu);
+        // Early requests and abandons from it will never be matched.
+        let early: Vec<MepId> = self
             .held
             .iter()
-            .filter(|(_, h)| h.bu == bu && !h.sent)
+            .filter(|(_, h)| h.bu == bu && !h.assigned)
             .map(|(&m, _)| m)
             .collect();
-        for mep in unsent {
-            if let Some(h) = self.held.remove(&mep) {
-                if h.header.is_some() || h.assigned {
-                    {
-                        self.held_assigned -= 1;
-                        out.push(RuAction::Release { mep });
-                    }
-                }
-                if (h.requested || h.abandoned) && !h.assigned {
-                    self.orphan_requests -= 1;
-                }
-            }
+        for mep in early {
+            self.held.remove(&mep);
+            self.orphan_requests -= 1;
+        }
+        if self.ended {
+            self.release_orphans(out);
+        } else {
+            self.bound_unclaimed(bu, out);
+        }
+        self.pump(out);
+    }
+
+    /// Releases every orphan (the run has ended: no decision is coming).
+    fn release_orphans(&mut self, out: &mut Vec<RuAction>) {
+        let orphans: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned)
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in orphans {
+            self.release_held(mep, out);
         }
     }
 
@@ -389,8 +574,11 @@ impl ReadoutUnit {
 
     /// The run has ended: nothing more will be assigned, so a phase-locked
     /// barrel must not wait for a MEP that will never come.
+    /// Every decision of the EM on lost BUs came before it, so the orphans
+    /// left are nobody's: released.
     pub fn on_end_of_run(&mut self, out: &mut Vec<RuAction>) {
         self.ended = true;
+        self.release_orphans(out);
         self.pump(out);
     }
 
@@ -411,9 +599,15 @@ impl ReadoutUnit {
                     if self.now < since + self.wait_ns {
                         return None;
                     }
+                    // Out of turn, the oldest MEP first: the first queue
+                    // after the phase could win every time and starve the
+                    // others (found by the DST: a rejoined BU's steady
+                    // stream held another BU's MEP past its timeout).
                     self.waiting_since = Some(self.now);
-                    let k = (1..n).find(|k| !self.queues[(start + k) % n].is_empty())?;
-                    return Some((start + k) % n);
+                    return (1..n)
+                        .map(|k| (start + k) % n)
+                        .filter(|&i| !self.queues[i].is_empty())
+                        .min_by_key(|&i| self.queues[i][0]);
                 }
                 self.waiting_since = None;
                 self.phase = (self.phase + k + 1) % n;
@@ -449,5 +643,176 @@ impl ReadoutUnit {
                     .expect("queued > 0")
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ru(protocol: Protocol) -> ReadoutUnit {
+        let mut config = Config::default();
+        config.nodes.count = 3;
+        config.event_builder.protocol = protocol;
+        config.event_builder.schedule = Schedule::BarrelSkip;
+        config.event_builder.parallel_sends = 1;
+        config.event_builder.credits = 2;
+        let layout = Layout::from_config(&config);
+        ReadoutUnit::new(&config, &layout, 0)
+    }
+
+    fn ready(ru: &mut ReadoutUnit, mep: MepId, out: &mut Vec<RuAction>) {
+        let header = FragmentHeader {
+            mep,
+            payload_len: 8,
+            ..Default::default()
+        };
+        ru.on_mep_ready(header, out);
+    }
+
+    fn sends(out: &[RuAction]) -> Vec<(NodeId, MepId)> {
+        out.iter()
+            .filter_map(|a| match a {
+                RuAction::Send { to, header } => Some((*to, header.mep)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn releases(out: &[RuAction]) -> Vec<MepId> {
+        out.iter()
+            .filter_map(|a| match a {
+                RuAction::Release { mep } => Some(*mep),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pull_keeps_a_lost_bus_fragment_and_retargets_it_to_the_new_bu() {
+        let mut r = ru(Protocol::Pull);
+        let mut out = Vec::new();
+        r.on_assign(5, 1, &mut out);
+        ready(&mut r, 5, &mut out);
+        out.clear();
+        // BU 1 dies before asking: the fragment is kept, not released.
+        r.forget_bu(1, &mut out);
+        assert!(releases(&out).is_empty(), "{out:?}");
+        // The lost BU (reconnected) gets nothing.
+        r.on_request(5, 1, &mut out);
+        assert!(sends(&out).is_empty());
+        assert_eq!(r.on_bu_lost(1, 7), vec![5]);
+        assert_eq!(r.on_bu_lost(1, 8), Vec::<MepId>::new(), "listed once");
+        // The new BU's request overtakes the EM's re-assignment: remembered.
+        r.on_request(5, 2, &mut out);
+        assert!(sends(&out).is_empty());
+        r.on_reassign(5, 2, &mut out);
+        assert_eq!(sends(&out), vec![(2, 5)]);
+        assert_eq!(r.stats.meps_retargeted, 1);
+        out.clear();
+        r.on_release_held(7, &mut out);
+        assert!(releases(&out).is_empty(), "re-assigned, not dropped");
+        r.on_send_complete(5, &mut out);
+        assert_eq!(releases(&out), vec![5]);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn pull_retarget_after_an_early_abandon_releases() {
+        let mut r = ru(Protocol::Pull);
+        let mut out = Vec::new();
+        r.on_assign(3, 1, &mut out);
+        r.forget_bu(1, &mut out);
+        assert_eq!(r.on_bu_lost(1, 0), vec![3]);
+        // The new BU gave the batch up before the re-assignment reached us.
+        r.on_abandon(3, 2, &mut out);
+        r.on_reassign(3, 2, &mut out);
+        ready(&mut r, 3, &mut out);
+        assert!(sends(&out).is_empty(), "{out:?}");
+        assert_eq!(releases(&out), vec![3]);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn push_requeues_what_was_not_sent_and_drops_what_the_em_did_not_take() {
+        let mut r = ru(Protocol::Push);
+        let mut out = Vec::new();
+        for mep in [3, 4, 6] {
+            r.on_assign(mep, 1, &mut out);
+            ready(&mut r, mep, &mut out);
+        }
+        // One transfer at a time: 3 is with the transport, 4 and 6 queued.
+        assert_eq!(sends(&out), vec![(1, 3)]);
+        out.clear();
+        r.forget_bu(1, &mut out);
+        assert!(releases(&out).is_empty());
+        assert_eq!(r.orphans(), 2);
+        // What the transport has is not held any more.
+        assert_eq!(r.on_bu_lost(1, 0), vec![4, 6]);
+        r.on_send_complete(3, &mut out);
+        assert_eq!(releases(&out), vec![3]);
+        out.clear();
+        // The EM re-assigns 4 to BU 2 (and names a MEP this RU never had:
+        // ignored), then drops the rest of the round.
+        r.on_reassign(4, 2, &mut out);
+        r.on_reassign(9, 2, &mut out);
+        assert_eq!(sends(&out), vec![(2, 4)]);
+        r.on_release_held(0, &mut out);
+        assert_eq!(releases(&out), vec![6]);
+        assert_eq!(r.stats.orphans_released, 1);
+        r.on_send_complete(4, &mut out);
+        assert!(r.is_idle());
+    }
+
+    #[test]
+    fn orphans_nobody_claims_are_bounded_and_go_at_the_end_of_the_run() {
+        let mut r = ru(Protocol::Push);
+        let mut out = Vec::new();
+        r.forget_bu(1, &mut out);
+        // The EM, not yet aware, keeps assigning to BU 1: kept, at most its
+        // credits (2) of them, the oldest released first.
+        for mep in 0..5 {
+            r.on_assign(mep, 1, &mut out);
+            ready(&mut r, mep, &mut out);
+        }
+        assert!(sends(&out).is_empty());
+        assert_eq!(releases(&out), vec![0, 1, 2]);
+        assert_eq!(r.orphans(), 2);
+        out.clear();
+        r.on_end_of_run(&mut out);
+        assert_eq!(releases(&out), vec![3, 4]);
+        assert!(r.is_idle());
+        // After the end of the run a lost BU's data goes at once.
+        r.on_bu_joined(1);
+        r.on_assign(7, 1, &mut out);
+        ready(&mut r, 7, &mut out);
+        r.on_assign(8, 1, &mut out);
+        ready(&mut r, 8, &mut out);
+        out.clear();
+        r.forget_bu(1, &mut out);
+        assert_eq!(releases(&out), vec![8], "7 is with the transport");
+    }
+
+    #[test]
+    fn a_barrel_out_of_turn_serves_the_oldest_mep() {
+        let mut config = Config::default();
+        config.nodes.count = 4;
+        config.event_builder.schedule = Schedule::Barrel;
+        config.event_builder.parallel_sends = 1;
+        config.event_builder.barrel_wait_us = 1000;
+        let layout = Layout::from_config(&config);
+        // Source 1 starts at phase BU 1, which has nothing.
+        let mut r = ReadoutUnit::new(&config, &layout, 1);
+        let mut out = Vec::new();
+        r.on_assign(20, 0, &mut out);
+        ready(&mut r, 20, &mut out);
+        r.on_assign(21, 3, &mut out);
+        ready(&mut r, 21, &mut out);
+        assert!(sends(&out).is_empty(), "waits for its phase's MEP");
+        r.set_now(1_000_000);
+        r.on_timeout(&mut out);
+        // BU 3 comes first after the phase, but MEP 20 is older: a queue
+        // refilled at every wait must not starve it.
+        assert_eq!(sends(&out), vec![(0, 20)]);
     }
 }

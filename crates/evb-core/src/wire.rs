@@ -104,6 +104,11 @@ pub enum Kind {
     ConsumerCredit = 11,
     OutputEnd = 12,
     SourceUp = 13,
+    BuLost = 14,
+    Holding = 15,
+    HoldingDone = 16,
+    ReleaseHeld = 17,
+    Reassign = 18,
 }
 
 impl Kind {
@@ -122,6 +127,11 @@ impl Kind {
             11 => Kind::ConsumerCredit,
             12 => Kind::OutputEnd,
             13 => Kind::SourceUp,
+            14 => Kind::BuLost,
+            15 => Kind::Holding,
+            16 => Kind::HoldingDone,
+            17 => Kind::ReleaseHeld,
+            18 => Kind::Reassign,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -142,6 +152,11 @@ impl Kind {
             Kind::ConsumerCredit => Some(8),
             Kind::OutputEnd => Some(4),
             Kind::SourceUp => Some(12),
+            Kind::BuLost => Some(8),
+            Kind::Holding => Some(12),
+            Kind::HoldingDone => Some(4),
+            Kind::ReleaseHeld => Some(4),
+            Kind::Reassign => Some(12),
         }
     }
 
@@ -160,6 +175,11 @@ impl Kind {
             Kind::ConsumerCredit => "ConsumerCredit",
             Kind::OutputEnd => "OutputEnd",
             Kind::SourceUp => "SourceUp",
+            Kind::BuLost => "BuLost",
+            Kind::Holding => "Holding",
+            Kind::HoldingDone => "HoldingDone",
+            Kind::ReleaseHeld => "ReleaseHeld",
+            Kind::Reassign => "Reassign",
         }
     }
 }
@@ -315,6 +335,24 @@ pub enum Message {
     /// EM -> BUs: the RU of `source` is back (its node rejoined); MEPs from
     /// `from_mep` on are built with it again.
     SourceUp { source: u16, from_mep: MepId },
+    /// EM -> live RUs: the BU on endpoint `bu` is lost; decision `round`
+    /// on its unfinished MEPs starts. Keep what you hold for it and list it
+    /// (`Holding`, then `HoldingDone`).
+    BuLost { bu: NodeId, round: u32 },
+    /// RU -> EM: for `round`, this RU still holds its fragment of `mep`
+    /// (not handed to the transport). One message per MEP: at most the
+    /// lost BU's credits of them.
+    Holding { round: u32, mep: MepId },
+    /// RU -> EM: every `Holding` of `round` has been sent.
+    HoldingDone { round: u32 },
+    /// EM -> RUs: `round` is decided; drop what you still hold for it
+    /// (its MEPs were counted lost; the reassigned ones were re-assigned
+    /// before this message).
+    ReleaseHeld { round: u32 },
+    /// EM -> the new BU and the RUs that kept it: MEP `mep` of a lost BU
+    /// is now built on node `bu` (for the BU, an `Assign`; an RU ships the
+    /// fragment it kept there, and ignores it if it kept none).
+    Reassign { mep: MepId, bu: NodeId },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -340,6 +378,11 @@ impl Message {
             Message::ConsumerCredit { .. } => Kind::ConsumerCredit,
             Message::OutputEnd { .. } => Kind::OutputEnd,
             Message::SourceUp { .. } => Kind::SourceUp,
+            Message::BuLost { .. } => Kind::BuLost,
+            Message::Holding { .. } => Kind::Holding,
+            Message::HoldingDone { .. } => Kind::HoldingDone,
+            Message::ReleaseHeld { .. } => Kind::ReleaseHeld,
+            Message::Reassign { .. } => Kind::Reassign,
         }
     }
 
@@ -371,7 +414,8 @@ impl Message {
             }
             Message::Assign { mep, bu }
             | Message::Request { mep, bu }
-            | Message::Abandon { mep, bu } => {
+            | Message::Abandon { mep, bu }
+            | Message::Reassign { mep, bu } => {
                 out.extend_from_slice(&mep.to_le_bytes());
                 out.extend_from_slice(&bu.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
@@ -392,6 +436,18 @@ impl Message {
                 out.extend_from_slice(&bu.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
+            Message::BuLost { bu, round } => {
+                out.extend_from_slice(&bu.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+                out.extend_from_slice(&round.to_le_bytes());
+            }
+            Message::Holding { round, mep } => {
+                out.extend_from_slice(&mep.to_le_bytes());
+                out.extend_from_slice(&round.to_le_bytes());
+            }
+            Message::HoldingDone { round } | Message::ReleaseHeld { round } => {
+                out.extend_from_slice(&round.to_le_bytes());
+            }
             Message::Heartbeat => {}
         }
     }
@@ -410,10 +466,13 @@ impl Message {
         // Padding and reserved bytes must be zero: anything else is
         // corruption or a peer speaking another dialect.
         let reserved: &[usize] = match frame.kind {
-            Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd => &[2, 3],
-            Kind::Assign | Kind::Request | Kind::Abandon | Kind::SourceDown | Kind::SourceUp => {
-                &[10, 11]
-            }
+            Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd | Kind::BuLost => &[2, 3],
+            Kind::Assign
+            | Kind::Request
+            | Kind::Abandon
+            | Kind::SourceDown
+            | Kind::SourceUp
+            | Kind::Reassign => &[10, 11],
             Kind::Finished => &[11],
             Kind::Fragment => &[28, 29, 30, 31],
             _ => &[],
@@ -477,6 +536,20 @@ impl Message {
             Kind::SourceUp => Message::SourceUp {
                 from_mep: u64_at(0),
                 source: u16_at(8),
+            },
+            Kind::BuLost => Message::BuLost {
+                bu: u16_at(0),
+                round: u32_at(4),
+            },
+            Kind::Holding => Message::Holding {
+                mep: u64_at(0),
+                round: u32_at(8),
+            },
+            Kind::HoldingDone => Message::HoldingDone { round: u32_at(0) },
+            Kind::ReleaseHeld => Message::ReleaseHeld { round: u32_at(0) },
+            Kind::Reassign => Message::Reassign {
+                mep: u64_at(0),
+                bu: u16_at(8),
             },
         })
     }
@@ -549,6 +622,11 @@ mod tests {
             (any::<u16>(), any::<u32>())
                 .prop_map(|(fu, credits)| Message::ConsumerCredit { fu, credits }),
             any::<u16>().prop_map(|bu| Message::OutputEnd { bu }),
+            (any::<u16>(), any::<u32>()).prop_map(|(bu, round)| Message::BuLost { bu, round }),
+            (any::<u32>(), any::<u64>()).prop_map(|(round, mep)| Message::Holding { round, mep }),
+            any::<u32>().prop_map(|round| Message::HoldingDone { round }),
+            any::<u32>().prop_map(|round| Message::ReleaseHeld { round }),
+            (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Reassign { mep, bu }),
             Just(Message::Heartbeat),
         ]
     }
@@ -666,5 +744,68 @@ mod tests {
             decode_stream(&buf, 1 << 20),
             Err(WireError::BadLength { .. })
         ));
+    }
+
+    /// The reassignment kinds (14..=17): fixed lengths, so a hostile length
+    /// is an error before anything is read, and reserved bytes are checked.
+    #[test]
+    fn reassignment_kinds_decode_and_reject_bad_frames() {
+        let msgs = [
+            Message::BuLost { bu: 3, round: 7 },
+            Message::Holding {
+                round: 7,
+                mep: 0x0102_0304_0506_0708,
+            },
+            Message::HoldingDone { round: u32::MAX },
+            Message::ReleaseHeld { round: 1 },
+            Message::Reassign { mep: 9, bu: 2 },
+        ];
+        let layout = [(14u8, 8u8), (15, 12), (16, 4), (17, 4), (18, 12)];
+        for (msg, (kind, len)) in msgs.iter().zip(layout) {
+            let mut buf = Vec::new();
+            msg.encode_into(&mut buf);
+            assert_eq!((buf[3], buf[4]), (kind, len), "{msg:?}");
+            assert_eq!(buf.len(), FRAME_HEADER_LEN + len as usize);
+            assert_eq!(
+                decode_stream(&buf, 64),
+                Ok(Some((*msg, buf.len()))),
+                "{msg:?}"
+            );
+            // Any other body length is rejected from the frame header alone,
+            // even one claiming far more than the bound.
+            for bad_len in [0u32, u32::from(len) - 1, u32::from(len) + 1, u32::MAX] {
+                let mut bad = buf.clone();
+                bad[4..8].copy_from_slice(&bad_len.to_le_bytes());
+                let err = decode_stream(&bad, 1 << 16).unwrap_err();
+                assert!(
+                    matches!(
+                        err,
+                        WireError::BadLength { .. } | WireError::TooLarge { .. }
+                    ),
+                    "{msg:?} with body_len {bad_len}: {err}"
+                );
+            }
+            // A truncated body asks for more bytes.
+            assert_eq!(decode_stream(&buf[..buf.len() - 1], 64), Ok(None));
+        }
+        // BuLost's padding must be zero.
+        let mut buf = Vec::new();
+        Message::BuLost { bu: 1, round: 2 }.encode_into(&mut buf);
+        buf[FRAME_HEADER_LEN + 2] = 1;
+        assert_eq!(
+            decode_stream(&buf, 64),
+            Err(WireError::NonZeroReserved { kind: "BuLost" })
+        );
+        // Reassign's too.
+        let mut buf = Vec::new();
+        Message::Reassign { mep: 1, bu: 2 }.encode_into(&mut buf);
+        buf[FRAME_HEADER_LEN + 11] = 1;
+        assert_eq!(
+            decode_stream(&buf, 64),
+            Err(WireError::NonZeroReserved { kind: "Reassign" })
+        );
+        // The next kind number is still unknown.
+        buf[3] = 19;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(19)));
     }
 }

@@ -760,6 +760,12 @@ pub fn format_summary(result: &RunResult) -> String {
             busy.join(" ")
         );
     }
+    if s.meps_reassigned > 0 {
+        out += &format!(
+            "re-assigned from a dead BU: {} MEPs ({} events), the RUs still held them\n",
+            s.meps_reassigned, s.events_reassigned
+        );
+    }
     if s.events_lost_bu_gone > 0 {
         out += &format!("lost with a dead BU: {} events\n", s.events_lost_bu_gone);
     }

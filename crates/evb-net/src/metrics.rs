@@ -293,6 +293,12 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
         c(r.em_meps_lost_bu_gone),
     );
     metric(
+        "evb_em_meps_reassigned_total",
+        "counter",
+        "MEPs of a lost Builder Unit re-assigned to another because the RUs still held them (EM node only).",
+        c(r.em_meps_reassigned),
+    );
+    metric(
         "evb_em_meps_vetoed_total",
         "counter",
         "Paced readout: MEPs vetoed at the source while the readout was throttled (EM node only).",

@@ -1044,6 +1044,7 @@ impl Runtime {
             r.em_meps_incomplete = em.meps_incomplete;
             r.em_meps_corrupt = em.meps_corrupt;
             r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
+            r.em_meps_reassigned = em.meps_reassigned;
         }
         r.drain_timed_out = drain_timed_out;
         if let Some(m) = &self.metrics {

@@ -100,6 +100,10 @@ pub struct NodeReport {
     pub em_meps_corrupt: u64,
     #[serde(default)]
     pub em_meps_lost_bu_gone: u64,
+    /// (EM) MEPs of a lost BU that the RUs still held and that were
+    /// re-assigned to another BU (each also counted by its outcome there).
+    #[serde(default)]
+    pub em_meps_reassigned: u64,
     /// (EM, paced readout) MEPs vetoed at the source while throttled, time
     /// throttled (s), throttle episodes, MEPs read out and lost for want of
     /// any BU, most MEPs not yet built at once (the bounded RU buffer).
@@ -327,8 +331,17 @@ pub struct Summary {
     pub missing_by_source: Vec<u64>,
     /// Nodes that never sent their final report (crashed or killed).
     pub nodes_missing: Vec<u16>,
-    /// Of `events_lost`: events of MEPs whose BU was lost before finishing them.
+    /// Of `events_lost`: events of MEPs whose BU was lost before finishing
+    /// them, and that could not be re-assigned.
     pub events_lost_bu_gone: u64,
+    /// MEPs (and their events) of a lost BU re-assigned to another BU
+    /// because every live RU still held their fragments; each is counted
+    /// by its outcome at its new BU (built, or incomplete without the
+    /// fragment of an RU that died with the BU).
+    #[serde(default)]
+    pub meps_reassigned: u64,
+    #[serde(default)]
+    pub events_reassigned: u64,
     /// Of `events_lost` (paced readout): events read out while no BU was left.
     #[serde(default)]
     pub events_lost_no_bu: u64,
@@ -507,6 +520,8 @@ impl Summary {
             s.events_incomplete = r.em_meps_incomplete * epm;
             s.events_corrupt = r.em_meps_corrupt * epm;
             s.events_lost_bu_gone = r.em_meps_lost_bu_gone * epm;
+            s.meps_reassigned = r.em_meps_reassigned;
+            s.events_reassigned = r.em_meps_reassigned * epm;
         }
         if let Some(r) = reports.get(em).and_then(Option::as_ref) {
             s.events_lost_no_bu = r.em_meps_lost_no_bu * epm;
