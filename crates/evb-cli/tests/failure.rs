@@ -166,6 +166,25 @@ fn a_killed_bus_batches_are_reassigned_when_the_rus_hold_them() {
     );
     // The EM's node reports it too.
     assert_eq!(v["nodes"][0]["em_meps_reassigned"], reassigned, "{text}");
+    // A batch that gave up on the dead source still took every live
+    // source's fragment: only source 2 is ever missing.
+    for node in v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| !n.is_null())
+    {
+        let missing = node["missing_by_source"].as_array().unwrap();
+        for (source, count) in missing.iter().enumerate() {
+            if source != 2 {
+                assert_eq!(
+                    count, 0,
+                    "node {}: source {source} missing\n{text}",
+                    node["node"]
+                );
+            }
+        }
+    }
 }
 
 #[test]

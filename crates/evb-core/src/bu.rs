@@ -178,6 +178,22 @@ struct Batch {
     bytes: u64,
     /// PULL: per source, request issued.
     requested: Vec<bool>,
+    /// Sources no longer waited for: gone and cut off after this MEP was
+    /// assigned, so their fragments will never come (the batch completes
+    /// incomplete once the others are in).
+    given_up: Vec<u16>,
+}
+
+impl Batch {
+    /// Sources whose fragment the batch lacks, in source order.
+    fn missing(&self) -> Vec<u16> {
+        let mut missing: Vec<u16> = (0..self.arrived.len() as u16)
+            .filter(|&s| self.expected[s as usize] && !self.arrived[s as usize])
+            .chain(self.given_up.iter().copied())
+            .collect();
+        missing.sort_unstable();
+        missing
+    }
 }
 
 /// A built batch waiting for a consumer.
@@ -459,6 +475,7 @@ impl BuilderUnit {
             corrupt_sources: Vec::new(),
             bytes: 0,
             requested: vec![false; sources],
+            given_up: Vec::new(),
         });
         let open = self.open.len() as u32;
         self.stats.max_open = self.stats.max_open.max(open);
@@ -632,9 +649,7 @@ impl BuilderUnit {
                 }
             } else {
                 Outcome::Incomplete {
-                    missing: (0..batch.arrived.len() as u16)
-                        .filter(|&s| batch.expected[s as usize] && !batch.arrived[s as usize])
-                        .collect(),
+                    missing: batch.missing(),
                 }
             };
             self.finish(now, mep, outcome, out);
@@ -663,7 +678,11 @@ impl BuilderUnit {
         if !batch.assigned || batch.arrived_count < batch.expected_count {
             return;
         }
-        let outcome = if batch.corrupt_sources.is_empty() {
+        let outcome = if !batch.given_up.is_empty() {
+            Outcome::Incomplete {
+                missing: batch.missing(),
+            }
+        } else if batch.corrupt_sources.is_empty() {
             Outcome::Built
         } else {
             Outcome::Corrupt {
@@ -880,8 +899,10 @@ impl BuilderUnit {
     }
 
     /// Once a source is both gone (EM) and cut off (own link), the batches
-    /// before its masking that still wait for it never complete: finish
-    /// them now rather than at their timeout, freeing their credits.
+    /// before its masking that still wait for it will never have its
+    /// fragment: they stop waiting for it and finish, incomplete, as soon
+    /// as the other sources' fragments are in (the ones still on their way
+    /// are not given up), rather than at their timeout.
     fn give_up_waiting_for(&mut self, now: Nanos, source: u16, out: &mut Vec<BuAction>) {
         let s = source as usize;
         let (Some(from), Some(true)) = (self.gone_now(source), self.link_lost.get(s)) else {
@@ -894,11 +915,11 @@ impl BuilderUnit {
             .map(|(&m, _)| m)
             .collect();
         for mep in waiting {
-            let b = &self.open[&mep];
-            let missing = (0..b.arrived.len() as u16)
-                .filter(|&x| b.expected[x as usize] && !b.arrived[x as usize])
-                .collect();
-            self.finish(now, mep, Outcome::Incomplete { missing }, out);
+            let b = self.open.get_mut(&mep).expect("just listed");
+            b.expected[s] = false;
+            b.expected_count -= 1;
+            b.given_up.push(source);
+            self.check_complete(now, mep, out);
         }
     }
 
