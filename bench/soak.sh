@@ -32,21 +32,19 @@ print(f"resident memory: {rss0 / MiB:.1f} MiB after 10 s, {rss1 / MiB:.1f} MiB a
 # Nothing is left to fill slowly after the start: the shm rings are made
 # resident when the links are made, the BUs' filter of finished MEPs is
 # allocated whole. What moves is the working set of MEP buffers (about
-# 1 MiB each): MEPs held and spares, which follow how promptly the nodes
-# are scheduled (a stalled node catches up with a burst, up to
-# event_builder.ru_buffer_meps MEPs an RU) and go back to the system within
-# 10-20 s of the burst. A single sample can land on a burst: the medians of
-# the first and the last minute say where memory sits.
-def median_rss(xs):
-    return statistics.median(x["rss_bytes"] for x in xs) if xs else 0
+# 1 MiB each): MEPs held, and spares, freed once unused for 10-20 s. It
+# follows how promptly the nodes are scheduled (a stalled node catches up
+# with a burst, up to event_builder.ru_buffer_meps MEPs not yet built), so
+# on a shared machine the sum swings between a floor (no burst lately) and
+# a ceiling (the buffers a full readout buffer needs), and a single sample
+# lands on either. A leak would lift the floor: compare the floor and the
+# ceiling of the first two minutes with those of the last two.
 end = t[-1]["t_s"]
-first = [x for x in warm if x["t_s"] < warm[0]["t_s"] + 60]
-last = [x for x in t if x["t_s"] >= end - 60]
-if end >= 130:
-    m0, m1 = median_rss(first), median_rss(last)
-    lo = min(x["rss_bytes"] for x in warm)
-    hi = max(x["rss_bytes"] for x in warm)
-    print(f"resident memory, median of a minute: {m0 / MiB:.1f} MiB from 10 s, {m1 / MiB:.1f} MiB in the last ({(m1 - m0) / max(m0, 1) * 100:+.1f}%); after 10 s it ranged {lo / MiB:.1f}-{hi / MiB:.1f} MiB")
+if end >= 250:
+    first = [x["rss_bytes"] for x in warm if x["t_s"] < warm[0]["t_s"] + 120]
+    last = [x["rss_bytes"] for x in t if x["t_s"] >= end - 120]
+    f0, f1, c0, c1 = min(first), min(last), max(first), max(last)
+    print(f"resident memory, floor: {f0 / MiB:.1f} MiB in the first two minutes from 10 s, {f1 / MiB:.1f} MiB in the last two ({(f1 - f0) / max(f0, 1) * 100:+.1f}%); ceiling: {c0 / MiB:.1f} MiB, {c1 / MiB:.1f} MiB ({(c1 - c0) / max(c0, 1) * 100:+.1f}%)")
 later = [x for x in t if x["t_s"] >= 120]
 if later and end >= 240:
     rss2 = later[0]["rss_bytes"]
