@@ -14,7 +14,7 @@
 //! while every consumer is busy the EM runs out of credit for this BU and
 //! stops assigning to it. Nothing is dropped for want of a consumer.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use hdrhistogram::Histogram;
 
@@ -129,9 +129,13 @@ pub struct BuStats {
 
 const MAX_INCIDENTS: usize = 32;
 /// Finished MEP ids remembered to recognise late duplicates: far more than
-/// can be in flight (credits x BUs), and small enough that memory is flat
-/// within seconds of the start.
+/// can be in flight (credits x BUs). Their tables are allocated whole at
+/// the start: grown entry by entry they took minutes to fill at a paced
+/// rate (8192 MEPs / 62.5 per s a BU), and the resident memory crept up.
 const FINISHED_MEMORY: usize = 1 << 13;
+/// Room in `finished` for twice the ids it holds: its hash table then
+/// reuses deleted slots in place and never grows again.
+const FINISHED_CAPACITY: usize = 2 * FINISHED_MEMORY;
 
 impl BuStats {
     fn new(sources: usize) -> BuStats {
@@ -240,7 +244,7 @@ pub struct BuilderUnit {
     open: BTreeMap<MepId, Batch>,
     deadlines: BTreeSet<(Nanos, MepId)>,
     /// Finished MEPs (recent ones), and whether they had been assigned.
-    finished: BTreeMap<MepId, bool>,
+    finished: HashMap<MepId, bool>,
     finished_order: VecDeque<MepId>,
     /// PULL: requests not yet issued, in schedule order.
     to_request: VecDeque<(MepId, u16)>,
@@ -275,8 +279,8 @@ impl BuilderUnit {
             ru_nodes: layout.ru_nodes.clone(),
             open: BTreeMap::new(),
             deadlines: BTreeSet::new(),
-            finished: BTreeMap::new(),
-            finished_order: VecDeque::new(),
+            finished: HashMap::with_capacity(FINISHED_CAPACITY),
+            finished_order: VecDeque::with_capacity(FINISHED_MEMORY + 1),
             to_request: VecDeque::new(),
             requests_in_flight: 0,
             gone_from: vec![Vec::new(); layout.rus()],
@@ -925,5 +929,39 @@ impl BuilderUnit {
 
     pub fn node(&self) -> NodeId {
         self.node
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Soak regression: the memory of finished MEPs is bounded and its
+    /// tables never reallocate, however many MEPs go by.
+    #[test]
+    fn finished_memory_is_bounded_and_allocated_up_front() {
+        let config = Config::default();
+        let layout = Layout::from_config(&config);
+        let node = layout.bu_nodes[0];
+        let mut bu = BuilderUnit::new(&config, &layout, node);
+        let mut out = Vec::new();
+        bu.start(&mut out);
+        let capacity = (bu.finished.capacity(), bu.finished_order.capacity());
+        assert!(capacity.0 >= FINISHED_CAPACITY);
+        let mut now: Nanos = 0;
+        for mep in 0..4 * FINISHED_MEMORY as MepId {
+            bu.on_assign(now, mep, &mut out);
+            // Nothing arrives: the batch times out and is finished.
+            now += 1_000_000_000_000;
+            bu.on_timeout(now, &mut out);
+            out.clear();
+            assert!(bu.finished.len() <= FINISHED_MEMORY);
+        }
+        assert_eq!(bu.finished.len(), FINISHED_MEMORY);
+        assert_eq!(bu.open_batches(), 0);
+        // (A hash table's capacity counts out slots left deleted: it only
+        // shrinks until a rehash in place, and grows if it reallocates.)
+        assert!(bu.finished.capacity() <= capacity.0);
+        assert_eq!(bu.finished_order.capacity(), capacity.1);
     }
 }

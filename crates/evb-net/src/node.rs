@@ -455,6 +455,28 @@ impl Engine {
         }
     }
 
+    /// `EVB_MEMDEBUG`: where this process's memory is, on stderr.
+    fn print_memory(&self, rank: NodeId) {
+        // SAFETY: mallinfo2 only reads allocator statistics.
+        let m = unsafe { libc::mallinfo2() };
+        eprintln!(
+            "evb node {rank} memory: t {:.0} s rss {} KiB, heap {} KiB ({} KiB in use), \
+             mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}",
+            self.epoch.elapsed().as_secs_f64(),
+            crate::report::resident_bytes() >> 10,
+            m.arena >> 10,
+            m.uordblks >> 10,
+            m.hblks,
+            m.hblkhd >> 10,
+            self.pool.spares.len(),
+            self.rx_pool.spares.len(),
+            self.meps.len(),
+            self.batches.len(),
+            self.deliveries.len(),
+            self.consuming.len(),
+        );
+    }
+
     fn batch(&mut self, mep: MepId) -> &mut BatchSlots {
         let rus = self.rus;
         self.batches.entry(mep).or_insert_with(|| BatchSlots {
@@ -678,6 +700,9 @@ impl Runtime {
             if now_i >= next_trim {
                 next_trim = now_i + POOL_TRIM;
                 self.engine.trim_pools();
+                if std::env::var_os("EVB_MEMDEBUG").is_some() {
+                    self.engine.print_memory(self.rank);
+                }
             }
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {

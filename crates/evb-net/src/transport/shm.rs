@@ -93,6 +93,54 @@ impl Mapping {
         }
     }
 
+    /// Makes `len` bytes from `offset` resident now rather than page by
+    /// page as a ring's positions first go round it: a ring is touched
+    /// whole after its first lap anyway, and at a low message rate that
+    /// lap took minutes, so the resident memory of a run crept up by the
+    /// rings' size (a few MiB a node) long after its start.
+    fn populate(&self, offset: usize, len: usize) {
+        // SAFETY: sysconf has no preconditions.
+        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize;
+        let start = offset / page * page;
+        let end = (offset + len)
+            .div_ceil(page)
+            .saturating_mul(page)
+            .min(self.len);
+        if start >= end {
+            return;
+        }
+        // A write fault without writing (Linux >= 5.14): the peer may be
+        // using the range already.
+        // SAFETY: a page-aligned range inside our mapping.
+        let r = unsafe {
+            libc::madvise(
+                self.base.add(start) as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            // Older kernels: an atomic add of zero is a write that leaves
+            // any concurrent content as it is.
+            for at in (start..end).step_by(page) {
+                self.atomic_u64(at).fetch_add(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Bytes of this mapping resident in this process (from mincore).
+    #[cfg(test)]
+    fn resident(&self) -> usize {
+        // SAFETY: sysconf has no preconditions.
+        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize;
+        let mut vec = vec![0u8; self.len.div_ceil(page)];
+        // SAFETY: base/len are our mapping; vec has one byte per page.
+        let r =
+            unsafe { libc::mincore(self.base as *mut libc::c_void, self.len, vec.as_mut_ptr()) };
+        assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&b| b & 1 != 0).count() * page
+    }
+
     fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
         assert!(offset + 4 <= self.len && offset.is_multiple_of(4));
         // SAFETY: in bounds, aligned, and the mapping outlives the borrow.
@@ -528,6 +576,13 @@ impl Endpoint for ShmEndpoint {
         let last_tail = map
             .atomic_u64(ring + Geometry::TAIL)
             .load(Ordering::Acquire);
+        // The two rings of this link, the one we write in the peer's inbox
+        // and the one we read in ours, are resident from the start.
+        map.populate(ring, RING_CONTROL_BYTES + self.geo.ring_bytes);
+        self.inbox.populate(
+            self.geo.ring(rank),
+            RING_CONTROL_BYTES + self.geo.ring_bytes,
+        );
         self.peers.push(Peer {
             map,
             ring,
@@ -705,5 +760,36 @@ impl Drop for ShmEndpoint {
                 self.failed_reads
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Soak regression: a link's two rings are resident once the link is
+    /// made, not only after their first lap (which took minutes at a low
+    /// message rate, and showed as resident memory growing for that long).
+    #[test]
+    fn linked_rings_are_resident_at_once() {
+        let ring_bytes = 1u32 << 20;
+        let run_id = 0x5000_0000 | (std::process::id() & 0xffff);
+        let mut a = ShmEndpoint::open(run_id, 0, 3, ring_bytes, Progress::Blocking).unwrap();
+        let mut b = ShmEndpoint::open(run_id, 1, 3, ring_bytes, Progress::Blocking).unwrap();
+        let geo = a.geo;
+        let ring = RING_CONTROL_BYTES + geo.ring_bytes;
+        assert!(a.inbox.resident() < ring / 2, "nothing linked yet");
+        a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        // a's inbox: the ring b writes; b's inbox: the ring a writes. The
+        // ring of the unlinked endpoint 2 stays untouched.
+        let resident = a.inbox.resident();
+        assert!(resident >= ring, "{resident} bytes resident");
+        assert!(resident < 2 * ring, "{resident} bytes resident");
+        let resident = b.inbox.resident();
+        assert!(resident >= ring, "{resident} bytes resident");
+        assert!(resident < 2 * ring, "{resident} bytes resident");
+        a.setup_done();
+        b.setup_done();
     }
 }
