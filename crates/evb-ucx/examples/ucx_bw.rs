@@ -4,14 +4,29 @@
 //! bandwidth is counted at the receiver, in MB = 2^20 B like ucx_perftest.
 //!
 //! cargo run --release -p evb-ucx --example ucx_bw -- [TLS] [SECONDS] [SIZE...]
+//!
+//! UCX_BW_SPLIT_FROM=BYTES sets `Options::split_body_from` (`never`: every
+//! message as one 2-entry iov, as before the split), to compare the two.
 
 use evb_ucx::{Completion, Endpoint, Options, Progress};
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+fn split_body_from() -> usize {
+    match std::env::var("UCX_BW_SPLIT_FROM").as_deref() {
+        Err(_) => Options::default().split_body_from,
+        Ok("never") => usize::MAX,
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("ucx_bw: UCX_BW_SPLIT_FROM must be a byte count or `never`");
+            std::process::exit(2);
+        }),
+    }
+}
+
 fn options(tls: &str) -> Options {
     Options {
+        split_body_from: split_body_from(),
         tls: Some(tls.to_string()),
         progress: Progress::Blocking,
         max_outstanding_sends: 64,
