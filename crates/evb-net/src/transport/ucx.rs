@@ -27,6 +27,19 @@ fn shared_memory_only(tls: &str) -> bool {
     })
 }
 
+/// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides
+/// `evb_ucx::Options::split_body_from`: bodies this large go as their own
+/// contiguous message (zero-copy rendezvous) instead of one iov message.
+fn split_body_from() -> Result<usize> {
+    match std::env::var("EVB_UCX_SPLIT_BODY_FROM") {
+        Err(_) => Ok(evb_ucx::Options::default().split_body_from),
+        Ok(v) if v == "never" => Ok(usize::MAX),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("EVB_UCX_SPLIT_BODY_FROM={v:?}: a byte count or `never`")),
+    }
+}
+
 impl UcxEndpoint {
     pub fn open(tls: Option<&str>, progress: Progress, max_message: usize) -> Result<UcxEndpoint> {
         let shm_only = tls.is_some_and(shared_memory_only);
@@ -40,6 +53,7 @@ impl UcxEndpoint {
             ucx_config.push(("RNDV_THRESH".to_string(), "inf".to_string()));
         }
         let opts = evb_ucx::Options {
+            split_body_from: split_body_from()?,
             ucx_config,
             tls: tls.map(str::to_string),
             progress: match progress {
