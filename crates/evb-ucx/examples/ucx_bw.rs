@@ -4,16 +4,35 @@
 //! bandwidth is counted at the receiver, in MB = 2^20 B like ucx_perftest.
 //!
 //! cargo run --release -p evb-ucx --example ucx_bw -- [TLS] [SECONDS] [SIZE...]
+//!
+//! UCX_BW_PROGRESS=busy spins instead of sleeping on the event fd (as
+//! ucx_perftest does). UCX_BW_SPLIT_FROM=BYTES sets `Options::split_body_from` (`never`: every
+//! message as one 2-entry iov, as before the split), to compare the two.
 
 use evb_ucx::{Completion, Endpoint, Options, Progress};
 use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+fn split_body_from() -> usize {
+    match std::env::var("UCX_BW_SPLIT_FROM").as_deref() {
+        Err(_) => Options::default().split_body_from,
+        Ok("never") => usize::MAX,
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("ucx_bw: UCX_BW_SPLIT_FROM must be a byte count or `never`");
+            std::process::exit(2);
+        }),
+    }
+}
+
 fn options(tls: &str) -> Options {
     Options {
+        split_body_from: split_body_from(),
         tls: Some(tls.to_string()),
-        progress: Progress::Blocking,
+        progress: match std::env::var("UCX_BW_PROGRESS").as_deref() {
+            Ok("busy") => Progress::Busy,
+            _ => Progress::Blocking,
+        },
         max_outstanding_sends: 64,
         peer_failure_detection: tls.contains("tcp"),
         ..Options::default()
@@ -24,6 +43,7 @@ fn measure(tls: &str, size: usize, seconds: f64) -> Result<f64, String> {
     let (addr_tx, addr_rx) = mpsc::channel::<Vec<u8>>();
     let (back_tx, back_rx) = mpsc::channel::<Vec<u8>>();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let (drained_tx, drained_rx) = mpsc::channel::<()>();
     let tls_rx = tls.to_string();
     let receiver = std::thread::spawn(move || -> Result<f64, String> {
         let mut ep = Endpoint::open(&options(&tls_rx)).map_err(|e| e.to_string())?;
@@ -39,6 +59,7 @@ fn measure(tls: &str, size: usize, seconds: f64) -> Result<f64, String> {
         let mut out = Vec::new();
         let (mut bytes, mut start) = (0u64, None);
         let limit = Duration::from_secs_f64(seconds);
+        let mut result = None;
         loop {
             ep.progress(&mut out).map_err(|e| e.to_string())?;
             for c in out.drain(..) {
@@ -52,10 +73,16 @@ fn measure(tls: &str, size: usize, seconds: f64) -> Result<f64, String> {
                 }
             }
             if let Some(t0) = start {
-                if t0.elapsed() >= limit {
+                if result.is_none() && t0.elapsed() >= limit {
                     let _ = stop_tx.send(());
-                    return Ok(bytes as f64 / limit.as_secs_f64() / (1u64 << 20) as f64);
+                    result = Some(bytes as f64 / limit.as_secs_f64() / (1u64 << 20) as f64);
                 }
+            }
+            // Closed only once the sender has no send in flight: UCX 1.13
+            // aborted a sender that was progressing zero-copy sends while
+            // its peer closed (uct_iface.h `comp->count > 0`).
+            if let (Some(r), Ok(())) = (result, drained_rx.try_recv()) {
+                return Ok(r);
             }
             ep.wait(Duration::from_millis(10))
                 .map_err(|e| e.to_string())?;
@@ -96,6 +123,15 @@ fn measure(tls: &str, size: usize, seconds: f64) -> Result<f64, String> {
         ep.wait(Duration::from_millis(10))
             .map_err(|e| e.to_string())?;
     }
+    // Let what is in flight arrive before either side closes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ep.outstanding_sends() > 0 && Instant::now() < deadline {
+        ep.progress(&mut out).map_err(|e| e.to_string())?;
+        out.clear();
+        ep.wait(Duration::from_millis(10))
+            .map_err(|e| e.to_string())?;
+    }
+    let _ = drained_tx.send(());
     receiver
         .join()
         .map_err(|_| "receiver thread panicked".to_string())?

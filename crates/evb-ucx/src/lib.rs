@@ -18,6 +18,16 @@
 //! transports without error handling leave pending) only holds back that
 //! peer's stream, which `forget_source` releases.
 //!
+//! Why large messages go as two: UCX 1.13 moves a non-contiguous (iov)
+//! send with copying protocols (over tcp a bcopy pipeline after the
+//! rendezvous), while a contiguous buffer gets zero-copy rendezvous. A send
+//! whose body has at least `Options::split_body_from` bytes therefore goes
+//! as its head (a small eager message) and then its body (contiguous, same
+//! sequence number, the BODY bit set). The receiver posts its buffers for
+//! heads only; a head with the SPLIT bit makes it post the rest of the same
+//! buffer for exactly that body, so the message lands as head ++ body as if
+//! sent in one piece.
+//!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
 //! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
@@ -68,11 +78,20 @@ pub struct Options {
     /// The bits of the caller's 32-bit tag that name the sender (see the
     /// module docs on ordering).
     pub source_mask: u64,
+    /// Bodies of this many bytes and more are sent as their own contiguous
+    /// message (module docs); `usize::MAX`: never.
+    pub split_body_from: usize,
 }
 
-/// Tag bits left to the caller; the upper 32 carry the sequence number.
+/// Tag bits left to the caller; above them: the sequence number (30 bits),
+/// SPLIT_BIT and BODY_BIT.
 pub const TAG_BITS: u32 = 32;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+const SEQ_MASK: u32 = (1 << 30) - 1;
+/// On the head of a message whose body follows as its own message.
+const SPLIT_BIT: u64 = 1 << 62;
+/// On that body: the buffers posted for heads do not match it.
+const BODY_BIT: u64 = 1 << 63;
 
 /// The receive side of one sender's ordered stream.
 #[derive(Default)]
@@ -100,6 +119,9 @@ impl Default for Options {
             ucx_config: Vec::new(),
             peer_failure_detection: true,
             source_mask: TAG_MASK,
+            // Over tcp UCX 1.13 switches contiguous sends to rendezvous at
+            // 8 KiB; from here the saved copy outweighs a second message.
+            split_body_from: 64 * 1024,
         }
     }
 }
@@ -237,6 +259,7 @@ fn unwrap_address(wrapped: &[u8]) -> Result<&[u8], Error> {
 enum Done {
     Send {
         slot: usize,
+        request: *mut c_void,
         status: sys::ucs_status_t,
     },
     Recv {
@@ -267,13 +290,14 @@ struct Cookie {
 }
 
 unsafe extern "C" fn on_send_done(
-    _request: *mut c_void,
+    request: *mut c_void,
     status: sys::ucs_status_t,
     user_data: *mut c_void,
 ) {
     let cookie = &*(user_data as *const Cookie);
     (*cookie.shared).done.push(Done::Send {
         slot: cookie.index,
+        request,
         status,
     });
 }
@@ -313,7 +337,10 @@ unsafe extern "C" fn on_peer_error(
 // --- Operation slots -------------------------------------------------------
 
 struct SendOp {
-    request: *mut c_void,
+    /// The requests UCX still holds (a split send has two; null: done).
+    requests: [*mut c_void; 2],
+    /// The first failure of either part.
+    failure: Option<String>,
     ctx: u64,
     // Kept alive (and unmoved on the heap) until UCX is done with them.
     _head: Vec<u8>,
@@ -324,6 +351,9 @@ struct SendOp {
 struct RecvOp {
     request: *mut c_void,
     buf: Vec<u8>,
+    /// A split message's head arrived and its body receive is posted:
+    /// (the head's wire tag, where the body goes, the head was truncated).
+    head: Option<(u64, usize, bool)>,
     /// Set when UCX finished with the buffer: (status, sender tag, length).
     result: Option<(sys::ucs_status_t, u64, usize)>,
 }
@@ -403,6 +433,9 @@ pub struct Endpoint {
     send_seq: std::collections::HashMap<(PeerId, u64), u32>,
     /// Per sender (tag & source_mask).
     streams: std::collections::HashMap<u64, Stream>,
+    split_body_from: usize,
+    /// Drop has begun: no more body receives are posted.
+    closing: bool,
 }
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
@@ -522,6 +555,8 @@ impl Endpoint {
                 source_mask: opts.source_mask & TAG_MASK,
                 send_seq: std::collections::HashMap::new(),
                 streams: std::collections::HashMap::new(),
+                split_body_from: opts.split_body_from,
+                closing: false,
             })
         }
     }
@@ -583,43 +618,35 @@ impl Endpoint {
             return Err(Error::EmptyReceiveBuffer);
         }
         let (slot, cookie) = self.recvs.reserve(self.shared);
-        // Immediate completion is refused: UCX 1.13 does not fill recv_info on
-        // that path for some unexpected messages (seen with shared memory), and
-        // the callback always reports the sender's tag and the length.
-        let mut param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-                | sys::UCP_OP_ATTR_FIELD_USER_DATA
-                | sys::UCP_OP_ATTR_FIELD_DATATYPE
-                | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
-            user_data: cookie,
-            datatype: contig_datatype(),
-            ..Default::default()
-        };
-        param.cb.recv = Some(on_recv_done);
+        // Heads only: a split message's body is received into the same
+        // buffer once its head is in (module docs).
         // SAFETY: the buffer's heap storage stays put (the Vec is stored in the
         // slot and never resized) until the receive completes or is cancelled.
         let request = unsafe {
-            sys::ucp_tag_recv_nbx(
+            tag_recv(
                 self.worker,
-                buf.as_mut_ptr() as *mut c_void,
+                buf.as_mut_ptr(),
                 buf.capacity(),
                 0,
-                0,
-                &param,
+                BODY_BIT,
+                cookie,
             )
         };
-        if let Some(status) = ptr_status(request) {
-            self.recvs.unreserve(slot);
-            return Err(ucx_error("ucp_tag_recv_nbx", status));
-        }
+        let request = match request {
+            Ok(r) => r,
+            Err(status) => {
+                self.recvs.unreserve(slot);
+                return Err(ucx_error("ucp_tag_recv_nbx", status));
+            }
+        };
         // The callback may already have run (its report waits in `shared`).
-        let result = None;
         self.recvs.fill(
             slot,
             RecvOp {
                 request,
                 buf,
-                result,
+                head: None,
+                result: None,
             },
         );
         self.recv_order.push_back(slot);
@@ -683,40 +710,36 @@ impl Endpoint {
             }
             body_rc = Some(data);
         }
+        let split = iov_count == 2 && iov[1].length >= self.split_body_from;
         let (slot, cookie) = self.sends.reserve(self.shared);
-        let mut param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
-                | sys::UCP_OP_ATTR_FIELD_USER_DATA
-                | sys::UCP_OP_ATTR_FIELD_DATATYPE,
-            user_data: cookie,
-            datatype: sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
-            ..Default::default()
-        };
-        param.cb.send = Some(on_send_done);
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
         let wire_tag = (u64::from(seq) << TAG_BITS) | tag;
-        // SAFETY: the iov array and the buffers it points to are stored in the
-        // slot and outlive the operation; the Rc body is never mutated meanwhile.
-        let request = unsafe {
-            sys::ucp_tag_send_nbx(
-                ep,
-                iov.as_ptr() as *const c_void,
-                iov_count,
-                wire_tag,
-                &param,
-            )
+        // SAFETY (both sends): the iov array and the buffers it points to are
+        // stored in the slot and outlive the operation; the Rc body is never
+        // mutated meanwhile.
+        let first = unsafe {
+            if split {
+                tag_send(
+                    ep,
+                    iov[0].buffer,
+                    iov[0].length,
+                    contig_datatype(),
+                    wire_tag | SPLIT_BIT,
+                    cookie,
+                )
+            } else {
+                tag_send(
+                    ep,
+                    iov.as_ptr() as *mut c_void,
+                    iov_count,
+                    sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
+                    wire_tag,
+                    cookie,
+                )
+            }
         };
-        let sent = request.is_null() || ptr_status(request).is_none();
-        if sent {
-            self.send_seq.insert(stream, seq.wrapping_add(1));
-        }
-        if request.is_null() {
-            self.sends.unreserve(slot);
-            self.ready.push(Completion::Sent { ctx });
-            return Ok(true);
-        }
-        if let Some(status) = ptr_status(request) {
+        if let Some(status) = ptr_status(first) {
             self.sends.unreserve(slot);
             if status == sys::UCS_ERR_NO_RESOURCE {
                 return Ok(false);
@@ -730,10 +753,41 @@ impl Endpoint {
             }
             return Err(ucx_error("ucp_tag_send_nbx", status));
         }
+        // The message (or its head) is out: it has its place in the stream.
+        self.send_seq.insert(stream, seq.wrapping_add(1) & SEQ_MASK);
+        let mut requests = [first, ptr::null_mut()];
+        let mut failure = None;
+        if split {
+            let second = unsafe {
+                tag_send(
+                    ep,
+                    iov[1].buffer,
+                    iov[1].length,
+                    contig_datatype(),
+                    wire_tag | SPLIT_BIT | BODY_BIT,
+                    cookie,
+                )
+            };
+            match ptr_status(second) {
+                // The head went without its body: the receiver's stream from
+                // us is broken, so this is a failed send (whatever the cause).
+                Some(status) => failure = Some(status_string(status)),
+                None => requests[1] = second,
+            }
+        }
+        if requests.iter().all(|r| r.is_null()) {
+            self.sends.unreserve(slot);
+            self.ready.push(match failure {
+                None => Completion::Sent { ctx },
+                Some(reason) => Completion::SendFailed { ctx, reason },
+            });
+            return Ok(true);
+        }
         self.sends.fill(
             slot,
             SendOp {
-                request,
+                requests,
+                failure,
                 ctx,
                 _head: head,
                 _body: body_rc,
@@ -747,49 +801,16 @@ impl Endpoint {
     pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
         self.drive();
         out.append(&mut self.ready);
-        // SAFETY: no UCX call is running, so no callback touches `shared`.
-        let done = unsafe { std::mem::take(&mut (*self.shared).done) };
-        for d in done {
-            match d {
-                Done::Send { slot, status } => {
-                    let Some(op) = self.sends.take(slot) else {
-                        continue;
-                    };
-                    // SAFETY: the request completed (its callback ran); freeing it is ours to do.
-                    unsafe { sys::ucp_request_free(op.request) };
-                    if status == sys::UCS_OK {
-                        out.push(Completion::Sent { ctx: op.ctx });
-                    } else {
-                        out.push(Completion::SendFailed {
-                            ctx: op.ctx,
-                            reason: status_string(status),
-                        });
-                    }
-                }
-                Done::Recv {
-                    slot,
-                    status,
-                    tag,
-                    len,
-                } => {
-                    if let Some(Some(op)) = self.recvs.ops.get_mut(slot) {
-                        if !op.request.is_null() {
-                            // SAFETY: as above, the receive request completed.
-                            unsafe { sys::ucp_request_free(op.request) };
-                            op.request = REQUEST_FREED_MARK;
-                        }
-                        op.result = Some((status, tag, len));
-                    }
-                }
-                Done::PeerFailed { peer, status } => {
-                    if let Some(p) = self.peers.get_mut(peer) {
-                        if p.failed.is_none() {
-                            let reason = status_string(status);
-                            p.failed = Some(reason.clone());
-                            out.push(Completion::PeerFailed { peer, reason });
-                        }
-                    }
-                }
+        // Posting a body receive can complete it at once (its report is
+        // queued meanwhile), hence the loop.
+        loop {
+            // SAFETY: no UCX call is running, so no callback touches `shared`.
+            let done = unsafe { std::mem::take(&mut (*self.shared).done) };
+            if done.is_empty() {
+                break;
+            }
+            for d in done {
+                self.on_done(d, out);
             }
         }
         // Hand out finished receives in each sender's order (module docs).
@@ -805,7 +826,7 @@ impl Endpoint {
             let op = self.recvs.take(slot).expect("slot in recv_order is live");
             let (status, wire_tag, len) = op.result.expect("checked above");
             let tag = wire_tag & TAG_MASK;
-            let seq = (wire_tag >> TAG_BITS) as u32;
+            let seq = (wire_tag >> TAG_BITS) as u32 & SEQ_MASK;
             let mut buf = op.buf;
             if status == sys::UCS_OK && len <= buf.capacity() {
                 // SAFETY: UCX wrote `len` bytes into the buffer's storage.
@@ -833,6 +854,104 @@ impl Endpoint {
         Ok(())
     }
 
+    fn on_done(&mut self, d: Done, out: &mut Vec<Completion>) {
+        match d {
+            Done::Send {
+                slot,
+                request,
+                status,
+            } => {
+                let Some(Some(op)) = self.sends.ops.get_mut(slot) else {
+                    return;
+                };
+                // SAFETY: the request completed (its callback ran); freeing it is ours to do.
+                unsafe { sys::ucp_request_free(request) };
+                for r in op.requests.iter_mut().filter(|r| **r == request) {
+                    *r = ptr::null_mut();
+                }
+                if status != sys::UCS_OK && op.failure.is_none() {
+                    op.failure = Some(status_string(status));
+                }
+                if op.requests.iter().any(|r| !r.is_null()) {
+                    return;
+                }
+                let op = self.sends.take(slot).expect("checked above");
+                out.push(match op.failure {
+                    None => Completion::Sent { ctx: op.ctx },
+                    Some(reason) => Completion::SendFailed {
+                        ctx: op.ctx,
+                        reason,
+                    },
+                });
+            }
+            Done::Recv {
+                slot,
+                status,
+                tag,
+                len,
+            } => {
+                let Some(Some(op)) = self.recvs.ops.get_mut(slot) else {
+                    return;
+                };
+                if !op.request.is_null() {
+                    // SAFETY: as above, the receive request completed.
+                    unsafe { sys::ucp_request_free(op.request) };
+                    op.request = REQUEST_FREED_MARK;
+                }
+                let truncated = status == sys::UCS_ERR_MESSAGE_TRUNCATED;
+                match op.head {
+                    Some((head_tag, at, head_truncated)) => {
+                        let status = if head_truncated {
+                            sys::UCS_ERR_MESSAGE_TRUNCATED
+                        } else {
+                            status
+                        };
+                        op.result = Some((status, head_tag, at + len));
+                    }
+                    None if tag & SPLIT_BIT != 0
+                        && (status == sys::UCS_OK || truncated)
+                        && !self.closing =>
+                    {
+                        // The body follows: receive it right behind the head
+                        // (or, after a truncated head, receive it into
+                        // nothing, so that it does not stay queued in UCX).
+                        let cap = op.buf.capacity();
+                        let at = if truncated { cap } else { len.min(cap) };
+                        let cookie = &*self.recvs.cookies[slot] as *const Cookie as *mut c_void;
+                        // SAFETY: as in post_recv; `at` is within the capacity.
+                        let request = unsafe {
+                            tag_recv(
+                                self.worker,
+                                op.buf.as_mut_ptr().add(at),
+                                cap - at,
+                                tag | BODY_BIT,
+                                u64::MAX,
+                                cookie,
+                            )
+                        };
+                        match request {
+                            Ok(r) => {
+                                op.request = r;
+                                op.head = Some((tag, at, truncated));
+                            }
+                            Err(s) => op.result = Some((s, tag, len)),
+                        }
+                    }
+                    None => op.result = Some((status, tag, len)),
+                }
+            }
+            Done::PeerFailed { peer, status } => {
+                if let Some(p) = self.peers.get_mut(peer) {
+                    if p.failed.is_none() {
+                        let reason = status_string(status);
+                        p.failed = Some(reason.clone());
+                        out.push(Completion::PeerFailed { peer, reason });
+                    }
+                }
+            }
+        }
+    }
+
     /// Hands out (or holds back) message `seq` of the sender named by `tag`.
     fn in_order(
         &mut self,
@@ -852,10 +971,10 @@ impl Endpoint {
             return;
         }
         out.extend(done);
-        stream.next = stream.next.wrapping_add(1);
+        stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
         while let Some(next) = stream.held.remove(&stream.next) {
             out.extend(next);
-            stream.next = stream.next.wrapping_add(1);
+            stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
         }
     }
 
@@ -876,7 +995,21 @@ impl Endpoint {
     /// message of its that will never complete is handed out by the next
     /// `progress`, and its messages are no longer ordered.
     pub fn forget_source(&mut self, source: u64) {
-        let stream = self.streams.entry(source & self.source_mask).or_default();
+        let source = source & self.source_mask;
+        // Bodies still awaited from it may never come: cancelled, their
+        // buffers come back as ReceiveFailed.
+        for &slot in &self.recv_order {
+            if let Some(op) = &self.recvs.ops[slot] {
+                let from_source = op
+                    .head
+                    .is_some_and(|(tag, ..)| tag & self.source_mask == source);
+                if from_source && op.result.is_none() && !op.request.is_null() {
+                    // SAFETY: a live receive request of this worker.
+                    unsafe { sys::ucp_request_cancel(self.worker, op.request) };
+                }
+            }
+        }
+        let stream = self.streams.entry(source).or_default();
         stream.forgotten = true;
         let held = std::mem::take(&mut stream.held);
         self.ready.extend(held.into_values().flatten());
@@ -1000,6 +1133,63 @@ impl Endpoint {
     }
 }
 
+/// ucp_tag_send_nbx reporting to `cookie` (a Cookie).
+///
+/// # Safety
+/// `buffer` (`count` items of `datatype`) stays valid until the send completes.
+unsafe fn tag_send(
+    ep: sys::ucp_ep_h,
+    buffer: *mut c_void,
+    count: usize,
+    datatype: sys::ucp_datatype_t,
+    wire_tag: u64,
+    cookie: *mut c_void,
+) -> *mut c_void {
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_DATATYPE,
+        user_data: cookie,
+        datatype,
+        ..Default::default()
+    };
+    param.cb.send = Some(on_send_done);
+    sys::ucp_tag_send_nbx(ep, buffer, count, wire_tag, &param)
+}
+
+/// ucp_tag_recv_nbx of `len` bytes at `buffer` reporting to `cookie`.
+///
+/// # Safety
+/// `buffer..buffer + len` stays valid and unmoved until the receive
+/// completes or is cancelled.
+unsafe fn tag_recv(
+    worker: sys::ucp_worker_h,
+    buffer: *mut u8,
+    len: usize,
+    tag: u64,
+    mask: u64,
+    cookie: *mut c_void,
+) -> Result<*mut c_void, sys::ucs_status_t> {
+    // Immediate completion is refused: UCX 1.13 does not fill recv_info on
+    // that path for some unexpected messages (seen with shared memory), and
+    // the callback always reports the sender's tag and the length.
+    let mut param = sys::ucp_request_param_t {
+        op_attr_mask: sys::UCP_OP_ATTR_FIELD_CALLBACK
+            | sys::UCP_OP_ATTR_FIELD_USER_DATA
+            | sys::UCP_OP_ATTR_FIELD_DATATYPE
+            | sys::UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+        user_data: cookie,
+        datatype: contig_datatype(),
+        ..Default::default()
+    };
+    param.cb.recv = Some(on_recv_done);
+    let request = sys::ucp_tag_recv_nbx(worker, buffer as *mut c_void, len, tag, mask, &param);
+    match ptr_status(request) {
+        Some(status) => Err(status),
+        None => Ok(request),
+    }
+}
+
 fn contig_datatype() -> sys::ucp_datatype_t {
     // ucp_dt_make_contig(1): element size 1 shifted over the class bits.
     ((1u64 << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64) as sys::ucp_datatype_t
@@ -1036,6 +1226,7 @@ impl Drop for Endpoint {
         // (bounded in time), destroy the worker, clean up the context; only
         // then free what callbacks could still write to.
         unsafe {
+            self.closing = true;
             for &slot in &self.recv_order {
                 if let Some(op) = &self.recvs.ops[slot] {
                     if !op.request.is_null() && op.result.is_none() {
@@ -1083,8 +1274,10 @@ impl Drop for Endpoint {
             for r in closing {
                 sys::ucp_request_free(r);
             }
-            for slab_req in self.sends.ops.iter().flatten().map(|op| op.request) {
-                sys::ucp_request_free(slab_req);
+            for op in self.sends.ops.iter().flatten() {
+                for &r in op.requests.iter().filter(|r| !r.is_null()) {
+                    sys::ucp_request_free(r);
+                }
             }
             for op in self.recvs.ops.iter().flatten() {
                 if !op.request.is_null() {

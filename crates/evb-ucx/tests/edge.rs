@@ -156,6 +156,72 @@ fn message_larger_than_the_buffer_is_an_error_completion() {
     }
 }
 
+/// A split message (body sent as its own message) whose head does not fit
+/// the buffer: an error completion, its body does not stay queued in UCX
+/// (the send completes), and the sender's next message arrives intact.
+#[test]
+fn split_message_with_a_head_larger_than_the_buffer() {
+    let _dog = watchdog(
+        "split_message_with_a_head_larger_than_the_buffer",
+        Duration::from_secs(60),
+    );
+    for tls in ["tcp", "sm,self"] {
+        let o = Options {
+            peer_failure_detection: tls == "tcp",
+            split_body_from: 1024,
+            ..opts(Some(tls), Progress::Blocking)
+        };
+        let mut eps = vec![Endpoint::open(&o).unwrap(), Endpoint::open(&o).unwrap()];
+        let peers = connect_all(&mut eps);
+        eps[0].post_recv(Vec::with_capacity(16)).unwrap();
+        let size = 256 * 1024;
+        for seq in 0..2u64 {
+            let body = Rc::new(pattern(1, seq, size));
+            assert!(eps[1]
+                .send(
+                    peers[1][0],
+                    1,
+                    head(1, seq, size),
+                    Some((body, 0..size)),
+                    seq
+                )
+                .unwrap());
+        }
+        let (mut failed, mut received, mut sent) = (0, Vec::new(), 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut out = Vec::new();
+        while received.is_empty() || sent < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "{tls}: timed out: {failed} failed, {received:?} received, {sent} sent"
+            );
+            eps[1].progress(&mut out).unwrap();
+            for c in out.drain(..) {
+                match c {
+                    Completion::Sent { .. } => sent += 1,
+                    other => panic!("{tls}: sender: unexpected {other:?}"),
+                }
+            }
+            eps[0].progress(&mut out).unwrap();
+            for c in out.drain(..) {
+                match c {
+                    Completion::ReceiveFailed { buf, reason } => {
+                        assert_eq!(buf.capacity(), 16, "{reason}");
+                        failed += 1;
+                        eps[0].post_recv(Vec::with_capacity(24 + size)).unwrap();
+                    }
+                    Completion::Received { buf, tag, .. } => {
+                        received.push(check_message(&buf, tag))
+                    }
+                    other => panic!("{tls}: receiver: unexpected {other:?}"),
+                }
+            }
+            eps[0].wait(Duration::from_millis(1)).unwrap();
+        }
+        assert_eq!((failed, received), (1, vec![(1, 1)]), "{tls}");
+    }
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     let _dog = watchdog("bad_input_is_a_clear_error", Duration::from_secs(30));

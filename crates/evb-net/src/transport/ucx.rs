@@ -27,11 +27,27 @@ fn shared_memory_only(tls: &str) -> bool {
     })
 }
 
+/// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides
+/// `evb_ucx::Options::split_body_from`: bodies this large go as their own
+/// contiguous message (zero-copy rendezvous) instead of one iov message.
+/// Without rendezvous (`eager_only`) every body is copied anyway: not split.
+fn split_body_from(eager_only: bool) -> Result<usize> {
+    match std::env::var("EVB_UCX_SPLIT_BODY_FROM") {
+        Err(_) if eager_only => Ok(usize::MAX),
+        Err(_) => Ok(evb_ucx::Options::default().split_body_from),
+        Ok(v) if v == "never" => Ok(usize::MAX),
+        Ok(v) => v
+            .parse()
+            .map_err(|_| anyhow::anyhow!("EVB_UCX_SPLIT_BODY_FROM={v:?}: a byte count or `never`")),
+    }
+}
+
 impl UcxEndpoint {
     pub fn open(tls: Option<&str>, progress: Progress, max_message: usize) -> Result<UcxEndpoint> {
         let shm_only = tls.is_some_and(shared_memory_only);
         let mut ucx_config = Vec::new();
-        if shm_only && std::env::var_os("UCX_RNDV_THRESH").is_none() {
+        let eager_only = shm_only && std::env::var_os("UCX_RNDV_THRESH").is_none();
+        if eager_only {
             // Eager only (bcopy through the shared-memory FIFO): a rendezvous
             // (cma get, then an acknowledgement) needs both processes in
             // their event loops, and on a loaded machine two busy peers then
@@ -40,6 +56,7 @@ impl UcxEndpoint {
             ucx_config.push(("RNDV_THRESH".to_string(), "inf".to_string()));
         }
         let opts = evb_ucx::Options {
+            split_body_from: split_body_from(eager_only)?,
             ucx_config,
             tls: tls.map(str::to_string),
             progress: match progress {
