@@ -11,9 +11,10 @@
 # Environment: SIZE (default 1048576, a power of two), WINDOW (evb's
 # messages in flight, default 64), PROGRESS (evb's transport.progress:
 # blocking (default) or busy; ucx_perftest busy-polls, so on a loaded
-# machine busy is the like-for-like one), IOV=1 (each round also runs evb
-# with EVB_UCX_SPLIT_BODY_FROM=never: every message one iov send, as before
-# the split), EVB (default target/release/evb).
+# machine busy is the like-for-like one), SPLIT=BYTES (each round also runs
+# evb with EVB_UCX_SPLIT_BODY_FROM=BYTES: bodies that large sent as their
+# own contiguous message; the default sends one iov message), EVB (default
+# target/release/evb).
 # Both figures are MiB/s (2^20 B): evb's at the receiver, ucx_perftest's at
 # the sender (hence runs of >= 5 s).
 set -euo pipefail
@@ -30,22 +31,22 @@ evb=${EVB:-$here/../../target/release/evb}
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-error}
 
 echo "# evb bench p2p -t ucx:$tls vs ucx_perftest tag_bw, $size B, $seconds s runs, window $window, $progress progress, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# round evb_MiB/s ucx_perftest_MiB/s ratio${IOV:+ evb_iov_MiB/s iov_ratio}"
+echo "# round evb_MiB/s ucx_perftest_MiB/s ratio${SPLIT:+ evb_split_MiB/s split_ratio}"
 ratios=()
 p2p() {
   "$evb" bench p2p -t "ucx:$tls" --min-size "$size" --max-size "$size" \
         --seconds "$seconds" --window "$window" --progress "$progress" --pingpong 20 | awk -v s="$size" '$1 == s { print $3 }'
 }
 for r in $(seq "$rounds"); do
-  e=$(p2p)
-  iov=""
-  [ -n "${IOV:-}" ] && iov=$(EVB_UCX_SPLIT_BODY_FROM=never p2p)
+  e=$(EVB_UCX_SPLIT_BODY_FROM=never p2p)
+  split=""
+  [ -n "${SPLIT:-}" ] && split=$(EVB_UCX_SPLIT_BODY_FROM=$SPLIT p2p)
   p=$(SIZES=$size "$here/ucx_perftest.sh" "$tls" "$seconds" 2>/dev/null | awk '!/^#/ { print $2 }')
   [ -n "$e" ] && [ -n "$p" ] || { echo "round $r: a run failed (evb '$e', ucx_perftest '$p')" >&2; exit 1; }
   ratio=$(awk -v e="$e" -v p="$p" 'BEGIN { printf "%.2f", e / p }')
   ratios+=("$ratio")
-  if [ -n "${IOV:-}" ]; then
-    echo "$r $e $p $ratio $iov $(awk -v e="$iov" -v p="$p" 'BEGIN { printf "%.2f", e / p }')"
+  if [ -n "${SPLIT:-}" ]; then
+    echo "$r $e $p $ratio $split $(awk -v e="$split" -v p="$p" 'BEGIN { printf "%.2f", e / p }')"
   else
     echo "$r $e $p $ratio"
   fi

@@ -21,7 +21,7 @@
 //! Why large messages go as two: UCX 1.13 moves a non-contiguous (iov)
 //! send with copying protocols (over tcp a bcopy pipeline after the
 //! rendezvous), while a contiguous buffer gets zero-copy rendezvous. A send
-//! whose body has at least `Options::split_body_from` bytes therefore goes
+//! whose body has at least `Options::split_body_from` bytes (opt-in) goes
 //! as its head (a small eager message) and then its body (contiguous, same
 //! sequence number, the BODY bit set). The receiver posts its buffers for
 //! heads only; a head with the SPLIT bit makes it post the rest of the same
@@ -79,7 +79,7 @@ pub struct Options {
     /// module docs on ordering).
     pub source_mask: u64,
     /// Bodies of this many bytes and more are sent as their own contiguous
-    /// message (module docs); `usize::MAX`: never.
+    /// message (module docs); `usize::MAX` (the default): never.
     pub split_body_from: usize,
 }
 
@@ -121,7 +121,10 @@ impl Default for Options {
             source_mask: TAG_MASK,
             // Over tcp UCX 1.13 switches contiguous sends to rendezvous at
             // 8 KiB; from here the saved copy outweighs a second message.
-            split_body_from: 64 * 1024,
+            // Opt-in: with zero-copy sends in flight UCX 1.13 can abort a
+            // sender whose peer closes (docs/transports.md), and the gain
+            // against ucx_perftest was not shown on a quiet machine.
+            split_body_from: usize::MAX,
         }
     }
 }
