@@ -1032,6 +1032,15 @@ impl Endpoint {
                 std::hint::spin_loop();
             },
             Progress::Blocking => {
+                let spin_until = Instant::now() + spin_before_sleep();
+                while Instant::now() < spin_until.min(deadline) {
+                    // SAFETY: worker is valid for the life of self.
+                    let events = unsafe { sys::ucp_worker_progress(self.worker) };
+                    if events > 0 || self.has_news() {
+                        return Ok(());
+                    }
+                    std::hint::spin_loop();
+                }
                 if !self.arm()? {
                     return Ok(());
                 }
@@ -1191,6 +1200,18 @@ unsafe fn tag_recv(
         Some(status) => Err(status),
         None => Ok(request),
     }
+}
+
+fn spin_before_sleep() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        Duration::from_micros(
+            std::env::var("EVB_UCX_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        )
+    })
 }
 
 fn contig_datatype() -> sys::ucp_datatype_t {
