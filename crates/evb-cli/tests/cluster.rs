@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod common;
+use common::{mpich_evb, run_bounded};
+
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("evb-cluster-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -59,80 +62,30 @@ fn under_openmpi_mpirun() {
     );
     for transport in ["tcp", "shm", "mpi"] {
         let dir = tmp(transport);
-        let child = Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "--bind-to",
-                "none",
-                "-np",
-                "4",
-            ])
-            .arg(env!("CARGO_BIN_EXE_evb"))
-            .args(["node", "--control", "launcher", "--rendezvous"])
-            .arg(&dir)
-            .args(["--set", "run.duration_s=1.5", "--set"])
-            .arg(format!("transport.kind={transport}"))
-            .args(["--set", "source.events_per_mep=256"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Read the output while waiting (it is more than a pipe holds).
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let Ok(out) = rx.recv_timeout(Duration::from_secs(90)) else {
-            // SAFETY: signalling the mpirun we started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("mpirun did not finish within 90 s");
-        };
-        let out = out.unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
+        let (out, text) = run_bounded(
+            Command::new("mpirun")
+                .args([
+                    "--allow-run-as-root",
+                    "--oversubscribe",
+                    "--bind-to",
+                    "none",
+                    "-np",
+                    "4",
+                ])
+                .arg(env!("CARGO_BIN_EXE_evb"))
+                .args(["node", "--control", "launcher", "--rendezvous"])
+                .arg(&dir)
+                .args(["--set", "run.duration_s=1.5", "--set"])
+                .arg(format!("transport.kind={transport}"))
+                .args(["--set", "source.events_per_mep=256"]),
+            "mpirun",
+            Duration::from_secs(90),
+        );
         assert!(out.status.success(), "{transport}: {text}");
         assert_exact(&finals(&dir, 4), 4, &text);
         // (Ranks' stderr lines may interleave: look for the launcher only.)
         assert!(text.contains("of 4 from OpenMPI"), "{text}");
     }
-}
-
-/// evb built against MPICH (scripts/evb-mpich.sh; the `mpi` crate binds one
-/// MPI at build time and the default build is OpenMPI's).
-pub fn mpich_evb() -> PathBuf {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/evb-mpich.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("bash runs");
-    assert!(out.status.success(), "{script} failed");
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-/// Runs `launcher args...` with a time bound; (success, output).
-fn launch(launcher: &mut Command, what: &str) -> (bool, String) {
-    let child = launcher
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let Ok(out) = rx.recv_timeout(Duration::from_secs(90)) else {
-        // SAFETY: signalling the launcher we started.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        panic!("{what} did not finish within 90 s");
-    };
-    let out = out.unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), text)
 }
 
 #[test]
@@ -142,7 +95,7 @@ fn under_mpich_mpiexec() {
     // through MPICH's own MPI_Isend/MPI_Irecv.
     for transport in ["tcp", "mpi"] {
         let dir = tmp(&format!("mpich-{transport}"));
-        let (ok, text) = launch(
+        let (out, text) = run_bounded(
             Command::new("mpiexec.mpich")
                 .args(["-n", "4"])
                 .arg(&evb)
@@ -152,8 +105,9 @@ fn under_mpich_mpiexec() {
                 .arg(format!("transport.kind={transport}"))
                 .args(["--set", "source.events_per_mep=256"]),
             "mpiexec.mpich (scripts/setup.sh installs mpich)",
+            Duration::from_secs(90),
         );
-        assert!(ok, "{transport}: {text}");
+        assert!(out.status.success(), "{transport}: {text}");
         assert_exact(&finals(&dir, 4), 4, &text);
         assert!(text.contains("of 4 from PMI (MPICH/Hydra)"), "{text}");
     }

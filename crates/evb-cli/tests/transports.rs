@@ -10,6 +10,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+
 fn evb() -> Command {
     Command::new(env!("CARGO_BIN_EXE_evb"))
 }
@@ -315,26 +317,13 @@ fn unknown_transport_is_a_clear_error() {
 mod mpi {
     use serde_json::Value;
     use std::path::PathBuf;
-    use std::process::{Command, Stdio};
+    use std::process::Command;
     use std::time::Duration;
 
     #[derive(Clone, Copy, PartialEq, Eq, Debug)]
     enum Mpi {
         OpenMpi,
         Mpich,
-    }
-
-    /// evb built against MPICH (scripts/evb-mpich.sh: the `mpi` crate binds
-    /// one MPI at build time, and the default build is OpenMPI's).
-    fn mpich_evb() -> PathBuf {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/evb-mpich.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("bash runs");
-        assert!(out.status.success(), "{script} failed");
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
     }
 
     fn spec(extra: &[(&str, Value)]) -> String {
@@ -356,7 +345,7 @@ mod mpi {
         // Built before taking the lock: the first call compiles.
         let evb = match mpi {
             Mpi::OpenMpi => PathBuf::from(env!("CARGO_BIN_EXE_evb")),
-            Mpi::Mpich => mpich_evb(),
+            Mpi::Mpich => super::common::mpich_evb(),
         };
         let _serial = super::serial();
         let dir = super::tmp(&format!("mpi-{mpi:?}-{name}"));
@@ -381,27 +370,14 @@ mod mpi {
                 c
             }
         };
-        let child = launcher
-            .arg(evb)
-            .args(["bench", "worker", "--spec", spec, "--rendezvous"])
-            .arg(&dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("mpirun / mpiexec.mpich (scripts/setup.sh installs openmpi-bin and mpich)");
-        let pid = child.id();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let Ok(out) = rx.recv_timeout(Duration::from_secs(120)) else {
-            // SAFETY: signalling the mpirun we started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("{mpi:?} launcher did not finish within 120 s");
-        };
-        let out = out.unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
+        let (out, text) = super::common::run_bounded(
+            launcher
+                .arg(evb)
+                .args(["bench", "worker", "--spec", spec, "--rendezvous"])
+                .arg(&dir),
+            "mpirun / mpiexec.mpich (scripts/setup.sh installs openmpi-bin and mpich)",
+            Duration::from_secs(120),
+        );
         let results = (0..4)
             .map(|r| {
                 std::fs::read_to_string(dir.join(format!("result-{r}.json")))
