@@ -446,14 +446,20 @@ impl Node {
             .flatten()
             .is_some();
         match msg {
-            Message::Assign { mep, bu } if from_em => {
+            // A re-assignment is an assignment to the BU; the RUs treat it
+            // apart (they ship what they kept instead of producing).
+            Message::Assign { mep, bu } | Message::Reassign { mep, bu } if from_em => {
                 if bu == self.id {
                     if let Some(b) = &mut self.bu {
                         b.on_assign(now, mep, &mut self.bu_out);
                     }
                 }
                 if let Some(r) = &mut self.ru {
-                    r.on_assign(mep, bu, &mut self.ru_out);
+                    if matches!(msg, Message::Reassign { .. }) {
+                        r.on_reassign(mep, bu, &mut self.ru_out);
+                    } else {
+                        r.on_assign(mep, bu, &mut self.ru_out);
+                    }
                 }
             }
             Message::EndOfRun { meps } if from_em => {
@@ -480,16 +486,6 @@ impl Node {
                 }
                 None => self.control_rejected += 1,
             },
-            Message::Reassign { mep, bu } if from_em => {
-                if bu == self.id {
-                    if let Some(b) = &mut self.bu {
-                        b.on_assign(now, mep, &mut self.bu_out);
-                    }
-                }
-                if let Some(r) = &mut self.ru {
-                    r.on_reassign(mep, bu, &mut self.ru_out);
-                }
-            }
             Message::BuLost { bu, round } if from_em => match &mut self.ru {
                 Some(r) => {
                     // Listed to the EM on this node's connection to it, in

@@ -207,13 +207,7 @@ fn a_node_dying_is_survived_and_accounted_for() {
             assert!(report.built.values().all(|&n| n == 1), "{what}");
             let em = report.stats[layout.em as usize].em.clone().unwrap();
             assert_eq!(em.meps_assigned, 80, "the run goes on: {what}");
-            // Exact accounting at the EM: every MEP has one fate.
-            assert_eq!(
-                em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
-                em.meps_assigned,
-                "{what}: {em:?}"
-            );
-            assert_eq!(em.meps_built, report.built.len() as u64, "{what}");
+            assert_exact_accounting(&em, &report, &what);
             assert!(
                 report.max_outstanding <= config.event_builder.credits,
                 "{what}"
@@ -301,14 +295,7 @@ fn crash_during_a_timed_run(case: u64, seed: u64) -> Option<(u64, u64, Vec<Strin
         em.bus_lost.contains(&victim),
         "noticed during the run: {what}"
     );
-    // Exact accounting: every MEP has one fate; a re-assigned one is
-    // counted by its outcome at its new BU.
-    assert_eq!(
-        em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
-        em.meps_assigned,
-        "{what}: {em:?}"
-    );
-    assert_eq!(em.meps_built, report.built.len() as u64, "{what}");
+    assert_exact_accounting(&em, &report, &what);
     // Nothing is lost that the RUs could have given again: at most the
     // dead BU's credits.
     assert!(
@@ -335,6 +322,21 @@ fn crash_during_a_timed_run(case: u64, seed: u64) -> Option<(u64, u64, Vec<Strin
 
 /// The RU of node `n` ended with nothing held (from its final counters: every
 /// produced fragment was sent or released).
+/// Every MEP has one fate at the EM (a re-assigned one is counted by its
+/// outcome at its new BU), and every MEP it counts built was built.
+fn assert_exact_accounting(
+    em: &evb_core::em::EmStats,
+    report: &evb_core::harness::Report,
+    what: &str,
+) {
+    assert_eq!(
+        em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
+        em.meps_assigned,
+        "{what}: {em:?}"
+    );
+    assert_eq!(em.meps_built, report.built.len() as u64, "{what}");
+}
+
 fn ru_ended_idle(report: &evb_core::harness::Report, n: usize) -> Option<bool> {
     report.ru_idle.get(n).copied().flatten()
 }
