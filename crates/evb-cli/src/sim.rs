@@ -184,6 +184,14 @@ pub fn run(args: SimArgs) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
+        if c.events_accepted < c.events_consumed {
+            println!(
+                "trigger: accepted {} of {} events consumed ({:.1} %)",
+                c.events_accepted,
+                c.events_consumed,
+                100.0 * c.events_accepted as f64 / c.events_consumed.max(1) as f64
+            );
+        }
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)

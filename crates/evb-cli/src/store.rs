@@ -100,6 +100,12 @@ fn format_report(r: &ReadReport) -> String {
             r.version_1_objects
         ));
     }
+    if r.selection_objects > 0 {
+        out.push_str(&format!(
+            "selections {} (objects holding the events a filter unit accepted): {} of their MEPs' {} events\n",
+            r.selection_objects, r.selection_events, r.selection_mep_events
+        ));
+    }
     if r.partial_objects > 0 {
         let by_source: Vec<String> = r
             .missing_by_source
@@ -131,11 +137,16 @@ fn format_report(r: &ReadReport) -> String {
     }
     for o in &r.listed {
         out.push_str(&format!(
-            "object: {}: v{} MEP {} events {} bytes {} sources {} of {}: {}\n",
+            "object: {}: v{} MEP {} events {}{} bytes {} sources {} of {}: {}\n",
             o.name,
             o.version,
             o.mep,
             o.events,
+            if o.events < o.mep_events {
+                format!(" of {}", o.mep_events)
+            } else {
+                String::new()
+            },
             o.bytes,
             o.sources.len(),
             o.run_sources,

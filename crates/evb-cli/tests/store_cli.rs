@@ -430,6 +430,99 @@ fn evb_run_writes_every_built_batch_to_the_store() {
     assert_eq!(v["bad"], serde_json::json!([]), "{text}");
 }
 
+/// With Filter Unit consumers the consumers store what their trigger
+/// accepted (`output.accept_fraction`), one object per batch with any
+/// accepted event, and the BUs store nothing. Every stored event is one the
+/// trigger decision (recomputed here from the run's config) accepts; the
+/// run's counts, the writers' counts and the reader's agree exactly.
+#[test]
+fn consumers_store_the_events_their_trigger_accepted() {
+    let dir = std::env::temp_dir().join(format!("evb-run-store-fu-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let json = dir.with_extension("json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["run", "--progress", "never", "-n", "3", "--consumers", "2"])
+        .arg("--json")
+        .arg(&json)
+        .args([
+            "--set",
+            "run.max_meps=90",
+            "--set",
+            "run.duration_s=0",
+            "--set",
+            "source.events_per_mep=64",
+            "--set",
+            "output.accept_fraction=0.2",
+            "--set",
+            "output.sink=store",
+            "--set",
+        ])
+        .arg(format!("output.store={}", dir.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("trigger: accepted "), "{stdout}");
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let s = &run["summary"];
+    let c = &s["consumers"];
+    assert_eq!(s["events_built"], 90 * 64);
+    assert_eq!(c["events_consumed"], 90 * 64, "{c}");
+    let accepted = c["events_accepted"].as_u64().unwrap();
+    let fraction = accepted as f64 / (90.0 * 64.0);
+    assert!((fraction - 0.2).abs() < 0.05, "accepted {accepted}");
+    assert_eq!(s["store_events"], accepted, "{s}");
+    assert_eq!(s["store_objects"], c["batches_accepted"], "{s}");
+
+    // The reader agrees and every object verifies.
+    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["store", "read", "--json"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(read.status.success(), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["events"], accepted, "{text}");
+    assert_eq!(v["objects"], s["store_objects"], "{text}");
+    assert_eq!(v["bad"], serde_json::json!([]), "{text}");
+    assert_eq!(v["selection_objects"], v["objects"], "{text}");
+
+    // Only the consumers (endpoints 3 and 4) wrote, and what they wrote is
+    // what the trigger accepts.
+    let config: evb_core::Config = serde_json::from_value(run["config"].clone()).unwrap();
+    let layout = evb_core::layout::Layout::from_config(&config);
+    let fu = evb_core::fu::FilterUnit::new(&config, &layout, layout.fu_nodes[0]);
+    let mut meps = std::collections::BTreeSet::new();
+    let mut expected = Vec::new();
+    for node in std::fs::read_dir(dir.join(format!("run{}", config.run.run_id))).unwrap() {
+        let node = node.unwrap();
+        let name = node.file_name().to_string_lossy().into_owned();
+        assert!(name == "node3" || name == "node4", "a BU wrote: {name}");
+        for object in std::fs::read_dir(node.path()).unwrap() {
+            let bytes = std::fs::read(object.unwrap().path()).unwrap();
+            let batch = format::decode(&bytes).unwrap();
+            let mep = batch.header.mep;
+            assert!(meps.insert(mep), "MEP {mep} stored twice");
+            assert_eq!(batch.mep_events(), 64);
+            assert_eq!(batch.header.source_count, 3);
+            fu.accepted_events(mep, 64, &mut expected);
+            let stored: Vec<u32> = (0..batch.header.event_count)
+                .map(|e| batch.event_number(e))
+                .collect();
+            assert_eq!(stored, expected, "MEP {mep}");
+        }
+    }
+    assert_eq!(meps.len() as u64, s["store_objects"].as_u64().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&json);
+}
+
 /// A source lost mid-run (`--kill`: a real `kill -9` of node 2, its RU and
 /// BU): the surviving BUs build the later batches without source 2 and
 /// store them as such. `evb store read` verifies every object and names the

@@ -304,6 +304,11 @@ pub struct OutputSection {
     pub consumer_busy: BusyModel,
     /// `evb run`: how consumer processes spend their busy time.
     pub consumer_wait: BusyWait,
+    /// Fraction of events a consumer accepts (its software trigger: a
+    /// decision per event, drawn from the run seed and the event's number,
+    /// so it replays). With `sink = "store"` and consumers, each consumer
+    /// stores the events it accepted, one object per batch.
+    pub accept_fraction: f64,
     /// Built batches a BU may hold for consumers after returning their
     /// credit to the EM; past that, batches keep their credit until they
     /// are delivered, which is how busy consumers stall the EM.
@@ -321,6 +326,7 @@ impl Default for OutputSection {
             consumer_busy_us: 0,
             consumer_busy: BusyModel::Fixed,
             consumer_wait: BusyWait::Sleep,
+            accept_fraction: 1.0,
             bu_output_batches: 4,
         }
     }
@@ -807,6 +813,12 @@ impl Config {
             return Err(err(
                 "output.consumer_busy_us",
                 "must be at most one hour (3600000000 us)".into(),
+            ));
+        }
+        if !(0.0..=1.0).contains(&out.accept_fraction) {
+            return Err(err(
+                "output.accept_fraction",
+                format!("{} is not a fraction between 0 and 1", out.accept_fraction),
             ));
         }
         if out.consumers > 0 && out.sink == SinkKind::File {

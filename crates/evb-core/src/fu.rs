@@ -9,6 +9,11 @@
 //! its batches, and then its EM credits, which is how busy consumers slow
 //! the whole builder down instead of losing data.
 //!
+//! Each FU is also a software trigger: it accepts a fraction of the events
+//! it consumes (`output.accept_fraction`), a decision per event drawn from
+//! the run seed and the event's number, so every run (and the simulator)
+//! accepts the same events. The driver stores what was accepted.
+//!
 //! Time is passed in and the busy times come from a generator seeded from
 //! the configuration, so runs replay exactly.
 
@@ -51,6 +56,10 @@ pub struct FuStats {
     /// Deliveries beyond the credit granted, from a non-BU, or another run:
     /// dropped, no credit returned.
     pub deliveries_unexpected: u64,
+    /// Events of the consumed batches the trigger accepted, and the
+    /// consumed batches with at least one accepted event.
+    pub events_accepted: u64,
+    pub batches_accepted: u64,
     /// Total time spent busy, ns.
     pub busy_ns: u64,
     /// Most batches waiting at once (not counting the one being worked on).
@@ -72,6 +81,9 @@ pub struct FilterUnit {
     credits: u32,
     busy_mean_ns: u64,
     busy_model: BusyModel,
+    /// An event is accepted when its hash is below this (`None`: all are).
+    accept_below: Option<u64>,
+    accept_seed: u64,
     rng: Pcg64Mcg,
     bu_nodes: Vec<NodeId>,
     bu_of: Vec<Option<u16>>,
@@ -97,6 +109,9 @@ impl FilterUnit {
             credits: out.consumer_credits,
             busy_mean_ns: out.consumer_busy_us.saturating_mul(1000),
             busy_model: out.consumer_busy,
+            accept_below: (out.accept_fraction < 1.0)
+                .then_some((out.accept_fraction * u64::MAX as f64) as u64),
+            accept_seed: mix64(config.run.seed ^ 0xacce_97ed),
             rng: Pcg64Mcg::seed_from_u64(mix64(
                 config.run.seed ^ (0xf17e << 32) ^ u64::from(index),
             )),
@@ -160,6 +175,24 @@ impl FilterUnit {
     /// BUs that may still deliver, for diagnostics.
     pub fn producers_open(&self) -> usize {
         self.ended.iter().filter(|&&e| !e).count()
+    }
+
+    /// The trigger's decision on event `event` (0-based within the MEP) of
+    /// `mep`: the same in every run with this seed, on every FU.
+    pub fn accepts(&self, mep: MepId, event: u32) -> bool {
+        match self.accept_below {
+            None => true,
+            Some(below) => {
+                let key = mix64(self.accept_seed ^ mep.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                mix64(key ^ u64::from(event)) < below
+            }
+        }
+    }
+
+    /// The accepted events of a batch of `events` events, in order.
+    pub fn accepted_events(&self, mep: MepId, events: u32, out: &mut Vec<u32>) {
+        out.clear();
+        out.extend((0..events).filter(|&e| self.accepts(mep, e)));
     }
 
     pub fn next_deadline(&self) -> Option<Nanos> {
@@ -245,6 +278,11 @@ impl FilterUnit {
                 self.stats.batches_consumed += 1;
                 self.stats.events_consumed += d.events;
                 self.stats.bytes_consumed += d.bytes;
+                let accepted = (0..d.events as u32)
+                    .filter(|&e| self.accepts(d.mep, e))
+                    .count() as u64;
+                self.stats.events_accepted += accepted;
+                self.stats.batches_accepted += u64::from(accepted > 0);
                 let bu = self.bu_nodes[d.bu_index as usize];
                 out.push(FuAction::Consumed { mep: d.mep, bu });
                 if !self.ended[d.bu_index as usize] {
@@ -360,6 +398,61 @@ mod tests {
         assert_eq!(fu.stats.batches_consumed, 1);
         assert_eq!(fu.stats.batches_corrupt, 1);
         assert!(!fu.is_busy());
+    }
+
+    #[test]
+    fn the_trigger_accepts_the_configured_fraction_the_same_on_every_fu() {
+        let (mut c, l, fu) = setup(0);
+        let mut list = Vec::new();
+        fu.accepted_events(3, 100, &mut list);
+        assert_eq!(list, (0..100).collect::<Vec<u32>>(), "1.0 accepts all");
+        c.output.accept_fraction = 0.25;
+        let a = FilterUnit::new(&c, &l, l.fu_nodes[0]);
+        let b = FilterUnit::new(&c, &l, l.fu_nodes[1]);
+        let mut accepted = 0;
+        for mep in 0..400u64 {
+            a.accepted_events(mep, 250, &mut list);
+            accepted += list.len();
+            let mut other = Vec::new();
+            b.accepted_events(mep, 250, &mut other);
+            assert_eq!(
+                list, other,
+                "MEP {mep}: the decision depends on the event only"
+            );
+        }
+        let fraction = accepted as f64 / 100_000.0;
+        assert!((fraction - 0.25).abs() < 0.01, "accepted {fraction}");
+        // Another seed, other events.
+        c.run.seed ^= 1;
+        let d = FilterUnit::new(&c, &l, l.fu_nodes[0]);
+        let mut other = Vec::new();
+        d.accepted_events(0, 250, &mut other);
+        a.accepted_events(0, 250, &mut list);
+        assert_ne!(list, other);
+        c.output.accept_fraction = 0.0;
+        let none = FilterUnit::new(&c, &l, l.fu_nodes[0]);
+        none.accepted_events(0, 250, &mut list);
+        assert!(list.is_empty());
+    }
+
+    #[test]
+    fn consumed_batches_count_their_accepted_events() {
+        let (mut c, l, _) = setup(0);
+        c.output.accept_fraction = 0.5;
+        let mut fu = FilterUnit::new(&c, &l, l.fu_nodes[0]);
+        let mut out = Vec::new();
+        fu.start(&mut out);
+        let mut expected = 0;
+        for mep in [1, 2] {
+            assert_eq!(fu.admit(l.bu_nodes[0], &batch(mep, 0)), Admit::Keep);
+            fu.on_delivery(0, &batch(mep, 0), true, &mut out);
+            let mut list = Vec::new();
+            fu.accepted_events(mep, 10, &mut list);
+            expected += list.len() as u64;
+        }
+        assert_eq!(fu.stats.batches_consumed, 2);
+        assert_eq!(fu.stats.events_accepted, expected);
+        assert!(expected > 0 && expected < 20, "{expected}");
     }
 
     #[test]

@@ -61,6 +61,20 @@ pub fn check_batch_payload(payload: &[u8]) -> Result<usize, WireError> {
     Ok(count)
 }
 
+/// The fragments of a delivered batch, in source order (an empty one for a
+/// source the batch was built without), after [`check_batch_payload`].
+pub fn batch_fragments(payload: &[u8]) -> Result<Vec<&[u8]>, WireError> {
+    let count = check_batch_payload(payload)?;
+    let mut at = 4 + 4 * count;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let len = u32::from_le_bytes(payload[4 + 4 * i..8 + 4 * i].try_into().expect("4 bytes"));
+        out.push(&payload[at..at + len as usize]);
+        at += len as usize;
+    }
+    Ok(out)
+}
+
 /// Node index within a run (endpoint number).
 pub type NodeId = u16;
 /// Multi-event packet (batch) number; the unit that is scheduled and built.
@@ -720,7 +734,12 @@ mod tests {
         p.extend_from_slice(&1u32.to_le_bytes());
         p.extend_from_slice(&[7, 7, 7, 9]);
         assert_eq!(check_batch_payload(&p), Ok(2));
+        assert_eq!(
+            batch_fragments(&p).unwrap(),
+            vec![&[7u8, 7, 7][..], &[9u8][..]]
+        );
         assert_eq!(p.len() as u64, batch_payload_len(2, 4));
+        assert!(batch_fragments(&p[..p.len() - 1]).is_err());
         assert!(check_batch_payload(&p[..p.len() - 1]).is_err());
         // A count far beyond the payload is an error, not an allocation.
         let mut huge = u32::MAX.to_le_bytes().to_vec();

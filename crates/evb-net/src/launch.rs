@@ -759,6 +759,23 @@ pub fn format_summary(result: &RunResult) -> String {
             c.max_output_queue,
             busy.join(" ")
         );
+        if c.events_accepted < c.events_consumed {
+            out += &format!(
+                "trigger: accepted {} of {} events consumed ({:.1} %), in {} batches\n",
+                c.events_accepted,
+                c.events_consumed,
+                100.0 * c.events_accepted as f64 / c.events_consumed.max(1) as f64,
+                c.batches_accepted
+            );
+        }
+    }
+    if s.store_objects > 0 {
+        out += &format!(
+            "event store: {} objects, {} events, {:.3} GB written\n",
+            s.store_objects,
+            s.store_events,
+            s.store_bytes as f64 / 1e9
+        );
     }
     if s.meps_reassigned > 0 {
         out += &format!(

@@ -359,6 +359,24 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
         c(r.rss_bytes),
     );
     metric(
+        "evb_store_objects_total",
+        "counter",
+        "Objects this node wrote to the event store.",
+        c(r.store_objects),
+    );
+    metric(
+        "evb_store_events_total",
+        "counter",
+        "Events in the objects this node wrote to the event store.",
+        c(r.store_events),
+    );
+    metric(
+        "evb_store_bytes_total",
+        "counter",
+        "Bytes this node wrote to the event store.",
+        c(r.store_bytes),
+    );
+    metric(
         "evb_elapsed_seconds",
         "gauge",
         "Seconds since the node started its run.",
@@ -438,6 +456,12 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
             "counter",
             "Events in the batches this consumer finished.",
             c(r.events_consumed),
+        );
+        metric(
+            "evb_consumer_events_accepted_total",
+            "counter",
+            "Events of the finished batches this consumer's trigger accepted.",
+            c(r.events_accepted),
         );
         metric(
             "evb_consumer_consumed_bytes_total",

@@ -389,7 +389,18 @@ struct Engine {
     /// BU: delivered batches the transport may still be sending.
     deliveries: HashMap<MepId, Rc<Vec<u8>>>,
     /// FU: received batches, by (BU endpoint, MEP), until consumed.
-    consuming: HashMap<(NodeId, MepId), Vec<u8>>,
+    consuming: HashMap<(NodeId, MepId), Delivered>,
+}
+
+/// A batch delivered to this FU: the receive buffer and where the payload
+/// is in it.
+struct Delivered {
+    buf: Vec<u8>,
+    start: usize,
+    len: usize,
+    events: u32,
+    /// CRC and fragment table verified: only an intact batch is stored.
+    intact: bool,
 }
 
 /// How often spare buffers unused since the last look are freed.
@@ -526,7 +537,14 @@ impl RxHandler for Engine {
             let intact = crc == header.crc32c
                 && payload.len() == len
                 && evb_core::wire::check_batch_payload(payload).is_ok();
-            self.consuming.insert((peer, header.mep), buf);
+            let delivered = Delivered {
+                buf,
+                start: offset,
+                len,
+                events: header.event_count,
+                intact,
+            };
+            self.consuming.insert((peer, header.mep), delivered);
             self.node.on_delivery(now, &header, intact);
             return;
         }
@@ -569,8 +587,11 @@ struct Runtime {
     metrics: Option<crate::metrics::MetricsText>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
-    /// `output.sink = "store"`: this BU's event-store writer.
+    /// `output.sink = "store"`: this node's event-store writer (a BU's, or
+    /// with consumers an FU's).
     store: Option<evb_store::StoreWriter>,
+    /// What the store wrote, once it is closed.
+    store_closed: Option<evb_store::StoreStats>,
 }
 
 impl Runtime {
@@ -591,8 +612,15 @@ impl Runtime {
             }
             _ => None,
         };
+        // With consumers the FUs store what they accept, else the BUs
+        // store every built batch.
+        let stores = if config.output.consumers > 0 {
+            layout.fu_of[rank as usize].is_some()
+        } else {
+            layout.bu_of[rank as usize].is_some()
+        };
         let store = match config.output.sink {
-            SinkKind::Store if layout.bu_of[rank as usize].is_some() => {
+            SinkKind::Store if stores => {
                 let spec = if config.output.store.is_empty() {
                     &config.output.directory
                 } else {
@@ -638,6 +666,7 @@ impl Runtime {
             metrics: None,
             actions_left: false,
             store,
+            store_closed: None,
         })
     }
 
@@ -780,6 +809,7 @@ impl Runtime {
             // Everything queued is written before the final report.
             let stats = store.close().context("closing the event store")?;
             eprintln!("evb node {}: event store: {stats:?}", self.rank);
+            self.store_closed = Some(stats);
         }
         self.print_report("FINAL", true, drain_timed_out);
         Ok(())
@@ -974,8 +1004,13 @@ impl Runtime {
                     to, mep, events, ..
                 } => self.deliver(transport, to, mep, events),
                 Action::Consumed { mep, bu } => {
-                    if let Some(buf) = self.engine.consuming.remove(&(bu, mep)) {
-                        self.engine.give_back_rx(buf);
+                    if let Some(d) = self.engine.consuming.remove(&(bu, mep)) {
+                        if let (Some(store), Some(fu)) =
+                            (self.store.as_mut(), self.engine.node.fu())
+                        {
+                            store_accepted(store, fu, mep, &d)?;
+                        }
+                        self.engine.give_back_rx(d.buf);
                     }
                 }
                 Action::Finish { mep, outcome, .. } => {
@@ -1064,6 +1099,15 @@ impl Runtime {
             r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
         }
         r.rss_bytes = crate::report::resident_bytes();
+        if let Some(st) = self
+            .store_closed
+            .clone()
+            .or_else(|| self.store.as_ref().map(|w| w.stats()))
+        {
+            r.store_objects = st.objects;
+            r.store_events = st.events;
+            r.store_bytes = st.bytes;
+        }
         if let Some(em) = &stats.em {
             r.em_meps_built = em.meps_built;
             r.em_meps_incomplete = em.meps_incomplete;
@@ -1138,6 +1182,51 @@ fn store_batch(
     let run_sources = b.slots.len() as u32;
     loop {
         match store.write_batch_sources(mep, events_per_mep, run_sources, &sources, &parts) {
+            Ok(()) => return Ok(()),
+            Err(evb_store::StoreError::Backpressure { .. }) => {
+                store.flush().context("the event store")?;
+            }
+            Err(e) => return Err(anyhow!("the event store: {e}")),
+        }
+    }
+}
+
+/// A Filter Unit stores the events of a consumed batch its trigger
+/// accepted (an object only if it accepted any), waiting for the writer
+/// when its queue is full: the FU stays busy, so its credits, and through
+/// them the BUs and the EM, wait too.
+fn store_accepted(
+    store: &mut evb_store::StoreWriter,
+    fu: &evb_core::fu::FilterUnit,
+    mep: MepId,
+    d: &Delivered,
+) -> Result<()> {
+    if !d.intact {
+        return Ok(());
+    }
+    let mut accepted = Vec::new();
+    fu.accepted_events(mep, d.events, &mut accepted);
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    let all = evb_core::wire::batch_fragments(&d.buf[d.start..d.start + d.len])
+        .map_err(|e| anyhow!("a verified batch no longer parses: {e}"))?;
+    // A source the batch was built without has an empty fragment.
+    let (sources, parts): (Vec<u32>, Vec<&[u8]>) = all
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !f.is_empty())
+        .map(|(i, f)| (i as u32, *f))
+        .unzip();
+    loop {
+        match store.write_events(
+            mep,
+            d.events,
+            all.len() as u32,
+            &sources,
+            &parts,
+            Some(&accepted),
+        ) {
             Ok(()) => return Ok(()),
             Err(evb_store::StoreError::Backpressure { .. }) => {
                 store.flush().context("the event store")?;

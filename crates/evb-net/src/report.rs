@@ -153,6 +153,20 @@ pub struct NodeReport {
     pub deliveries_unexpected: u64,
     #[serde(default)]
     pub busy_s: f64,
+    /// (FU) Events of the consumed batches its trigger accepted, and the
+    /// batches with any accepted event.
+    #[serde(default)]
+    pub events_accepted: u64,
+    #[serde(default)]
+    pub batches_accepted: u64,
+    /// (`output.sink = "store"`) Objects, events and bytes this node wrote
+    /// to the event store (in the final report: everything it queued).
+    #[serde(default)]
+    pub store_objects: u64,
+    #[serde(default)]
+    pub store_events: u64,
+    #[serde(default)]
+    pub store_bytes: u64,
 }
 
 impl NodeReport {
@@ -198,6 +212,8 @@ impl NodeReport {
             r.batches_consumed_corrupt = fu.batches_corrupt;
             r.deliveries_unexpected = fu.deliveries_unexpected;
             r.busy_s = fu.busy_ns as f64 * 1e-9;
+            r.events_accepted = fu.events_accepted;
+            r.batches_accepted = fu.batches_accepted;
         }
         r
     }
@@ -357,6 +373,14 @@ pub struct Summary {
     pub throttle_episodes: u64,
     #[serde(default)]
     pub max_unbuilt_meps: u64,
+    /// `output.sink = "store"`: objects, events and bytes written to the
+    /// event store by every node (BUs, or the consumers when there are).
+    #[serde(default)]
+    pub store_objects: u64,
+    #[serde(default)]
+    pub store_events: u64,
+    #[serde(default)]
+    pub store_bytes: u64,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
     /// The output stage, when the run had consumers.
@@ -376,6 +400,12 @@ pub struct ConsumersSummary {
     pub batches_consumed: u64,
     pub events_consumed: u64,
     pub bytes_consumed: u64,
+    /// Events the consumers' triggers accepted (`output.accept_fraction`),
+    /// and the consumed batches with any accepted event.
+    #[serde(default)]
+    pub events_accepted: u64,
+    #[serde(default)]
+    pub batches_accepted: u64,
     /// Consumed batches that failed verification (CRC or fragment table).
     pub batches_corrupt: u64,
     /// Delivered and never consumed (a consumer died, or the drain ended).
@@ -422,6 +452,8 @@ impl ConsumersSummary {
             c.batches_consumed += r.batches_consumed;
             c.events_consumed += r.events_consumed;
             c.bytes_consumed += r.bytes_consumed;
+            c.events_accepted += r.events_accepted;
+            c.batches_accepted += r.batches_accepted;
             c.batches_corrupt += r.batches_consumed_corrupt;
         }
         c.batches_not_consumed = c.batches_delivered.saturating_sub(c.batches_consumed);
@@ -499,6 +531,9 @@ impl Summary {
             s.fragments_corrupt += r.fragments_corrupt;
             s.fragments_duplicate += r.fragments_duplicate;
             s.fragments_unexpected += r.fragments_unexpected;
+            s.store_objects += r.store_objects;
+            s.store_events += r.store_events;
+            s.store_bytes += r.store_bytes;
             for &(v, c) in &r.latency_buckets {
                 let _ = hist.record_n(v.max(1), c);
             }

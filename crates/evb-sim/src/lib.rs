@@ -86,6 +86,10 @@ pub struct SimConsumers {
     pub consumers: u16,
     pub batches_delivered: u64,
     pub batches_consumed: u64,
+    /// Events consumed, and those the consumers' triggers accepted
+    /// (`output.accept_fraction`): what goes on to storage.
+    pub events_consumed: u64,
+    pub events_accepted: u64,
     /// Batch bytes delivered by the BUs and consumed, over the run, Gb/s.
     pub producer_gbps: f64,
     pub consumer_gbps: f64,
@@ -283,6 +287,8 @@ fn consumer_summary(
         consumers: fus.len() as u16,
         batches_delivered: bus.iter().map(|b| b.stats.batches_delivered).sum(),
         batches_consumed: fus.iter().map(|f| f.stats.batches_consumed).sum(),
+        events_consumed: fus.iter().map(|f| f.stats.events_consumed).sum(),
+        events_accepted: fus.iter().map(|f| f.stats.events_accepted).sum(),
         producer_gbps: gbps(e.delivered_bytes),
         consumer_gbps: gbps(fus.iter().map(|f| f.stats.bytes_consumed).sum()),
         em_credit_stalls: em.map_or(0, |em| em.stats.credit_stalls),

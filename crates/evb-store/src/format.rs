@@ -17,9 +17,11 @@ use std::fmt;
 pub const MAGIC: [u8; 4] = *b"EVBO";
 /// Layout version written; changes when the header or index layout changes.
 /// Version 2 added the source table (which sources an object holds: a batch
-/// built after a source was lost lacks it). Version 1 objects are still
-/// read: they hold every source of the run.
-pub const VERSION: u16 = 2;
+/// built after a source was lost lacks it). Version 3 added the event table
+/// (which of the MEP's events an object holds: a filter unit stores only
+/// the events it accepted). Older objects are still read: version 1 holds
+/// every source, versions 1 and 2 every event of the MEP.
+pub const VERSION: u16 = 3;
 /// The oldest layout version this reader still reads.
 pub const OLDEST_VERSION: u16 = 1;
 /// Fixed header size in bytes.
@@ -31,13 +33,16 @@ pub const FRAGMENT_ENTRY_LEN: usize = 4;
 /// Bytes of one entry of the source table (version 2): the run's source
 /// count first, then one source index per stored source.
 pub const SOURCE_ENTRY_LEN: usize = 4;
+/// Bytes of one entry of the event-number table (version 3): the MEP's event
+/// count first, then one event number per stored event.
+pub const EVENT_NUMBER_ENTRY_LEN: usize = 4;
 /// File name extension of an object.
 pub const EXTENSION: &str = "evbo";
 
 /// The identity and shape of one stored batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ObjectHeader {
-    /// Layout version of the object (1 or 2).
+    /// Layout version of the object (1 to 3).
     pub version: u16,
     pub run_id: u32,
     pub node: u16,
@@ -58,10 +63,16 @@ impl ObjectHeader {
         } else {
             0
         };
+        let event_numbers = if self.version >= 3 {
+            (events + 1) * EVENT_NUMBER_ENTRY_LEN as u64
+        } else {
+            0
+        };
         events
             .checked_mul(EVENT_ENTRY_LEN as u64)?
             .checked_add(fragments.checked_mul(FRAGMENT_ENTRY_LEN as u64)?)?
-            .checked_add(source_table)
+            .checked_add(source_table)?
+            .checked_add(event_numbers)
     }
 
     /// Whole object size implied by the header, `None` if it overflows u64.
@@ -130,6 +141,18 @@ pub enum ObjectError {
     SourceCount {
         source_count: u32,
         run_sources: u32,
+    },
+    /// The event-number table is not strictly increasing event numbers
+    /// below the MEP's event count.
+    EventNumbers {
+        position: u32,
+        event: u32,
+        reason: &'static str,
+    },
+    /// The object holds more events than its MEP has.
+    EventCount {
+        event_count: u32,
+        mep_events: u32,
     },
 }
 
@@ -213,6 +236,21 @@ impl fmt::Display for ObjectError {
             } => write!(
                 f,
                 "header: {source_count} sources stored but the run has {run_sources}"
+            ),
+            ObjectError::EventNumbers {
+                position,
+                event,
+                reason,
+            } => write!(
+                f,
+                "index: event table entry {position} is event {event}: {reason}"
+            ),
+            ObjectError::EventCount {
+                event_count,
+                mep_events,
+            } => write!(
+                f,
+                "header: {event_count} events stored but the MEP has {mep_events}"
             ),
         }
     }
@@ -313,6 +351,55 @@ pub fn layout_sources(
     sources: &[u32],
     fragments: &[&[u8]],
 ) -> Result<(), FragmentLayoutError> {
+    let batch = BatchParts {
+        run_id,
+        node,
+        mep,
+        mep_events: events,
+        run_sources,
+        sources,
+        fragments,
+    };
+    layout_selected(out, &batch, None)
+}
+
+/// A built batch as the fragments of its sources: what [`layout_selected`]
+/// stores.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchParts<'a> {
+    pub run_id: u32,
+    /// The endpoint writing the object (a builder or a filter unit).
+    pub node: u16,
+    pub mep: u64,
+    /// Events in the MEP: every fragment's size table has this many entries.
+    pub mep_events: u32,
+    pub run_sources: u32,
+    /// The source index of each fragment, strictly increasing, below
+    /// `run_sources`.
+    pub sources: &'a [u32],
+    /// Fragment payloads (an event-size table then the event data).
+    pub fragments: &'a [&'a [u8]],
+}
+
+/// Lays out an object holding the events `selected` (event numbers within
+/// the MEP, strictly increasing, below `mep_events`; `None`: every event) of
+/// a batch, checksums left zero as with [`layout`]. A filter unit stores
+/// only the events it accepted this way; the object's event table says
+/// which they are.
+pub fn layout_selected(
+    out: &mut Vec<u8>,
+    batch: &BatchParts<'_>,
+    selected: Option<&[u32]>,
+) -> Result<(), FragmentLayoutError> {
+    let BatchParts {
+        run_id,
+        node,
+        mep,
+        mep_events,
+        run_sources,
+        sources,
+        fragments,
+    } = *batch;
     if sources.len() != fragments.len() {
         return Err(FragmentLayoutError {
             source: fragments.len(),
@@ -335,18 +422,58 @@ pub fn layout_sources(
         }
         previous = Some(s);
     }
-    let source_count = sources.len() as u32;
-    let mut payload_len = 0u64;
     for (&source, fragment) in sources.iter().zip(fragments) {
-        payload_len += fragment_data_len(source as usize, fragment, events)?;
+        fragment_data_len(source as usize, fragment, mep_events)?;
     }
+    let all: Vec<u32>;
+    let selected = match selected {
+        Some(list) => {
+            let mut previous: Option<u32> = None;
+            for &e in list {
+                if e >= mep_events || previous.is_some_and(|p| p >= e) {
+                    return Err(FragmentLayoutError {
+                        source: 0,
+                        reason: format!(
+                            "selected event {e}: event numbers must increase strictly and stay below the MEP's {mep_events} events"
+                        ),
+                    });
+                }
+                previous = Some(e);
+            }
+            list
+        }
+        None => {
+            all = (0..mep_events).collect();
+            &all
+        }
+    };
+    // Where each fragment's event `e` starts, walking the selected events
+    // in order with one cursor per fragment.
+    let table_len = mep_events as usize * 4;
+    let mut starts: Vec<usize> = Vec::with_capacity(selected.len() * fragments.len());
+    let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
+    let mut next_event = 0u32;
+    let mut payload_len = 0u64;
+    for &e in selected {
+        for (f, cursor) in fragments.iter().zip(cursors.iter_mut()) {
+            for skipped in next_event..e {
+                *cursor += u32_at(f, skipped as usize * 4) as usize;
+            }
+            starts.push(*cursor);
+            let size = u32_at(f, e as usize * 4) as usize;
+            *cursor += size;
+            payload_len += size as u64;
+        }
+        next_event = e + 1;
+    }
+    let event_count = selected.len() as u32;
     let header = ObjectHeader {
         version: VERSION,
         run_id,
         node,
         mep,
-        event_count: events,
-        source_count,
+        event_count,
+        source_count: sources.len() as u32,
         payload_len,
     };
     // Fragments are in memory, so these sizes are bounded by what exists.
@@ -356,15 +483,16 @@ pub fn layout_sources(
     out.reserve(total);
     write_header(out, &header, 0, 0);
 
-    let events = events as usize;
-    let table_len = events * 4;
     // Event table: offsets and lengths now, CRCs when sealing.
     let mut offset = 0u64;
-    for e in 0..events {
-        let len: u64 = fragments.iter().map(|f| u64::from(u32_at(f, e * 4))).sum();
+    for (i, &e) in selected.iter().enumerate() {
+        let len: u64 = fragments
+            .iter()
+            .map(|f| u64::from(u32_at(f, e as usize * 4)))
+            .sum();
         let len32 = u32::try_from(len).map_err(|_| FragmentLayoutError {
             source: 0,
-            reason: format!("event {e} would be {len} bytes, over the 4 GiB an index entry holds"),
+            reason: format!("event {i} would be {len} bytes, over the 4 GiB an index entry holds"),
         })?;
         out.extend_from_slice(&offset.to_le_bytes());
         out.extend_from_slice(&len32.to_le_bytes());
@@ -372,7 +500,8 @@ pub fn layout_sources(
         offset += len;
     }
     // Fragment sizes, event-major.
-    for e in 0..events {
+    for &e in selected {
+        let e = e as usize;
         for f in fragments {
             out.extend_from_slice(&f[e * 4..e * 4 + 4]);
         }
@@ -382,13 +511,17 @@ pub fn layout_sources(
     for s in sources {
         out.extend_from_slice(&s.to_le_bytes());
     }
-    // Payload, event-major: walk every fragment's data with a cursor.
-    let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
-    for e in 0..events {
-        for (f, cursor) in fragments.iter().zip(cursors.iter_mut()) {
-            let size = u32_at(f, e * 4) as usize;
-            out.extend_from_slice(&f[*cursor..*cursor + size]);
-            *cursor += size;
+    // Event-number table: the MEP's event count, then the events held.
+    out.extend_from_slice(&mep_events.to_le_bytes());
+    for e in selected {
+        out.extend_from_slice(&e.to_le_bytes());
+    }
+    // Payload, event-major.
+    for (i, &e) in selected.iter().enumerate() {
+        for (k, f) in fragments.iter().enumerate() {
+            let start = starts[i * fragments.len() + k];
+            let size = u32_at(f, e as usize * 4) as usize;
+            out.extend_from_slice(&f[start..start + size]);
         }
     }
     debug_assert_eq!(out.len(), total);
@@ -421,7 +554,15 @@ pub fn seal(object: &mut [u8]) {
     } else {
         0
     };
-    let index_len = events * EVENT_ENTRY_LEN + events * sources * FRAGMENT_ENTRY_LEN + source_table;
+    let event_numbers = if version >= 3 {
+        (events + 1) * EVENT_NUMBER_ENTRY_LEN
+    } else {
+        0
+    };
+    let index_len = events * EVENT_ENTRY_LEN
+        + events * sources * FRAGMENT_ENTRY_LEN
+        + source_table
+        + event_numbers;
     let (head, payload) = object.split_at_mut(HEADER_LEN + index_len);
     for e in 0..events {
         let entry = HEADER_LEN + e * EVENT_ENTRY_LEN;
@@ -541,6 +682,39 @@ impl<'a> StoredBatch<'a> {
             next = s + 1;
         }
         out
+    }
+
+    /// The MEP's event count (versions 1 and 2: every event is stored).
+    pub fn mep_events(&self) -> u32 {
+        match self.event_number_table() {
+            Some(t) => u32_at(t, 0),
+            None => self.header.event_count,
+        }
+    }
+
+    /// The event number within the MEP of stored event `e`
+    /// (`e < event_count`).
+    pub fn event_number(&self, e: u32) -> u32 {
+        match self.event_number_table() {
+            Some(t) => u32_at(t, (e as usize + 1) * EVENT_NUMBER_ENTRY_LEN),
+            None => e,
+        }
+    }
+
+    /// The object holds some of its MEP's events only (a filter unit's
+    /// accepted events).
+    pub fn is_selection(&self) -> bool {
+        self.header.event_count < self.mep_events()
+    }
+
+    /// Version 3: the event-number table (the MEP's event count, then the
+    /// event numbers).
+    fn event_number_table(&self) -> Option<&'a [u8]> {
+        (self.header.version >= 3).then(|| {
+            let at =
+                self.index.len() - (self.header.event_count as usize + 1) * EVENT_NUMBER_ENTRY_LEN;
+            &self.index[at..]
+        })
     }
 
     /// Version 2: the source table (run's source count, then the sources).
@@ -736,6 +910,36 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
             previous = Some(source);
         }
     }
+    if header.version >= 3 {
+        let at = index.len() - (header.event_count as usize + 1) * EVENT_NUMBER_ENTRY_LEN;
+        let table = &index[at..];
+        let mep_events = u32_at(table, 0);
+        if header.event_count > mep_events {
+            return Err(ObjectError::EventCount {
+                event_count: header.event_count,
+                mep_events,
+            });
+        }
+        let mut previous: Option<u32> = None;
+        for position in 0..header.event_count {
+            let event = u32_at(table, (position as usize + 1) * EVENT_NUMBER_ENTRY_LEN);
+            let reason = if event >= mep_events {
+                Some("not below the MEP's event count")
+            } else if previous.is_some_and(|p| p >= event) {
+                Some("event numbers must increase strictly")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(ObjectError::EventNumbers {
+                    position,
+                    event,
+                    reason,
+                });
+            }
+            previous = Some(event);
+        }
+    }
     Ok(StoredBatch {
         header,
         index,
@@ -839,7 +1043,9 @@ mod tests {
         assert!(err.reason.contains("1 fragments but 2 source"), "{err}");
         // A sealed object whose table is damaged consistently (CRCs redone).
         let mut obj = encode_sources(1, 0, 0, 1, 4, &[0, 2], &[&a, &a]).unwrap();
-        let table = obj.len() - 2 - 3 * 4;
+        // The source table, then the event-number table (2 entries), then
+        // 2 payload bytes.
+        let table = obj.len() - 2 - 2 * 4 - 3 * 4;
         obj[table + 8..table + 12].copy_from_slice(&0u32.to_le_bytes());
         seal(&mut obj);
         let err = decode(&obj).unwrap_err().to_string();
@@ -853,34 +1059,129 @@ mod tests {
         assert_eq!(err, "header: 2 sources stored but the run has 1");
     }
 
-    /// A version 1 object (no source table), as the first writers made them.
-    fn version_1(fragments: &[&[u8]], events: u32) -> Vec<u8> {
-        let v2 = encode(3, 1, 5, events, fragments).unwrap();
+    /// An object of an older layout, as earlier writers made them: version
+    /// 2 has no event-number table, version 1 no source table either.
+    fn older_version(version: u16, fragments: &[&[u8]], events: u32) -> Vec<u8> {
+        let v3 = encode(3, 1, 5, events, fragments).unwrap();
         let e = events as usize;
-        let table = HEADER_LEN + e * EVENT_ENTRY_LEN + e * fragments.len() * FRAGMENT_ENTRY_LEN;
-        let mut v1 = v2[..table].to_vec();
-        v1.extend_from_slice(&v2[table + (fragments.len() + 1) * SOURCE_ENTRY_LEN..]);
-        v1[4..6].copy_from_slice(&1u16.to_le_bytes());
-        seal(&mut v1);
-        v1
+        let sources_at =
+            HEADER_LEN + e * EVENT_ENTRY_LEN + e * fragments.len() * FRAGMENT_ENTRY_LEN;
+        let numbers_at = sources_at + (fragments.len() + 1) * SOURCE_ENTRY_LEN;
+        let payload_at = numbers_at + (e + 1) * EVENT_NUMBER_ENTRY_LEN;
+        let mut old = v3[..if version == 1 { sources_at } else { numbers_at }].to_vec();
+        old.extend_from_slice(&v3[payload_at..]);
+        old[4..6].copy_from_slice(&version.to_le_bytes());
+        seal(&mut old);
+        old
     }
 
     #[test]
-    fn version_1_objects_are_still_read_and_newer_ones_refused() {
+    fn older_objects_are_still_read_and_newer_ones_refused() {
         let a = fragment(&[3, 0], 10);
         let b = fragment(&[1, 2], 20);
-        let v1 = version_1(&[&a, &b], 2);
+        let v1 = older_version(1, &[&a, &b], 2);
         let batch = decode(&v1).unwrap();
         assert_eq!(batch.header.version, 1);
         assert_eq!(batch.sources(), vec![0, 1]);
         assert_eq!(batch.run_sources(), 2);
         assert_eq!(batch.event(1), &[21, 21]);
-        let mut v3 = encode(3, 1, 5, 2, &[&a, &b]).unwrap();
-        v3[4..6].copy_from_slice(&3u16.to_le_bytes());
-        seal(&mut v3);
+        assert_eq!((batch.mep_events(), batch.event_number(1)), (2, 1));
+        let v2 = older_version(2, &[&a, &b], 2);
+        let batch = decode(&v2).unwrap();
+        assert_eq!(batch.header.version, 2);
+        assert_eq!(batch.sources(), vec![0, 1]);
+        assert_eq!(batch.event(0), &[10, 10, 10, 20]);
+        assert!(!batch.is_selection());
+        let mut v4 = encode(3, 1, 5, 2, &[&a, &b]).unwrap();
+        v4[4..6].copy_from_slice(&4u16.to_le_bytes());
+        seal(&mut v4);
         assert_eq!(
-            decode(&v3).unwrap_err().to_string(),
-            "header: unsupported version 3 (this reader knows versions 1 to 2)"
+            decode(&v4).unwrap_err().to_string(),
+            "header: unsupported version 4 (this reader knows versions 1 to 3)"
+        );
+    }
+
+    fn select(fragments: &[&[u8]], mep_events: u32, selected: &[u32]) -> Vec<u8> {
+        let sources: Vec<u32> = (0..fragments.len() as u32).collect();
+        let batch = BatchParts {
+            run_id: 4,
+            node: 6,
+            mep: 77,
+            mep_events,
+            run_sources: fragments.len() as u32,
+            sources: &sources,
+            fragments,
+        };
+        let mut out = Vec::new();
+        layout_selected(&mut out, &batch, Some(selected)).unwrap();
+        seal(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_selection_holds_the_chosen_events_and_says_which() {
+        // 4 events per source; event e is `sizes[e]` bytes of value
+        // fill + e (see `fragment`).
+        let a = fragment(&[1, 2, 0, 3], 0);
+        let b = fragment(&[2, 0, 1, 1], 10);
+        let obj = select(&[&a, &b], 4, &[1, 3]);
+        let batch = decode(&obj).unwrap();
+        assert_eq!(batch.header.event_count, 2);
+        assert_eq!(batch.mep_events(), 4);
+        assert!(batch.is_selection());
+        assert_eq!((batch.event_number(0), batch.event_number(1)), (1, 3));
+        assert_eq!(batch.event(0), &[1, 1]);
+        assert_eq!(batch.event(1), &[3, 3, 3, 13]);
+        assert_eq!(batch.fragment(1, 1), &[13]);
+        // Every event selected is the same as the whole batch.
+        let all = select(&[&a, &b], 4, &[0, 1, 2, 3]);
+        assert_eq!(all, encode(4, 6, 77, 4, &[&a, &b]).unwrap());
+        // Nothing selected: an empty, valid object.
+        let none = decode(&select(&[&a, &b], 4, &[])).map(|b| b.header.payload_len);
+        assert_eq!(none, Ok(0));
+        // Selections that do not fit are refused, naming the event.
+        let sources = [0u32, 1];
+        let frags: [&[u8]; 2] = [&a, &b];
+        let batch = BatchParts {
+            run_id: 4,
+            node: 6,
+            mep: 77,
+            mep_events: 4,
+            run_sources: 2,
+            sources: &sources,
+            fragments: &frags,
+        };
+        for bad in [&[4u32][..], &[2, 2], &[3, 1]] {
+            let err = layout_selected(&mut Vec::new(), &batch, Some(bad)).unwrap_err();
+            assert!(err.reason.contains("increase strictly"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_event_number_table_is_named() {
+        let a = fragment(&[1, 2, 0, 3], 0);
+        // Event table at the end of the index: MEP events, then 1 and 3;
+        // 5 payload bytes follow (events 1 and 3 of one source: 2 + 3).
+        let mut obj = select(&[&a], 4, &[1, 3]);
+        let table = obj.len() - 5 - 3 * 4;
+        obj[table + 8..table + 12].copy_from_slice(&1u32.to_le_bytes());
+        seal(&mut obj);
+        assert_eq!(
+            decode(&obj).unwrap_err().to_string(),
+            "index: event table entry 1 is event 1: event numbers must increase strictly"
+        );
+        obj[table + 8..table + 12].copy_from_slice(&9u32.to_le_bytes());
+        seal(&mut obj);
+        assert_eq!(
+            decode(&obj).unwrap_err().to_string(),
+            "index: event table entry 1 is event 9: not below the MEP's event count"
+        );
+        obj[table + 8..table + 12].copy_from_slice(&3u32.to_le_bytes());
+        obj[table..table + 4].copy_from_slice(&1u32.to_le_bytes());
+        seal(&mut obj);
+        assert_eq!(
+            decode(&obj).unwrap_err().to_string(),
+            "header: 2 events stored but the MEP has 1"
         );
     }
 

@@ -56,6 +56,11 @@ pub struct ReadReport {
     /// Good objects that lack some of the run's sources (built after a
     /// source was lost).
     pub partial_objects: u64,
+    /// Good objects holding some of their MEP's events only (a filter
+    /// unit's accepted events), and the events of those objects' MEPs.
+    pub selection_objects: u64,
+    pub selection_events: u64,
+    pub selection_mep_events: u64,
     /// Per source index: good objects that lack it (counting the first
     /// [`MAX_MISSING_LISTED`] missing sources of each object).
     pub missing_by_source: std::collections::BTreeMap<u32, u64>,
@@ -89,6 +94,9 @@ pub struct ObjectSummary {
     pub version: u16,
     pub mep: u64,
     pub events: u32,
+    /// Events of the MEP (more than `events` when the object holds a
+    /// filter unit's selection).
+    pub mep_events: u32,
     pub bytes: u64,
     pub run_sources: u32,
     /// The source indices stored, in order.
@@ -112,6 +120,11 @@ impl ReadReport {
             self.events += u64::from(h.event_count);
             self.bytes += b.len() as u64;
             self.version_1_objects += u64::from(h.version == 1);
+            if batch.is_selection() {
+                self.selection_objects += 1;
+                self.selection_events += u64::from(h.event_count);
+                self.selection_mep_events += u64::from(batch.mep_events());
+            }
             if batch.missing_count() > 0 {
                 self.partial_objects += 1;
                 let missing = batch.missing_sources(MAX_MISSING_LISTED);
@@ -134,6 +147,7 @@ impl ReadReport {
                     version: h.version,
                     mep: h.mep,
                     events: h.event_count,
+                    mep_events: batch.mep_events(),
                     bytes: b.len() as u64,
                     run_sources: batch.run_sources(),
                     sources: batch.sources(),

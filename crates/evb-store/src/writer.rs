@@ -201,6 +201,22 @@ impl StoreWriter {
         sources: &[u32],
         fragments: &[&[u8]],
     ) -> Result<(), StoreError> {
+        self.write_events(mep, events_per_mep, run_sources, sources, fragments, None)
+    }
+
+    /// Like [`Self::write_batch_sources`], storing only the events
+    /// `selected` of the MEP (event numbers, strictly increasing; `None`:
+    /// all): a filter unit stores the events it accepted. The object records
+    /// which events it holds (docs/store.md, event-number table).
+    pub fn write_events(
+        &mut self,
+        mep: u64,
+        events_per_mep: u32,
+        run_sources: u32,
+        sources: &[u32],
+        fragments: &[&[u8]],
+        selected: Option<&[u32]>,
+    ) -> Result<(), StoreError> {
         {
             let mut state = self.shared.lock();
             if let Some(err) = &state.error {
@@ -214,21 +230,21 @@ impl StoreWriter {
             }
         }
         let mut object = self.spare_buffers.try_recv().unwrap_or_default();
-        format::layout_sources(
-            &mut object,
-            self.run_id,
-            self.node,
+        let batch = format::BatchParts {
+            run_id: self.run_id,
+            node: self.node,
             mep,
-            events_per_mep,
+            mep_events: events_per_mep,
             run_sources,
             sources,
             fragments,
-        )
-        .map_err(|problem| StoreError::InvalidBatch { mep, problem })?;
+        };
+        format::layout_selected(&mut object, &batch, selected)
+            .map_err(|problem| StoreError::InvalidBatch { mep, problem })?;
         self.shared.lock().queued += 1;
         let job = Job {
             mep,
-            events: events_per_mep,
+            events: selected.map_or(events_per_mep, |s| s.len() as u32),
             object,
         };
         // Never blocks: fewer than queue_depth jobs are queued.

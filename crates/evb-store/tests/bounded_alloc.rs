@@ -39,8 +39,9 @@ fn lying_header(events: u32, sources: u32, payload: u64) -> Vec<u8> {
     object[32..40].copy_from_slice(&payload.to_le_bytes());
     let crc = crc32c::crc32c(&object[..44]);
     object[44..48].copy_from_slice(&crc.to_le_bytes());
-    // The header and the source table of one source (layout version 2).
-    assert_eq!(object.len(), HEADER_LEN + 8);
+    // The header, the source table of one source and the event-number
+    // table of no events (layout version 3).
+    assert_eq!(object.len(), HEADER_LEN + 8 + 4);
     object
 }
 

@@ -399,6 +399,43 @@ proptest! {
     }
 
     #[test]
+    fn a_selection_holds_exactly_the_selected_events(
+        sizes in prop::collection::vec(prop::collection::vec(0u32..300, 0..20), 1..6),
+        keep in prop::collection::vec(any::<bool>(), 20),
+    ) {
+        let events = sizes.iter().map(Vec::len).min().unwrap();
+        let fragments: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(s, sz)| fragment(s as u32, &sz[..events]))
+            .collect();
+        let refs: Vec<&[u8]> = fragments.iter().map(Vec::as_slice).collect();
+        let whole = format::encode(1, 2, 3, events as u32, &refs).unwrap();
+        let whole = format::decode(&whole).unwrap();
+        let selected: Vec<u32> = (0..events as u32).filter(|&e| keep[e as usize]).collect();
+        let sources: Vec<u32> = (0..refs.len() as u32).collect();
+        let parts = format::BatchParts {
+            run_id: 1,
+            node: 2,
+            mep: 3,
+            mep_events: events as u32,
+            run_sources: refs.len() as u32,
+            sources: &sources,
+            fragments: &refs,
+        };
+        let mut object = Vec::new();
+        format::layout_selected(&mut object, &parts, Some(&selected)).unwrap();
+        format::seal(&mut object);
+        let stored = format::decode(&object).unwrap();
+        prop_assert_eq!(stored.header.event_count as usize, selected.len());
+        prop_assert_eq!(stored.mep_events() as usize, events);
+        for (i, &e) in selected.iter().enumerate() {
+            prop_assert_eq!(stored.event_number(i as u32), e);
+            prop_assert_eq!(stored.event(i as u32), whole.event(e));
+        }
+    }
+
+    #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = format::decode(&bytes);
     }
