@@ -304,6 +304,10 @@ pub struct OutputSection {
     pub consumer_busy: BusyModel,
     /// `evb run`: how consumer processes spend their busy time.
     pub consumer_wait: BusyWait,
+    /// `evb run`: passes a consumer's trigger makes over every byte of a
+    /// batch (CRC-32C), on top of `consumer_busy_us`: a real processing
+    /// cost, whose time is measured (0: none).
+    pub consumer_work_passes: u32,
     /// Fraction of events a consumer accepts (its software trigger: a
     /// decision per event, drawn from the run seed and the event's number,
     /// so it replays). With `sink = "store"` and consumers, each consumer
@@ -326,6 +330,7 @@ impl Default for OutputSection {
             consumer_busy_us: 0,
             consumer_busy: BusyModel::Fixed,
             consumer_wait: BusyWait::Sleep,
+            consumer_work_passes: 0,
             accept_fraction: 1.0,
             bu_output_batches: 4,
         }
@@ -813,6 +818,12 @@ impl Config {
             return Err(err(
                 "output.consumer_busy_us",
                 "must be at most one hour (3600000000 us)".into(),
+            ));
+        }
+        if out.consumer_work_passes > 10_000 {
+            return Err(err(
+                "output.consumer_work_passes",
+                "must be at most 10000 passes over each batch".into(),
             ));
         }
         if !(0.0..=1.0).contains(&out.accept_fraction) {

@@ -164,6 +164,12 @@ impl FilterUnit {
         &self.granted
     }
 
+    /// The driver spent `ns` of real work on a batch (its trigger's
+    /// processing, `output.consumer_work_passes`): counted as busy time.
+    pub fn record_work(&mut self, ns: u64) {
+        self.stats.busy_ns += ns;
+    }
+
     /// Nothing to do and nothing more will come.
     pub fn is_finished(&self) -> bool {
         self.current.is_none()

@@ -428,6 +428,12 @@ impl Node {
         self.fu.as_ref()
     }
 
+    /// The Filter Unit, for a driver reporting the real work it did
+    /// ([`FilterUnit::record_work`]).
+    pub fn fu_mut(&mut self) -> Option<&mut FilterUnit> {
+        self.fu.as_mut()
+    }
+
     fn dispatch(&mut self, now: Nanos, from: NodeId, msg: Message) {
         let from_em = from == self.layout.em;
         let from_bu = self
