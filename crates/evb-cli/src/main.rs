@@ -84,7 +84,8 @@ struct RunArgs {
     /// Exit 0 even if events were lost, incomplete or corrupt.
     #[arg(long)]
     allow_loss: bool,
-    /// Live progress line: auto (on a terminal), always, never.
+    /// Live progress bar: auto (on a terminal, not under CI), always (on a
+    /// terminal even under CI), never.
     #[arg(long, default_value = "auto")]
     progress: String,
     /// Fault injection: `kill -9` node RANK at SECONDS into the run (repeatable).

@@ -595,6 +595,54 @@ fn progress_bars_only_on_a_terminal_outside_ci() {
     assert_eq!(out.stderr, "", "progress output in a pipe");
 }
 
+/// `evb run` under a pseudo-terminal: a bar of the run's time with its
+/// rates; under CI none, and in a pipe stderr holds no bar.
+#[test]
+fn evb_run_shows_a_bar_on_a_terminal_outside_ci() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let on_terminal = |ci: Option<&str>| {
+        let line = format!(
+            "{} run -n 2 -d 1.5 --set source.events_per_mep=256",
+            env!("CARGO_BIN_EXE_evb")
+        );
+        let mut cmd = Command::new("/usr/bin/script");
+        cmd.args(["-qec", &line, "/dev/null"]).env_remove("CI");
+        if let Some(v) = ci {
+            cmd.env("CI", v);
+        }
+        let out = run_bounded(cmd, dir, Duration::from_secs(60));
+        assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+        assert!(out.stdout.contains("events: generated"), "{}", out.stdout);
+        out.stdout
+    };
+    let shown = on_terminal(None);
+    assert!(
+        shown.contains("] 100%") && shown.contains("Gb/s") && shown.contains("[====="),
+        "no progress bar on a terminal:\n{shown}"
+    );
+    let ci = on_terminal(Some("true"));
+    assert!(!ci.contains("] 100%"), "a bar under CI:\n{ci}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "-n",
+        "2",
+        "-d",
+        "1",
+        "--set",
+        "source.events_per_mep=256",
+    ])
+    .env_remove("CI");
+    let out = run_bounded(cmd, dir, Duration::from_secs(60));
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains("100%"),
+        "a bar in a pipe: {}",
+        out.stderr
+    );
+}
+
 /// The SVG of the chart titled `title` in `html`.
 fn chart_titled<'a>(html: &'a str, title: &str) -> &'a str {
     let at = html

@@ -3,7 +3,7 @@
 //!
 //! The launcher writes the effective configuration to a file every node
 //! reads, collects the nodes' listening ports and hands each the full list,
-//! shows a live progress line, forwards Ctrl-C as a drain request to the
+//! shows a live progress bar on a terminal, forwards Ctrl-C as a drain request to the
 //! node hosting the EM, and adds the nodes' final reports up into the
 //! summary table and the JSON (`docs/run-json.md`).
 
@@ -31,7 +31,8 @@ pub struct RunOptions {
     pub duration_s: Option<f64>,
     pub json: Option<PathBuf>,
     pub allow_loss: bool,
-    /// Show the live progress line (default: when stderr is a terminal).
+    /// Show the live progress bar (default: when stderr is a terminal and
+    /// CI is unset; never drawn off a terminal).
     pub progress: Option<bool>,
     /// The `evb` executable to start nodes with (default: this one).
     pub exe: Option<PathBuf>,
@@ -430,9 +431,12 @@ fn supervise(
             interrupts.fetch_add(1, Ordering::SeqCst);
         });
     }
-    let progress = opts
-        .progress
-        .unwrap_or_else(|| std::io::stderr().is_terminal());
+    // A bar is for a person at a terminal: not in pipes, logs or CI.
+    let progress = opts.progress.unwrap_or_else(|| {
+        let ci = matches!(std::env::var_os("CI"), Some(v) if !v.is_empty());
+        std::io::stderr().is_terminal() && !ci
+    });
+    let bar = progress.then(|| progress_bar(config));
     let start = Instant::now();
     let started_unix = crate::report::unix_now();
     let mut pending_faults = opts.faults.clone();
@@ -457,6 +461,9 @@ fn supervise(
     let em = layout.em as usize;
     while open.iter().any(|&o| o) {
         let msg = rx.recv_timeout(Duration::from_millis(100));
+        if let Some(bar) = bar.as_ref().filter(|_| config.run.duration_s > 0.0) {
+            bar.set_position((start.elapsed().as_secs_f64() * 10.0) as u64);
+        }
         if let Ok(FromNode::Stats(r, _) | FromNode::Final(r, _) | FromNode::Garbage(r, _)) = &msg {
             last_heard[*r] = Instant::now();
         }
@@ -528,8 +535,8 @@ fn supervise(
         let n_int = interrupts.load(Ordering::SeqCst);
         if n_int >= 1 && !stop_sent {
             stop_sent = true;
-            if progress {
-                eprintln!("\nevb run: interrupted, draining (Ctrl-C again to kill)");
+            if let Some(bar) = &bar {
+                bar.println("evb run: interrupted, draining (Ctrl-C again to kill)");
             }
             if let Some(s) = stdins[em].as_mut() {
                 let _ = s.write_all(b"STOP\n").and_then(|_| s.flush());
@@ -590,23 +597,30 @@ fn supervise(
             };
             last_bytes = bytes;
             last_events = events;
-            if progress {
+            if let Some(bar) = &bar {
                 let per_node = sample.built_gbps / f64::from(config.nodes.count.max(1));
-                eprint!(
-                    "\r[{:6.1} s] {:>8.3} M events/s  built {:7.2} Gb/s ({:6.2} per node)  incomplete {}  corrupt {}   ",
-                    sample.t_s,
+                if config.run.duration_s == 0.0 {
+                    bar.set_position(latest.get(em).map_or(0, |r| r.meps_assigned));
+                }
+                bar.set_message(format!(
+                    "{:>8.3} M events/s  built {:7.2} Gb/s ({:6.2} per node)  incomplete {}  corrupt {}",
                     sample.events_per_second / 1e6,
                     sample.built_gbps,
                     per_node,
                     sample.events_incomplete,
                     sample.events_corrupt
-                );
+                ));
             }
             timeline.push(sample);
         }
     }
-    if progress {
-        eprintln!();
+    if let Some(bar) = bar {
+        // The last figures stay on screen above the summary; a run that
+        // ended on its own is complete.
+        if !stop_sent {
+            bar.set_position(bar.length().unwrap_or(0));
+        }
+        bar.abandon();
     }
     Ok(Supervised {
         finals,
@@ -823,4 +837,28 @@ pub fn loss_error(result: &RunResult) -> anyhow::Error {
         s.events_corrupt,
         s.nodes_missing
     )
+}
+
+/// The live bar of `evb run` on a terminal: the run's time (or its MEPs,
+/// for a run of `run.max_meps`), with the latest rates as its message.
+fn progress_bar(config: &Config) -> indicatif::ProgressBar {
+    let (len, template) = if config.run.duration_s > 0.0 {
+        (
+            (config.run.duration_s * 10.0).ceil() as u64,
+            "[{elapsed_precise}] [{bar:20}] {percent:>3}% {wide_msg}",
+        )
+    } else {
+        (
+            config.run.max_meps.max(1),
+            "[{elapsed_precise}] [{bar:20}] {pos}/{len} MEPs {wide_msg}",
+        )
+    };
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(500));
+    bar
 }
