@@ -220,6 +220,62 @@ fn real_trigger_work_keeps_consumers_busy_and_pushes_back() {
     );
 }
 
+/// A consumer killed mid-run (`kill -9`): the batches delivered to it and
+/// not yet confirmed by its credit are delivered again to the other, so
+/// every built batch is confirmed exactly once; the survivor's own count
+/// of what it consumed equals what the BUs saw it confirm.
+#[test]
+fn a_killed_consumers_unconfirmed_batches_go_to_the_other() {
+    let json = tmp("fu-kill.json");
+    let json_s = json.display().to_string();
+    let (code, output) = evb(
+        &[
+            "run",
+            "-n",
+            "3",
+            "--consumers",
+            "2",
+            "-d",
+            "2.5",
+            "--progress",
+            "never",
+            "--kill",
+            "4@1",
+            "--allow-loss",
+            "--json",
+            &json_s,
+            "--set",
+            "output.consumer_busy_us=20000",
+            "--set",
+            "source.events_per_mep=256",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "{output}");
+    let v = read_json(&json, &output);
+    let s = &v["summary"];
+    assert_eq!(
+        v["summary"]["nodes_missing"],
+        serde_json::json!([4]),
+        "{output}"
+    );
+    assert_eq!(
+        u(s, "events_lost") + u(s, "events_incomplete"),
+        0,
+        "{output}"
+    );
+    let c = &s["consumers"];
+    // Busy 20 ms a batch with 2 credits per BU: the dead one held some.
+    assert!(u(c, "batches_redelivered") > 0, "{output}");
+    assert_eq!(u(c, "batches_delivered"), u(s, "batches_built"), "{output}");
+    assert_eq!(u(c, "batches_confirmed"), u(s, "batches_built"), "{output}");
+    assert_eq!(u(c, "batches_undelivered"), 0, "{output}");
+    let per = c["per_consumer"].as_array().unwrap();
+    let survivor = per.iter().find(|p| u(p, "node") == 3).unwrap();
+    assert_eq!(u(survivor, "batches"), u(survivor, "confirmed"), "{output}");
+    assert!(output.contains("delivered again: "), "{output}");
+}
+
 #[test]
 fn sim_models_consumers_as_fabric_hosts() {
     let json = tmp("sim.json");

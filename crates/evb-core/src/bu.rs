@@ -13,6 +13,14 @@
 //! already returned their EM credit; the rest keep it until delivered, so
 //! while every consumer is busy the EM runs out of credit for this BU and
 //! stops assigning to it. Nothing is dropped for want of a consumer.
+//!
+//! A delivered batch stays with the BU (the driver keeps its delivery
+//! copy) until the consumer's credit for it comes back: an FU works in
+//! order and returns one credit per batch it finished, so each credit
+//! confirms the oldest unconfirmed delivery to that FU. When an FU is lost,
+//! its unconfirmed batches go back to the front of the output queue and are
+//! delivered again to the others (at least once: the dead FU may have
+//! finished one whose credit never arrived).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -54,13 +62,18 @@ pub enum BuAction {
     /// Tell the EM `mep` is finished (returns one credit).
     Finished { mep: MepId, outcome: u8 },
     /// Send the built batch `mep` to the Filter Unit on endpoint `to` (a
-    /// [`crate::wire::FLAG_BATCH`] fragment); a `Finish` for it follows.
+    /// [`crate::wire::FLAG_BATCH`] fragment). The first time, a `Finish`
+    /// for it follows, so the driver keeps a copy of the batch until
+    /// `Confirmed`; a delivery again (its FU was lost) sends that copy.
     Deliver {
         to: NodeId,
         mep: MepId,
         events: u64,
         bytes: u64,
     },
+    /// A consumer finished `mep` (its credit came back), or it can never be
+    /// delivered: free the delivery copy.
+    Confirmed { mep: MepId },
     /// The batch is finished: deliver it to the sink if built, then free
     /// its buffers either way.
     Finish {
@@ -118,6 +131,11 @@ pub struct BuStats {
     pub bytes_delivered: u64,
     /// Built batches no consumer could take (all gone, or the drain ended).
     pub batches_undelivered: u64,
+    /// Delivered batches the consumer confirmed (its credit came back), per
+    /// FU index; and deliveries made again because their FU was lost
+    /// before confirming them.
+    pub batches_confirmed: Vec<u64>,
+    pub batches_redelivered: u64,
     /// Time the output queue was full (its batches holding EM credits), ns.
     pub output_full_ns: u64,
     /// Built batches that found no consumer with credit and had to wait in
@@ -138,7 +156,7 @@ const FINISHED_MEMORY: usize = 1 << 13;
 const FINISHED_CAPACITY: usize = 2 * FINISHED_MEMORY;
 
 impl BuStats {
-    fn new(sources: usize) -> BuStats {
+    fn new(sources: usize, consumers: usize) -> BuStats {
         BuStats {
             batches_built: 0,
             events_built: 0,
@@ -160,6 +178,8 @@ impl BuStats {
             batches_delivered: 0,
             bytes_delivered: 0,
             batches_undelivered: 0,
+            batches_confirmed: vec![0; consumers],
+            batches_redelivered: 0,
             output_full_ns: 0,
             consumer_credit_stalls: 0,
             max_output_queue: 0,
@@ -208,6 +228,9 @@ struct Waiting {
     bytes: u64,
     /// Its `Finished` went to the EM already (it is within the buffer).
     reported: bool,
+    /// Delivered before, to an FU lost without confirming it: its `Finish`
+    /// went out then, only the delivery copy is left.
+    redelivery: bool,
     /// It found no consumer credit (counted in `consumer_credit_stalls`).
     stalled: bool,
 }
@@ -223,6 +246,9 @@ struct Output {
     /// FU index the round-robin search starts from.
     next: usize,
     queue: VecDeque<Waiting>,
+    /// Per FU index: batches delivered to it and not yet confirmed, oldest
+    /// first (at most its credits).
+    unconfirmed: Vec<VecDeque<Waiting>>,
     /// Batches that may wait having returned their EM credit.
     buffer: usize,
     full_since: Option<Nanos>,
@@ -292,10 +318,11 @@ impl BuilderUnit {
                 gone: vec![false; layout.fus()],
                 next: 0,
                 queue: VecDeque::new(),
+                unconfirmed: vec![VecDeque::new(); layout.fus()],
                 buffer: config.output.bu_output_batches as usize,
                 full_since: None,
             }),
-            stats: BuStats::new(layout.rus()),
+            stats: BuStats::new(layout.rus(), layout.fus()),
         }
     }
 
@@ -310,9 +337,18 @@ impl BuilderUnit {
         self.output.as_ref().map_or(0, |o| o.queue.len())
     }
 
-    /// Nothing open and nothing waiting for a consumer.
+    /// Delivered batches no consumer has confirmed yet.
+    pub fn output_unconfirmed(&self) -> usize {
+        self.output
+            .as_ref()
+            .map_or(0, |o| o.unconfirmed.iter().map(VecDeque::len).sum())
+    }
+
+    /// Nothing open, nothing waiting for a consumer, every delivery
+    /// confirmed (so a consumer lost during the drain can still be
+    /// replaced).
     pub fn is_idle(&self) -> bool {
-        self.open.is_empty() && self.output_waiting() == 0
+        self.open.is_empty() && self.output_waiting() == 0 && self.output_unconfirmed() == 0
     }
 
     /// The FU on endpoint `fu` takes `credits` more batches.
@@ -329,6 +365,14 @@ impl BuilderUnit {
         };
         if !o.gone[f as usize] {
             o.credits[f as usize] = o.credits[f as usize].saturating_add(credits);
+            // Credits beyond the deliveries outstanding are the FU's
+            // initial grant; the others confirm the oldest deliveries.
+            let pending = &mut o.unconfirmed[f as usize];
+            for _ in 0..(credits as usize).min(pending.len()) {
+                let w = pending.pop_front().expect("counted");
+                self.stats.batches_confirmed[f as usize] += 1;
+                out.push(BuAction::Confirmed { mep: w.mep });
+            }
         }
         self.pump_output(now, out);
     }
@@ -342,8 +386,16 @@ impl BuilderUnit {
         };
         o.gone[f as usize] = true;
         o.credits[f as usize] = 0;
+        // Its unconfirmed batches go first to the consumers left.
+        let lost = std::mem::take(&mut o.unconfirmed[f as usize]);
+        for mut w in lost.into_iter().rev() {
+            w.redelivery = true;
+            o.queue.push_front(w);
+        }
         if o.gone.iter().all(|&g| g) {
             self.drop_output(now, out);
+        } else {
+            self.pump_output(now, out);
         }
     }
 
@@ -364,14 +416,19 @@ impl BuilderUnit {
             o.credits[f] -= 1;
             o.next = (f + 1) % n;
             o.queue.pop_front();
-            self.stats.batches_delivered += 1;
-            self.stats.bytes_delivered += crate::wire::batch_payload_len(sources, w.bytes);
+            o.unconfirmed[f].push_back(w);
             out.push(BuAction::Deliver {
                 to: o.fu_nodes[f],
                 mep: w.mep,
                 events: w.events,
                 bytes: w.bytes,
             });
+            if w.redelivery {
+                self.stats.batches_redelivered += 1;
+                continue;
+            }
+            self.stats.batches_delivered += 1;
+            self.stats.bytes_delivered += crate::wire::batch_payload_len(sources, w.bytes);
             out.push(BuAction::Finish {
                 mep: w.mep,
                 outcome: Outcome::Built,
@@ -412,6 +469,11 @@ impl BuilderUnit {
         let Some(o) = &mut self.output else { return };
         for w in std::mem::take(&mut o.queue) {
             self.stats.batches_undelivered += 1;
+            if w.redelivery {
+                // Built, delivered once, and lost with its consumer.
+                out.push(BuAction::Confirmed { mep: w.mep });
+                continue;
+            }
             out.push(BuAction::Finish {
                 mep: w.mep,
                 outcome: Outcome::Built,
@@ -759,6 +821,7 @@ impl BuilderUnit {
                 bytes: batch.bytes,
                 reported: false,
                 stalled: false,
+                redelivery: false,
             });
             self.pump_output(now, out);
             return;

@@ -99,6 +99,9 @@ pub struct Report {
     /// Built batches delivered to a consumer, and consumed, with counts.
     pub delivered: BTreeMap<MepId, u32>,
     pub consumed: BTreeMap<MepId, u32>,
+    /// Built batches a BU saw confirmed by a consumer's credit (or gave up
+    /// delivering again), with counts.
+    pub confirmed: BTreeMap<MepId, u32>,
     /// Deliveries made while the consumer had granted no credit to that BU.
     pub consumer_credit_violations: u64,
     /// Most batches delivered and not yet consumed on one (BU, FU) pair.
@@ -484,6 +487,9 @@ impl Harness {
                             crc: h.crc32c,
                         },
                     );
+                }
+                Action::Confirmed { mep } => {
+                    *self.report.confirmed.entry(mep).or_insert(0) += 1;
                 }
                 Action::Consumed { mep, bu } => {
                     *self.report.consumed.entry(mep).or_insert(0) += 1;

@@ -52,6 +52,9 @@ pub enum Action {
         events: u64,
         bytes: u64,
     },
+    /// BU: a consumer confirmed built batch `mep` (or it can never be
+    /// delivered): free the copy kept for delivering it again.
+    Confirmed { mep: MepId },
     /// FU: done with `mep` from the BU on endpoint `bu`; free its buffer.
     Consumed { mep: MepId, bu: NodeId },
     /// The run is over for this node: everything it held is finished.
@@ -637,6 +640,9 @@ impl Node {
                         events,
                         bytes,
                     }),
+                    BuAction::Confirmed { mep } => {
+                        self.actions.push_back(Action::Confirmed { mep })
+                    }
                     BuAction::Finish {
                         mep,
                         outcome,

@@ -393,6 +393,8 @@ fn check_consumers(report: &evb_core::harness::Report, config: &Config, what: &s
     assert_eq!(report.delivered.len() as u64, meps, "{what}");
     assert!(report.delivered.values().all(|&n| n == 1), "{what}");
     assert_eq!(report.consumed, report.delivered, "{what}");
+    // Every delivery confirmed once by its consumer's credit.
+    assert_eq!(report.confirmed, report.delivered, "{what}");
     assert_eq!(report.consumer_credit_violations, 0, "{what}");
     assert!(
         report.max_consumer_outstanding <= config.output.consumer_credits,
@@ -459,6 +461,66 @@ fn every_built_batch_reaches_one_consumer_exactly_once() {
         }
     }
     assert_eq!(runs, 720);
+}
+
+/// A consumer dies mid-run (2 to 4 consumers): the batches delivered to it
+/// and not confirmed by its credit go to the others, so every built batch
+/// is confirmed exactly once and consumed at least once; a batch is
+/// consumed twice only if it was delivered again (the dead consumer
+/// finished it but its credit never arrived).
+#[test]
+fn a_dead_consumers_unconfirmed_batches_are_delivered_again() {
+    let (mut runs, mut redelivered, mut twice) = (0, 0, 0);
+    for case in 0..60u64 {
+        let mut config = random_config(7000 + case);
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xdead_f00d);
+        config.output.consumers = rng.gen_range(2..=4);
+        config.output.consumer_credits = rng.gen_range(1..=3);
+        config.output.bu_output_batches = rng.gen_range(0..=4);
+        config.output.consumer_busy_us = [5, 50, 400][rng.gen_range(0..3)];
+        let layout = evb_core::Layout::from_config(&config);
+        for seed in 0..5u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let fu = layout.fu_nodes[rng.gen_range(0..layout.fus())];
+            h.faults.crash = Some((fu, rng.gen_range(0..3_000_000)));
+            h.faults.detection_ns = rng.gen_range(100_000..2_000_000);
+            let report = h.run(None, 600_000_000_000);
+            let what = format!("case {case} seed {seed}: FU {fu} crashes: {config:?}");
+            if !report.all_done {
+                // The last actions say who waits for what.
+                for line in report.log.iter().rev().take(60).rev() {
+                    eprintln!("{line}");
+                }
+            }
+            assert!(report.all_done, "not all survivors finished: {what}");
+            let meps = config.run.max_meps;
+            assert_eq!(report.built.len() as u64, meps, "{what}");
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            assert_eq!(report.confirmed.len() as u64, meps, "{what}");
+            assert!(report.confirmed.values().all(|&n| n == 1), "{what}");
+            assert_eq!(
+                report.consumed.len() as u64,
+                meps,
+                "a batch never consumed: {what}"
+            );
+            assert_eq!(report.consumer_credit_violations, 0, "{what}");
+            let again = report.bu_total(|b| b.batches_redelivered);
+            let doubles = report.consumed.values().filter(|&&n| n > 1).count() as u64;
+            assert!(report.consumed.values().all(|&n| n <= 2), "{what}");
+            assert!(
+                doubles <= again,
+                "consumed twice without a re-delivery: {what}"
+            );
+            assert_eq!(report.bu_total(|b| b.batches_delivered), meps, "{what}");
+            assert_eq!(report.bu_total(|b| b.batches_undelivered), 0, "{what}");
+            redelivered += again;
+            twice += doubles;
+            runs += 1;
+        }
+    }
+    eprintln!("{runs} runs with a consumer crash: {redelivered} batches delivered again, {twice} consumed twice");
+    assert_eq!(runs, 300);
+    assert!(redelivered > 0, "no crash ever left a batch unconfirmed");
 }
 
 /// Consumers far slower than the builder: the BUs' output queues fill,

@@ -773,6 +773,12 @@ pub fn format_summary(result: &RunResult) -> String {
             c.max_output_queue,
             busy.join(" ")
         );
+        if c.batches_redelivered > 0 {
+            out += &format!(
+                "delivered again: {} batches a dead consumer had not confirmed; confirmed {} of {} delivered\n",
+                c.batches_redelivered, c.batches_confirmed, c.batches_delivered
+            );
+        }
         if c.events_accepted < c.events_consumed {
             out += &format!(
                 "trigger: accepted {} of {} events consumed ({:.1} %), in {} batches\n",

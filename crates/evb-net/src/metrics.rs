@@ -396,6 +396,12 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
             c(r.bytes_delivered),
         );
         metric(
+            "evb_bu_batches_redelivered_total",
+            "counter",
+            "Deliveries made again because their consumer died before confirming them.",
+            c(r.batches_redelivered),
+        );
+        metric(
             "evb_bu_batches_undelivered_total",
             "counter",
             "Built batches no consumer could take (all gone, or the drain ended).",

@@ -386,8 +386,9 @@ struct Engine {
     sink: Option<std::fs::File>,
     /// When each endpoint was last heard from.
     last_rx: Vec<Instant>,
-    /// BU: delivered batches the transport may still be sending.
-    deliveries: HashMap<MepId, Rc<Vec<u8>>>,
+    /// BU: copies of delivered batches (and their headers), kept until a
+    /// consumer confirms them, to deliver again if their consumer dies.
+    deliveries: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader)>,
     /// FU: received batches, by (BU endpoint, MEP), until consumed.
     consuming: HashMap<(NodeId, MepId), Delivered>,
 }
@@ -826,13 +827,9 @@ impl Runtime {
                         // The same MEP can be both the RU's fragment and a
                         // delivered batch: the RU's transfer is told first.
                         let ru_sending = self.engine.node.ru().is_some_and(|r| r.is_sending(mep));
-                        if !ru_sending {
-                            if let Some(rc) = self.engine.deliveries.remove(&mep) {
-                                if let Ok(buf) = Rc::try_unwrap(rc) {
-                                    self.engine.give_back(buf);
-                                }
-                                continue;
-                            }
+                        if !ru_sending && self.engine.deliveries.contains_key(&mep) {
+                            // A delivery: its copy stays until confirmed.
+                            continue;
                         }
                         let now = self.engine.now();
                         self.engine.node.on_send_complete(now, mep);
@@ -1003,6 +1000,14 @@ impl Runtime {
                 Action::Deliver {
                     to, mep, events, ..
                 } => self.deliver(transport, to, mep, events),
+                Action::Confirmed { mep } => {
+                    if let Some((rc, _)) = self.engine.deliveries.remove(&mep) {
+                        // Still in the transport's hands: freed when sent.
+                        if let Ok(buf) = Rc::try_unwrap(rc) {
+                            self.engine.give_back(buf);
+                        }
+                    }
+                }
                 Action::Consumed { mep, bu } => {
                     if let Some(d) = self.engine.consuming.remove(&(bu, mep)) {
                         let passes = self.config.output.consumer_work_passes;
@@ -1056,6 +1061,11 @@ impl Runtime {
     /// one payload buffer per message), with its CRC-32C.
     fn deliver(&mut self, transport: &mut dyn Transport, to: NodeId, mep: MepId, events: u64) {
         let e = &mut self.engine;
+        if let Some((data, header)) = e.deliveries.get(&mep) {
+            // Again: its first consumer was lost before confirming it.
+            transport.send_fragment(to, header, data.clone());
+            return;
+        }
         let Some(b) = e.batches.get(&mep) else {
             return;
         };
@@ -1079,9 +1089,10 @@ impl Runtime {
             crc32c: payload_crc(&buf),
         };
         let data = Rc::new(buf);
-        if transport.send_fragment(to, &header, data.clone()) {
-            e.deliveries.insert(mep, data);
-        }
+        // Kept until confirmed, sent or not: a send refused because `to`
+        // is gone is followed by its loss, and the batch goes to another.
+        transport.send_fragment(to, &header, data.clone());
+        e.deliveries.insert(mep, (data, header));
     }
 
     /// Fault injection: this fragment is never sent.

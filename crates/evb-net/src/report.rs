@@ -135,6 +135,13 @@ pub struct NodeReport {
     pub bytes_delivered: u64,
     #[serde(default)]
     pub batches_undelivered: u64,
+    /// (BU with consumers) Deliveries confirmed by each consumer's credit
+    /// (by FU index), and deliveries made again because their consumer
+    /// died before confirming them.
+    #[serde(default)]
+    pub batches_confirmed: Vec<u64>,
+    #[serde(default)]
+    pub batches_redelivered: u64,
     #[serde(default)]
     pub output_full_s: f64,
     #[serde(default)]
@@ -235,6 +242,8 @@ impl NodeReport {
         self.batches_delivered = bu.batches_delivered;
         self.bytes_delivered = bu.bytes_delivered;
         self.batches_undelivered = bu.batches_undelivered;
+        self.batches_confirmed = bu.batches_confirmed.clone();
+        self.batches_redelivered = bu.batches_redelivered;
         self.output_full_s = bu.output_full_ns as f64 * 1e-9;
         self.max_output_queue = bu.max_output_queue;
         self.latency_ns = Latency::of(&bu.latency_ns);
@@ -397,6 +406,13 @@ pub struct ConsumersSummary {
     pub bytes_delivered: u64,
     /// Built batches no consumer could take (all gone, or the drain ended).
     pub batches_undelivered: u64,
+    /// Deliveries the consumers confirmed (their credit came back to the
+    /// BU): each delivered batch once, whether its consumer survived or
+    /// not; and deliveries made again because a consumer died first.
+    #[serde(default)]
+    pub batches_confirmed: u64,
+    #[serde(default)]
+    pub batches_redelivered: u64,
     pub batches_consumed: u64,
     pub events_consumed: u64,
     pub bytes_consumed: u64,
@@ -426,6 +442,9 @@ pub struct ConsumersSummary {
 pub struct ConsumerFigures {
     pub node: u16,
     pub batches: u64,
+    /// Its deliveries the BUs saw confirmed (known even if it died).
+    #[serde(default)]
+    pub confirmed: u64,
     pub bytes: u64,
     /// Fraction of the run it was busy.
     pub busy_fraction: f64,
@@ -447,6 +466,8 @@ impl ConsumersSummary {
             c.batches_delivered += r.batches_delivered;
             c.bytes_delivered += r.bytes_delivered;
             c.batches_undelivered += r.batches_undelivered;
+            c.batches_confirmed += r.batches_confirmed.iter().sum::<u64>();
+            c.batches_redelivered += r.batches_redelivered;
             c.output_full_s += r.output_full_s;
             c.max_output_queue = c.max_output_queue.max(r.max_output_queue);
             c.batches_consumed += r.batches_consumed;
@@ -467,11 +488,17 @@ impl ConsumersSummary {
         }
         c.per_consumer = fu_nodes
             .iter()
-            .map(|&n| {
+            .enumerate()
+            .map(|(f, &n)| {
                 let r = reports.get(n as usize).and_then(Option::as_ref);
                 ConsumerFigures {
                     node: n,
                     batches: r.map_or(0, |r| r.batches_consumed),
+                    confirmed: reports
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| r.batches_confirmed.get(f))
+                        .sum(),
                     bytes: r.map_or(0, |r| r.bytes_consumed),
                     busy_fraction: r
                         .filter(|r| r.elapsed_s > 0.0)

@@ -380,7 +380,7 @@ impl EventBuilder {
                     let wire = payload + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
                     net.post(host, u32::from(to), wire, 0, tag, None);
                 }
-                Action::Consumed { .. } => {}
+                Action::Consumed { .. } | Action::Confirmed { .. } => {}
                 Action::Release { .. } | Action::Done => {}
             }
         }
