@@ -215,6 +215,10 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         ])
         .arg(&config_path)
         .env(crate::transport::auth::KEY_ENV, &run_key)
+        .env(
+            crate::transport::shm::REJOIN_ENV,
+            if opts.restarts.is_empty() { "0" } else { "1" },
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

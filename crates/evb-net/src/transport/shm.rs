@@ -15,9 +15,9 @@
 //! (busy progress). A receiver that consumed records rings the sender's
 //! doorbell too, so a sender waiting for ring space or completions wakes.
 //!
-//! Rejoin (when the runtime enables it, under `evb run`): an inbox keeps
-//! its name in /dev/shm for the whole run (the launcher removes those of
-//! killed nodes). A restarted node creates a new inbox (its name carries
+//! Rejoin (when the runtime enables it: under `evb run --restart`): an
+//! inbox keeps its name in /dev/shm for the whole run (the launcher
+//! removes those of killed nodes). A restarted node creates a new inbox (its name carries
 //! the new pid) and, in each live peer's inbox, writes its pid into its
 //! join slot, bumps the slot's request generation and rings. The peer
 //! takes it in once the old incarnation's process is gone (so nothing can
@@ -279,6 +279,10 @@ fn exited(fd: &OwnedFd) -> bool {
     let n = unsafe { libc::poll(&mut pfd, 1, 0) };
     n > 0 && pfd.revents & libc::POLLIN != 0
 }
+
+/// Set to `1` by `evb run` for its nodes when it will restart some: only
+/// then do shm inboxes keep their names for the whole run (rejoin).
+pub const REJOIN_ENV: &str = "EVB_SHM_REJOIN";
 
 /// The name of an inbox in /dev/shm: the run, the rank and the process
 /// that owns it (a restarted node's is new).
