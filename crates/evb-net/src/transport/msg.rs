@@ -752,3 +752,135 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 .all(|&p| p == self.rank || self.bye_from[p as usize] || self.dropped[p as usize])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine that hands out scripted completions.
+    #[derive(Default)]
+    struct Scripted {
+        next: VecDeque<Vec<Completion>>,
+    }
+
+    impl Endpoint for Scripted {
+        fn name(&self) -> String {
+            "scripted".into()
+        }
+        fn local_address(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn add_peer(&mut self, _address: &[u8]) -> Result<usize> {
+            Ok(0)
+        }
+        fn post_recv(&mut self, _buf: Vec<u8>) -> Result<()> {
+            Ok(())
+        }
+        fn send(&mut self, _: usize, _: u64, _: Vec<u8>, _: Body, _: u64) -> Result<bool> {
+            Ok(true)
+        }
+        fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+            out.extend(self.next.pop_front().unwrap_or_default());
+            Ok(())
+        }
+        fn wait(&mut self, _timeout: Duration) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Records what the transport hands over.
+    #[derive(Default)]
+    struct Seen {
+        alive: Vec<NodeId>,
+    }
+
+    impl RxHandler for Seen {
+        fn on_alive(&mut self, peer: NodeId) {
+            self.alive.push(peer);
+        }
+        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
+        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
+            false
+        }
+        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
+            vec![0; min_len]
+        }
+        fn on_fragment(&mut self, _: NodeId, _: FragmentHeader, _: u32, _: Vec<u8>, _: usize) {}
+    }
+
+    fn heartbeat_from(rank: u64) -> Completion {
+        let mut buf = Vec::new();
+        Message::Heartbeat.encode_into(&mut buf);
+        let len = buf.len();
+        Completion::Received {
+            buf,
+            len,
+            tag: rank,
+        }
+    }
+
+    /// A new incarnation of a peer whose link is still up: the old link is
+    /// reported closed at the end of one poll, the join at the end of the
+    /// next, and what the new one sent is handed over only after that.
+    #[test]
+    fn a_join_over_a_live_link_is_a_close_then_a_join() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![
+            Completion::PeerJoined { peer: 0, rank: 1 },
+            heartbeat_from(1),
+        ]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let mut seen = Seen::default();
+        let mut events = Vec::new();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(
+            matches!(
+                &events[..],
+                [LinkEvent::Closed {
+                    peer: 1,
+                    error: Some(_)
+                }]
+            ),
+            "{events:?}"
+        );
+        assert!(seen.alive.is_empty(), "handed over before the join");
+        // The runtime declares it lost.
+        events.clear();
+        t.drop_peer(1, &mut events);
+        assert!(!t.has_link(1));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(events, vec![LinkEvent::Joined { peer: 1 }]);
+        assert!(seen.alive.is_empty(), "handed over before the runtime knew");
+        assert!(t.has_link(1));
+        events.clear();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(seen.alive, vec![1]);
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    /// A join after the runtime dropped the peer: reported at the end of
+    /// the same poll, its messages at the next.
+    #[test]
+    fn a_join_of_a_dropped_peer_is_reported_at_once() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![
+            Completion::PeerJoined { peer: 0, rank: 1 },
+            heartbeat_from(1),
+        ]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let mut events = Vec::new();
+        t.drop_peer(1, &mut events);
+        let mut seen = Seen::default();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(events, vec![LinkEvent::Joined { peer: 1 }]);
+        assert!(seen.alive.is_empty());
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(seen.alive, vec![1]);
+    }
+}

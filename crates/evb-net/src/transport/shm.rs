@@ -1158,4 +1158,44 @@ mod tests {
         let (msgs, joins) = received(&mut s);
         assert!(msgs.is_empty() && joins.is_empty());
     }
+
+    /// While the old incarnation's process still runs (it could still
+    /// write into its ring), a join request waits; it is taken once that
+    /// process is gone.
+    #[test]
+    fn a_join_waits_for_the_old_process_to_end() {
+        let ring_bytes = 1u32 << 16;
+        let run_id = 0x7000_0000 | (std::process::id() & 0xffff);
+        let mut s = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(s.enable_rejoin(false));
+        let old = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        let mut alive = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut old_addr = old.local_address();
+        old_addr[0..4].copy_from_slice(&(alive.id() as i32).to_le_bytes());
+        s.add_peer(&old_addr).unwrap();
+        drop(old);
+        let mut new = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(new.enable_rejoin(true));
+        new.add_peer(&s.local_address()).unwrap();
+        for _ in 0..3 {
+            std::thread::sleep(EXIT_CHECK);
+            assert_eq!(received(&mut s).1, vec![], "taken while the old one runs");
+            assert_eq!(received(&mut new).1, vec![]);
+        }
+        alive.kill().unwrap();
+        alive.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let joins = loop {
+            std::thread::sleep(EXIT_CHECK);
+            let joins = received(&mut s).1;
+            if !joins.is_empty() || Instant::now() > deadline {
+                break joins;
+            }
+        };
+        assert_eq!(joins, vec![(0, 1)]);
+        assert_eq!(received(&mut new).1, vec![(0, 0)]);
+    }
 }
