@@ -95,7 +95,7 @@ struct RunArgs {
     #[arg(long, value_name = "RANK@SECONDS")]
     stop: Vec<String>,
     /// Restart node RANK (killed earlier with --kill) at SECONDS: a fresh process that rejoins
-    /// the run (tcp only; not node 0, the EM).
+    /// the run (tcp and shm; not node 0, the EM).
     #[arg(long, value_name = "RANK@SECONDS")]
     restart: Vec<String>,
 }
@@ -114,8 +114,8 @@ struct NodeArgs {
     /// `--control launcher`: a directory every rank can see (shared filesystem).
     #[arg(long)]
     rendezvous: Option<PathBuf>,
-    /// Join a run already going, as a restarted node (same rank, same address): no start
-    /// barrier, connect to the live peers, the EM re-admits it (tcp only).
+    /// Join a run already going, as a restarted node (same rank; tcp: same address, shm: a new
+    /// inbox): no start barrier, connect to the live peers, the EM re-admits it (tcp and shm).
     #[arg(long)]
     rejoin: bool,
 }

@@ -4,8 +4,12 @@
 //! account for every event exactly.
 
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
+
+#[allow(dead_code)]
+mod common;
 
 fn run_with(fault: &str, spec: &str, name: &str) -> (i32, Value, String) {
     run_with_settings(fault, spec, name, &[])
@@ -201,43 +205,98 @@ fn a_silent_node_is_found_by_heartbeats() {
 }
 
 /// `kill -9` of node 2 at 1.5 s, a fresh `evb node --rejoin` for it at 3 s,
-/// 8 s in all: the survivors re-dial it (backoff up to 1 s, so within about
-/// a second), the EM re-admits its BU and RU, and it builds again; every
-/// event keeps exactly one fate.
+/// 8 s in all, over TCP: the survivors re-dial it (backoff up to 1 s, so
+/// within about a second), the EM re-admits its BU and RU, and it builds
+/// again; every event keeps exactly one fate.
 #[test]
 fn a_killed_node_restarts_rejoins_and_builds_again() {
+    check_restart("tcp");
+}
+
+/// The same over shared memory (the default of `evb run`): the new
+/// incarnation has a new inbox and asks each survivor, through its slot in
+/// the survivor's inbox, to take it back; the survivor drops what the dead
+/// one left in its ring, resets it and answers.
+#[test]
+fn a_killed_node_restarts_and_rejoins_over_shm() {
+    check_restart("shm");
+}
+
+/// The default transport stays shm when a node is restarted.
+#[test]
+fn restarts_keep_the_default_shm_transport() {
     let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("restart.json");
-    let started = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args([
-            "run",
-            "--nodes",
-            "4",
-            "--duration",
-            "8",
-            "--progress",
-            "never",
-            "--kill",
-            "2@1.5",
-            "--restart",
-            "2@3",
-            "--json",
-        ])
-        .arg(&json)
-        .args(["--set", "source.events_per_mep=1024"])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let json = dir.join("restart-auto.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "3",
+        "--duration",
+        "4",
+        "--progress",
+        "never",
+        "--kill",
+        "2@1",
+        "--restart",
+        "2@2",
+        "--allow-loss",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["--set", "source.events_per_mep=1024"]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["config"]["transport"]["kind"], "shm", "{text}");
+    assert!(text.contains("over shm"), "{text}");
+    let generated = n(&v, "events_generated");
+    let accounted = n(&v, "events_built")
+        + n(&v, "events_incomplete")
+        + n(&v, "events_corrupt")
+        + n(&v, "events_lost");
+    assert_eq!(generated, accounted, "{text}");
+    let rejoined = v["summary"]["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["node"] == 2 && f["what"] == "rejoined")
+        .count();
+    assert_eq!(rejoined, 2, "both survivors see the rejoin: {text}");
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(40),
+        v["nodes"][2]["events_built"].as_u64().unwrap() > 0,
         "{text}"
     );
+}
+
+/// What a kill and a restart of node 2 over `transport` must give.
+fn check_restart(transport: &str) {
+    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join(format!("restart-{transport}.json"));
+    let started = std::time::Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "8",
+        "--progress",
+        "never",
+        "--kill",
+        "2@1.5",
+        "--restart",
+        "2@3",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["--set", "source.events_per_mep=1024"])
+    .args(["--set", &format!("transport.kind={transport}")]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(120));
+    assert!(started.elapsed() < Duration::from_secs(40), "{text}");
+    assert!(text.contains(&format!("over {transport}")), "{text}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     // Events of the dead incarnation's unfinished MEPs are lost: a failure.
     assert_eq!(out.status.code(), Some(1), "{text}");
@@ -331,7 +390,7 @@ fn a_killed_node_restarts_rejoins_and_builds_again() {
         g.iter().sum::<f64>() / g.len().max(1) as f64
     };
     eprintln!(
-        "built Gb/s, mean of 1 s samples: while node 2 was dead (2.5-3.05 s) {:.2}; after its rejoin ({:.1}-7.9 s) {:.2}; node 2 alone after: {after:?}",
+        "{transport}: built Gb/s, mean of 1 s samples: while node 2 was dead (2.5-3.05 s) {:.2}; after its rejoin ({:.1}-7.9 s) {:.2}; node 2 alone after: {after:?}",
         mean(2.5, 3.05),
         rejoin_at + 1.0,
         mean(rejoin_at + 1.0, 7.9)

@@ -155,13 +155,8 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 .to_string();
         }
     }
-    // `auto` is shm on one machine, except that only tcp lets a restarted
-    // node rejoin.
-    config.transport.kind = if config.transport.kind == "auto" && !opts.restarts.is_empty() {
-        "tcp".into()
-    } else {
-        crate::transport::resolve_auto(&config.transport.kind).into()
-    };
+    // `auto` is shm on one machine (restarted nodes rejoin over it too).
+    config.transport.kind = crate::transport::resolve_auto(&config.transport.kind).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
@@ -198,14 +193,16 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 r.node
             );
         }
-        if config.transport.kind != "tcp" {
+        if config.transport.kind != "tcp" && config.transport.kind != "shm" {
             bail!(
-                "--restart: only the tcp transport can rejoin, not `{}`",
+                "--restart: only the tcp and shm transports can rejoin, not `{}`",
                 config.transport.kind
             );
         }
     }
     let (tx, rx) = mpsc::channel();
+    // Every node process started: (rank, pid).
+    let spawned = std::cell::RefCell::new(Vec::new());
     // Starts node `rank` (`rejoin`: a restarted node joining the run).
     let mut spawn = |rank: usize, rejoin: bool| -> Result<(Child, Option<ChildStdin>)> {
         let mut cmd = Command::new(&exe);
@@ -219,6 +216,10 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         ])
         .arg(&config_path)
         .env(crate::transport::auth::KEY_ENV, &run_key)
+        .env(
+            crate::transport::shm::REJOIN_ENV,
+            if opts.restarts.is_empty() { "0" } else { "1" },
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
@@ -231,6 +232,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         let mut child = cmd
             .spawn()
             .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
+        spawned.borrow_mut().push((rank, child.id()));
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped");
         let tx = tx.clone();
@@ -262,6 +264,14 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .map(|c| c.wait().ok().and_then(|s| s.code()))
         .collect();
     let _ = std::fs::remove_dir_all(&workdir);
+    if config.transport.kind == "shm" {
+        // With rejoin, an shm inbox keeps its name until its process ends
+        // normally: remove those of the nodes that were killed.
+        for &(rank, pid) in spawned.borrow().iter() {
+            let path = crate::transport::shm::inbox_path(config.run.run_id, rank, pid);
+            let _ = std::fs::remove_file(path);
+        }
+    }
     let Supervised {
         finals,
         latest,
@@ -400,17 +410,15 @@ fn supervise(
     }
     let bind = &config.transport.bind;
     // A TCP node announces its port; other transports an opaque token.
-    let peers: Vec<String> = ports
+    let address = |token: String| match token.parse::<u16>() {
+        Ok(port) => format!("{bind}:{port}"),
+        Err(_) => token,
+    };
+    let mut peers: Vec<String> = ports
         .into_iter()
-        .map(|p| {
-            let token = p.expect("all known");
-            match token.parse::<u16>() {
-                Ok(port) => format!("{bind}:{port}"),
-                Err(_) => token,
-            }
-        })
+        .map(|p| address(p.expect("all known")))
         .collect();
-    let line = format!("PEERS {}\n", peers.join(" "));
+    let mut line = format!("PEERS {}\n", peers.join(" "));
     let mut pending_restarts = opts.restarts.clone();
     // Counters of earlier incarnations of restarted nodes, so the timeline
     // does not step back: (events_built, bytes_built) per node.
@@ -475,7 +483,13 @@ fn supervise(
             }
             Ok(FromNode::Closed(rank)) => open[rank] = false,
             Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
-            Ok(FromNode::Listen(..)) | Err(_) => {}
+            // A restarted shm node has a new inbox: a node restarted after
+            // it must find that one.
+            Ok(FromNode::Listen(rank, token)) => {
+                peers[rank] = address(token);
+                line = format!("PEERS {}\n", peers.join(" "));
+            }
+            Err(_) => {}
         }
         // Everyone else is finished and a node has gone quiet (stopped,
         // hung): it will not finish; end it.

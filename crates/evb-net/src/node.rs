@@ -49,9 +49,10 @@ pub struct NodeOptions {
     pub control: Control,
     /// `Control::Launcher`: the directory where ranks exchange addresses.
     pub rendezvous: Option<PathBuf>,
-    /// This process restarts a node of a run already going: it listens on
-    /// the node's address again, connects to the live peers without the
-    /// start barrier, and the EM re-admits it (TCP only).
+    /// This process restarts a node of a run already going: it connects to
+    /// the live peers without the start barrier (TCP: on the node's
+    /// address again; shm: with a new inbox the peers are told of), and the
+    /// EM re-admits it (TCP and shm).
     pub rejoin: bool,
 }
 
@@ -95,17 +96,16 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     if opts.rejoin && rank == layout.em {
         bail!("node {rank} hosts the EM: it cannot rejoin a run (restarting the EM ends the run)");
     }
-    // A restarted node listens where its peers know it: under `evb run`,
-    // the address list comes first.
-    let early_peers = match (opts.rejoin, opts.control) {
-        (true, Control::Stdio) => Some(read_peers_line(&layout)?),
+    let kind = TransportKind::parse(&config.transport.kind)?;
+    // A restarted TCP node listens where its peers know it: under `evb
+    // run`, the address list comes first. (A restarted shm node announces
+    // its new inbox as at the start, and asks the peers to take it back.)
+    let early_peers = match (opts.rejoin, opts.control, &kind) {
+        (true, Control::Stdio, TransportKind::Tcp) => Some(read_peers_line(&layout)?),
         _ => None,
     };
     let mut transport = match &early_peers {
         Some(peers) => {
-            if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
-                bail!("only the tcp transport can rejoin a run");
-            }
             let listen = peers[rank as usize]
                 .to_socket_addrs()
                 .ok()
@@ -120,10 +120,16 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         }
         None => open_transport(&config, &layout, rank, opts.control)?,
     };
-    let rejoin_ok = transport.enable_rejoin(opts.rejoin);
+    // shm keeps its inbox's name in /dev/shm for restarted peers to find,
+    // and only `evb run` removes what a killed node leaves there: rejoin is
+    // offered when it plans restarts (or asked for).
+    let shm_restarts = opts.control == Control::Stdio
+        && std::env::var(transport::shm::REJOIN_ENV).is_ok_and(|v| v == "1");
+    let offer_rejoin = opts.rejoin || shm_restarts || kind != TransportKind::Shm;
+    let rejoin_ok = offer_rejoin && transport.enable_rejoin(opts.rejoin);
     if opts.rejoin && !rejoin_ok {
         bail!(
-            "transport `{}` cannot rejoin a run: only tcp can",
+            "transport `{}` cannot rejoin a run: only tcp and shm can",
             transport.name()
         );
     }

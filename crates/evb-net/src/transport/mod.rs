@@ -17,8 +17,9 @@
 //!
 //! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
 //! re-establishes connections with a lost peer (restarted, or reachable
-//! again) and reports [`LinkEvent::Joined`]. The message engines do not: a
-//! peer they lost stays lost for the rest of the run.
+//! again) and reports [`LinkEvent::Joined`]; shared memory takes in a
+//! restarted peer's new inbox ([`shm`]). The other message engines (ofi,
+//! ucx, mpi) do not: a peer they lost stays lost for the rest of the run.
 
 pub mod auth;
 pub mod mpi;

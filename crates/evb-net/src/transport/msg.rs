@@ -8,6 +8,13 @@
 //! from every linked peer), retries when the engine says "not now", the
 //! orderly finish (an empty message with the `BYE` tag bit) and turning
 //! sends to a lost peer into completions.
+//!
+//! Rejoin, for an engine that offers it ([`Endpoint::enable_rejoin`], shm):
+//! the engine reports a new incarnation of a peer ([`Completion::PeerJoined`]);
+//! the transport reports the old link closed first if it was still up, and
+//! the join at the end of a poll (the one after, when it reported a close),
+//! so that the runtime has handled the loss; what the new incarnation sends
+//! meanwhile is held back and handed over at the next poll.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -50,6 +57,10 @@ pub enum Completion {
     SendFailed { ctx: u64, reason: String },
     /// The engine found the link to a peer (by its index) broken.
     PeerFailed { peer: usize, reason: String },
+    /// Endpoint `rank` of the run is reachable at engine index `peer`: a
+    /// new incarnation of it (it restarted), or, for a restarted endpoint,
+    /// a live peer that took it back. Reported before anything it sends.
+    PeerJoined { peer: usize, rank: NodeId },
 }
 
 /// The body of a message: a range of a shared buffer.
@@ -86,7 +97,18 @@ pub trait Endpoint {
     fn peer_active_tagged(&self, peer: usize, _tag: u64) -> bool {
         self.peer_active(peer)
     }
+    /// Before any `add_peer`: take in new incarnations of peers during the
+    /// run; `restarted`: this endpoint is one, and `add_peer` asks each
+    /// peer to take it back (the link is up at its `PeerJoined`). False
+    /// when the engine cannot (the default).
+    fn enable_rejoin(&mut self, _restarted: bool) -> bool {
+        false
+    }
 }
+
+/// How long a restarted endpoint waits for the live peers to take it back
+/// before it starts; later answers are joins during the run.
+const REJOIN_WAIT: Duration = Duration::from_secs(2);
 
 struct Queued {
     peer: NodeId,
@@ -118,6 +140,18 @@ pub struct MsgTransport<E: Endpoint> {
     max_body: u64,
     completions: Vec<Completion>,
     recv_buffers: usize,
+    /// This process is a restarted endpoint (rejoin enabled).
+    restarted: bool,
+    /// Per endpoint: a restarted endpoint asked it to take it back and has
+    /// no answer yet (no link).
+    pending_link: Vec<bool>,
+    /// Joins the engine reported, applied at the end of this poll, and
+    /// those whose old link was reported closed in it, at the next one.
+    joins: Vec<(usize, NodeId)>,
+    joins_next: Vec<(usize, NodeId)>,
+    /// Per endpoint: a join is under way; what it sends waits in `held`.
+    joining: Vec<bool>,
+    held: Vec<Completion>,
 }
 
 impl<E: Endpoint> MsgTransport<E> {
@@ -147,6 +181,12 @@ impl<E: Endpoint> MsgTransport<E> {
             max_message: max_message_bytes(config),
             max_body: super::max_body_bytes(config),
             completions: Vec::new(),
+            restarted: false,
+            pending_link: vec![false; n],
+            joins: Vec::new(),
+            joins_next: Vec::new(),
+            joining: vec![false; n],
+            held: Vec::new(),
         })
     }
 
@@ -226,7 +266,31 @@ impl<E: Endpoint> MsgTransport<E> {
     fn handle_completions(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) {
         let completions = std::mem::take(&mut self.completions);
         for c in completions {
+            // What a joining peer sends waits until the runtime knows of
+            // the join (its failure too, to keep the order).
+            let from = match &c {
+                Completion::Received { tag, .. } | Completion::ReceivedWithCrc { tag, .. } => {
+                    Some((tag & TAG_RANK_MASK) as usize)
+                }
+                Completion::PeerFailed { peer, .. } => self
+                    .joins
+                    .iter()
+                    .chain(&self.joins_next)
+                    .find(|(i, _)| i == peer)
+                    .map(|&(_, rank)| rank as usize),
+                _ => None,
+            };
+            if from.is_some_and(|r| self.joining.get(r).copied().unwrap_or(false)) {
+                self.held.push(c);
+                continue;
+            }
             match c {
+                Completion::PeerJoined { peer, rank } => {
+                    if (rank as usize) < self.joining.len() && rank != self.rank {
+                        self.joining[rank as usize] = true;
+                        self.joins.push((peer, rank));
+                    }
+                }
                 Completion::Sent { ctx } => {
                     if let Some((_, Some(mep))) = self.in_flight.remove(&ctx) {
                         events.push(LinkEvent::SendDone(mep));
@@ -354,6 +418,102 @@ impl<E: Endpoint> MsgTransport<E> {
         Ok(msg)
     }
 
+    /// At the end of a poll: the joins reported during it. A peer whose
+    /// old link is still up is reported closed now and joined at the end
+    /// of the next poll, once the runtime has handled the loss.
+    fn apply_joins(&mut self, events: &mut Vec<LinkEvent>) {
+        for (index, rank) in std::mem::take(&mut self.joins_next) {
+            self.join(index, rank, events);
+        }
+        for (index, rank) in std::mem::take(&mut self.joins) {
+            let p = rank as usize;
+            let live = self.peer_index[p].is_some() && !self.dropped[p] && !self.pending_link[p];
+            if live {
+                self.drop_peer(rank, events);
+                events.push(LinkEvent::Closed {
+                    peer: rank,
+                    error: Some("replaced by a new incarnation of the endpoint".into()),
+                });
+                self.joins_next.push((index, rank));
+            } else {
+                self.join(index, rank, events);
+            }
+        }
+    }
+
+    fn join(&mut self, index: usize, rank: NodeId, events: &mut Vec<LinkEvent>) {
+        let p = rank as usize;
+        self.joining[p] = false;
+        self.pending_link[p] = false;
+        if self.finished {
+            // The run is over for us: it stays dropped (what it sent too).
+            self.dropped[p] = true;
+            return;
+        }
+        self.peer_index[p] = Some(index);
+        self.dropped[p] = false;
+        self.bye_from[p] = false;
+        events.push(LinkEvent::Joined { peer: rank });
+    }
+
+    /// At the start of a poll: what joined peers sent before the runtime
+    /// knew of their join.
+    fn release_held(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut held = std::mem::take(&mut self.held);
+        held.append(&mut self.completions);
+        self.completions = held;
+        self.handle_completions(handler, events);
+    }
+
+    /// A restarted endpoint's setup: ask every peer to take it back (the
+    /// live ones answer at once) and wait a while for their answers. Peers
+    /// without a link at the end are the runtime's to declare lost.
+    fn connect_restarted(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
+        for &p in &self.linked.clone() {
+            let addr = if p == self.rank {
+                // Our address in the list is the old incarnation's.
+                self.ep.local_address()
+            } else {
+                from_hex(&peers[p as usize]).with_context(|| format!("address of endpoint {p}"))?
+            };
+            match self.ep.add_peer(&addr) {
+                Ok(index) => {
+                    self.peer_index[p as usize] = Some(index);
+                    self.pending_link[p as usize] = p != self.rank;
+                }
+                Err(e) => eprintln!("evb node {}: endpoint {p} is not there: {e:#}", self.rank),
+            }
+        }
+        for _ in 0..self.recv_buffers {
+            let buf = handler.spare_buffer(self.max_message);
+            self.ep.post_recv(buf)?;
+        }
+        let deadline = Instant::now() + REJOIN_WAIT;
+        let mut events = Vec::new();
+        loop {
+            let waiting: Vec<NodeId> = (0..self.endpoints)
+                .filter(|&p| self.pending_link[p as usize] && !self.dropped[p as usize])
+                .collect();
+            if waiting.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!(
+                    "evb node {}: endpoints {waiting:?} did not take it back at the rejoin",
+                    self.rank
+                );
+                break;
+            }
+            self.poll(Duration::from_millis(20), handler, &mut events)?;
+            events.clear();
+        }
+        self.ep.setup_done();
+        Ok(())
+    }
+
     fn pump(&mut self, handler: &mut dyn RxHandler, events: &mut Vec<LinkEvent>) -> Result<bool> {
         self.push_queued(events);
         self.ep.progress(&mut self.completions)?;
@@ -405,6 +565,9 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
         if peers.len() != self.endpoints as usize {
             bail!("{} addresses for {} endpoints", peers.len(), self.endpoints);
+        }
+        if self.restarted {
+            return self.connect_restarted(peers, handler);
         }
         for &p in &self.linked.clone() {
             let addr =
@@ -503,11 +666,12 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         handler: &mut dyn RxHandler,
         events: &mut Vec<LinkEvent>,
     ) -> Result<()> {
-        if self.pump(handler, events)? || timeout.is_zero() {
-            return Ok(());
+        self.release_held(handler, events);
+        if !self.pump(handler, events)? && !timeout.is_zero() && self.joins_next.is_empty() {
+            self.ep.wait(timeout)?;
+            self.pump(handler, events)?;
         }
-        self.ep.wait(timeout)?;
-        self.pump(handler, events)?;
+        self.apply_joins(events);
         Ok(())
     }
 
@@ -568,6 +732,17 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         }
     }
 
+    fn enable_rejoin(&mut self, restarted: bool) -> bool {
+        let enabled = self.ep.enable_rejoin(restarted);
+        self.restarted = enabled && restarted;
+        enabled
+    }
+
+    fn has_link(&self, peer: NodeId) -> bool {
+        let p = peer as usize;
+        self.peer_index[p].is_some() && !self.dropped[p] && !self.pending_link[p]
+    }
+
     fn all_finished(&self) -> bool {
         self.queued_total == 0
             && self.in_flight.is_empty()
@@ -575,5 +750,137 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 .linked
                 .iter()
                 .all(|&p| p == self.rank || self.bye_from[p as usize] || self.dropped[p as usize])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine that hands out scripted completions.
+    #[derive(Default)]
+    struct Scripted {
+        next: VecDeque<Vec<Completion>>,
+    }
+
+    impl Endpoint for Scripted {
+        fn name(&self) -> String {
+            "scripted".into()
+        }
+        fn local_address(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn add_peer(&mut self, _address: &[u8]) -> Result<usize> {
+            Ok(0)
+        }
+        fn post_recv(&mut self, _buf: Vec<u8>) -> Result<()> {
+            Ok(())
+        }
+        fn send(&mut self, _: usize, _: u64, _: Vec<u8>, _: Body, _: u64) -> Result<bool> {
+            Ok(true)
+        }
+        fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+            out.extend(self.next.pop_front().unwrap_or_default());
+            Ok(())
+        }
+        fn wait(&mut self, _timeout: Duration) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Records what the transport hands over.
+    #[derive(Default)]
+    struct Seen {
+        alive: Vec<NodeId>,
+    }
+
+    impl RxHandler for Seen {
+        fn on_alive(&mut self, peer: NodeId) {
+            self.alive.push(peer);
+        }
+        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
+        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
+            false
+        }
+        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
+            vec![0; min_len]
+        }
+        fn on_fragment(&mut self, _: NodeId, _: FragmentHeader, _: u32, _: Vec<u8>, _: usize) {}
+    }
+
+    fn heartbeat_from(rank: u64) -> Completion {
+        let mut buf = Vec::new();
+        Message::Heartbeat.encode_into(&mut buf);
+        let len = buf.len();
+        Completion::Received {
+            buf,
+            len,
+            tag: rank,
+        }
+    }
+
+    /// A new incarnation of a peer whose link is still up: the old link is
+    /// reported closed at the end of one poll, the join at the end of the
+    /// next, and what the new one sent is handed over only after that.
+    #[test]
+    fn a_join_over_a_live_link_is_a_close_then_a_join() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![
+            Completion::PeerJoined { peer: 0, rank: 1 },
+            heartbeat_from(1),
+        ]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let mut seen = Seen::default();
+        let mut events = Vec::new();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(
+            matches!(
+                &events[..],
+                [LinkEvent::Closed {
+                    peer: 1,
+                    error: Some(_)
+                }]
+            ),
+            "{events:?}"
+        );
+        assert!(seen.alive.is_empty(), "handed over before the join");
+        // The runtime declares it lost.
+        events.clear();
+        t.drop_peer(1, &mut events);
+        assert!(!t.has_link(1));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(events, vec![LinkEvent::Joined { peer: 1 }]);
+        assert!(seen.alive.is_empty(), "handed over before the runtime knew");
+        assert!(t.has_link(1));
+        events.clear();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(seen.alive, vec![1]);
+        assert!(events.is_empty(), "{events:?}");
+    }
+
+    /// A join after the runtime dropped the peer: reported at the end of
+    /// the same poll, its messages at the next.
+    #[test]
+    fn a_join_of_a_dropped_peer_is_reported_at_once() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![
+            Completion::PeerJoined { peer: 0, rank: 1 },
+            heartbeat_from(1),
+        ]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let mut events = Vec::new();
+        t.drop_peer(1, &mut events);
+        let mut seen = Seen::default();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(events, vec![LinkEvent::Joined { peer: 1 }]);
+        assert!(seen.alive.is_empty());
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(seen.alive, vec![1]);
     }
 }

@@ -14,6 +14,20 @@
 //! Waiting is a futex wait on the doorbell (blocking progress) or a spin
 //! (busy progress). A receiver that consumed records rings the sender's
 //! doorbell too, so a sender waiting for ring space or completions wakes.
+//!
+//! Rejoin (when the runtime enables it: under `evb run --restart`): an
+//! inbox keeps its name in /dev/shm for the whole run (the launcher
+//! removes those of killed nodes). A restarted node creates a new inbox (its name carries
+//! the new pid) and, in each live peer's inbox, writes its pid into its
+//! join slot, bumps the slot's request generation and rings. The peer
+//! takes it in once the old incarnation's process is gone (so nothing can
+//! write into the old ring any more): it maps the new inbox, drops
+//! whatever the dead incarnation left unread in its ring, resets that ring
+//! to position 0, and only then answers with the generation it accepted.
+//! The restarted node writes only after that answer, so the peer never
+//! reads the dead incarnation's records as the new one's; the generation
+//! tells one request (and so one incarnation) from the next. Inboxes stay
+//! 0600 and a peer maps only one owned by its own user.
 
 use std::collections::VecDeque;
 use std::ffi::CString;
@@ -28,8 +42,10 @@ use super::Progress;
 
 /// Messages up to this size travel inside the ring.
 pub const INLINE_MAX: usize = 16 << 10;
-const MAGIC: u64 = 0x6576_625f_7368_6d31; // "evb_shm1"
-const HEADER_BYTES: usize = 4096;
+const MAGIC: u64 = 0x6576_625f_7368_6d32; // "evb_shm2"
+/// Where the join slots start in an inbox's header, and the size of one.
+const JOIN_SLOTS: usize = 256;
+const JOIN_SLOT_BYTES: usize = 32;
 const RING_CONTROL_BYTES: usize = 256;
 const RECORD_HEADER: usize = 32;
 const KIND_INLINE: u32 = 1;
@@ -73,6 +89,16 @@ impl Mapping {
             if libc::fstat(fd, &mut st) != 0 || (st.st_size as usize) < len {
                 libc::close(fd);
                 bail!("{path} is smaller than the {len} bytes its owner announced");
+            }
+            // Only an inbox of ours, that nobody else can open, is one of
+            // this run's.
+            if st.st_uid != libc::geteuid() || st.st_mode & 0o077 != 0 {
+                libc::close(fd);
+                bail!(
+                    "{path} belongs to uid {} with mode {:o}: not an inbox of this user's run",
+                    st.st_uid,
+                    st.st_mode & 0o777
+                );
             }
             let base = libc::mmap(
                 std::ptr::null_mut(),
@@ -171,14 +197,30 @@ struct Geometry {
 }
 
 impl Geometry {
+    /// The header: identity, doorbell, and one join slot per sender.
+    fn header(&self) -> usize {
+        (JOIN_SLOTS + self.endpoints * JOIN_SLOT_BYTES).next_multiple_of(4096)
+    }
     fn total(&self) -> usize {
-        HEADER_BYTES + self.endpoints * (RING_CONTROL_BYTES + self.ring_bytes)
+        self.header() + self.endpoints * (RING_CONTROL_BYTES + self.ring_bytes)
     }
     fn ring(&self, sender: usize) -> usize {
-        HEADER_BYTES + sender * (RING_CONTROL_BYTES + self.ring_bytes)
+        self.header() + sender * (RING_CONTROL_BYTES + self.ring_bytes)
+    }
+    /// The slot where a new incarnation of `sender` asks to join.
+    fn join_slot(&self, sender: usize) -> usize {
+        JOIN_SLOTS + sender * JOIN_SLOT_BYTES
     }
     const DOORBELL: usize = 64;
     const WAITERS: usize = 128;
+    /// Counts join requests, so that a poll reads one word to know of any.
+    const JOIN_BELL: usize = 192;
+    // Within a join slot: the joiner's generation of requests (it adds one
+    // per request, after writing its pid), its pid, and the generation the
+    // inbox's owner accepted (written after it reset the sender's ring).
+    const JOIN_GEN: usize = 0;
+    const JOIN_PID: usize = 8;
+    const JOIN_ACK: usize = 16;
     // Within a ring's control block: producer and consumer positions on
     // separate cache lines.
     const HEAD: usize = 0;
@@ -201,6 +243,9 @@ struct Peer {
     /// crash is noticed at once instead of after the heartbeat timeout.
     exit_fd: Option<OwnedFd>,
     exit_reported: bool,
+    /// This (restarted) endpoint asked the peer to take it back with this
+    /// request generation and has no answer yet: nothing goes either way.
+    awaiting: Option<u64>,
 }
 
 /// How often the peers' pidfds are polled.
@@ -211,6 +256,38 @@ fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: a plain system call; a non-negative result is a new fd we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether process `pid` is still there: it has no exited pidfd, or (where
+/// pidfds are unsupported) it can be signalled.
+fn process_alive(pid: i32, fd: Option<&OwnedFd>) -> bool {
+    match fd {
+        Some(fd) => !exited(fd),
+        // SAFETY: signal 0 only checks that the process exists.
+        None => pid > 0 && unsafe { libc::kill(pid, 0) } == 0,
+    }
+}
+
+/// A pidfd is readable once its process has exited.
+fn exited(fd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; timeout 0 never blocks.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & libc::POLLIN != 0
+}
+
+/// Set to `1` by `evb run` for its nodes when it will restart some: only
+/// then do shm inboxes keep their names for the whole run (rejoin).
+pub const REJOIN_ENV: &str = "EVB_SHM_REJOIN";
+
+/// The name of an inbox in /dev/shm: the run, the rank and the process
+/// that owns it (a restarted node's is new).
+pub fn inbox_path(run_id: u32, rank: usize, pid: u32) -> String {
+    format!("/dev/shm/evb-{run_id}-{rank}-{pid}")
 }
 
 pub struct ShmEndpoint {
@@ -228,6 +305,16 @@ pub struct ShmEndpoint {
     unlinked: bool,
     failed_reads: u64,
     next_exit_check: Instant,
+    run_id: u32,
+    /// Rejoin enabled: the inbox keeps its name for the whole run, and a new
+    /// incarnation of a peer may ask to join through its slot.
+    rejoin: bool,
+    /// This process restarts a node of a run already going.
+    restarted: bool,
+    /// Per sender: the join request generation last handled.
+    join_seen: Vec<u64>,
+    /// The join bell when every request it counted was handled.
+    join_bell_seen: u64,
 }
 
 impl ShmEndpoint {
@@ -242,8 +329,7 @@ impl ShmEndpoint {
             endpoints: endpoints as usize,
             ring_bytes: ring_bytes as usize,
         };
-        let pid = std::process::id();
-        let path = format!("/dev/shm/evb-{run_id}-{rank}-{pid}");
+        let path = inbox_path(run_id, rank as usize, std::process::id());
         let inbox = Mapping::create(&path, geo.total())
             .with_context(|| format!("creating the shm inbox {path}"))?;
         inbox.atomic_u64(0).store(MAGIC, Ordering::Release);
@@ -270,6 +356,11 @@ impl ShmEndpoint {
             unlinked: false,
             failed_reads: 0,
             next_exit_check: Instant::now(),
+            run_id,
+            rejoin: false,
+            restarted: false,
+            join_seen: vec![0; endpoints as usize],
+            join_bell_seen: 0,
         })
     }
 
@@ -347,11 +438,29 @@ impl ShmEndpoint {
                 return true;
             }
         }
-        self.peers.iter().any(|p| {
-            p.map
-                .atomic_u64(p.ring + Geometry::TAIL)
+        if self.rejoin
+            && self
+                .inbox
+                .atomic_u64(Geometry::JOIN_BELL)
                 .load(Ordering::Acquire)
-                != p.last_tail
+                != self.join_bell_seen
+        {
+            return true;
+        }
+        let slot = self.geo.join_slot(self.rank);
+        self.peers.iter().any(|p| match p.awaiting {
+            Some(gen) => {
+                p.map
+                    .atomic_u64(slot + Geometry::JOIN_ACK)
+                    .load(Ordering::Acquire)
+                    == gen
+            }
+            None => {
+                p.map
+                    .atomic_u64(p.ring + Geometry::TAIL)
+                    .load(Ordering::Acquire)
+                    != p.last_tail
+            }
         })
     }
 
@@ -479,6 +588,201 @@ impl ShmEndpoint {
         }
     }
 
+    /// Maps the inbox of endpoint `rank` (process `pid`) to write into it.
+    fn attach(&self, path: &str, pid: i32, rank: usize) -> Result<Peer> {
+        let map = Mapping::open(path, self.geo.total())?;
+        let magic = map.atomic_u64(0).load(Ordering::Acquire);
+        let shape = map.atomic_u64(8).load(Ordering::Acquire);
+        let expected = ((self.geo.endpoints as u64) << 32) | self.geo.ring_bytes as u64;
+        if magic != MAGIC || shape != expected {
+            bail!("{path} is not an inbox of this run (different magic or geometry)");
+        }
+        let ring = self.geo.ring(self.rank);
+        let head = map
+            .atomic_u64(ring + Geometry::HEAD)
+            .load(Ordering::Acquire);
+        let last_tail = map
+            .atomic_u64(ring + Geometry::TAIL)
+            .load(Ordering::Acquire);
+        // The two rings of this link, the one we write in the peer's inbox
+        // and the one we read in ours, are resident from the start.
+        map.populate(ring, RING_CONTROL_BYTES + self.geo.ring_bytes);
+        self.inbox.populate(
+            self.geo.ring(rank),
+            RING_CONTROL_BYTES + self.geo.ring_bytes,
+        );
+        Ok(Peer {
+            map,
+            ring,
+            pid,
+            rank,
+            head,
+            pending: VecDeque::new(),
+            last_tail,
+            exit_fd: pidfd_open(pid),
+            exit_reported: false,
+            awaiting: None,
+        })
+    }
+
+    /// A restarted endpoint's link to a live peer: it writes its pid in
+    /// its slot of the peer's inbox and rings; the link is up when the
+    /// peer answers ([`Self::check_answers`]).
+    fn ask_to_join(&self, path: &str, pid: i32, rank: usize) -> Result<Peer> {
+        let exit_fd = pidfd_open(pid);
+        if !process_alive(pid, exit_fd.as_ref()) {
+            bail!("process {pid} has exited");
+        }
+        let mut peer = self.attach(path, pid, rank)?;
+        let slot = self.geo.join_slot(self.rank);
+        let map = &peer.map;
+        map.atomic_u64(slot + Geometry::JOIN_PID)
+            .store(u64::from(std::process::id()), Ordering::Release);
+        let gen = map
+            .atomic_u64(slot + Geometry::JOIN_GEN)
+            .fetch_add(1, Ordering::AcqRel)
+            + 1;
+        map.atomic_u64(Geometry::JOIN_BELL)
+            .fetch_add(1, Ordering::SeqCst);
+        Self::ring_doorbell(map);
+        peer.awaiting = Some(gen);
+        Ok(peer)
+    }
+
+    /// The peers that answered this restarted endpoint's request: the
+    /// ring it writes in their inbox is reset, the link is up.
+    fn check_answers(&mut self, out: &mut Vec<Completion>) {
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            let Some(gen) = p.awaiting else {
+                continue;
+            };
+            let slot = self.geo.join_slot(self.rank);
+            if p.map
+                .atomic_u64(slot + Geometry::JOIN_ACK)
+                .load(Ordering::Acquire)
+                != gen
+            {
+                continue;
+            }
+            p.awaiting = None;
+            p.head = p
+                .map
+                .atomic_u64(p.ring + Geometry::HEAD)
+                .load(Ordering::Acquire);
+            p.last_tail = p
+                .map
+                .atomic_u64(p.ring + Geometry::TAIL)
+                .load(Ordering::Acquire);
+            let rank = p.rank;
+            self.sender_peer[rank] = Some(i);
+            out.push(Completion::PeerJoined {
+                peer: i,
+                rank: rank as u16,
+            });
+        }
+    }
+
+    /// Takes in the new incarnations of peers that asked to join.
+    fn check_joins(&mut self, out: &mut Vec<Completion>, retry: bool) {
+        if !self.rejoin {
+            return;
+        }
+        let bell = self
+            .inbox
+            .atomic_u64(Geometry::JOIN_BELL)
+            .load(Ordering::Acquire);
+        if bell == self.join_bell_seen && !retry {
+            return;
+        }
+        let mut all_handled = true;
+        let me = self.rank;
+        for r in (0..self.geo.endpoints).filter(|&r| r != me) {
+            let slot = self.geo.join_slot(r);
+            let gen = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_GEN)
+                .load(Ordering::Acquire);
+            if gen == self.join_seen[r] {
+                continue;
+            }
+            let pid = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_PID)
+                .load(Ordering::Acquire) as i32;
+            if self.accept_join(r, pid, gen, out) {
+                self.join_seen[r] = gen;
+            } else {
+                all_handled = false;
+            }
+        }
+        if all_handled {
+            self.join_bell_seen = bell;
+        }
+    }
+
+    /// Process `pid` says it is endpoint `r` again (request `gen`): once
+    /// the old incarnation is gone, map the new one's inbox, drop what the
+    /// old one left unread in our ring, and answer. False: not yet (the old
+    /// process still runs).
+    fn accept_join(&mut self, r: usize, pid: i32, gen: u64, out: &mut Vec<Completion>) -> bool {
+        let index = self.peers.iter().position(|p| p.rank == r);
+        if let Some(old) = index.map(|i| &self.peers[i]) {
+            // The same process: nothing new, or both ends restarted and
+            // asked each other; the lower rank's answer links both ways.
+            if old.pid == pid && (old.awaiting.is_none() || self.rank > r) {
+                return true;
+            }
+            if old.pid != pid && process_alive(old.pid, old.exit_fd.as_ref()) {
+                // It could still write into its ring: wait for its end.
+                return false;
+            }
+        }
+        let path = inbox_path(self.run_id, r, pid as u32);
+        let new_fd = pidfd_open(pid);
+        if pid <= 0 || !process_alive(pid, new_fd.as_ref()) {
+            eprintln!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
+            return true;
+        }
+        let peer = match self.attach(&path, pid, r) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
+                return true;
+            }
+        };
+        // Whatever the dead incarnation left in our ring is never read:
+        // the new one writes from position 0 once it sees the answer.
+        let ring = self.geo.ring(r);
+        self.inbox
+            .atomic_u64(ring + Geometry::HEAD)
+            .store(0, Ordering::Relaxed);
+        self.tails[r] = 0;
+        self.publish_tail(r);
+        let index = match index {
+            Some(i) => {
+                // Its pending sends go with it (the transport gave them up
+                // when it dropped the peer, or does so now).
+                self.peers[i] = peer;
+                i
+            }
+            None => {
+                self.peers.push(peer);
+                self.peers.len() - 1
+            }
+        };
+        self.sender_peer[r] = Some(index);
+        self.inbox
+            .atomic_u64(self.geo.join_slot(r) + Geometry::JOIN_ACK)
+            .store(gen, Ordering::Release);
+        Self::ring_doorbell(&self.peers[index].map);
+        out.push(Completion::PeerJoined {
+            peer: index,
+            rank: r as u16,
+        });
+        true
+    }
+
     fn publish_tail(&self, s: usize) {
         self.inbox
             .atomic_u64(self.geo.ring(s) + Geometry::TAIL)
@@ -562,38 +866,13 @@ impl Endpoint for ShmEndpoint {
                 self.geo.endpoints
             );
         }
-        let map = Mapping::open(path, self.geo.total())?;
-        let magic = map.atomic_u64(0).load(Ordering::Acquire);
-        let shape = map.atomic_u64(8).load(Ordering::Acquire);
-        let expected = ((self.geo.endpoints as u64) << 32) | self.geo.ring_bytes as u64;
-        if magic != MAGIC || shape != expected {
-            bail!("{path} is not an inbox of this run (different magic or geometry)");
+        if self.restarted && rank != self.rank {
+            let peer = self.ask_to_join(path, pid, rank)?;
+            self.peers.push(peer);
+            return Ok(self.peers.len() - 1);
         }
-        let ring = self.geo.ring(self.rank);
-        let head = map
-            .atomic_u64(ring + Geometry::HEAD)
-            .load(Ordering::Acquire);
-        let last_tail = map
-            .atomic_u64(ring + Geometry::TAIL)
-            .load(Ordering::Acquire);
-        // The two rings of this link, the one we write in the peer's inbox
-        // and the one we read in ours, are resident from the start.
-        map.populate(ring, RING_CONTROL_BYTES + self.geo.ring_bytes);
-        self.inbox.populate(
-            self.geo.ring(rank),
-            RING_CONTROL_BYTES + self.geo.ring_bytes,
-        );
-        self.peers.push(Peer {
-            map,
-            ring,
-            pid,
-            rank,
-            head,
-            pending: VecDeque::new(),
-            last_tail,
-            exit_fd: pidfd_open(pid),
-            exit_reported: false,
-        });
+        let peer = self.attach(path, pid, rank)?;
+        self.peers.push(peer);
         let index = self.peers.len() - 1;
         self.sender_peer[rank] = Some(index);
         Ok(index)
@@ -619,6 +898,9 @@ impl Endpoint for ShmEndpoint {
             self.ring_data(&p.map, p.ring)
         };
         let p = &mut self.peers[peer];
+        if p.awaiting.is_some() {
+            return Ok(false);
+        }
         let tail = p
             .map
             .atomic_u64(p.ring + Geometry::TAIL)
@@ -656,6 +938,12 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        // Joins first: a reset ring is read only after the join is told.
+        let retry = self.rejoin && Instant::now() >= self.next_exit_check;
+        self.check_joins(out, retry);
+        if self.restarted {
+            self.check_answers(out);
+        }
         // Receive: a bounded number per ring per call, round robin.
         let mut consumed_from = Vec::new();
         for s in 0..self.geo.endpoints {
@@ -678,7 +966,7 @@ impl Endpoint for ShmEndpoint {
         }
         self.check_exits(out);
         // Complete sends the consumers have passed.
-        for p in &mut self.peers {
+        for p in self.peers.iter_mut().filter(|p| p.awaiting.is_none()) {
             let tail = p
                 .map
                 .atomic_u64(p.ring + Geometry::TAIL)
@@ -746,8 +1034,17 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn setup_done(&mut self) {
-        // Every peer has mapped our inbox: the name is no longer needed.
-        self.unlink();
+        // Every peer has mapped our inbox: the name is no longer needed,
+        // unless a restarted peer will look for it.
+        if !self.rejoin {
+            self.unlink();
+        }
+    }
+
+    fn enable_rejoin(&mut self, restarted: bool) -> bool {
+        self.rejoin = true;
+        self.restarted = restarted;
+        true
     }
 }
 
@@ -791,5 +1088,114 @@ mod tests {
         assert!(resident < 2 * ring, "{resident} bytes resident");
         a.setup_done();
         b.setup_done();
+    }
+
+    fn received(ep: &mut ShmEndpoint) -> (Vec<Vec<u8>>, Vec<(usize, u16)>) {
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        let mut msgs = Vec::new();
+        let mut joins = Vec::new();
+        for c in out {
+            match c {
+                Completion::Received { buf, len, .. } => msgs.push(buf[..len].to_vec()),
+                Completion::PeerJoined { peer, rank } => joins.push((peer, rank)),
+                _ => {}
+            }
+        }
+        (msgs, joins)
+    }
+
+    /// A restarted endpoint asks a survivor to take it back: the survivor
+    /// never reads what the dead incarnation left in its ring, and the two
+    /// new rings carry messages both ways.
+    #[test]
+    fn a_new_incarnation_joins_and_stale_records_are_dropped() {
+        let ring_bytes = 1u32 << 16;
+        let run_id = 0x6000_0000 | (std::process::id() & 0xffff);
+        let mut s = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(s.enable_rejoin(false));
+        let mut old = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        // The old incarnation's process is gone: a reaped child's pid.
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id() as i32;
+        dead.wait().unwrap();
+        let mut old_addr = old.local_address();
+        old_addr[0..4].copy_from_slice(&dead_pid.to_le_bytes());
+        let s_to_old = s.add_peer(&old_addr).unwrap();
+        let old_to_s = old.add_peer(&s.local_address()).unwrap();
+        for _ in 0..8 {
+            s.post_recv(vec![0; 4096]).unwrap();
+        }
+        // One message read, two left unread when it dies.
+        for m in [&b"old-1"[..], b"old-2", b"old-3"] {
+            assert!(old.send(old_to_s, 1, m.to_vec(), None, 0).unwrap());
+        }
+        let mut out = Vec::new();
+        s.receive_one(1, &mut out);
+        assert!(matches!(&out[..], [Completion::Received { len: 5, .. }]));
+        drop(old);
+        // The new incarnation (a new inbox, here under the same name).
+        let mut new = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(new.enable_rejoin(true));
+        let new_to_s = new.add_peer(&s.local_address()).unwrap();
+        for _ in 0..8 {
+            new.post_recv(vec![0; 4096]).unwrap();
+        }
+        assert!(!new.send(new_to_s, 1, b"early".to_vec(), None, 0).unwrap());
+        let (msgs, joins) = received(&mut s);
+        assert_eq!(joins, vec![(s_to_old, 1)]);
+        assert!(msgs.is_empty(), "stale records read: {msgs:?}");
+        let (msgs, joins) = received(&mut new);
+        assert_eq!(joins, vec![(new_to_s, 0)]);
+        assert!(msgs.is_empty());
+        assert!(new.send(new_to_s, 1, b"new-1".to_vec(), None, 0).unwrap());
+        assert!(s.send(s_to_old, 0, b"hello".to_vec(), None, 0).unwrap());
+        let (msgs, _) = received(&mut s);
+        assert_eq!(msgs, vec![b"new-1".to_vec()]);
+        let (msgs, _) = received(&mut new);
+        assert_eq!(msgs, vec![b"hello".to_vec()]);
+        // The same request is not taken twice.
+        let (msgs, joins) = received(&mut s);
+        assert!(msgs.is_empty() && joins.is_empty());
+    }
+
+    /// While the old incarnation's process still runs (it could still
+    /// write into its ring), a join request waits; it is taken once that
+    /// process is gone.
+    #[test]
+    fn a_join_waits_for_the_old_process_to_end() {
+        let ring_bytes = 1u32 << 16;
+        let run_id = 0x7000_0000 | (std::process::id() & 0xffff);
+        let mut s = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(s.enable_rejoin(false));
+        let old = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        let mut alive = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut old_addr = old.local_address();
+        old_addr[0..4].copy_from_slice(&(alive.id() as i32).to_le_bytes());
+        s.add_peer(&old_addr).unwrap();
+        drop(old);
+        let mut new = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        assert!(new.enable_rejoin(true));
+        new.add_peer(&s.local_address()).unwrap();
+        for _ in 0..3 {
+            std::thread::sleep(EXIT_CHECK);
+            assert_eq!(received(&mut s).1, vec![], "taken while the old one runs");
+            assert_eq!(received(&mut new).1, vec![]);
+        }
+        alive.kill().unwrap();
+        alive.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let joins = loop {
+            std::thread::sleep(EXIT_CHECK);
+            let joins = received(&mut s).1;
+            if !joins.is_empty() || Instant::now() > deadline {
+                break joins;
+            }
+        };
+        assert_eq!(joins, vec![(0, 1)]);
+        assert_eq!(received(&mut new).1, vec![(0, 0)]);
     }
 }
