@@ -88,6 +88,95 @@ fn under_openmpi_mpirun() {
     }
 }
 
+/// `kill -9` of one rank under OpenMPI's `mpirun --enable-recovery` (the
+/// transport is tcp; MPI only launches): the other ranks notice within a
+/// second, go on building and end normally, and the EM's accounting of the
+/// run is exact.
+#[test]
+fn a_killed_rank_under_mpirun_is_survived() {
+    let dir = tmp("kill");
+    let victim_dir = dir.clone();
+    // Rank 2 is the process whose command line names this rendezvous
+    // directory and whose environment says rank 2.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let needle = victim_dir.display().to_string();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let path = entry.path();
+            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            let environ = std::fs::read(path.join("environ")).unwrap_or_default();
+            let has =
+                |bytes: &[u8], what: &str| bytes.split(|&b| b == 0).any(|w| w == what.as_bytes());
+            if has(&cmdline, &needle) && has(&environ, "OMPI_COMM_WORLD_RANK=2") {
+                let pid: i32 = entry.file_name().to_string_lossy().parse().unwrap();
+                let at = evb_net::report::unix_now();
+                // SAFETY: a process of this test's own mpirun job.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                return Some(at);
+            }
+        }
+        None
+    });
+    let (out, text) = run_bounded(
+        Command::new("mpirun")
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "--enable-recovery",
+                "-np",
+                "4",
+            ])
+            .arg(env!("CARGO_BIN_EXE_evb"))
+            .args(["node", "--control", "launcher", "--rendezvous"])
+            .arg(&dir)
+            .args(["--set", "run.duration_s=4", "--set", "transport.kind=tcp"])
+            .args(["--set", "source.events_per_mep=256"]),
+        "mpirun",
+        Duration::from_secs(90),
+    );
+    let killed_at = killer.join().unwrap().expect("rank 2 was found and killed");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !dir.join("run1/final-2.json").exists(),
+        "the killed rank wrote no final report"
+    );
+    let reports: Vec<Value> = [0, 1, 3]
+        .iter()
+        .map(|r| {
+            let path = dir.join("run1").join(format!("final-{r}.json"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    let em = &reports[0];
+    let n = |k: &str| em[k].as_u64().unwrap_or_else(|| panic!("{k} in {em}"));
+    assert_eq!(
+        n("meps_assigned"),
+        n("em_meps_built")
+            + n("em_meps_incomplete")
+            + n("em_meps_corrupt")
+            + n("em_meps_lost_bu_gone"),
+        "every assigned MEP has one fate: {em}"
+    );
+    for r in &reports {
+        assert_eq!(r["drain_timed_out"], false, "{text}");
+        assert!(r["batches_built"].as_u64().unwrap() > 0, "{text}");
+        let lost = r["peers_lost"].as_array().expect("peers_lost");
+        let seen = lost
+            .iter()
+            .find(|p| p["peer"] == 2)
+            .unwrap_or_else(|| panic!("rank {} never saw rank 2 die: {r}", r["node"]));
+        let after = seen["at_unix_s"].as_f64().unwrap() - killed_at;
+        assert!(
+            (-0.05..1.0).contains(&after),
+            "noticed {after} s after the kill"
+        );
+    }
+}
+
 #[test]
 fn under_mpich_mpiexec() {
     let evb = mpich_evb();
