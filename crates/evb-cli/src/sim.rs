@@ -160,6 +160,12 @@ pub fn run(args: SimArgs) -> Result<()> {
             "event builder: {} events built, {} batches incomplete, {:.2} Gb/s built per node; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
             eb.events_built, eb.batches_incomplete, eb.built_gbps_per_node, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
         );
+        if let Some(c) = &eb.crash {
+            println!(
+                "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before ((N-1)/N = {:.3})",
+                c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
+            );
+        }
         if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
             println!(
                 "readout throttle: {:.1}% of the time, {} events vetoed at the source",

@@ -139,6 +139,64 @@ fn scan_runs_every_point_and_ranks_them() {
     assert!(err.contains("event_builder.credits"), "{err}");
 }
 
+/// A node dies in the simulation (`sim.crash`): the same state machines as
+/// `evb run` react, the run goes on at about (N-1)/N of its built
+/// throughput, the batches caught without the dead source are incomplete;
+/// a crash of the EM's node or of a node that does not exist is refused.
+#[test]
+fn a_node_dying_in_the_simulation_leaves_about_n_minus_1_over_n() {
+    let json = tmp("crash.json");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=8",
+        "--json",
+        &json,
+        "--set",
+        "nodes.count=8",
+        "--set",
+        "sim.duration_us=20000",
+        "--set",
+        "sim.crash=3@8000",
+        "--set",
+        "sim.sample_us=100",
+        "--set",
+        "source.events_per_mep=256",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("node 3 died at 8000.0 us"), "{out}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let eb = &v["summary"]["eb"];
+    let c = &eb["crash"];
+    let ratio = c["ratio"].as_f64().unwrap();
+    assert_eq!(c["expected_ratio"].as_f64().unwrap(), 7.0 / 8.0);
+    // Measured 0.895 (see docs/sim.md); the simulation is deterministic,
+    // the bounds allow for model changes, not noise.
+    assert!((0.8..0.97).contains(&ratio), "after/before {ratio}: {c}");
+    assert!(c["built_gbps_after"].as_f64().unwrap() > 300.0, "{c}");
+    assert!(eb["batches_incomplete"].as_u64().unwrap() > 0, "{eb}");
+    assert_eq!(eb["built_gbps_series"].as_array().unwrap().len(), 200);
+    for (bad, says) in [
+        ("0@100", "hosts the EM"),
+        ("9@100", "does not exist"),
+        ("3@soon", "NODE@"),
+    ] {
+        let (ok, _, err) = evb(&[
+            "sim",
+            "--topology",
+            "switch:hosts=8",
+            "--set",
+            "nodes.count=8",
+            "--set",
+            &format!("sim.crash={bad}"),
+        ]);
+        assert!(
+            !ok && err.contains("sim.crash") && err.contains(says),
+            "{bad}: {err}"
+        );
+    }
+}
+
 #[test]
 fn bad_topology_is_a_clear_error() {
     let (ok, _, err) = evb(&["sim", "--topology", "switch:hosts=x"]);

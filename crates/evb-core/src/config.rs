@@ -393,6 +393,30 @@ pub struct SimSection {
     pub sample_us: f64,
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
     pub granularity: String,
+    /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
+    /// none), and the others learn of it `crash_detection_us` later.
+    pub crash: String,
+    pub crash_detection_us: f64,
+}
+
+impl SimSection {
+    /// The node that dies and when (microseconds), from `crash`.
+    pub fn crash_at(&self) -> Result<Option<(u16, f64)>, String> {
+        if self.crash.is_empty() {
+            return Ok(None);
+        }
+        let parsed = self.crash.split_once('@').and_then(|(node, at)| {
+            let at: f64 = at.trim().parse().ok()?;
+            Some((node.trim().parse::<u16>().ok()?, at))
+        });
+        match parsed {
+            Some((node, at)) if at.is_finite() && at >= 0.0 => Ok(Some((node, at))),
+            _ => Err(format!(
+                "`{}` is not NODE@MICROSECONDS (for example \"2@300\")",
+                self.crash
+            )),
+        }
+    }
 }
 
 impl Default for SimSection {
@@ -414,6 +438,8 @@ impl Default for SimSection {
             load: 1.0,
             sample_us: 10.0,
             granularity: "packet".into(),
+            crash: String::new(),
+            crash_detection_us: 100.0,
         }
     }
 }
@@ -779,6 +805,27 @@ impl Config {
         if sim.message_bytes == 0 {
             return Err(err("sim.message_bytes", "must be at least 1".into()));
         }
+        if let Some((node, _)) = sim.crash_at().map_err(|e| err("sim.crash", e))? {
+            let layout = crate::Layout::from_config(self);
+            if node >= self.nodes.count {
+                return Err(err(
+                    "sim.crash",
+                    format!("node {node} does not exist ({} nodes)", self.nodes.count),
+                ));
+            }
+            if node == layout.em {
+                return Err(err(
+                    "sim.crash",
+                    format!("node {node} hosts the EM, without which the run cannot go on"),
+                ));
+            }
+        }
+        if !(sim.crash_detection_us.is_finite() && sim.crash_detection_us >= 0.0) {
+            return Err(err(
+                "sim.crash_detection_us",
+                "must be a non-negative number".into(),
+            ));
+        }
         let kind = self.transport.kind.as_str();
         let known = ["auto", "tcp", "shm", "mpi", "ucx", "ofi"]
             .iter()
@@ -903,13 +950,9 @@ fn key_at_line(text: &str, line: usize) -> Option<String> {
         .rev()
         .map(|l| l.trim())
         .find(|l| l.starts_with('[') && !l.starts_with("[["))
-        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+        .map(table_name);
     if this.starts_with('[') {
-        return Some(
-            this.trim_matches(|c| c == '[' || c == ']')
-                .trim()
-                .to_string(),
-        );
+        return Some(table_name(this));
     }
     let key = this.split('=').next()?.trim();
     if key.is_empty() {
@@ -919,6 +962,12 @@ fn key_at_line(text: &str, line: usize) -> Option<String> {
         Some(t) => format!("{t}.{key}"),
         None => key.to_string(),
     })
+}
+
+/// The name in a `[table]` header line, without a comment after it.
+fn table_name(header: &str) -> String {
+    let inner = header.trim_start_matches('[');
+    inner.split(']').next().unwrap_or(inner).trim().to_string()
 }
 
 /// 1-based line where dotted `key` is set in `text`, if it is.
@@ -1101,6 +1150,17 @@ mod tests {
         assert_eq!(e.origin, "--set");
         let e = load("", &["credits"]).unwrap_err();
         assert!(e.message.contains("key=value"), "{e}");
+        // A commented table header (as the example config has) still names
+        // the key cleanly.
+        let text = "[sim]   # the simulated fabric\nnope = 1\n";
+        let e = load(text, &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.nope"), "{e}");
+        let e = load(
+            text.replace("nope = 1", "vls = 2").as_str(),
+            &["sim.nope=1"],
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.nope"), "{e}");
     }
 
     #[test]

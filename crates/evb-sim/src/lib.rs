@@ -63,6 +63,60 @@ pub struct EbSummary {
     pub throttled_fraction: f64,
     #[serde(default)]
     pub events_vetoed: u64,
+    /// `sim.crash`: the built throughput before and after the death.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash: Option<CrashSummary>,
+    /// Built payload of all nodes, Gb/s, per `sim.sample_us` interval.
+    #[serde(default)]
+    pub built_gbps_series: Vec<f64>,
+}
+
+/// What a node's death (`sim.crash`) did to the built throughput.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct CrashSummary {
+    pub node: u16,
+    pub at_us: f64,
+    pub detected_us: f64,
+    /// Mean built Gb/s (all nodes) from a quarter of the way to the crash
+    /// until the crash, and over the last three quarters of the time after
+    /// the others learnt of it (the transient left out).
+    pub built_gbps_before: f64,
+    pub built_gbps_after: f64,
+    /// `after / before`, and what losing one of N nodes leaves: (N-1)/N.
+    pub ratio: f64,
+    pub expected_ratio: f64,
+}
+
+/// The crash figures from the built-throughput series.
+fn crash_summary(
+    e: &traffic::EventBuilder,
+    nodes: u16,
+    sample: Ps,
+    end: Ps,
+) -> Option<CrashSummary> {
+    let (node, at, detected) = e.crash?;
+    let mean_over = |from: Ps, to: Ps| {
+        // Interval i covers [i * sample, (i + 1) * sample).
+        let picked: Vec<f64> = e
+            .built_series
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i as Ps * sample >= from && (*i as Ps + 1) * sample <= to)
+            .map(|(_, g)| *g)
+            .collect();
+        (!picked.is_empty()).then(|| picked.iter().sum::<f64>() / picked.len() as f64)
+    };
+    let before = mean_over(at / 4, at).unwrap_or(0.0);
+    let after = mean_over(detected + end.saturating_sub(detected) / 4, end).unwrap_or(0.0);
+    Some(CrashSummary {
+        node,
+        at_us: at as f64 * 1e-6,
+        detected_us: detected as f64 * 1e-6,
+        built_gbps_before: before,
+        built_gbps_after: after,
+        ratio: if before > 0.0 { after / before } else { 0.0 },
+        expected_ratio: f64::from(nodes.saturating_sub(1)) / f64::from(nodes.max(1)),
+    })
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -239,6 +293,8 @@ pub fn simulate(
             latency_p50_us: q(0.5),
             latency_p99_us: q(0.99),
             latency_max_us: q(1.0),
+            crash: crash_summary(e, config.nodes.count, sample, end),
+            built_gbps_series: e.built_series.clone(),
         }
     });
     let end_ns = end / PS_PER_NS;

@@ -247,9 +247,23 @@ pub struct EventBuilder {
     pub consumer_series: Vec<ConsumerSample>,
     /// Delivered bytes, consumed bytes, busy ns at the last sample.
     last_output: (u64, u64, u64),
+    /// Built payload, Gb/s, per time-series interval.
+    pub built_series: Vec<f64>,
+    last_built: u64,
+    /// `sim.crash`: the node that dies, when, and when the others learn
+    /// of it (ps).
+    pub crash: Option<(u16, Ps, Ps)>,
+    /// Per node: it has died (takes no input, does nothing more).
+    dead: Vec<bool>,
     layout: Layout,
     run_id: u32,
 }
+
+/// Timer tokens: the node's own deadline, its death, the others learning
+/// of it.
+const TIMER_DEADLINE: u64 = 0;
+const TIMER_CRASH: u64 = 1;
+const TIMER_DETECTED: u64 = 2;
 
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
@@ -269,6 +283,10 @@ impl EventBuilder {
         let sources = (0..layout.endpoints as usize)
             .map(|i| layout.ru_of[i].map(|s| SourceModel::new(config, s)))
             .collect();
+        let crash = config.sim.crash_at()?.map(|(node, at_us)| {
+            let at = (at_us * 1e6) as Ps;
+            (node, at, at + (config.sim.crash_detection_us * 1e6) as Ps)
+        });
         Ok(EventBuilder {
             nodes,
             sources,
@@ -284,6 +302,10 @@ impl EventBuilder {
             delivered_bytes: 0,
             consumer_series: Vec::new(),
             last_output: (0, 0, 0),
+            built_series: Vec::new(),
+            last_built: 0,
+            crash,
+            dead: vec![false; hosts],
             layout,
             run_id: config.run.run_id,
         })
@@ -329,6 +351,9 @@ impl EventBuilder {
     /// Carries out what node `host` asked for.
     fn drain(&mut self, net: &mut Net, host: u32) {
         let h = host as usize;
+        if self.dead[h] {
+            return;
+        }
         while let Some(action) = self.nodes[h].poll_action() {
             let now = Self::now_ns(net);
             match action {
@@ -395,7 +420,7 @@ impl EventBuilder {
             let t = d * PS_PER_NS;
             if self.timer_at[h].is_none_or(|armed| t < armed) {
                 self.timer_at[h] = Some(t);
-                net.set_timer(host, t, 0);
+                net.set_timer(host, t, TIMER_DEADLINE);
             }
         }
     }
@@ -407,6 +432,10 @@ impl Traffic for EventBuilder {
             self.nodes[h].start(0);
             self.drain(net, h as u32);
         }
+        if let Some((node, at, detected)) = self.crash {
+            net.set_timer(u32::from(node), at, TIMER_CRASH);
+            net.set_timer(u32::from(node), detected, TIMER_DETECTED);
+        }
     }
 
     fn delivered(&mut self, net: &mut Net, msg: &Msg) {
@@ -414,6 +443,9 @@ impl Traffic for EventBuilder {
         let c = self.carried[msg.tag as usize].clone();
         self.release(msg.tag as usize);
         let (to, from) = (msg.dst as usize, msg.src as u16);
+        if self.dead[to] {
+            return; // The dead take no input.
+        }
         match c {
             Carried::Control(msgs) => {
                 for m in msgs {
@@ -437,6 +469,9 @@ impl Traffic for EventBuilder {
             Carried::Fragment(_) | Carried::Control(_) => None,
         };
         self.release(msg.tag as usize);
+        if self.dead[msg.src as usize] {
+            return;
+        }
         if let Some(h) = fragment {
             let now = Self::now_ns(net);
             self.nodes[msg.src as usize].on_send_complete(now, h.mep);
@@ -445,6 +480,10 @@ impl Traffic for EventBuilder {
     }
 
     fn sample(&mut self, now: Ps, interval: Ps) {
+        let secs = interval as f64 * 1e-12;
+        self.built_series
+            .push((self.built_bytes - self.last_built) as f64 * 8.0 / secs / 1e9);
+        self.last_built = self.built_bytes;
         if self.layout.fus() == 0 {
             return;
         }
@@ -462,8 +501,28 @@ impl Traffic for EventBuilder {
         self.last_output = (self.delivered_bytes, consumed, busy);
     }
 
-    fn timer(&mut self, net: &mut Net, host: u32, _: u64) {
+    fn timer(&mut self, net: &mut Net, host: u32, token: u64) {
         let h = host as usize;
+        match token {
+            TIMER_CRASH => {
+                self.dead[h] = true;
+                return;
+            }
+            TIMER_DETECTED => {
+                // Every survivor learns of the death at once (a connection
+                // reset, or heartbeats missed).
+                let now = Self::now_ns(net);
+                for other in 0..self.nodes.len() {
+                    if !self.dead[other] {
+                        self.nodes[other].on_peer_lost(now, host as u16);
+                        self.drain(net, other as u32);
+                    }
+                }
+                return;
+            }
+            _ if self.dead[h] => return,
+            _ => {}
+        }
         self.timer_at[h] = None;
         let now = Self::now_ns(net);
         if self.nodes[h].next_deadline().is_some_and(|d| d <= now) {
