@@ -672,6 +672,8 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
             "2",
             "--set",
             "output.consumer_busy_us=5000",
+            "--set",
+            "output.accept_fraction=0.25",
             "--json",
             "run-fu.json",
         ],
@@ -733,6 +735,13 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
     let html = std::fs::read_to_string(dir.join("fu.html")).unwrap();
     assert_self_contained(&html);
     assert!(html.contains("<h3>Output stage: producers and consumers</h3>"));
+    // The trigger's figures, as the run counted them.
+    let trigger = format!(
+        "trigger: events accepted / consumed</td><td class=\"num\">{} / {}",
+        grouped(c["events_accepted"].as_u64().unwrap()),
+        grouped(c["events_consumed"].as_u64().unwrap())
+    );
+    assert!(html.contains(&trigger), "no {trigger}");
     // Each series is a line through one point per timeline sample, in the
     // first and second colours of the palette.
     let samples = |key: &str| timeline.iter().filter(|s| s[key].is_number()).count();

@@ -212,6 +212,37 @@ fn consumers(input: &Input) -> Result<String> {
     }
     let consumers = c.get("consumers").u64()?;
     let mut out = String::from("<h3>Output stage: producers and consumers</h3>\n");
+    // Newer runs also have the trigger, the event store and re-deliveries.
+    let mut extra = Vec::new();
+    if let (Some(consumed), Some(accepted)) = (
+        c.get("events_consumed").opt_u64()?,
+        c.get("events_accepted").opt_u64()?,
+    ) {
+        let percent = 100.0 * accepted as f64 / consumed.max(1) as f64;
+        extra.push((
+            "trigger: events accepted / consumed",
+            format!("{} / {} ({percent:.1} %)", count(accepted), count(consumed)),
+        ));
+    }
+    if let Some(objects) = root.get("summary").get("store_objects").opt_u64()? {
+        if objects > 0 {
+            let s = root.get("summary");
+            extra.push((
+                "event store: objects / events / bytes",
+                format!(
+                    "{} / {} / {}",
+                    count(objects),
+                    count(s.get("store_events").u64()?),
+                    count(s.get("store_bytes").u64()?)
+                ),
+            ));
+        }
+    }
+    if let Some(again) = c.get("batches_redelivered").opt_u64()? {
+        if again > 0 {
+            extra.push(("delivered again (their consumer died)", count(again)));
+        }
+    }
     out.push_str(&facts(&[
         ("consumers", count(consumers)),
         (
@@ -249,6 +280,9 @@ fn consumers(input: &Input) -> Result<String> {
             ),
         ),
     ]));
+    if !extra.is_empty() {
+        out.push_str(&facts(&extra));
+    }
     let mut producer = Vec::new();
     let mut consumer = Vec::new();
     let mut busy = Vec::new();
