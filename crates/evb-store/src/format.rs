@@ -890,25 +890,17 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
                 run_sources,
             });
         }
-        let mut previous: Option<u32> = None;
-        for position in 0..header.source_count {
-            let source = u32_at(table, (position as usize + 1) * SOURCE_ENTRY_LEN);
-            let reason = if source >= run_sources {
-                Some("not below the run's source count")
-            } else if previous.is_some_and(|p| p >= source) {
-                Some("source indices must increase strictly")
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                return Err(ObjectError::SourceTable {
-                    position,
-                    source,
-                    reason,
-                });
-            }
-            previous = Some(source);
-        }
+        check_increasing(table, header.source_count, run_sources).map_err(
+            |(position, source, below)| ObjectError::SourceTable {
+                position,
+                source,
+                reason: if below {
+                    "source indices must increase strictly"
+                } else {
+                    "not below the run's source count"
+                },
+            },
+        )?;
     }
     if header.version >= 3 {
         let at = index.len() - (header.event_count as usize + 1) * EVENT_NUMBER_ENTRY_LEN;
@@ -920,31 +912,42 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
                 mep_events,
             });
         }
-        let mut previous: Option<u32> = None;
-        for position in 0..header.event_count {
-            let event = u32_at(table, (position as usize + 1) * EVENT_NUMBER_ENTRY_LEN);
-            let reason = if event >= mep_events {
-                Some("not below the MEP's event count")
-            } else if previous.is_some_and(|p| p >= event) {
-                Some("event numbers must increase strictly")
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                return Err(ObjectError::EventNumbers {
-                    position,
-                    event,
-                    reason,
-                });
-            }
-            previous = Some(event);
-        }
+        check_increasing(table, header.event_count, mep_events).map_err(
+            |(position, event, below)| ObjectError::EventNumbers {
+                position,
+                event,
+                reason: if below {
+                    "event numbers must increase strictly"
+                } else {
+                    "not below the MEP's event count"
+                },
+            },
+        )?;
     }
     Ok(StoredBatch {
         header,
         index,
         payload,
     })
+}
+
+/// Checks the `count` u32 entries after the first one of `table` (the
+/// source table or the event-number table) increase strictly and stay below
+/// `limit`; the first that does not: its position, value, and whether it
+/// was below the limit (then it failed to increase).
+fn check_increasing(table: &[u8], count: u32, limit: u32) -> Result<(), (u32, u32, bool)> {
+    let mut previous: Option<u32> = None;
+    for position in 0..count {
+        let value = u32_at(table, (position as usize + 1) * 4);
+        if value >= limit {
+            return Err((position, value, false));
+        }
+        if previous.is_some_and(|p| p >= value) {
+            return Err((position, value, true));
+        }
+        previous = Some(value);
+    }
+    Ok(())
 }
 
 /// The object name of batch `mep` relative to the store root:
