@@ -19,6 +19,22 @@ fn tmp(name: &str) -> PathBuf {
     dir
 }
 
+/// OpenMPI's `mpirun` starting evb on 4 ranks, as root, on 2 cores, with
+/// `extra` options.
+fn openmpi(extra: &[&str]) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+    ])
+    .args(extra)
+    .args(["-np", "4"])
+    .arg(env!("CARGO_BIN_EXE_evb"));
+    cmd
+}
+
 /// The final reports the nodes wrote into the rendezvous directory.
 fn finals(dir: &std::path::Path, nodes: usize) -> Vec<Value> {
     (0..nodes)
@@ -63,16 +79,7 @@ fn under_openmpi_mpirun() {
     for transport in ["tcp", "shm", "mpi"] {
         let dir = tmp(transport);
         let (out, text) = run_bounded(
-            Command::new("mpirun")
-                .args([
-                    "--allow-run-as-root",
-                    "--oversubscribe",
-                    "--bind-to",
-                    "none",
-                    "-np",
-                    "4",
-                ])
-                .arg(env!("CARGO_BIN_EXE_evb"))
+            openmpi(&[])
                 .args(["node", "--control", "launcher", "--rendezvous"])
                 .arg(&dir)
                 .args(["--set", "run.duration_s=1.5", "--set"])
@@ -118,17 +125,7 @@ fn a_killed_rank_under_mpirun_is_survived() {
         None
     });
     let (out, text) = run_bounded(
-        Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "--bind-to",
-                "none",
-                "--enable-recovery",
-                "-np",
-                "4",
-            ])
-            .arg(env!("CARGO_BIN_EXE_evb"))
+        openmpi(&["--enable-recovery"])
             .args(["node", "--control", "launcher", "--rendezvous"])
             .arg(&dir)
             .args(["--set", "run.duration_s=4", "--set", "transport.kind=tcp"])

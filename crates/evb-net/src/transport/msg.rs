@@ -819,11 +819,9 @@ mod tests {
         }
     }
 
-    /// A new incarnation of a peer whose link is still up: the old link is
-    /// reported closed at the end of one poll, the join at the end of the
-    /// next, and what the new one sent is handed over only after that.
-    #[test]
-    fn a_join_over_a_live_link_is_a_close_then_a_join() {
+    /// Node 0 of 2 with a link to node 1, whose new incarnation's join and
+    /// first heartbeat are the next completions.
+    fn rejoining_peer() -> MsgTransport<Scripted> {
         let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
         let layout = Layout::from_config(&config);
         let mut ep = Scripted::default();
@@ -833,6 +831,15 @@ mod tests {
         ]);
         let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
         t.peer_index[1] = Some(0);
+        t
+    }
+
+    /// A new incarnation of a peer whose link is still up: the old link is
+    /// reported closed at the end of one poll, the join at the end of the
+    /// next, and what the new one sent is handed over only after that.
+    #[test]
+    fn a_join_over_a_live_link_is_a_close_then_a_join() {
+        let mut t = rejoining_peer();
         let mut seen = Seen::default();
         let mut events = Vec::new();
         t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
@@ -865,15 +872,7 @@ mod tests {
     /// the same poll, its messages at the next.
     #[test]
     fn a_join_of_a_dropped_peer_is_reported_at_once() {
-        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
-        let layout = Layout::from_config(&config);
-        let mut ep = Scripted::default();
-        ep.next.push_back(vec![
-            Completion::PeerJoined { peer: 0, rank: 1 },
-            heartbeat_from(1),
-        ]);
-        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
-        t.peer_index[1] = Some(0);
+        let mut t = rejoining_peer();
         let mut events = Vec::new();
         t.drop_peer(1, &mut events);
         let mut seen = Seen::default();
