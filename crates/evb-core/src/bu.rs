@@ -136,6 +136,9 @@ pub struct BuStats {
     /// before confirming them.
     pub batches_confirmed: Vec<u64>,
     pub batches_redelivered: u64,
+    /// Delivered batches still unconfirmed when the drain period ended
+    /// (their consumer or its credit was lost; they may have been consumed).
+    pub batches_unconfirmed: u64,
     /// Time the output queue was full (its batches holding EM credits), ns.
     pub output_full_ns: u64,
     /// Built batches that found no consumer with credit and had to wait in
@@ -180,6 +183,7 @@ impl BuStats {
             batches_undelivered: 0,
             batches_confirmed: vec![0; consumers],
             batches_redelivered: 0,
+            batches_unconfirmed: 0,
             output_full_ns: 0,
             consumer_credit_stalls: 0,
             max_output_queue: 0,
@@ -725,6 +729,16 @@ impl BuilderUnit {
 
     /// Gives up every open batch now (end of the drain period).
     pub fn abandon_all(&mut self, now: Nanos, out: &mut Vec<BuAction>) {
+        // Deliveries no consumer confirmed by now never will be: free
+        // their copies (counted; the consumer may have finished them).
+        if let Some(o) = &mut self.output {
+            for pending in &mut o.unconfirmed {
+                for w in pending.drain(..) {
+                    self.stats.batches_unconfirmed += 1;
+                    out.push(BuAction::Confirmed { mep: w.mep });
+                }
+            }
+        }
         let deadlines: Vec<(Nanos, MepId)> = self.deadlines.iter().copied().collect();
         for (_, mep) in deadlines {
             if let Some(b) = self.open.get_mut(&mep) {
@@ -1026,5 +1040,67 @@ mod tests {
         // shrinks until a rehash in place, and grows if it reallocates.)
         assert!(bu.finished.capacity() <= capacity.0);
         assert_eq!(bu.finished_order.capacity(), capacity.1);
+    }
+
+    /// Deliveries stay unconfirmed until the consumer's credits come back
+    /// (oldest first); a lost consumer's go to another; the end of the
+    /// drain frees what is still unconfirmed.
+    #[test]
+    fn deliveries_are_confirmed_in_order_and_redelivered_when_a_consumer_dies() {
+        let mut config = Config::default();
+        config.nodes.count = 2;
+        config.output.consumers = 2;
+        let layout = Layout::from_config(&config);
+        let mut bu = BuilderUnit::new(&config, &layout, layout.bu_nodes[0]);
+        let (fu_a, fu_b) = (layout.fu_nodes[0], layout.fu_nodes[1]);
+        let mut out = Vec::new();
+        let queue = |bu: &mut BuilderUnit, mep: MepId| {
+            let o = bu.output.as_mut().unwrap();
+            o.queue.push_back(Waiting {
+                mep,
+                events: 1,
+                bytes: 10,
+                reported: false,
+                stalled: false,
+                redelivery: false,
+            });
+        };
+        // Only FU a grants credit: batches 1 and 2 go to it.
+        bu.on_consumer_credit(0, fu_a, 2, &mut out);
+        for mep in [1, 2] {
+            queue(&mut bu, mep);
+        }
+        bu.pump_output(0, &mut out);
+        let delivered = |out: &[BuAction], to: NodeId| -> Vec<MepId> {
+            out.iter()
+                .filter_map(|a| match a {
+                    BuAction::Deliver { to: t, mep, .. } if *t == to => Some(*mep),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(delivered(&out, fu_a), vec![1, 2]);
+        assert_eq!(bu.output_unconfirmed(), 2);
+        assert!(!bu.is_idle(), "unconfirmed deliveries keep the BU busy");
+        // One credit back: the oldest, batch 1, is confirmed.
+        out.clear();
+        bu.on_consumer_credit(0, fu_a, 1, &mut out);
+        assert!(out.contains(&BuAction::Confirmed { mep: 1 }));
+        assert_eq!(bu.stats.batches_confirmed, vec![1, 0]);
+        // FU a dies holding batch 2; FU b grants credit and gets it again,
+        // without a second Finish (its buffers went with the first).
+        out.clear();
+        bu.on_consumer_credit(0, fu_b, 1, &mut out);
+        bu.on_consumer_lost(0, fu_a, &mut out);
+        assert_eq!(delivered(&out, fu_b), vec![2]);
+        assert!(!out.iter().any(|a| matches!(a, BuAction::Finish { .. })));
+        assert_eq!(bu.stats.batches_redelivered, 1);
+        assert_eq!(bu.stats.batches_delivered, 2);
+        // The drain ends before FU b confirms: its copy is freed, counted.
+        out.clear();
+        bu.abandon_all(0, &mut out);
+        assert!(out.contains(&BuAction::Confirmed { mep: 2 }));
+        assert_eq!(bu.stats.batches_unconfirmed, 1);
+        assert!(bu.is_idle());
     }
 }

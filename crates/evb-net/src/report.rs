@@ -142,6 +142,9 @@ pub struct NodeReport {
     pub batches_confirmed: Vec<u64>,
     #[serde(default)]
     pub batches_redelivered: u64,
+    /// (BU with consumers) Deliveries still unconfirmed when the drain ended.
+    #[serde(default)]
+    pub batches_unconfirmed: u64,
     #[serde(default)]
     pub output_full_s: f64,
     #[serde(default)]
@@ -244,6 +247,7 @@ impl NodeReport {
         self.batches_undelivered = bu.batches_undelivered;
         self.batches_confirmed = bu.batches_confirmed.clone();
         self.batches_redelivered = bu.batches_redelivered;
+        self.batches_unconfirmed = bu.batches_unconfirmed;
         self.output_full_s = bu.output_full_ns as f64 * 1e-9;
         self.max_output_queue = bu.max_output_queue;
         self.latency_ns = Latency::of(&bu.latency_ns);
@@ -413,6 +417,9 @@ pub struct ConsumersSummary {
     pub batches_confirmed: u64,
     #[serde(default)]
     pub batches_redelivered: u64,
+    /// Deliveries no consumer had confirmed when the drain ended.
+    #[serde(default)]
+    pub batches_unconfirmed: u64,
     pub batches_consumed: u64,
     pub events_consumed: u64,
     pub bytes_consumed: u64,
@@ -468,6 +475,7 @@ impl ConsumersSummary {
             c.batches_undelivered += r.batches_undelivered;
             c.batches_confirmed += r.batches_confirmed.iter().sum::<u64>();
             c.batches_redelivered += r.batches_redelivered;
+            c.batches_unconfirmed += r.batches_unconfirmed;
             c.output_full_s += r.output_full_s;
             c.max_output_queue = c.max_output_queue.max(r.max_output_queue);
             c.batches_consumed += r.batches_consumed;
@@ -511,7 +519,10 @@ impl ConsumersSummary {
 
     /// Every delivered batch consumed intact, none left undelivered.
     pub fn clean(&self) -> bool {
-        self.batches_undelivered == 0 && self.batches_not_consumed == 0 && self.batches_corrupt == 0
+        self.batches_undelivered == 0
+            && self.batches_not_consumed == 0
+            && self.batches_corrupt == 0
+            && self.batches_unconfirmed == 0
     }
 }
 
