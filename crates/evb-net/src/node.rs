@@ -198,7 +198,15 @@ fn preallocate(
         return Ok(None);
     }
     let kind = TransportKind::parse(&config.transport.kind)?;
-    let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
+    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
+    if let Some(n) = std::env::var("EVB_MEP_BUFFERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|_| plan.mep_buffers > 0)
+    {
+        // Tests: fewer MEP buffers than the bound, to make MEPs wait.
+        plan.mep_buffers = n;
+    }
     let t = Instant::now();
     let pools = (
         SparePool::fixed(plan.mep_buffers, plan.mep_bytes),
