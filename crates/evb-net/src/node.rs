@@ -1024,12 +1024,15 @@ impl Runtime {
         // local) would otherwise never leave this loop for its timers.
         let mut budget = ACTION_BUDGET;
         self.actions_left = false;
-        while let Some(action) = {
+        loop {
+            // Buffers given back by the last action go to waiting MEPs first.
             self.resume_waiting_production();
-            (budget > 0)
+            let Some(action) = (budget > 0)
                 .then(|| self.engine.node.poll_action())
                 .flatten()
-        } {
+            else {
+                break;
+            };
             budget -= 1;
             if budget == 0 {
                 // Maybe more: the loop comes back without waiting.
@@ -1043,12 +1046,11 @@ impl Runtime {
                 }
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
-                    let buf = match e.waiting_for_buffer.is_empty() {
-                        true => e.pool.take(),
-                        false => {
-                            e.pool.note_short();
-                            None
-                        }
+                    let buf = if e.waiting_for_buffer.is_empty() {
+                        e.pool.take()
+                    } else {
+                        e.pool.note_short();
+                        None
                     };
                     match buf {
                         Some(buf) => self.produce(mep, buf),
@@ -1364,5 +1366,34 @@ mod spare_pool_tests {
         // Nothing taken in the next period: all 3 go.
         assert_eq!(p.trim(), 3);
         assert!(p.take().is_none());
+    }
+
+    #[test]
+    fn a_fixed_pool_is_resident_at_once_and_keeps_its_buffers_only() {
+        const MIB: usize = 1 << 20;
+        let before = crate::report::resident_bytes();
+        let mut p = SparePool::fixed(8, 8 * MIB);
+        let grown = crate::report::resident_bytes().saturating_sub(before);
+        assert!(
+            grown >= 56 * MIB as u64,
+            "only {grown} bytes became resident"
+        );
+        let taken: Vec<_> = (0..8).map(|_| p.take().unwrap()).collect();
+        assert!(p.take().is_none());
+        assert_eq!(p.fixed.unwrap().short, 1, "the shortage is counted");
+        taken.into_iter().for_each(|b| p.give(b));
+        // One allocated past the bound is not kept...
+        p.give(vec![0; 8 * MIB]);
+        assert_eq!(p.spares.len(), 8);
+        // ...nor a smaller one that is not the pool's.
+        let one = p.take().unwrap();
+        p.give(vec![0; 16]);
+        assert_eq!(p.spares.len(), 7);
+        p.give(one);
+        assert_eq!(p.spares.len(), 8);
+        // Never trimmed, however long unused.
+        assert_eq!(p.trim(), 0);
+        assert_eq!(p.trim(), 0);
+        assert_eq!(p.spares.len(), 8);
     }
 }
