@@ -6,6 +6,9 @@
 # Usage: bench/soak.sh [minutes] [evb run options...]   (default 30 minutes)
 # A paced readout (`--set source.mep_rate_hz=R`) soaks at a steady rate and
 # leaves CPU to the rest of a shared machine; unpaced, it runs flat out.
+# The nodes run with fixed buffer pools (event_builder.preallocate_buffers,
+# off by default in evb run): their buffers are resident from the start and
+# never grow; PREALLOC=0 runs with buffers allocated on demand instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-30}
@@ -14,8 +17,16 @@ cargo build --release --quiet --bin evb
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 secs=$(python3 -c "print(float('$minutes') * 60)")
-target/release/evb run --nodes 4 --duration "$secs" --progress never --json "$out/soak.json" "$@" > "$out/summary.txt" || true
-tail -n 4 "$out/summary.txt"
+prealloc=()
+if [ "${PREALLOC:-1}" != 0 ]; then
+    echo "soak: fixed buffer pools on (--set event_builder.preallocate_buffers=true; PREALLOC=0 turns them off)"
+    prealloc=(--set event_builder.preallocate_buffers=true)
+else
+    echo "soak: buffers allocated on demand (PREALLOC=0)"
+fi
+target/release/evb run --nodes 4 --duration "$secs" --progress never --json "$out/soak.json" "${prealloc[@]}" "$@" > "$out/summary.txt" || true
+grep -v '^preallocated buffers' "$out/summary.txt" | tail -n 4
+grep '^preallocated buffers' "$out/summary.txt" || true
 python3 - "$out/soak.json" <<'PY'
 import json, statistics, sys
 d = json.load(open(sys.argv[1]))
@@ -31,8 +42,10 @@ MiB = 2**20
 print(f"resident memory: {rss0 / MiB:.1f} MiB after 10 s, {rss1 / MiB:.1f} MiB at the end ({(rss1 - rss0) / max(rss0, 1) * 100:+.1f}%, goal within 5%)")
 # Nothing is left to fill slowly after the start: the shm rings are made
 # resident when the links are made, the BUs' filter of finished MEPs is
-# allocated whole. What moves is the working set of MEP buffers (about
-# 1 MiB each): MEPs held, and spares, freed once unused for 10-20 s. It
+# allocated whole, and with fixed pools every MEP and receive buffer is
+# resident before the run starts. On demand (PREALLOC=0), what moves is
+# the working set of MEP buffers (about 1 MiB each): MEPs held, and
+# spares, freed once unused for 10-20 s. It
 # follows how promptly the nodes are scheduled (a stalled node catches up
 # with a burst, up to event_builder.ru_buffer_meps MEPs not yet built), so
 # on a shared machine the sum swings between a floor (no burst lately) and

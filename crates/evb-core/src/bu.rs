@@ -505,6 +505,20 @@ impl BuilderUnit {
         self.open.len()
     }
 
+    /// Most batches a BU holds open at once, whatever the order in which
+    /// assignments and fragments arrive (and whatever its peers send): the
+    /// EM assigns at most `credits` MEPs to it, and under PUSH a fragment
+    /// that overtakes its assignment opens a provisional batch only while
+    /// fewer than `credits` are open, so at most `credits` more. Each open
+    /// batch keeps at most one payload per source ([`BuilderUnit::admit`]
+    /// drops duplicates): what bounds a BU's receive buffers.
+    pub fn max_open_batches(protocol: Protocol, credits: u32) -> usize {
+        match protocol {
+            Protocol::Push => 2 * credits as usize,
+            Protocol::Pull => credits as usize,
+        }
+    }
+
     /// Earliest batch deadline, for the driver's timer.
     pub fn next_deadline(&self) -> Option<Nanos> {
         self.deadlines.first().map(|&(t, _)| t)
@@ -1012,6 +1026,72 @@ impl BuilderUnit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fragment(config: &Config, source: u16, mep: MepId) -> FragmentHeader {
+        FragmentHeader {
+            run_id: config.run.run_id,
+            source,
+            flags: 0,
+            mep,
+            event_count: config.source.events_per_mep,
+            payload_len: 64,
+            crc32c: 0,
+        }
+    }
+
+    /// The worst case for the fixed receive pool: fragments of `credits`
+    /// MEPs overtake their assignments, then `credits` other MEPs are
+    /// assigned, every payload of all of them but one (so that none
+    /// completes and frees its buffers) is admitted, and nothing more: the
+    /// payloads a BU keeps stay within `max_open_batches x sources`.
+    #[test]
+    fn admitted_payloads_stay_within_the_open_batch_bound() {
+        for protocol in [Protocol::Push, Protocol::Pull] {
+            let mut config = Config::default();
+            config.nodes.count = 4;
+            config.event_builder.credits = 3;
+            config.event_builder.protocol = protocol;
+            let layout = Layout::from_config(&config);
+            let node = layout.bu_nodes[0];
+            let mut bu = BuilderUnit::new(&config, &layout, node);
+            let mut out = Vec::new();
+            bu.start(&mut out);
+            let credits = config.event_builder.credits;
+            let bound = BuilderUnit::max_open_batches(protocol, credits);
+            let sources = layout.rus() as u16;
+            let mut kept = 0usize;
+            let mut admit_all = |bu: &mut BuilderUnit, meps: std::ops::Range<MepId>| {
+                let mut out = Vec::new();
+                for mep in meps {
+                    for s in 0..sources - 1 {
+                        let from = layout.ru_nodes[s as usize];
+                        let h = fragment(&config, s, mep);
+                        if bu.admit(0, from, &h) == Admit::Keep {
+                            kept += 1;
+                            bu.on_fragment(0, &h, h.crc32c, &mut out);
+                            // A duplicate is never kept twice.
+                            assert_eq!(bu.admit(0, from, &h), Admit::Drop);
+                        }
+                    }
+                }
+                assert!(bu.open_batches() <= bound, "{protocol:?}");
+            };
+            // Fragments of many MEPs before any assignment.
+            admit_all(&mut bu, 0..10 * credits as MepId);
+            // Then assignments of as many other MEPs as the EM may make,
+            // and their fragments (PULL: requested first).
+            for mep in 100..100 + credits as MepId {
+                bu.on_assign(0, mep, &mut out);
+            }
+            out.clear();
+            admit_all(&mut bu, 100..100 + 10 * credits as MepId);
+            assert!(kept <= bound * sources as usize, "{protocol:?}: {kept}");
+            if protocol == Protocol::Push {
+                assert_eq!(bu.open_batches(), bound, "the worst case is reached");
+                assert_eq!(kept, bound * (sources as usize - 1));
+            }
+        }
+    }
 
     /// Soak regression: the memory of finished MEPs is bounded and its
     /// tables never reallocate, however many MEPs go by.

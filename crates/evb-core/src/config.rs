@@ -148,6 +148,12 @@ pub struct EventBuilderSection {
     /// built (waiting for a BU, in flight or being built) before it is
     /// throttled; the RUs' buffer memory is this many MEP fragments.
     pub ru_buffer_meps: u32,
+    /// Fixed buffer pools: each node allocates and touches at start every
+    /// MEP and receive buffer its roles can need at the configured bounds,
+    /// keeps them for the whole run and never grows past them (a MEP with
+    /// no free buffer waits for one, counted). Off: buffers are allocated
+    /// on demand and spares unused for 10-20 s are freed.
+    pub preallocate_buffers: bool,
 }
 
 impl Default for EventBuilderSection {
@@ -163,6 +169,7 @@ impl Default for EventBuilderSection {
             drain_timeout_ms: 10000,
             max_message_bytes: 64 << 20,
             ru_buffer_meps: 16,
+            preallocate_buffers: false,
         }
     }
 }
@@ -879,6 +886,14 @@ impl Config {
                 format!("{} is not a fraction between 0 and 1", out.accept_fraction),
             ));
         }
+        if out.consumers > 0 && self.event_builder.preallocate_buffers {
+            return Err(err(
+                "event_builder.preallocate_buffers",
+                "is not supported with output.consumers yet (batches delivered to consumers \
+                 are not pooled): turn one of them off"
+                    .into(),
+            ));
+        }
         if out.consumers > 0 && out.sink == SinkKind::File {
             return Err(err(
                 "output.sink",
@@ -1192,6 +1207,32 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key.as_deref(), Some("output.consumers"), "{e}");
+    }
+
+    #[test]
+    fn preallocate_buffers_is_checked() {
+        let c = load("[event_builder]\npreallocate_buffers = true\n", &[]).unwrap();
+        assert!(c.event_builder.preallocate_buffers);
+        assert!(!Config::default().event_builder.preallocate_buffers);
+        let e = load("[event_builder]\npreallocate_buffers = 1\n", &[]).unwrap_err();
+        assert_eq!(
+            e.key.as_deref(),
+            Some("event_builder.preallocate_buffers"),
+            "{e}"
+        );
+        let e = load(
+            "",
+            &[
+                "event_builder.preallocate_buffers=true",
+                "output.consumers=1",
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.key.as_deref(),
+            Some("event_builder.preallocate_buffers"),
+            "{e}"
+        );
     }
 
     #[test]

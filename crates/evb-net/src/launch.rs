@@ -657,6 +657,9 @@ fn machine_memory_bytes() -> Option<u64> {
 /// more event data than it has memory: better a clear error now than an
 /// out-of-memory kill in the middle of a run.
 fn check_memory(config: &Config, machine: Option<u64>) -> Result<()> {
+    if config.event_builder.preallocate_buffers {
+        check_preallocation(config, machine)?;
+    }
     let Some(machine) = machine else {
         return Ok(());
     };
@@ -678,6 +681,36 @@ fn check_memory(config: &Config, machine: Option<u64>) -> Result<()> {
             config.event_builder.ru_buffer_meps,
             config.output.bu_output_batches,
             gib(total),
+            gib(machine)
+        );
+    }
+    Ok(())
+}
+
+/// `event_builder.preallocate_buffers`: says what the nodes will allocate
+/// and touch at start, and refuses more than this machine's memory.
+fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
+    let layout = Layout::from_config(config);
+    let (plans, total) = crate::buffers::BufferPlan::for_run(config, &layout)?;
+    let largest = plans
+        .iter()
+        .max_by_key(|p| p.total_bytes())
+        .expect("a run has endpoints");
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    eprintln!(
+        "evb run: event_builder.preallocate_buffers: {:.2} GiB in all {} endpoints; the largest node: {}",
+        gib(total),
+        plans.len(),
+        largest.describe()
+    );
+    if let Some(machine) = machine.filter(|&m| total > m) {
+        bail!(
+            "configuration: event_builder.preallocate_buffers would allocate {:.1} GiB of buffers \
+             in all nodes (the largest node: {}), more than this machine's {:.1} GiB of memory: \
+             turn it off, or lower event_builder.credits, source.events_per_mep or \
+             source.max_fragment_bytes",
+            gib(total),
+            largest.describe(),
             gib(machine)
         );
     }
@@ -831,6 +864,14 @@ pub fn format_summary(result: &RunResult) -> String {
             s.throttle_episodes,
             s.events_vetoed,
             s.max_unbuilt_meps
+        );
+    }
+    if s.buffers_preallocated_bytes > 0 {
+        out += &format!(
+            "preallocated buffers: {:.1} MiB in all nodes; MEPs that waited for a free MEP buffer {}, receive buffers allocated past the pool {}\n",
+            s.buffers_preallocated_bytes as f64 / f64::from(1u32 << 20),
+            s.mep_buffer_waits,
+            s.rx_buffer_overflows
         );
     }
     for (src, &m) in s.missing_by_source.iter().enumerate() {

@@ -9,6 +9,7 @@
 //! - [`report`]: the per-node reports and the run summary (JSON).
 
 pub mod bench;
+pub mod buffers;
 pub mod cluster;
 pub mod launch;
 pub mod metrics;

@@ -93,6 +93,9 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
             layout.endpoints
         );
     }
+    // Before the node announces itself: the start barrier waits for it, and
+    // the run's clock does not count it.
+    let pools = preallocate(&config, &layout, rank)?;
     if opts.rejoin && rank == layout.em {
         bail!("node {rank} hosts the EM: it cannot rejoin a run (restarting the EM ends the run)");
     }
@@ -171,6 +174,9 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         base => Some(crate::metrics::serve(&config.metrics.bind, base + rank)?),
     };
     let mut rt = Runtime::new(config, layout, rank)?;
+    if let Some((pool, rx_pool)) = pools {
+        (rt.engine.pool, rt.engine.rx_pool) = (pool, rx_pool);
+    }
     rt.metrics = metrics;
     rt.restarted = opts.rejoin;
     if opts.control == Control::Launcher {
@@ -185,6 +191,39 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         .connect(&peers, &mut rt.engine)
         .with_context(|| format!("setting up the {} transport", transport.name()))?;
     rt.run(transport.as_mut(), commands.as_ref())
+}
+
+/// `event_builder.preallocate_buffers`: this node's fixed MEP and receive
+/// pools (`crate::buffers` derives their bounds), allocated and touched.
+fn preallocate(
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+) -> Result<Option<(SparePool, SparePool)>> {
+    if !config.event_builder.preallocate_buffers {
+        return Ok(None);
+    }
+    let kind = TransportKind::parse(&config.transport.kind)?;
+    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
+    if let Some(n) = std::env::var("EVB_MEP_BUFFERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|_| plan.mep_buffers > 0)
+    {
+        // Tests: fewer MEP buffers than the bound, to make MEPs wait.
+        plan.mep_buffers = n;
+    }
+    let t = Instant::now();
+    let pools = (
+        SparePool::fixed(plan.mep_buffers, plan.mep_bytes),
+        SparePool::fixed(plan.rx_buffers, plan.rx_bytes),
+    );
+    eprintln!(
+        "evb node {rank}: preallocated {} in {:.2} s",
+        plan.describe(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(Some(pools))
 }
 
 /// Opens this node's end of the configured transport.
@@ -387,6 +426,9 @@ struct Engine {
     /// Spare receive buffers. Kept apart from `pool` so that they keep
     /// their length: growing a buffer again would clear it byte by byte.
     rx_pool: SparePool,
+    /// Fixed pools: MEPs assigned to this RU waiting for a free MEP buffer
+    /// (produced, in order, as buffers come back).
+    waiting_for_buffer: std::collections::VecDeque<MepId>,
     batches: HashMap<MepId, BatchSlots>,
     rus: usize,
     sink: Option<std::fs::File>,
@@ -415,30 +457,89 @@ const POOL_TRIM: Duration = Duration::from_secs(10);
 
 /// Spare buffers, with the fewest spares there were since the last trim:
 /// those were never needed, so [`SparePool::trim`] frees them.
+///
+/// Or, preallocated (`event_builder.preallocate_buffers`, [`SparePool::fixed`]):
+/// a fixed set of buffers of one size, allocated and touched at start,
+/// never trimmed; it keeps no more buffers than it was made with.
 #[derive(Default)]
 struct SparePool {
     spares: Vec<Vec<u8>>,
     low_water: usize,
+    fixed: Option<Fixed>,
+}
+
+/// A preallocated pool's bound, and what went past it.
+#[derive(Debug, Default, Clone, Copy)]
+struct Fixed {
+    buffers: usize,
+    len: usize,
+    /// Times a buffer was wanted and none was free.
+    short: u64,
 }
 
 impl SparePool {
     /// Most spares kept, whatever the burst.
     const MAX: usize = 256;
 
+    /// `buffers` buffers of `len` bytes, every page written now so that
+    /// the memory is resident from the start.
+    fn fixed(buffers: usize, len: usize) -> SparePool {
+        let spares = (0..buffers)
+            .map(|_| {
+                let mut b = vec![0u8; len];
+                // A large zeroed allocation is untouched mapped memory:
+                // write one byte per page (volatile: the zeros are known).
+                for i in (0..len).step_by(4096) {
+                    // SAFETY: i < len, within the buffer.
+                    unsafe { std::ptr::write_volatile(b.as_mut_ptr().add(i), 0) };
+                }
+                b
+            })
+            .collect();
+        SparePool {
+            spares,
+            low_water: buffers,
+            fixed: Some(Fixed {
+                buffers,
+                len,
+                short: 0,
+            }),
+        }
+    }
+
     fn take(&mut self) -> Option<Vec<u8>> {
         let b = self.spares.pop();
         self.low_water = self.low_water.min(self.spares.len());
+        if b.is_none() {
+            self.note_short();
+        }
         b
     }
 
     fn give(&mut self, buf: Vec<u8>) {
-        if self.spares.len() < Self::MAX {
+        let keep = match &self.fixed {
+            // Only the pool's own buffers, never more than it was made with.
+            Some(f) => self.spares.len() < f.buffers && buf.capacity() >= f.len,
+            None => self.spares.len() < Self::MAX,
+        };
+        if keep {
             self.spares.push(buf);
         }
     }
 
+    /// A preallocated pool had no free buffer for a taker.
+    fn note_short(&mut self) {
+        if let Some(f) = &mut self.fixed {
+            f.short += 1;
+        }
+    }
+
     /// Frees the spares unused since the last trim; returns how many.
+    /// A preallocated pool keeps its buffers.
     fn trim(&mut self) -> usize {
+        if self.fixed.is_some() {
+            return 0;
+        }
         let unused = self.low_water.min(self.spares.len());
         // The oldest spares go (taken last, they are the coldest).
         self.spares.drain(..unused);
@@ -479,7 +580,8 @@ impl Engine {
         let m = unsafe { libc::mallinfo2() };
         eprintln!(
             "evb node {rank} memory: t {:.0} s rss {} KiB, heap {} KiB ({} KiB in use), \
-             mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}",
+             mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}, \
+             buffer waits {} overflows {}",
             self.epoch.elapsed().as_secs_f64(),
             crate::report::resident_bytes() >> 10,
             m.arena >> 10,
@@ -492,6 +594,8 @@ impl Engine {
             self.batches.len(),
             self.deliveries.len(),
             self.consuming.len(),
+            self.pool.fixed.map_or(0, |f| f.short),
+            self.rx_pool.fixed.map_or(0, |f| f.short),
         );
     }
 
@@ -521,8 +625,25 @@ impl RxHandler for Engine {
     }
 
     fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
-        match self.rx_pool.take() {
-            Some(b) if b.len() >= min_len => b,
+        match (self.rx_pool.take(), self.rx_pool.fixed) {
+            (Some(b), _) if b.len() >= min_len => b,
+            // A pool buffer whose length a transport shortened: its
+            // capacity is touched already.
+            (Some(mut b), Some(_)) if b.capacity() >= min_len => {
+                b.resize(min_len, 0);
+                b
+            }
+            (None, Some(f)) => {
+                // Past the bound the protocol guarantees: not silent.
+                if f.short == 1 {
+                    eprintln!(
+                        "evb node: no free receive buffer in the preallocated pool of {}: \
+                         allocating past it (counted in rx_buffer_overflows)",
+                        f.buffers
+                    );
+                }
+                vec![0; min_len.max(f.len)]
+            }
             // A new zeroed allocation: large ones come from the kernel as
             // untouched pages, so a generous size costs only what is used.
             _ => vec![0; min_len],
@@ -651,6 +772,7 @@ impl Runtime {
                 meps: HashMap::new(),
                 pool: SparePool::default(),
                 rx_pool: SparePool::default(),
+                waiting_for_buffer: std::collections::VecDeque::new(),
                 batches: HashMap::new(),
                 rus: layout.rus(),
                 sink,
@@ -935,10 +1057,15 @@ impl Runtime {
         // local) would otherwise never leave this loop for its timers.
         let mut budget = ACTION_BUDGET;
         self.actions_left = false;
-        while let Some(action) = (budget > 0)
-            .then(|| self.engine.node.poll_action())
-            .flatten()
-        {
+        loop {
+            // Buffers given back by the last action go to waiting MEPs first.
+            self.resume_waiting_production();
+            let Some(action) = (budget > 0)
+                .then(|| self.engine.node.poll_action())
+                .flatten()
+            else {
+                break;
+            };
             budget -= 1;
             if budget == 0 {
                 // Maybe more: the loop comes back without waiting.
@@ -952,19 +1079,19 @@ impl Runtime {
                 }
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
-                    let source = e.sources.as_ref().expect("only an RU is asked to produce");
-                    let mut buf = e.pool.take().unwrap_or_default();
-                    let header = source.produce(mep, &mut buf, &mut e.size_scratch);
-                    let faults = &self.config.faults;
-                    if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
-                        // After the CRC: the receiver must notice.
-                        if let Some(b) = buf.last_mut() {
-                            *b ^= 0x5a;
-                        }
+                    let buf = if e.waiting_for_buffer.is_empty() {
+                        e.pool.take()
+                    } else {
+                        e.pool.note_short();
+                        None
+                    };
+                    match buf {
+                        Some(buf) => self.produce(mep, buf),
+                        // A fixed pool with no free buffer: the MEP waits
+                        // for one, in order (counted by the pool).
+                        None if e.pool.fixed.is_some() => e.waiting_for_buffer.push_back(mep),
+                        None => self.produce(mep, Vec::new()),
                     }
-                    e.meps.insert(mep, (Rc::new(buf), header));
-                    let now = e.now();
-                    e.node.on_mep_ready(now, header);
                 }
                 Action::SendFragment { header, .. } | Action::HandOver { header }
                     if self.dropped(&header) =>
@@ -1001,6 +1128,9 @@ impl Runtime {
                         if let Ok(buf) = Rc::try_unwrap(data) {
                             self.engine.give_back(buf);
                         }
+                    } else {
+                        // Released before a buffer was free for it.
+                        self.engine.waiting_for_buffer.retain(|&m| m != mep);
                     }
                 }
                 Action::Deliver {
@@ -1060,6 +1190,36 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+
+    /// RU: produces `mep` into `buf` (a pooled MEP buffer) and tells the
+    /// node its data is ready.
+    fn produce(&mut self, mep: MepId, mut buf: Vec<u8>) {
+        let e = &mut self.engine;
+        let source = e.sources.as_ref().expect("only an RU is asked to produce");
+        let header = source.produce(mep, &mut buf, &mut e.size_scratch);
+        let faults = &self.config.faults;
+        if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
+            // After the CRC: the receiver must notice.
+            if let Some(b) = buf.last_mut() {
+                *b ^= 0x5a;
+            }
+        }
+        e.meps.insert(mep, (Rc::new(buf), header));
+        let now = e.now();
+        e.node.on_mep_ready(now, header);
+    }
+
+    /// Fixed pool: MEPs that waited for a buffer are produced, in order,
+    /// as buffers come back.
+    fn resume_waiting_production(&mut self) {
+        while !self.engine.waiting_for_buffer.is_empty() {
+            let Some(buf) = self.engine.pool.spares.pop() else {
+                return;
+            };
+            let mep = self.engine.waiting_for_buffer.pop_front().expect("checked");
+            self.produce(mep, buf);
+        }
     }
 
     /// Sends built batch `mep` to the FU on endpoint `to`: the fragment
@@ -1133,6 +1293,15 @@ impl Runtime {
             r.store_objects = st.objects;
             r.store_events = st.events;
             r.store_bytes = st.bytes;
+        }
+        for (pool, short) in [
+            (&self.engine.pool, &mut r.mep_buffer_waits),
+            (&self.engine.rx_pool, &mut r.rx_buffer_overflows),
+        ] {
+            if let Some(f) = pool.fixed {
+                r.buffers_preallocated_bytes += (f.buffers * f.len) as u64;
+                *short = f.short;
+            }
         }
         if let Some(em) = &stats.em {
             r.em_meps_built = em.meps_built;
@@ -1324,5 +1493,34 @@ mod spare_pool_tests {
         // Nothing taken in the next period: all 3 go.
         assert_eq!(p.trim(), 3);
         assert!(p.take().is_none());
+    }
+
+    #[test]
+    fn a_fixed_pool_is_resident_at_once_and_keeps_its_buffers_only() {
+        const MIB: usize = 1 << 20;
+        let before = crate::report::resident_bytes();
+        let mut p = SparePool::fixed(8, 8 * MIB);
+        let grown = crate::report::resident_bytes().saturating_sub(before);
+        assert!(
+            grown >= 56 * MIB as u64,
+            "only {grown} bytes became resident"
+        );
+        let taken: Vec<_> = (0..8).map(|_| p.take().unwrap()).collect();
+        assert!(p.take().is_none());
+        assert_eq!(p.fixed.unwrap().short, 1, "the shortage is counted");
+        taken.into_iter().for_each(|b| p.give(b));
+        // One allocated past the bound is not kept...
+        p.give(vec![0; 8 * MIB]);
+        assert_eq!(p.spares.len(), 8);
+        // ...nor a smaller one that is not the pool's.
+        let one = p.take().unwrap();
+        p.give(vec![0; 16]);
+        assert_eq!(p.spares.len(), 7);
+        p.give(one);
+        assert_eq!(p.spares.len(), 8);
+        // Never trimmed, however long unused.
+        assert_eq!(p.trim(), 0);
+        assert_eq!(p.trim(), 0);
+        assert_eq!(p.spares.len(), 8);
     }
 }

@@ -123,6 +123,16 @@ pub struct NodeReport {
     /// Resident memory of the node process, bytes.
     #[serde(default)]
     pub rss_bytes: u64,
+    /// `event_builder.preallocate_buffers`: bytes of the buffers this node
+    /// allocated and touched at start; MEPs that waited for a free MEP
+    /// buffer; receive buffers allocated past the pool's bound (the
+    /// protocol's bounds say never).
+    #[serde(default)]
+    pub buffers_preallocated_bytes: u64,
+    #[serde(default)]
+    pub mep_buffer_waits: u64,
+    #[serde(default)]
+    pub rx_buffer_overflows: u64,
     /// (EM) Times the EM had a MEP to assign and no BU had credit.
     #[serde(default)]
     pub em_credit_stalls: u64,
@@ -394,6 +404,15 @@ pub struct Summary {
     pub store_events: u64,
     #[serde(default)]
     pub store_bytes: u64,
+    /// `event_builder.preallocate_buffers`: the nodes' preallocated buffers
+    /// (bytes, all nodes), MEPs that waited for a free MEP buffer, receive
+    /// buffers allocated past a pool's bound.
+    #[serde(default)]
+    pub buffers_preallocated_bytes: u64,
+    #[serde(default)]
+    pub mep_buffer_waits: u64,
+    #[serde(default)]
+    pub rx_buffer_overflows: u64,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
     /// The output stage, when the run had consumers.
@@ -572,6 +591,9 @@ impl Summary {
             s.store_objects += r.store_objects;
             s.store_events += r.store_events;
             s.store_bytes += r.store_bytes;
+            s.buffers_preallocated_bytes += r.buffers_preallocated_bytes;
+            s.mep_buffer_waits += r.mep_buffer_waits;
+            s.rx_buffer_overflows += r.rx_buffer_overflows;
             for &(v, c) in &r.latency_buckets {
                 let _ = hist.record_n(v.max(1), c);
             }

@@ -166,8 +166,7 @@ impl<E: Endpoint> MsgTransport<E> {
             rank,
             run_id: config.run.run_id,
             endpoints: layout.endpoints,
-            // Enough to keep every peer busy, bounded in memory.
-            recv_buffers: (2 * linked.len() + 4).min(64),
+            recv_buffers: posted_receives(linked.len()),
             linked,
             peer_index: vec![None; n],
             queued: (0..n).map(|_| VecDeque::new()).collect(),
@@ -522,6 +521,13 @@ impl<E: Endpoint> MsgTransport<E> {
         self.push_queued(events);
         Ok(any)
     }
+}
+
+/// Receive buffers a message transport keeps posted (each of
+/// [`max_message_bytes`]) with links to `linked` peers: enough to keep
+/// every peer busy, bounded in memory.
+pub fn posted_receives(linked: usize) -> usize {
+    (2 * linked + 4).min(64)
 }
 
 /// A receive buffer an engine gave back shortened to the message, at its
