@@ -222,6 +222,43 @@ fn a_killed_node_restarts_and_rejoins_over_shm() {
     check_restart("shm");
 }
 
+/// The same over UCX (tcp): the new incarnation sends each survivor a join
+/// request with its new worker address; the survivor opens an endpoint to
+/// it, bumps its epoch for that rank (the dead incarnation's messages, of
+/// the old epoch, are dropped), restarts the rank's stream and answers.
+#[test]
+fn a_killed_node_restarts_and_rejoins_over_ucx() {
+    check_restart("ucx:tcp");
+}
+
+/// libfabric cannot take a restarted node back: `--restart` over it is
+/// refused before any node starts, with the transports that can.
+#[test]
+fn a_restart_over_ofi_is_refused() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "2",
+        "--progress",
+        "never",
+        "--kill",
+        "2@0.5",
+        "--restart",
+        "2@1",
+        "--transport",
+        "ofi:tcp",
+    ]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("only the tcp, shm and ucx transports can rejoin, not `ofi:tcp`"),
+        "{text}"
+    );
+}
+
 /// The default transport stays shm when a node is restarted.
 #[test]
 fn restarts_keep_the_default_shm_transport() {
