@@ -130,7 +130,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     let rejoin_ok = offer_rejoin && transport.enable_rejoin(opts.rejoin);
     if opts.rejoin && !rejoin_ok {
         bail!(
-            "transport `{}` cannot rejoin a run: only tcp, shm and ucx can",
+            "transport `{}` cannot rejoin a run: only tcp, shm, ucx and ofi:tcp can",
             transport.name()
         );
     }
@@ -223,6 +223,7 @@ pub(crate) fn open_transport(
                 &provider,
                 progress,
                 transport::max_message_bytes(config),
+                rank,
             )?;
             Ok(Box::new(transport::msg::MsgTransport::new(
                 ep, config, layout, rank,
