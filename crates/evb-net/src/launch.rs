@@ -195,7 +195,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         }
         if !crate::transport::can_rejoin(&config.transport.kind) {
             bail!(
-                "--restart: only the tcp, shm and ucx transports can rejoin, not `{}`",
+                "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
                 config.transport.kind
             );
         }

@@ -176,12 +176,13 @@ pub fn resolve_auto(kind: &str) -> &str {
 
 /// Whether `evb run --restart` can restart a node over the transport
 /// `kind`: one whose [`Transport::enable_rejoin`] takes a restarted node
-/// back (tcp, shm, ucx; not ofi or mpi).
+/// back (tcp, shm, ucx, ofi:tcp; not mpi, nor libfabric's other providers).
 pub fn can_rejoin(kind: &str) -> bool {
-    matches!(
-        TransportKind::parse(kind),
-        Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_))
-    )
+    match TransportKind::parse(kind) {
+        Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_)) => true,
+        Ok(TransportKind::Ofi(provider)) => ofi::can_rejoin(&provider),
+        _ => false,
+    }
 }
 
 /// Whether this node spins on its transport or sleeps on it.
