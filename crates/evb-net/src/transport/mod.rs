@@ -19,9 +19,9 @@
 //! re-establishes connections with a lost peer (restarted, or reachable
 //! again) and reports [`LinkEvent::Joined`]; shared memory takes in a
 //! restarted peer's new inbox ([`shm`]); UCX a restarted peer's new worker
-//! address, with an epoch that keeps the two incarnations apart ([`ucx`]).
-//! The other message engines (ofi, mpi) do not: a peer they lost stays
-//! lost for the rest of the run.
+//! address, with an epoch that keeps the two incarnations apart ([`ucx`]);
+//! libfabric the same way over tcp;ofi_rxm ([`ofi`]). MPI and libfabric's
+//! other providers do not: a peer they lost stays lost for the rest of the run.
 
 pub mod auth;
 pub mod mpi;

@@ -32,7 +32,7 @@ const REPORT_LIMIT: usize = 8;
 
 /// Rejoin is offered on tcp;ofi_rxm only (provider as users write it):
 /// it is what was tested; over libfabric 1.17's shm a restarted node was
-/// taken back but did not build again.
+/// taken back, but in one of two runs did not build again (not investigated).
 pub fn can_rejoin(provider: &str) -> bool {
     evb_ofi::provider_name(provider) == "tcp;ofi_rxm"
 }
