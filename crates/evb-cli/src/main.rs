@@ -95,7 +95,7 @@ struct RunArgs {
     #[arg(long, value_name = "RANK@SECONDS")]
     stop: Vec<String>,
     /// Restart node RANK (killed earlier with --kill) at SECONDS: a fresh process that rejoins
-    /// the run (tcp and shm; not node 0, the EM).
+    /// the run (tcp, shm, ucx and ofi:tcp; not mpi; not node 0, the EM).
     #[arg(long, value_name = "RANK@SECONDS")]
     restart: Vec<String>,
 }
@@ -115,7 +115,8 @@ struct NodeArgs {
     #[arg(long)]
     rendezvous: Option<PathBuf>,
     /// Join a run already going, as a restarted node (same rank; tcp: same address, shm: a new
-    /// inbox): no start barrier, connect to the live peers, the EM re-admits it (tcp and shm).
+    /// inbox, ucx and ofi:tcp: a new address): no start barrier, connect to the live peers, the
+    /// EM re-admits it (tcp, shm, ucx and ofi:tcp).
     #[arg(long)]
     rejoin: bool,
 }

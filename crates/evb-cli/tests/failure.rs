@@ -222,6 +222,51 @@ fn a_killed_node_restarts_and_rejoins_over_shm() {
     check_restart("shm");
 }
 
+/// The same over UCX (tcp): the new incarnation sends each survivor a join
+/// request with its new worker address; the survivor opens an endpoint to
+/// it, bumps its epoch for that rank (the dead incarnation's messages, of
+/// the old epoch, are dropped), restarts the rank's stream and answers.
+#[test]
+fn a_killed_node_restarts_and_rejoins_over_ucx() {
+    check_restart("ucx:tcp");
+}
+
+/// The same over libfabric (tcp;ofi_rxm), the way UCX does it: a join
+/// request with the new address, an epoch per link. A survivor that was not
+/// sending to the dead node notices it by its silence (0.8 s).
+#[test]
+fn a_killed_node_restarts_and_rejoins_over_ofi_tcp() {
+    check_restart_noticed_within("ofi:tcp", 1.5);
+}
+
+/// libfabric's shm provider does not take a restarted node back: `--restart`
+/// over it is refused before any node starts, with the transports that can.
+#[test]
+fn a_restart_over_ofi_shm_is_refused() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "2",
+        "--progress",
+        "never",
+        "--kill",
+        "2@0.5",
+        "--restart",
+        "2@1",
+        "--transport",
+        "ofi:shm",
+    ]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `ofi:shm`"),
+        "{text}"
+    );
+}
+
 /// The default transport stays shm when a node is restarted.
 #[test]
 fn restarts_keep_the_default_shm_transport() {
@@ -272,6 +317,11 @@ fn restarts_keep_the_default_shm_transport() {
 
 /// What a kill and a restart of node 2 over `transport` must give.
 fn check_restart(transport: &str) {
+    check_restart_noticed_within(transport, 1.0);
+}
+
+/// `check_restart`, every survivor noticing the death within `notice_s`.
+fn check_restart_noticed_within(transport: &str, notice_s: f64) {
     let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join(format!("restart-{transport}.json"));
@@ -321,7 +371,7 @@ fn check_restart(transport: &str) {
     );
     assert_eq!(corrupt, 0, "{text}");
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
-    // The death is seen by every survivor within a second.
+    // The death is seen by every survivor within `notice_s` (a second).
     let seen: Vec<f64> = failures
         .iter()
         .filter(|f| f["node"] == 2 && f["seen_by"] != "launcher")
@@ -330,7 +380,7 @@ fn check_restart(transport: &str) {
         .collect();
     assert_eq!(seen.len(), 3, "every survivor notices: {failures:?}");
     assert!(
-        seen.iter().all(|t| *t - 1.5 < 1.0 && *t >= 1.45),
+        seen.iter().all(|t| *t - 1.5 < notice_s && *t >= 1.45),
         "{failures:?}"
     );
     assert!(failures

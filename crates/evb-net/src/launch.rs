@@ -193,9 +193,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 r.node
             );
         }
-        if config.transport.kind != "tcp" && config.transport.kind != "shm" {
+        if !crate::transport::can_rejoin(&config.transport.kind) {
             bail!(
-                "--restart: only the tcp and shm transports can rejoin, not `{}`",
+                "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
                 config.transport.kind
             );
         }

@@ -51,8 +51,9 @@ pub struct NodeOptions {
     pub rendezvous: Option<PathBuf>,
     /// This process restarts a node of a run already going: it connects to
     /// the live peers without the start barrier (TCP: on the node's
-    /// address again; shm: with a new inbox the peers are told of), and the
-    /// EM re-admits it (TCP and shm).
+    /// address again; shm: with a new inbox the peers are told of; UCX:
+    /// with a new worker address it sends each peer), and the EM re-admits
+    /// it (TCP, shm and UCX).
     pub rejoin: bool,
 }
 
@@ -132,7 +133,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     let rejoin_ok = offer_rejoin && transport.enable_rejoin(opts.rejoin);
     if opts.rejoin && !rejoin_ok {
         bail!(
-            "transport `{}` cannot rejoin a run: only tcp and shm can",
+            "transport `{}` cannot rejoin a run: only tcp, shm, ucx and ofi:tcp can",
             transport.name()
         );
     }
@@ -261,6 +262,7 @@ pub(crate) fn open_transport(
                 &provider,
                 progress,
                 transport::max_message_bytes(config),
+                rank,
             )?;
             Ok(Box::new(transport::msg::MsgTransport::new(
                 ep, config, layout, rank,
@@ -271,6 +273,7 @@ pub(crate) fn open_transport(
                 tls.as_deref(),
                 progress,
                 transport::max_message_bytes(config),
+                rank,
             )?;
             Ok(Box::new(transport::msg::MsgTransport::new(
                 ep, config, layout, rank,

@@ -34,6 +34,23 @@
 //!   milliseconds of the connection breaking).
 //! - Both sides must use the same `Options::max_message`; receive buffers are
 //!   at least that large, so nothing is ever truncated.
+//!
+//! Rejoin ([`Endpoint::enable_rejoin`]), as in evb-ucx: a restarted process
+//! (a new incarnation of a sender, with a new address) reaches each live
+//! endpoint with [`Endpoint::add_peer_rejoining`], which sends a JOIN (an
+//! endpoint message with the CTRL tag bit, outside the sequence: its source,
+//! its new address, its index for that peer). The live endpoint inserts the
+//! new address, bumps its *epoch* for that source, starts the source's
+//! stream afresh (sequence 0, nothing held), reports
+//! [`Completion::PeerJoined`] and answers with an ACK carrying the new epoch
+//! (the first message of its own stream to the new incarnation, which
+//! reports `PeerJoined` when it is handed out in order). The new incarnation
+//! sends nothing but its JOIN before that answer, and stamps every later
+//! message to that endpoint with the epoch it was given (8 bits of the tag
+//! above the 21-bit sequence number). A receiver hands out only messages of
+//! the current epoch of their source; what the old incarnation left in
+//! flight is dropped, and unexpected messages of a forgotten incarnation are
+//! discarded by epoch, so the new one's are never touched.
 
 mod sys;
 
@@ -81,9 +98,25 @@ pub struct Options {
     pub source_mask: u64,
 }
 
-/// Tag bits left to the caller; the upper 32 carry the sequence number.
+/// Tag bits left to the caller; the upper 32 carry the sequence number
+/// (21 bits), the sender's epoch (8 bits) and CTRL_BIT.
 pub const TAG_BITS: u32 = 32;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// Sequence numbers wrap here: far more than a receiver ever holds back.
+const SEQ_MASK: u32 = (1 << 21) - 1;
+/// Where the epoch sits in the tag (crate docs on rejoin).
+const EPOCH_SHIFT: u32 = TAG_BITS + 21;
+const EPOCH_MASK: u64 = 0xff;
+/// On the endpoint's own messages (a JOIN and its answer).
+const CTRL_BIT: u64 = 1 << 61;
+/// The ctx of the endpoint's own sends: their completions are not reported.
+const CONTROL_CTX: u64 = u64::MAX;
+/// The payload of a JOIN: magic, the joiner's source (u64), its index for
+/// the receiving peer (u32), its address.
+const JOIN_MAGIC: &[u8; 8] = b"EVBJOIN1";
+/// The payload of the answer: magic, the epoch to use (u8), the joiner's
+/// index for the answering peer (u32).
+const ACK_MAGIC: &[u8; 8] = b"EVBJACK1";
 
 /// Default `Options::max_message`: a 4 MiB fragment and its header.
 pub const DEFAULT_MAX_MESSAGE: usize = (4 << 20) + 4096;
@@ -154,6 +187,11 @@ pub enum Completion {
     /// already gone is matched to a posted receive: that receive is never
     /// completed, so the caller should post a replacement buffer.
     Unattributed { reason: String },
+    /// Rejoin (crate docs): a new incarnation of the sender `source` (tag
+    /// bits) is reachable as `peer`, and what it sends from now on is handed
+    /// out; or, on a restarted endpoint, the peer `peer` (whose messages
+    /// carry `source`) took it back.
+    PeerJoined { peer: PeerId, source: u64 },
 }
 
 fn strerror(ret: isize) -> String {
@@ -186,6 +224,7 @@ enum OpKind {
     /// sender (the tag's source bits).
     Discard {
         source: u64,
+        epoch: u8,
     },
     /// Failed: its buffers are gone, the context stays reserved.
     Dead,
@@ -196,8 +235,9 @@ enum OpKind {
 struct Stream {
     /// Sequence number of the next message to hand out.
     next: u32,
-    /// Completions that arrived before their predecessors.
-    held: BTreeMap<u32, Completion>,
+    /// Completions that arrived before their predecessors (None: an
+    /// endpoint message that only takes its place).
+    held: BTreeMap<u32, Option<Completion>>,
     /// `forget_source` was called: hand everything out as it comes.
     forgotten: bool,
     /// When the latest message was held back: fresh evidence of a live
@@ -258,6 +298,20 @@ pub struct Endpoint {
     register_local: bool,
     iov_limit: usize,
     max_message: usize,
+    /// Per peer: the epoch it expects on our messages (crate docs on rejoin).
+    send_epoch: Vec<u8>,
+    /// Per peer: a restarted endpoint asked it to take it back, no answer yet.
+    awaiting_ack: Vec<bool>,
+    /// The endpoint's own messages the library could not take yet, in order.
+    pending_control: std::collections::VecDeque<(PeerId, u64, Vec<u8>)>,
+    /// Rejoin enabled: the source bits of this endpoint's own messages.
+    own_source: Option<u64>,
+    /// Per source: the epoch of its current incarnation (0 at the start).
+    recv_epoch: HashMap<u64, u8>,
+    /// Per source that joined: the peer of its current incarnation.
+    joined_as: HashMap<u64, PeerId>,
+    /// Messages of replaced incarnations dropped.
+    stale_dropped: u64,
 }
 
 /// Owns a malloc'd C string until libfabric takes it (fi_freeinfo frees it).
@@ -442,6 +496,13 @@ impl Endpoint {
             register_local: false,
             iov_limit: 1,
             max_message: opts.max_message,
+            send_epoch: Vec::new(),
+            awaiting_ack: Vec::new(),
+            pending_control: std::collections::VecDeque::new(),
+            own_source: None,
+            recv_epoch: HashMap::new(),
+            joined_as: HashMap::new(),
+            stale_dropped: 0,
         };
         // On error the partly built endpoint is dropped, which closes what was opened.
         ep.setup()?;
@@ -604,7 +665,167 @@ impl Endpoint {
             )));
         }
         self.peers.push(fi_addr);
+        self.send_epoch.push(0);
+        self.awaiting_ack.push(false);
         Ok(self.peers.len() - 1)
+    }
+
+    /// Rejoin (crate docs): take in new incarnations of senders during the
+    /// run. `source`: the tag bits (within `Options::source_mask`) that name
+    /// this endpoint's own messages.
+    pub fn enable_rejoin(&mut self, source: u64) {
+        self.own_source = Some(source & self.source_mask);
+    }
+
+    /// For a restarted endpoint (rejoin enabled): reaches a live endpoint
+    /// like [`Endpoint::add_peer`] and asks it to take this one back. Send
+    /// nothing to the peer before its [`Completion::PeerJoined`] (what is
+    /// sent earlier carries the wrong epoch and is dropped by the peer).
+    pub fn add_peer_rejoining(&mut self, address: &[u8]) -> Result<PeerId, Error> {
+        let Some(source) = self.own_source else {
+            return Err(Error::new("add_peer_rejoining needs enable_rejoin first"));
+        };
+        let peer = self.add_peer(address)?;
+        let mut join = Vec::with_capacity(20 + self.address.len());
+        join.extend_from_slice(JOIN_MAGIC);
+        join.extend_from_slice(&source.to_le_bytes());
+        join.extend_from_slice(&(peer as u32).to_le_bytes());
+        join.extend_from_slice(&self.address);
+        self.awaiting_ack[peer] = true;
+        self.pending_control
+            .push_back((peer, CTRL_BIT | source, join));
+        self.push_control()?;
+        Ok(peer)
+    }
+
+    /// Messages of replaced incarnations dropped so far.
+    pub fn stale_dropped(&self) -> u64 {
+        self.stale_dropped
+    }
+
+    /// Hands the endpoint's own queued messages to the library, in order,
+    /// until it says "try again".
+    fn push_control(&mut self) -> Result<(), Error> {
+        while let Some((peer, wire_tag, msg)) = self.pending_control.pop_front() {
+            let retry = msg.clone();
+            if !self.post_send(peer, wire_tag, msg, None, 0..0, CONTROL_CTX)? {
+                self.pending_control.push_front((peer, wire_tag, retry));
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
+    fn on_control(
+        &mut self,
+        buf: Vec<u8>,
+        tag: u64,
+        seq: u32,
+        out: &mut Vec<Completion>,
+    ) -> Result<(), Error> {
+        let source = tag & self.source_mask;
+        let msg = buf.as_slice();
+        if msg.len() >= 20 && &msg[..8] == JOIN_MAGIC && self.own_source.is_some() {
+            let joiner =
+                u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) & self.source_mask;
+            let their_index = u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes"));
+            let address = msg[20..].to_vec();
+            self.post_recv(buf)?;
+            self.accept_join(joiner, their_index, &address, out)?;
+        } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
+            let epoch = msg[8];
+            let index = u32::from_le_bytes(msg[9..13].try_into().expect("4 bytes")) as usize;
+            self.post_recv(buf)?;
+            if self.awaiting_ack.get(index).copied().unwrap_or(false) {
+                self.awaiting_ack[index] = false;
+                self.send_epoch[index] = epoch;
+                let joined = Completion::PeerJoined {
+                    peer: index,
+                    source,
+                };
+                self.recv_finished(seq, source, Some(joined), out);
+            } else {
+                eprintln!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
+                self.recv_finished(seq, source, None, out);
+            }
+        } else {
+            eprintln!(
+                "evb ofi: an endpoint message of {} bytes from source {source:#x} not understood",
+                msg.len()
+            );
+            self.post_recv(buf)?;
+        }
+        Ok(())
+    }
+
+    /// A new incarnation of `source` asks to be taken back (crate docs).
+    fn accept_join(
+        &mut self,
+        source: u64,
+        their_index: u32,
+        address: &[u8],
+        out: &mut Vec<Completion>,
+    ) -> Result<(), Error> {
+        let Some(own) = self.own_source else {
+            return Ok(());
+        };
+        let peer = match self.add_peer(address) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!(
+                    "evb ofi: source {source:#x} asked to join from an address not usable: {e}"
+                );
+                return Ok(());
+            }
+        };
+        let old_epoch = self.current_epoch(source);
+        let epoch = old_epoch.wrapping_add(1) & EPOCH_MASK as u8;
+        self.recv_epoch.insert(source, epoch);
+        self.joined_as.insert(source, peer);
+        // The old incarnation's stream ends here: what waits for its
+        // missing messages is dropped.
+        if let Some(old) = self.streams.insert(source, Stream::default()) {
+            for done in old.held.into_values().flatten() {
+                self.stale_dropped += 1;
+                if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done
+                {
+                    self.post_recv(buf)?;
+                }
+            }
+        }
+        out.push(Completion::PeerJoined { peer, source });
+        // The answer is the first message of our stream to it.
+        let key = (peer, own);
+        let seq = self.send_seq.get(&key).copied().unwrap_or(0);
+        self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
+        let mut ack = Vec::with_capacity(13);
+        ack.extend_from_slice(ACK_MAGIC);
+        ack.push(epoch);
+        ack.extend_from_slice(&their_index.to_le_bytes());
+        let wire_tag = CTRL_BIT | (u64::from(seq) << TAG_BITS) | own;
+        self.pending_control.push_back((peer, wire_tag, ack));
+        self.push_control()
+    }
+
+    /// The epoch messages of `source` must carry now.
+    fn current_epoch(&self, source: u64) -> u8 {
+        self.recv_epoch.get(&source).copied().unwrap_or(0)
+    }
+
+    /// The link to `peer`, whose messages carry `source`, was given up:
+    /// [`Endpoint::forget_source`], unless a new incarnation of that source
+    /// joined as another peer since: then only the old incarnation's
+    /// unexpected messages (the previous epoch) are discarded.
+    pub fn forget_peer(&mut self, peer: PeerId, source: u64) {
+        let source = source & self.source_mask;
+        match self.joined_as.get(&source) {
+            Some(&current) if current != peer => {
+                let old = self.current_epoch(source).wrapping_sub(1);
+                self.discard_unexpected(source, old);
+            }
+            _ => self.forget_source(source),
+        }
     }
 
     fn register(&self, ptr: *const u8, len: usize, access: u64) -> Result<*mut sys::fid_mr, Error> {
@@ -700,12 +921,12 @@ impl Endpoint {
         body: Option<(Rc<Vec<u8>>, Range<usize>)>,
         ctx: u64,
     ) -> Result<bool, Error> {
-        let Some(&dest) = self.peers.get(peer) else {
+        if peer >= self.peers.len() {
             return Err(Error::new(format!(
                 "send to peer {peer}: only {} peers were added",
                 self.peers.len()
             )));
-        };
+        }
         let (body_rc, range) = match body {
             Some((rc, range)) => {
                 if range.start > range.end || range.end > rc.len() {
@@ -723,6 +944,28 @@ impl Endpoint {
                 "send: tag {tag:#x} does not fit the {TAG_BITS} bits left to the caller"
             )));
         }
+        let stream = (peer, tag & self.source_mask);
+        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
+        let epoch = u64::from(self.send_epoch[peer]) << EPOCH_SHIFT;
+        let wire_tag = epoch | (u64::from(seq) << TAG_BITS) | tag;
+        if !self.post_send(peer, wire_tag, head, body_rc, range, ctx)? {
+            return Ok(false);
+        }
+        self.send_seq.insert(stream, seq.wrapping_add(1) & SEQ_MASK);
+        Ok(true)
+    }
+
+    /// Posts one message with its full tag; Ok(false): "try again".
+    fn post_send(
+        &mut self,
+        peer: PeerId,
+        wire_tag: u64,
+        head: Vec<u8>,
+        body_rc: Option<Rc<Vec<u8>>>,
+        range: Range<usize>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
+        let dest = self.peers[peer];
         let total = head.len() + range.len();
         if total > self.max_message {
             return Err(Error::new(format!(
@@ -784,9 +1027,6 @@ impl Endpoint {
             })
             .collect();
         let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
-        let stream = (peer, tag & self.source_mask);
-        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = (u64::from(seq) << TAG_BITS) | tag;
         // SAFETY: the memory behind iov is owned by `op` (Vec heap data and the Rc),
         // which stays in self.ops until the completion.
         let ret = unsafe {
@@ -809,7 +1049,6 @@ impl Endpoint {
             return Err(Error::call("fi_tsendv", ret as isize));
         }
         self.ops.insert(ctx_ptr as usize, op);
-        self.send_seq.insert(stream, seq.wrapping_add(1));
         self.sends += 1;
         Ok(true)
     }
@@ -846,8 +1085,9 @@ impl Endpoint {
         let stream = self.streams.entry(source & self.source_mask).or_default();
         stream.forgotten = true;
         let held = std::mem::take(&mut stream.held);
-        self.ready.extend(held.into_values());
-        self.discard_unexpected(source & self.source_mask);
+        self.ready.extend(held.into_values().flatten());
+        let epoch = self.current_epoch(source & self.source_mask);
+        self.discard_unexpected(source & self.source_mask, epoch);
     }
 
     /// Drops one message from `source` the provider holds as unexpected (no
@@ -860,20 +1100,24 @@ impl Endpoint {
     /// shm starts the transfer of the message it should discard into the
     /// (absent) buffer, looping in process_vm_readv with its region lock
     /// held, which deadlocks every process on the node.
-    fn discard_unexpected(&mut self, source: u64) {
+    /// Only messages of incarnation `epoch` of the source (and no endpoint
+    /// message) are discarded: a new incarnation's are left alone.
+    fn discard_unexpected(&mut self, source: u64, epoch: u8) {
         if !self.provider.contains("ofi_rxm") {
             return;
         }
         let mut op = Box::new(Op {
             fi_ctx: Default::default(),
-            kind: OpKind::Discard { source },
+            kind: OpKind::Discard { source, epoch },
             regions: Vec::new(),
         });
         let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
-        // Match the source bits only: any sequence number, any other bits.
-        let ignore = !self.source_mask;
+        // Match the source, epoch and CTRL bits only: any sequence number,
+        // any other bits.
+        let ignore = !(self.source_mask | (EPOCH_MASK << EPOCH_SHIFT) | CTRL_BIT);
+        let tag = source | (u64::from(epoch) << EPOCH_SHIFT);
         // SAFETY: the context lives in self.ops until its completion.
-        let ret = unsafe { sys::evb_fi_tdiscard(self.ep, source, ignore, ctx_ptr) };
+        let ret = unsafe { sys::evb_fi_tdiscard(self.ep, tag, ignore, ctx_ptr) };
         if ret == 0 {
             self.ops.insert(ctx_ptr as usize, op);
         }
@@ -890,6 +1134,7 @@ impl Endpoint {
 
     /// Non-blocking: drives the library and appends completions to `out`.
     pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        self.push_control()?;
         out.append(&mut self.ready);
         let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
         loop {
@@ -970,17 +1215,31 @@ impl Endpoint {
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
         match self.take_op(e.op_context) {
+            Some(OpKind::Send { ctx, .. }) if ctx == CONTROL_CTX => {}
             Some(OpKind::Send { ctx, .. }) => out.push(Completion::Sent { ctx }),
             Some(OpKind::Recv { mut buf }) => {
                 let len = e.len.min(buf.capacity());
                 // SAFETY: the provider wrote `len` bytes into the buffer.
                 unsafe { buf.set_len(len) };
                 let tag = e.tag & TAG_MASK;
-                let seq = (e.tag >> TAG_BITS) as u32;
-                self.recv_finished(seq, Completion::Received { buf, len, tag }, out);
+                let source = tag & self.source_mask;
+                let seq = (e.tag >> TAG_BITS) as u32 & SEQ_MASK;
+                let epoch = ((e.tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+                // A JOIN carries no epoch; a replaced incarnation's message
+                // (crate docs on rejoin) is dropped.
+                let is_join = e.tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
+                if epoch != self.current_epoch(source) && !is_join {
+                    self.stale_dropped += 1;
+                    self.post_recv(buf)?;
+                } else if e.tag & CTRL_BIT != 0 {
+                    self.on_control(buf, tag, seq, out)?;
+                } else {
+                    let done = Completion::Received { buf, len, tag };
+                    self.recv_finished(seq, source, Some(done), out);
+                }
             }
             // One stale message dropped: look for the next.
-            Some(OpKind::Discard { source }) => self.discard_unexpected(source),
+            Some(OpKind::Discard { source, epoch }) => self.discard_unexpected(source, epoch),
             // A late report of an operation that already failed.
             Some(OpKind::Dead) => {}
             None => {
@@ -1033,6 +1292,9 @@ impl Endpoint {
             return Ok(());
         }
         match self.take_failed(err.op_context) {
+            Some(OpKind::Send { ctx, .. }) if ctx == CONTROL_CTX => {
+                eprintln!("evb ofi: an endpoint message (join or answer) failed: {reason}");
+            }
             Some(OpKind::Send { ctx, .. }) => out.push(Completion::SendFailed { ctx, reason }),
             Some(OpKind::Recv { mut buf }) => {
                 let truncated = err.err == sys::FI_ETRUNC as c_int;
@@ -1051,9 +1313,12 @@ impl Endpoint {
                     tag: err.tag & TAG_MASK,
                     reason,
                 };
-                if truncated {
+                let source = err.tag & self.source_mask;
+                let epoch = ((err.tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+                if truncated && epoch == self.current_epoch(source) {
                     // The tag is the message's: it takes its place in the stream.
-                    self.recv_finished((err.tag >> TAG_BITS) as u32, failed, out);
+                    let seq = (err.tag >> TAG_BITS) as u32 & SEQ_MASK;
+                    self.recv_finished(seq, source, Some(failed), out);
                 } else {
                     // A broken connection: the entry carries no tag of ours.
                     out.push(failed);
@@ -1070,17 +1335,18 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Hands out a receive completion in its sender's order.
-    fn recv_finished(&mut self, seq: u32, done: Completion, out: &mut Vec<Completion>) {
-        let source = match &done {
-            Completion::Received { tag, .. } | Completion::RecvFailed { tag, .. } => {
-                tag & self.source_mask
-            }
-            _ => unreachable!("only receive completions are ordered"),
-        };
+    /// Hands out (or holds back) message `seq` of `source` in its sender's
+    /// order (`None`: an endpoint message that only takes its place).
+    fn recv_finished(
+        &mut self,
+        seq: u32,
+        source: u64,
+        done: Option<Completion>,
+        out: &mut Vec<Completion>,
+    ) {
         let stream = self.streams.entry(source).or_default();
         if stream.forgotten {
-            out.push(done);
+            out.extend(done);
             return;
         }
         if seq != stream.next {
@@ -1088,11 +1354,11 @@ impl Endpoint {
             stream.last_held_at = Some(Instant::now());
             return;
         }
-        out.push(done);
-        stream.next = stream.next.wrapping_add(1);
+        out.extend(done);
+        stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
         while let Some(next) = stream.held.remove(&stream.next) {
-            out.push(next);
-            stream.next = stream.next.wrapping_add(1);
+            out.extend(next);
+            stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
         }
     }
 

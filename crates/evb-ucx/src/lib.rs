@@ -28,6 +28,25 @@
 //! buffer for exactly that body, so the message lands as head ++ body as if
 //! sent in one piece.
 //!
+//! Rejoin ([`Endpoint::enable_rejoin`]): a process that restarted (a new
+//! incarnation of a sender, with a new worker and address) reaches each
+//! live endpoint with [`Endpoint::add_peer_rejoining`], which sends a JOIN
+//! (an endpoint message with the CTRL bit, outside the sequence: its
+//! source, its new address, its index for that peer). The live endpoint
+//! opens an endpoint to the new address, bumps its *epoch* for that source,
+//! starts the source's stream afresh (sequence 0, nothing held; bodies
+//! still awaited from the old incarnation are cancelled), reports
+//! [`Completion::PeerJoined`] and answers with an ACK carrying the new
+//! epoch (the first message of its own stream to the new incarnation,
+//! which reports `PeerJoined` when it arrives in order). The new
+//! incarnation sends nothing but its JOIN before that answer, and stamps
+//! every later message to that endpoint with the epoch it was given (8 bits
+//! of the wire tag). A receiver hands out only messages whose epoch is its
+//! current one for their source: whatever the old incarnation left in
+//! flight (late completions, a rendezvous finishing after the join, a split
+//! body) is dropped, in whatever order the two incarnations' messages
+//! arrive. The epoch is per link and wraps after 256 joins of one source.
+//!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
 //! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
@@ -83,11 +102,19 @@ pub struct Options {
     pub split_body_from: usize,
 }
 
-/// Tag bits left to the caller; above them: the sequence number (30 bits),
-/// SPLIT_BIT and BODY_BIT.
+/// Tag bits left to the caller; above them: the sequence number (21 bits),
+/// the sender's epoch (8 bits), CTRL_BIT, SPLIT_BIT and BODY_BIT.
 pub const TAG_BITS: u32 = 32;
 const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
-const SEQ_MASK: u32 = (1 << 30) - 1;
+/// Sequence numbers wrap here: far more than a receiver ever holds back
+/// (at most its posted receives).
+const SEQ_MASK: u32 = (1 << 21) - 1;
+/// Where the epoch sits in the wire tag (module docs on rejoin).
+const EPOCH_SHIFT: u32 = TAG_BITS + 21;
+const EPOCH_MASK: u64 = 0xff;
+/// On the endpoint's own messages (a join request and its answer), which
+/// never reach the caller.
+const CTRL_BIT: u64 = 1 << 61;
 /// On the head of a message whose body follows as its own message.
 const SPLIT_BIT: u64 = 1 << 62;
 /// On that body: the buffers posted for heads do not match it.
@@ -144,6 +171,11 @@ pub enum Completion {
     ReceiveFailed { buf: Vec<u8>, reason: String },
     /// UCX reported the connection to this peer broken; sends to it fail from now on.
     PeerFailed { peer: PeerId, reason: String },
+    /// Rejoin (module docs): a new incarnation of the sender `source` (tag
+    /// bits) is reachable as `peer`, and what it sends from now on is handed
+    /// out; or, on a restarted endpoint, the peer `peer` (whose messages
+    /// carry `source`) took it back.
+    PeerJoined { peer: PeerId, source: u64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -410,8 +442,19 @@ impl<T> Slab<T> {
 struct Peer {
     ep: sys::ucp_ep_h,
     failed: Option<String>,
+    /// The epoch this peer expects on our messages (module docs on rejoin).
+    send_epoch: u8,
+    /// A restarted endpoint asked it to take it back; no answer yet.
+    awaiting_ack: bool,
     _cookie: Box<Cookie>,
 }
+
+/// The payload of a JOIN: magic, the joiner's source (u64), its index for
+/// the receiving peer (u32), its wrapped address.
+const JOIN_MAGIC: &[u8; 8] = b"EVBJOIN1";
+/// The payload of the answer: magic, the epoch to use (u8), the joiner's
+/// index for the answering peer (u32).
+const ACK_MAGIC: &[u8; 8] = b"EVBJACK1";
 
 /// One UCP context + worker; see the module docs.
 pub struct Endpoint {
@@ -439,9 +482,19 @@ pub struct Endpoint {
     split_body_from: usize,
     /// Drop has begun: no more body receives are posted.
     closing: bool,
+    /// Rejoin enabled: the source bits of this endpoint's own messages.
+    own_source: Option<u64>,
+    /// Per source: the epoch of its current incarnation (0 at the start).
+    recv_epoch: std::collections::HashMap<u64, u8>,
+    /// Per source that joined: the peer of its current incarnation.
+    joined_as: std::collections::HashMap<u64, PeerId>,
+    /// Messages of replaced incarnations dropped (epoch no longer current).
+    stale_dropped: u64,
 }
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
+/// The ctx of the endpoint's own sends: their completions are not reported.
+const CONTROL_CTX: u64 = u64::MAX;
 
 impl Endpoint {
     pub fn open(opts: &Options) -> Result<Endpoint, Error> {
@@ -560,6 +613,10 @@ impl Endpoint {
                 streams: std::collections::HashMap::new(),
                 split_body_from: opts.split_body_from,
                 closing: false,
+                own_source: None,
+                recv_epoch: std::collections::HashMap::new(),
+                joined_as: std::collections::HashMap::new(),
+                stale_dropped: 0,
             })
         }
     }
@@ -609,9 +666,204 @@ impl Endpoint {
         self.peers.push(Peer {
             ep,
             failed: None,
+            send_epoch: 0,
+            awaiting_ack: false,
             _cookie: cookie,
         });
         Ok(peer)
+    }
+
+    /// Rejoin (module docs): take in new incarnations of senders during the
+    /// run. `source`: the tag bits (within `Options::source_mask`) that
+    /// name this endpoint's own messages.
+    pub fn enable_rejoin(&mut self, source: u64) {
+        self.own_source = Some(source & self.source_mask);
+    }
+
+    /// For a restarted endpoint (rejoin enabled): reaches a live endpoint
+    /// like [`Endpoint::add_peer`] and asks it to take this one back. Send
+    /// nothing to the peer before its [`Completion::PeerJoined`] (what is
+    /// sent earlier carries the wrong epoch and is dropped by the peer).
+    pub fn add_peer_rejoining(&mut self, address: &[u8]) -> Result<PeerId, Error> {
+        let Some(source) = self.own_source else {
+            return Err(Error::Config(
+                "add_peer_rejoining needs enable_rejoin first".into(),
+            ));
+        };
+        let peer = self.add_peer(address)?;
+        let mut join = Vec::with_capacity(20 + self.address.len());
+        join.extend_from_slice(JOIN_MAGIC);
+        join.extend_from_slice(&source.to_le_bytes());
+        join.extend_from_slice(&(peer as u32).to_le_bytes());
+        join.extend_from_slice(&self.address);
+        self.peers[peer].awaiting_ack = true;
+        self.send_control(peer, CTRL_BIT | source, join)?;
+        Ok(peer)
+    }
+
+    /// Messages of replaced incarnations dropped so far.
+    pub fn stale_dropped(&self) -> u64 {
+        self.stale_dropped
+    }
+
+    /// Sends one of the endpoint's own messages (no completion is reported).
+    fn send_control(&mut self, peer: PeerId, wire_tag: u64, mut msg: Vec<u8>) -> Result<(), Error> {
+        let ep = self.peers[peer].ep;
+        let (slot, cookie) = self.sends.reserve(self.shared);
+        // SAFETY: `msg` is stored in the slot until the send completes.
+        let request = unsafe {
+            tag_send(
+                ep,
+                msg.as_mut_ptr() as *mut c_void,
+                msg.len(),
+                contig_datatype(),
+                wire_tag,
+                cookie,
+            )
+        };
+        if let Some(status) = ptr_status(request) {
+            self.sends.unreserve(slot);
+            if is_peer_failure(status) || status == sys::UCS_ERR_NO_RESOURCE {
+                eprintln!(
+                    "evb ucx: control message to peer {peer}: {}",
+                    status_string(status)
+                );
+                return Ok(());
+            }
+            return Err(ucx_error("ucp_tag_send_nbx", status));
+        }
+        if request.is_null() {
+            self.sends.unreserve(slot);
+            return Ok(());
+        }
+        self.sends.fill(
+            slot,
+            SendOp {
+                requests: [request, ptr::null_mut()],
+                failure: None,
+                ctx: CONTROL_CTX,
+                _head: msg,
+                _body: None,
+                _iov: Box::new(
+                    [sys::ucp_dt_iov {
+                        buffer: ptr::null_mut(),
+                        length: 0,
+                    }; 2],
+                ),
+            },
+        );
+        Ok(())
+    }
+
+    /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
+    fn on_control(&mut self, mut buf: Vec<u8>, tag: u64, seq: u32, out: &mut Vec<Completion>) {
+        let source = tag & self.source_mask;
+        let msg = buf.as_slice();
+        if msg.len() >= 20 && &msg[..8] == JOIN_MAGIC && self.own_source.is_some() {
+            let joiner =
+                u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) & self.source_mask;
+            let their_index = u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes"));
+            let address = msg[20..].to_vec();
+            buf.clear();
+            let _ = self.post_recv(buf);
+            self.accept_join(joiner, their_index, &address, out);
+        } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
+            let epoch = msg[8];
+            let index = u32::from_le_bytes(msg[9..13].try_into().expect("4 bytes")) as usize;
+            buf.clear();
+            let _ = self.post_recv(buf);
+            match self.peers.get_mut(index) {
+                Some(p) if p.awaiting_ack => {
+                    p.awaiting_ack = false;
+                    p.send_epoch = epoch;
+                    let joined = Completion::PeerJoined {
+                        peer: index,
+                        source,
+                    };
+                    self.in_order(tag, seq, Some(joined), out);
+                }
+                _ => {
+                    eprintln!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
+                    self.in_order(tag, seq, None, out);
+                }
+            }
+        } else {
+            eprintln!(
+                "evb ucx: an endpoint message of {} bytes from source {source:#x} not understood",
+                msg.len()
+            );
+            buf.clear();
+            let _ = self.post_recv(buf);
+        }
+    }
+
+    /// A new incarnation of `source` asks to be taken back (module docs).
+    fn accept_join(
+        &mut self,
+        source: u64,
+        their_index: u32,
+        address: &[u8],
+        out: &mut Vec<Completion>,
+    ) {
+        let Some(own) = self.own_source else {
+            return;
+        };
+        let peer = match self.add_peer(address) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!(
+                    "evb ucx: source {source:#x} asked to join from an address not reachable: {e}"
+                );
+                return;
+            }
+        };
+        let epoch = self
+            .recv_epoch
+            .get(&source)
+            .map_or(1, |e| e.wrapping_add(1))
+            & EPOCH_MASK as u8;
+        self.recv_epoch.insert(source, epoch);
+        self.joined_as.insert(source, peer);
+        // The old incarnation's stream ends here: bodies still awaited from
+        // it are cancelled, what waits for its missing messages is dropped.
+        for &slot in &self.recv_order {
+            if let Some(op) = &self.recvs.ops[slot] {
+                let from_source = op
+                    .head
+                    .is_some_and(|(tag, ..)| tag & self.source_mask == source);
+                if from_source && op.result.is_none() && !op.request.is_null() {
+                    // SAFETY: a live receive request of this worker.
+                    unsafe { sys::ucp_request_cancel(self.worker, op.request) };
+                }
+            }
+        }
+        if let Some(old) = self.streams.insert(source, Stream::default()) {
+            for done in old.held.into_values().flatten() {
+                self.stale_dropped += 1;
+                if let Completion::Received { mut buf, .. } = done {
+                    buf.clear();
+                    let _ = self.post_recv(buf);
+                }
+            }
+        }
+        out.push(Completion::PeerJoined { peer, source });
+        // The answer is the first message of our stream to it.
+        let key = (peer, own);
+        let seq = self.send_seq.get(&key).copied().unwrap_or(0);
+        self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
+        let mut ack = Vec::with_capacity(13);
+        ack.extend_from_slice(ACK_MAGIC);
+        ack.push(epoch);
+        ack.extend_from_slice(&their_index.to_le_bytes());
+        let wire_tag = CTRL_BIT | (u64::from(seq) << TAG_BITS) | own;
+        if let Err(e) = self.send_control(peer, wire_tag, ack) {
+            eprintln!("evb ucx: answering the join of source {source:#x}: {e}");
+        }
+    }
+
+    /// The epoch messages of `source` must carry now.
+    fn current_epoch(&self, source: u64) -> u8 {
+        self.recv_epoch.get(&source).copied().unwrap_or(0)
     }
 
     /// Hands a receive buffer to the endpoint; its capacity is the largest
@@ -717,7 +969,8 @@ impl Endpoint {
         let (slot, cookie) = self.sends.reserve(self.shared);
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = (u64::from(seq) << TAG_BITS) | tag;
+        let epoch = u64::from(p.send_epoch) << EPOCH_SHIFT;
+        let wire_tag = epoch | (u64::from(seq) << TAG_BITS) | tag;
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
@@ -830,11 +1083,24 @@ impl Endpoint {
             let (status, wire_tag, len) = op.result.expect("checked above");
             let tag = wire_tag & TAG_MASK;
             let seq = (wire_tag >> TAG_BITS) as u32 & SEQ_MASK;
+            let epoch = ((wire_tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+            // A replaced incarnation's message (module docs on rejoin); the
+            // JOIN itself carries no epoch.
+            let is_join = wire_tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
+            let stale = epoch != self.current_epoch(tag & self.source_mask) && !is_join;
             let mut buf = op.buf;
-            if status == sys::UCS_OK && len <= buf.capacity() {
+            if stale {
+                self.stale_dropped += 1;
+                buf.clear();
+                self.post_recv(buf)?;
+            } else if status == sys::UCS_OK && len <= buf.capacity() {
                 // SAFETY: UCX wrote `len` bytes into the buffer's storage.
                 unsafe { buf.set_len(len) };
-                self.in_order(tag, seq, Some(Completion::Received { buf, len, tag }), out);
+                if wire_tag & CTRL_BIT != 0 {
+                    self.on_control(buf, tag, seq, out);
+                } else {
+                    self.in_order(tag, seq, Some(Completion::Received { buf, len, tag }), out);
+                }
             } else {
                 buf.clear();
                 let truncated = status == sys::UCS_ERR_MESSAGE_TRUNCATED;
@@ -879,6 +1145,9 @@ impl Endpoint {
                     return;
                 }
                 let op = self.sends.take(slot).expect("checked above");
+                if op.ctx == CONTROL_CTX {
+                    return;
+                }
                 out.push(match op.failure {
                     None => Completion::Sent { ctx: op.ctx },
                     Some(reason) => Completion::SendFailed {
@@ -992,6 +1261,16 @@ impl Endpoint {
                 // shared memory), and what waits behind it is no evidence.
                 !s.held.is_empty() && s.last_held_at.is_some_and(|t| t.elapsed() < HELD_EVIDENCE)
             })
+    }
+
+    /// The link to `peer`, whose messages carry `source`, was given up:
+    /// [`Endpoint::forget_source`], unless a new incarnation of that source
+    /// joined as another peer since (its stream is not the old one's).
+    pub fn forget_peer(&mut self, peer: PeerId, source: u64) {
+        match self.joined_as.get(&(source & self.source_mask)) {
+            Some(&current) if current != peer => {}
+            _ => self.forget_source(source),
+        }
     }
 
     /// The sender named by `source` is gone: what was held back behind a

@@ -18,8 +18,10 @@
 //! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
 //! re-establishes connections with a lost peer (restarted, or reachable
 //! again) and reports [`LinkEvent::Joined`]; shared memory takes in a
-//! restarted peer's new inbox ([`shm`]). The other message engines (ofi,
-//! ucx, mpi) do not: a peer they lost stays lost for the rest of the run.
+//! restarted peer's new inbox ([`shm`]); UCX a restarted peer's new worker
+//! address, with an epoch that keeps the two incarnations apart ([`ucx`]);
+//! libfabric the same way over tcp;ofi_rxm ([`ofi`]). MPI and libfabric's
+//! other providers do not: a peer they lost stays lost for the rest of the run.
 
 pub mod auth;
 pub mod mpi;
@@ -169,6 +171,17 @@ pub fn resolve_auto(kind: &str) -> &str {
         "shm"
     } else {
         kind
+    }
+}
+
+/// Whether `evb run --restart` can restart a node over the transport
+/// `kind`: one whose [`Transport::enable_rejoin`] takes a restarted node
+/// back (tcp, shm, ucx, ofi:tcp; not mpi, nor libfabric's other providers).
+pub fn can_rejoin(kind: &str) -> bool {
+    match TransportKind::parse(kind) {
+        Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_)) => true,
+        Ok(TransportKind::Ofi(provider)) => ofi::can_rejoin(&provider),
+        _ => false,
     }
 }
 

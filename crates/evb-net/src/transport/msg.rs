@@ -9,7 +9,8 @@
 //! orderly finish (an empty message with the `BYE` tag bit) and turning
 //! sends to a lost peer into completions.
 //!
-//! Rejoin, for an engine that offers it ([`Endpoint::enable_rejoin`], shm):
+//! Rejoin, for an engine that offers it ([`Endpoint::enable_rejoin`]: shm,
+//! ucx, ofi over tcp;ofi_rxm):
 //! the engine reports a new incarnation of a peer ([`Completion::PeerJoined`]);
 //! the transport reports the old link closed first if it was still up, and
 //! the join at the end of a poll (the one after, when it reported a close),

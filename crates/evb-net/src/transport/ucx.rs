@@ -1,5 +1,12 @@
 //! UCX (UCP tag matching, `evb-ucx`) as a message engine: a thin adapter
 //! from `evb_ucx::Endpoint` to [`super::msg::Endpoint`].
+//!
+//! Rejoin: the engine's (see the `evb_ucx` module docs). A restarted node
+//! reaches each live peer with a join request carrying its new worker
+//! address; the peer opens an endpoint to it, bumps its epoch for that
+//! rank, starts that rank's stream afresh and answers with the epoch the
+//! new incarnation stamps on everything it sends from then on; messages of
+//! the dead incarnation (an older epoch) are dropped.
 
 use std::time::Duration;
 
@@ -7,9 +14,14 @@ use anyhow::Result;
 
 use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
+use evb_core::NodeId;
 
 pub struct UcxEndpoint {
     ep: evb_ucx::Endpoint,
+    /// This endpoint's rank: the source bits of its messages.
+    rank: NodeId,
+    /// A restarted endpoint: `add_peer` asks each peer to take it back.
+    restarted: bool,
     tls: String,
     /// Length every posted buffer has (the largest message accepted).
     max_message: usize,
@@ -43,7 +55,12 @@ fn split_body_from(eager_only: bool) -> Result<usize> {
 }
 
 impl UcxEndpoint {
-    pub fn open(tls: Option<&str>, progress: Progress, max_message: usize) -> Result<UcxEndpoint> {
+    pub fn open(
+        tls: Option<&str>,
+        progress: Progress,
+        max_message: usize,
+        rank: NodeId,
+    ) -> Result<UcxEndpoint> {
         let shm_only = tls.is_some_and(shared_memory_only);
         let mut ucx_config = Vec::new();
         let eager_only = shm_only && std::env::var_os("UCX_RNDV_THRESH").is_none();
@@ -71,6 +88,8 @@ impl UcxEndpoint {
         };
         Ok(UcxEndpoint {
             ep: evb_ucx::Endpoint::open(&opts)?,
+            rank,
+            restarted: false,
             tls: tls.unwrap_or("default").to_string(),
             max_message,
         })
@@ -91,6 +110,10 @@ impl Endpoint for UcxEndpoint {
     }
 
     fn add_peer(&mut self, address: &[u8]) -> Result<usize> {
+        // A restarted endpoint's own address is no peer to ask.
+        if self.restarted && address != self.ep.local_address() {
+            return Ok(self.ep.add_peer_rejoining(address)?);
+        }
         Ok(self.ep.add_peer(address)?)
     }
 
@@ -125,6 +148,12 @@ impl Endpoint for UcxEndpoint {
                 evb_ucx::Completion::PeerFailed { peer, reason } => {
                     out.push(Completion::PeerFailed { peer, reason })
                 }
+                evb_ucx::Completion::PeerJoined { peer, source } => {
+                    out.push(Completion::PeerJoined {
+                        peer,
+                        rank: source as NodeId,
+                    })
+                }
             }
         }
         Ok(())
@@ -143,7 +172,14 @@ impl Endpoint for UcxEndpoint {
     /// Without UCX error handling (shared-memory UCX_TLS) a receive matched
     /// to the dead peer's rendezvous never completes: release what waits
     /// behind it.
-    fn drop_peer(&mut self, _peer: usize, tag: u64) {
-        self.ep.forget_source(tag);
+    /// (A link replaced by a new incarnation's leaves the new stream be.)
+    fn drop_peer(&mut self, peer: usize, tag: u64) {
+        self.ep.forget_peer(peer, tag);
+    }
+
+    fn enable_rejoin(&mut self, restarted: bool) -> bool {
+        self.ep.enable_rejoin(u64::from(self.rank));
+        self.restarted = restarted;
+        true
     }
 }

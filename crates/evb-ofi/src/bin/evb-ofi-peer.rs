@@ -92,7 +92,7 @@ fn run() -> Result<(), String> {
                     ep.post_recv(Vec::with_capacity(ep.max_message_size()))
                         .map_err(|e| e.to_string())?;
                 }
-                Completion::Sent { .. } => {}
+                Completion::Sent { .. } | Completion::PeerJoined { .. } => {}
                 Completion::SendFailed { reason, .. } => {
                     return Err(format!("echo failed: {reason}"))
                 }

@@ -1,0 +1,151 @@
+//! Rejoin over tcp;ofi_rxm: a new incarnation of a sender joins a live
+//! endpoint, which then hands out only the new incarnation's messages, in
+//! order from its first.
+
+mod common;
+use common::*;
+use evb_ofi::{Completion, Endpoint, Options, Progress};
+
+const S: usize = 0;
+const OLD: usize = 1;
+const NEW: usize = 2;
+
+fn open_rejoin() -> Endpoint {
+    let mut opts = Options::new("tcp");
+    opts.domain = Some("lo".into());
+    opts.progress = Progress::Blocking;
+    opts.source_mask = 0xff;
+    Endpoint::open(&opts).expect("open tcp;ofi_rxm")
+}
+
+/// Progresses every endpoint once: messages received (checked, the buffer
+/// posted again) go to `got` as (endpoint, sender, seq), joins to `joins`
+/// as (endpoint, peer, source).
+fn step(
+    eps: &mut [Endpoint],
+    got: &mut Vec<(usize, u64, u64)>,
+    joins: &mut Vec<(usize, usize, u64)>,
+) {
+    let mut out = Vec::new();
+    for (i, ep) in eps.iter_mut().enumerate() {
+        ep.progress(&mut out).unwrap();
+        for c in out.drain(..) {
+            match c {
+                Completion::Received { buf, tag, .. } => {
+                    let (from, seq) = check_message(&buf, None);
+                    assert_eq!(from, tag, "tag is the sender");
+                    got.push((i, from, seq));
+                    ep.post_recv(buf).unwrap();
+                }
+                Completion::PeerJoined { peer, source } => joins.push((i, peer, source)),
+                Completion::Sent { .. } => {}
+                other => panic!("endpoint {i}: unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+/// Sends one test message (retrying while the library says "try again").
+#[allow(clippy::too_many_arguments)]
+fn send(
+    eps: &mut [Endpoint],
+    from: usize,
+    peer: usize,
+    tag: u64,
+    seq: u64,
+    len: usize,
+    got: &mut Vec<(usize, u64, u64)>,
+    joins: &mut Vec<(usize, usize, u64)>,
+) {
+    let deadline = Deadline::new(30, "a send");
+    loop {
+        let (head, body, range) = make_message(tag, seq, len);
+        if eps[from]
+            .send(peer, tag, head, Some((body, range)), seq)
+            .unwrap()
+        {
+            return;
+        }
+        deadline.check();
+        step(eps, got, joins);
+    }
+}
+
+/// The old incarnation of sender 1 still runs and sends after the new one
+/// joined: all of that is dropped as stale, the new one's messages arrive
+/// from their first, and both directions of the new link work.
+#[test]
+fn a_new_incarnation_joins_and_the_old_ones_messages_are_dropped() {
+    let mut eps: Vec<Endpoint> = (0..3).map(|_| open_rejoin()).collect();
+    eps[S].enable_rejoin(0);
+    let s_addr = eps[S].local_address();
+    let old_addr = eps[OLD].local_address();
+    let s_to_old = eps[S].add_peer(&old_addr).unwrap();
+    let old_to_s = eps[OLD].add_peer(&s_addr).unwrap();
+    for ep in eps.iter_mut() {
+        for _ in 0..8 {
+            ep.post_recv(Vec::with_capacity(evb_ofi::DEFAULT_MAX_MESSAGE))
+                .unwrap();
+        }
+    }
+    let (mut got, mut joins) = (Vec::new(), Vec::new());
+    for seq in 0..4 {
+        let len = 100 + seq as usize * 40_000;
+        send(&mut eps, OLD, old_to_s, 1, seq, len, &mut got, &mut joins);
+    }
+    let deadline = Deadline::new(30, "the old incarnation's messages");
+    while got.len() < 4 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    assert_eq!(got, (0..4).map(|s| (S, 1, s)).collect::<Vec<_>>());
+    got.clear();
+
+    eps[NEW].enable_rejoin(1);
+    let new_to_s = eps[NEW].add_peer_rejoining(&s_addr).unwrap();
+    let deadline = Deadline::new(30, "the joins");
+    while joins.len() < 2 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    let s_to_new = joins
+        .iter()
+        .find(|j| j.0 == S)
+        .map(|j| j.1)
+        .expect("the survivor reports the join");
+    assert_ne!(s_to_new, s_to_old);
+    assert!(joins.contains(&(S, s_to_new, 1)), "{joins:?}");
+    assert!(joins.contains(&(NEW, new_to_s, 0)), "{joins:?}");
+
+    for seq in 4..8 {
+        let len = 100 + seq as usize * 40_000;
+        send(&mut eps, OLD, old_to_s, 1, seq, len, &mut got, &mut joins);
+    }
+    for seq in 0..6 {
+        let len = 50 + seq as usize * 30_000;
+        send(
+            &mut eps,
+            NEW,
+            new_to_s,
+            1,
+            100 + seq,
+            len,
+            &mut got,
+            &mut joins,
+        );
+    }
+    send(&mut eps, S, s_to_new, 0, 7, 300, &mut got, &mut joins);
+    let deadline = Deadline::new(30, "the new incarnation's messages");
+    while got.len() < 7 || eps[S].stale_dropped() < 4 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    let at_s: Vec<u64> = got.iter().filter(|g| g.0 == S).map(|g| g.2).collect();
+    assert_eq!(
+        at_s,
+        (100..106).collect::<Vec<_>>(),
+        "only the new one's, in order"
+    );
+    assert!(got.contains(&(NEW, 0, 7)), "{got:?}");
+    assert_eq!(eps[S].stale_dropped(), 4);
+}
