@@ -455,6 +455,10 @@ struct Delivered {
     intact: bool,
 }
 
+/// Timeouts of silence a runnable peer on this host is given before it is
+/// declared lost (see [`Transport::peer_runnable`]).
+const STARVED_GRACE: u32 = 4;
+
 /// How often spare buffers unused since the last look are freed.
 const POOL_TRIM: Duration = Duration::from_secs(10);
 
@@ -1039,10 +1043,18 @@ impl Runtime {
             }
             // Judge before queueing our heartbeat: our own write must not
             // count as the peer taking data.
+            let quiet = now.duration_since(self.engine.last_rx[p as usize]);
             if transport.peer_active(p) {
                 self.engine.last_rx[p as usize] = now;
-            } else if now.duration_since(self.engine.last_rx[p as usize]) > self.peer_timeout {
-                silent.push(p);
+            } else if quiet > self.peer_timeout {
+                // A peer on this host that waits for a CPU is starved, not
+                // hung: it gets a few more timeouts (a stopped or dead one
+                // none; a death is seen at once through its pidfd anyway).
+                let starved =
+                    quiet <= self.peer_timeout * STARVED_GRACE && transport.peer_runnable(p);
+                if !starved {
+                    silent.push(p);
+                }
             }
             if !transport.has_pending_tx(Some(p)) {
                 transport.send_control(p, &Message::Heartbeat);

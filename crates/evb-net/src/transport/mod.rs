@@ -115,6 +115,13 @@ pub trait Transport {
     /// its bytes wait unread (a slow receiver is not a dead sender), or it
     /// is taking what we send (a busy receiver is not a dead one).
     fn peer_active(&self, peer: NodeId) -> bool;
+    /// `peer`'s process is on this host and waiting for a CPU (runnable):
+    /// its silence is starvation on a loaded machine, not a hang (a stopped
+    /// or dead process is not runnable). False when the transport cannot
+    /// tell (the default: a remote peer).
+    fn peer_runnable(&self, _peer: NodeId) -> bool {
+        false
+    }
     /// This node has nothing more to send: tell every peer.
     fn finish(&mut self);
     /// Every linked peer has finished too (or is gone).

@@ -93,6 +93,11 @@ pub trait Endpoint {
     fn peer_active(&self, _peer: usize) -> bool {
         false
     }
+    /// The peer's process is on this host and runnable (see
+    /// [`super::Transport::peer_runnable`]).
+    fn peer_runnable(&self, _peer: usize) -> bool {
+        false
+    }
     /// `peer_active` for an engine that knows peers by the tag their
     /// messages carry (`tag`: the peer's).
     fn peer_active_tagged(&self, peer: usize, _tag: u64) -> bool {
@@ -718,6 +723,10 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     fn peer_active(&self, peer: NodeId) -> bool {
         self.peer_index[peer as usize]
             .is_some_and(|i| self.ep.peer_active_tagged(i, u64::from(peer)))
+    }
+
+    fn peer_runnable(&self, peer: NodeId) -> bool {
+        self.peer_index[peer as usize].is_some_and(|i| self.ep.peer_runnable(i))
     }
 
     fn finish(&mut self) {
