@@ -385,6 +385,39 @@ fn s3_wrong_credentials_or_bucket_fail_at_open() {
     );
 }
 
+/// `evb run` of 3 nodes building 90 MEPs of 64 events into the store at
+/// `dir`, its JSON to `json`, with `extra` arguments.
+fn run_into_store(dir: &Path, json: &Path, extra: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["run", "--progress", "never", "-n", "3", "--json"])
+        .arg(json)
+        .args(["--set", "run.max_meps=90", "--set", "run.duration_s=0"])
+        .args([
+            "--set",
+            "source.events_per_mep=64",
+            "--set",
+            "output.sink=store",
+        ])
+        .arg("--set")
+        .arg(format!("output.store={}", dir.display()))
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// `evb store read --json` of `dir`, which must succeed: the report and
+/// its text.
+fn read_store_json(dir: &Path) -> (serde_json::Value, String) {
+    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
+        .args(["store", "read", "--json"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&read.stdout).into_owned();
+    assert!(read.status.success(), "{text}");
+    (serde_json::from_str(&text).unwrap(), text)
+}
+
 /// The event builder writes its built batches to the store (`output.sink =
 /// "store"`); reading the store back verifies every object and finds every
 /// built event.
@@ -393,21 +426,7 @@ fn evb_run_writes_every_built_batch_to_the_store() {
     let dir = std::env::temp_dir().join(format!("evb-run-store-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let json = dir.with_extension("json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["run", "--progress", "never", "-n", "3", "--json"])
-        .arg(&json)
-        .args([
-            "--set",
-            "run.max_meps=90",
-            "--set",
-            "run.duration_s=0",
-            "--set",
-            "source.events_per_mep=64",
-        ])
-        .args(["--set", "output.sink=store", "--set"])
-        .arg(format!("output.store={}", dir.display()))
-        .output()
-        .unwrap();
+    let out = run_into_store(&dir, &json, &[]);
     assert!(
         out.status.success(),
         "{}",
@@ -416,14 +435,7 @@ fn evb_run_writes_every_built_batch_to_the_store() {
     let run: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(run["summary"]["events_built"], 90 * 64);
-    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["store", "read", "--json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&read.stdout);
-    assert!(read.status.success(), "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (v, text) = read_store_json(&dir);
     assert_eq!(v["objects"], 90, "{text}");
     assert_eq!(v["events"], 90 * 64, "{text}");
     assert_eq!(v["good_objects"], 90, "{text}");
@@ -440,26 +452,11 @@ fn consumers_store_the_events_their_trigger_accepted() {
     let dir = std::env::temp_dir().join(format!("evb-run-store-fu-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let json = dir.with_extension("json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["run", "--progress", "never", "-n", "3", "--consumers", "2"])
-        .arg("--json")
-        .arg(&json)
-        .args([
-            "--set",
-            "run.max_meps=90",
-            "--set",
-            "run.duration_s=0",
-            "--set",
-            "source.events_per_mep=64",
-            "--set",
-            "output.accept_fraction=0.2",
-            "--set",
-            "output.sink=store",
-            "--set",
-        ])
-        .arg(format!("output.store={}", dir.display()))
-        .output()
-        .unwrap();
+    let out = run_into_store(
+        &dir,
+        &json,
+        &["--consumers", "2", "--set", "output.accept_fraction=0.2"],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -480,14 +477,7 @@ fn consumers_store_the_events_their_trigger_accepted() {
     assert_eq!(s["store_objects"], c["batches_accepted"], "{s}");
 
     // The reader agrees and every object verifies.
-    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["store", "read", "--json"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&read.stdout);
-    assert!(read.status.success(), "{text}");
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (v, text) = read_store_json(&dir);
     assert_eq!(v["events"], accepted, "{text}");
     assert_eq!(v["objects"], s["store_objects"], "{text}");
     assert_eq!(v["bad"], serde_json::json!([]), "{text}");

@@ -826,17 +826,7 @@ impl Endpoint {
         self.joined_as.insert(source, peer);
         // The old incarnation's stream ends here: bodies still awaited from
         // it are cancelled, what waits for its missing messages is dropped.
-        for &slot in &self.recv_order {
-            if let Some(op) = &self.recvs.ops[slot] {
-                let from_source = op
-                    .head
-                    .is_some_and(|(tag, ..)| tag & self.source_mask == source);
-                if from_source && op.result.is_none() && !op.request.is_null() {
-                    // SAFETY: a live receive request of this worker.
-                    unsafe { sys::ucp_request_cancel(self.worker, op.request) };
-                }
-            }
-        }
+        self.cancel_bodies_from(source);
         if let Some(old) = self.streams.insert(source, Stream::default()) {
             for done in old.held.into_values().flatten() {
                 self.stale_dropped += 1;
@@ -1273,13 +1263,9 @@ impl Endpoint {
         }
     }
 
-    /// The sender named by `source` is gone: what was held back behind a
-    /// message of its that will never complete is handed out by the next
-    /// `progress`, and its messages are no longer ordered.
-    pub fn forget_source(&mut self, source: u64) {
-        let source = source & self.source_mask;
-        // Bodies still awaited from it may never come: cancelled, their
-        // buffers come back as ReceiveFailed.
+    /// Cancels the receives of bodies still awaited from `source` (they
+    /// come back as `ReceiveFailed` with their buffers).
+    fn cancel_bodies_from(&mut self, source: u64) {
         for &slot in &self.recv_order {
             if let Some(op) = &self.recvs.ops[slot] {
                 let from_source = op
@@ -1291,6 +1277,16 @@ impl Endpoint {
                 }
             }
         }
+    }
+
+    /// The sender named by `source` is gone: what was held back behind a
+    /// message of its that will never complete is handed out by the next
+    /// `progress`, and its messages are no longer ordered.
+    pub fn forget_source(&mut self, source: u64) {
+        let source = source & self.source_mask;
+        // Bodies still awaited from it may never come: cancelled, their
+        // buffers come back as ReceiveFailed.
+        self.cancel_bodies_from(source);
         let stream = self.streams.entry(source).or_default();
         stream.forgotten = true;
         let held = std::mem::take(&mut stream.held);
