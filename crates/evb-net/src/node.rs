@@ -423,7 +423,8 @@ struct Engine {
     sources: Option<SourceModel>,
     size_scratch: Vec<u32>,
     /// RU data of MEPs not yet released.
-    meps: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader)>,
+    /// The flag: its bytes are not written yet ([`Runtime::mep_data`]).
+    meps: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader, bool)>,
     /// Spare buffers for MEP data.
     pool: SparePool,
     /// Spare receive buffers. Kept apart from `pool` so that they keep
@@ -1115,8 +1116,9 @@ impl Runtime {
                     self.engine.node.on_send_complete(now, header.mep);
                 }
                 Action::SendFragment { to, header } => {
-                    let data = self.engine.meps.get(&header.mep).map(|(d, _)| d.clone());
-                    let queued = data.is_some_and(|d| transport.send_fragment(to, &header, d));
+                    let queued = self
+                        .mep_data(header.mep)
+                        .is_some_and(|(d, h)| transport.send_fragment(to, &h, d));
                     if !queued {
                         // No route: complete it so the RU releases it; the BU
                         // side will count the batch incomplete.
@@ -1125,10 +1127,10 @@ impl Runtime {
                     }
                 }
                 Action::HandOver { header } => {
+                    let data = self.mep_data(header.mep);
                     let e = &mut self.engine;
                     let now = e.now();
-                    let data = e.meps.get(&header.mep).map(|(d, _)| d.clone());
-                    if let Some(data) = data {
+                    if let Some((data, header)) = data {
                         if e.node.admit_fragment(now, self.rank, &header) == Admit::Keep {
                             let crc = payload_crc(&data[..header.payload_len as usize]);
                             let src = header.source as usize;
@@ -1139,7 +1141,7 @@ impl Runtime {
                     e.node.on_send_complete(now, header.mep);
                 }
                 Action::Release { mep } => {
-                    if let Some((data, _)) = self.engine.meps.remove(&mep) {
+                    if let Some((data, _, _)) = self.engine.meps.remove(&mep) {
                         if let Ok(buf) = Rc::try_unwrap(data) {
                             self.engine.give_back(buf);
                         }
@@ -1207,22 +1209,45 @@ impl Runtime {
         Ok(())
     }
 
-    /// RU: produces `mep` into `buf` (a pooled MEP buffer) and tells the
-    /// node its data is ready.
-    fn produce(&mut self, mep: MepId, mut buf: Vec<u8>) {
+    /// RU: takes `buf` (a pooled MEP buffer) for `mep` and tells the node
+    /// the MEP is ready. The bytes are written later, just before the
+    /// fragment leaves ([`Runtime::mep_data`]), so that they are still in
+    /// this core's cache when the transport or the receiver copies them.
+    fn produce(&mut self, mep: MepId, buf: Vec<u8>) {
         let e = &mut self.engine;
         let source = e.sources.as_ref().expect("only an RU is asked to produce");
-        let header = source.produce(mep, &mut buf, &mut e.size_scratch);
+        let header = source.describe(mep, &mut e.size_scratch);
+        e.meps.insert(mep, (Rc::new(buf), header, true));
+        let now = e.now();
+        e.node.on_mep_ready(now, header);
+    }
+
+    /// `faults.corrupt_meps`: damages the fragment after its CRC was taken.
+    fn corrupt_on_purpose(&mut self, mep: MepId) {
         let faults = &self.config.faults;
+        let Some((data, header, _)) = self.engine.meps.get_mut(&mep) else {
+            return;
+        };
         if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
-            // After the CRC: the receiver must notice.
-            if let Some(b) = buf.last_mut() {
+            if let Some(b) = Rc::get_mut(data).and_then(|d| d.last_mut()) {
                 *b ^= 0x5a;
             }
         }
-        e.meps.insert(mep, (Rc::new(buf), header));
-        let now = e.now();
-        e.node.on_mep_ready(now, header);
+    }
+
+    /// The data of `mep` and its header (with the CRC), written now if it
+    /// was not yet. `None`: the MEP was released.
+    fn mep_data(&mut self, mep: MepId) -> Option<(Rc<Vec<u8>>, FragmentHeader)> {
+        let e = &mut self.engine;
+        let (data, header, unwritten) = e.meps.get_mut(&mep)?;
+        if *unwritten {
+            let source = e.sources.as_ref().expect("an RU holds MEPs");
+            let buf = Rc::get_mut(data).expect("an unwritten MEP was never sent");
+            *header = source.produce(mep, buf, &mut e.size_scratch);
+            *unwritten = false;
+            self.corrupt_on_purpose(mep);
+        }
+        self.engine.meps.get(&mep).map(|(d, h, _)| (d.clone(), *h))
     }
 
     /// Fixed pool: MEPs that waited for a buffer are produced, in order,

@@ -73,7 +73,8 @@ pub enum Progress {
     /// has one). The default: cores are shared by several processes.
     #[default]
     Blocking,
-    /// Never sleep: `wait` returns at once and the caller spins on `progress`.
+    /// Never sleep: `wait` yields the core (to any other runnable process)
+    /// and returns; the caller spins on `progress`.
     Busy,
 }
 
@@ -1366,6 +1367,9 @@ impl Endpoint {
     /// mode returns at once. Spurious wake-ups happen; call `progress` after.
     pub fn wait(&mut self, timeout: Duration) -> Result<(), Error> {
         if self.progress_mode == Progress::Busy {
+            // The caller polls again: let any other runnable process have
+            // the core first (as OpenMPI does when oversubscribed).
+            std::thread::yield_now();
             return Ok(());
         }
         let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int;

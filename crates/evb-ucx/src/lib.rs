@@ -72,7 +72,9 @@ pub enum Progress {
     /// Sleep on UCX's event fd (ucp_worker_arm + poll): no CPU while idle.
     #[default]
     Blocking,
-    /// Spin on ucp_worker_progress: lowest latency, one core per process.
+    /// Spin on ucp_worker_progress, yielding the core to any other
+    /// runnable process between polls: lowest latency with a core per
+    /// process, and no starvation without one.
     Busy,
 }
 
@@ -1304,7 +1306,9 @@ impl Endpoint {
                 if events > 0 || self.has_news() || Instant::now() >= deadline {
                     return Ok(());
                 }
-                std::hint::spin_loop();
+                // The core goes to any other runnable process (as OpenMPI
+                // does when oversubscribed); alone, this is a short syscall.
+                std::thread::yield_now();
             },
             Progress::Blocking => {
                 let spin_until = Instant::now() + spin_before_sleep();

@@ -352,7 +352,8 @@ impl Endpoint for MpiEndpoint {
             Progress::Busy => {
                 let end = Instant::now() + timeout.min(Duration::from_micros(200));
                 while Instant::now() < end {
-                    std::hint::spin_loop();
+                    // Any other runnable process gets the core first.
+                    std::thread::yield_now();
                 }
             }
         }

@@ -1003,7 +1003,10 @@ impl Endpoint for ShmEndpoint {
                 return Ok(());
             }
             match self.progress {
-                Progress::Busy => std::hint::spin_loop(),
+                // A spin that hands the core to any other runnable process
+                // (four busy nodes on two cores would otherwise starve
+                // each other); alone, it is a short syscall per poll.
+                Progress::Busy => std::thread::yield_now(),
                 Progress::Blocking => {
                     let waiters = self.inbox.atomic_u32(Geometry::WAITERS);
                     waiters.fetch_add(1, Ordering::SeqCst);
