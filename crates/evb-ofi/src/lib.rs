@@ -144,6 +144,21 @@ pub fn provider_name(user: &str) -> String {
     }
 }
 
+/// libfabric 1.17's shm provider moves large messages with cross-memory
+/// attach (CMA) by default, and with it loses single messages under an
+/// all-to-all or a slow receiver (the exchange then stalls for ever; see
+/// docs/transports.md). Its segmented copy through the shared region
+/// (`FI_SHM_DISABLE_CMA=1`) passes the same exchanges, so that is what evb
+/// asks for unless the user set the variable. libfabric reads it when it
+/// first loads its providers: this runs before any other libfabric call of
+/// the process (an endpoint is the first thing opened).
+fn avoid_shm_cma() {
+    const VAR: &str = "FI_SHM_DISABLE_CMA";
+    if std::env::var_os(VAR).is_none() {
+        std::env::set_var(VAR, "1");
+    }
+}
+
 /// A readable failure; the message names what was asked for.
 #[derive(Debug, Clone)]
 pub struct Error(String);
@@ -416,6 +431,9 @@ fn cstr(p: *const libc::c_char) -> String {
 impl Endpoint {
     pub fn open(opts: &Options) -> Result<Endpoint, Error> {
         let provider = provider_name(&opts.provider);
+        if provider == "shm" {
+            avoid_shm_cma();
+        }
         let hints = base_hints()?;
         // SAFETY: hints is a fresh fi_info; strings are malloc'd and freed by fi_freeinfo.
         unsafe {
