@@ -1,10 +1,9 @@
 //! `evb node --control launcher`: the event builder started by a cluster
 //! launcher. Real OpenMPI `mpirun` and MPICH `mpiexec` (installed by
-//! scripts/setup.sh), and the Slurm environment path with the variables
-//! `srun` sets.
+//! scripts/setup.sh); real Slurm `srun` is in tests/slurm.rs.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -197,44 +196,6 @@ fn under_mpich_mpiexec() {
         assert_exact(&finals(&dir, 4), 4, &text);
         assert!(text.contains("of 4 from PMI (MPICH/Hydra)"), "{text}");
     }
-}
-
-#[test]
-fn slurm_environment() {
-    // What srun gives each task: SLURM_PROCID and SLURM_NTASKS.
-    let dir = tmp("slurm");
-    let children: Vec<_> = (0..3)
-        .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_evb"))
-                .args(["node", "--control", "launcher", "--rendezvous"])
-                .arg(&dir)
-                .args([
-                    "--set",
-                    "run.duration_s=1",
-                    "--set",
-                    "source.events_per_mep=256",
-                ])
-                .env("SLURM_PROCID", rank.to_string())
-                .env("SLURM_NTASKS", "3")
-                .env_remove("OMPI_COMM_WORLD_RANK")
-                .env_remove("PMI_RANK")
-                .env_remove("PMIX_RANK")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut text = String::new();
-    for c in children {
-        let out = c.wait_with_output().unwrap();
-        let t = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{t}");
-        text.push_str(&t);
-    }
-    assert_exact(&finals(&dir, 3), 3, &text);
-    assert!(text.contains("from Slurm"), "{text}");
 }
 
 #[test]
