@@ -13,10 +13,12 @@
  * a ping-pong gives the latency. The client prints one line per size:
  *     size_bytes  MB/s  half-round-trip_us
  *
- * usage: fi_bw [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-B] [-t SECONDS] [SERVER_HOST]
+ * usage: fi_bw [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-s MIN_SIZE] [-V MIB] [-B] [-t SECONDS] [SERVER_HOST]
  *   PROVIDER as users write it: tcp (tcp;ofi_rxm), udp (udp;ofi_rxd), shm,
  *   verbs (verbs;ofi_rxm) or an exact fi_info name. -B: block on the CQ's
  *   wait fd instead of spinning. -t: give up after SECONDS (default 300).
+ *   -s: first size (a power of two; default 64). -V: MiB streamed per size
+ *   (default 256; a ratio against evb wants seconds, e.g. -V 16384).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -64,6 +66,8 @@ static struct fi_context2 rx_ctx[MAX_WINDOW], tx_ctx[MAX_WINDOW + 1];
 static int tx_free[MAX_WINDOW + 1], tx_nfree;
 static int window = 64;
 static size_t max_size = MAX_SIZE; /* -m: stop after this size */
+static size_t min_size = MIN_SIZE; /* -s: start at this size */
+static size_t volume_mib = 256;    /* -V: MiB streamed per size */
 
 static void die(const char *what, long ret)
 {
@@ -248,8 +252,8 @@ static void post_send(size_t size, uint64_t tag)
 
 static int iterations(size_t size)
 {
-	size_t n = ((size_t)256 << 20) / size; /* about 256 MiB per size */
-	return n < 32 ? 32 : n > 20000 ? 20000 : (int)n;
+	size_t n = (volume_mib << 20) / size; /* -V MiB per size (default 256) */
+	return n < 32 ? 32 : n > 20000000 ? 20000000 : (int)n;
 }
 
 static int lat_iterations(size_t size)
@@ -271,7 +275,7 @@ static void warm_up(int client)
 static void run_server(void)
 {
 	warm_up(0);
-	for (size_t size = MIN_SIZE; size <= max_size; size *= 2) {
+	for (size_t size = min_size; size <= max_size; size *= 2) {
 		int n = iterations(size), posted = 0;
 		long rx_target = rx_done + n;
 		for (int s = 0; s < window && posted < n; s++, posted++) post_recv(s, size, TAG_BW);
@@ -303,7 +307,7 @@ static void run_client(void)
 	printf("# %10s %12s %10s\n", "size_B", "MB/s", "lat_us");
 	fflush(stdout);
 	warm_up(1);
-	for (size_t size = MIN_SIZE; size <= max_size; size *= 2) {
+	for (size_t size = min_size; size <= max_size; size *= 2) {
 		int n = iterations(size), posted = 0;
 		long tx_base = tx_done, rx_target = rx_done + 1;
 		/* Stream n messages; the server's ack says all have arrived. */
@@ -402,23 +406,33 @@ int main(int argc, char **argv)
 {
 	const char *prov = "tcp", *dom = NULL, *port = "47592";
 	int opt, seconds = 300;
-	while ((opt = getopt(argc, argv, "p:d:P:w:m:Bt:h")) != -1) {
+	while ((opt = getopt(argc, argv, "p:d:P:w:m:s:V:Bt:h")) != -1) {
 		switch (opt) {
 		case 'p': prov = optarg; break;
 		case 'd': dom = optarg; break;
 		case 'P': port = optarg; break;
 		case 'w': window = atoi(optarg); break;
 		case 'm': max_size = strtoull(optarg, NULL, 0); break;
+		case 's': min_size = strtoull(optarg, NULL, 0); break;
+		case 'V': volume_mib = strtoull(optarg, NULL, 0); break;
 		case 'B': blocking = 1; break;
 		case 't': seconds = atoi(optarg); break;
 		default:
-			fprintf(stderr, "usage: %s [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-B] [-t SECONDS] [SERVER_HOST]\n",
+			fprintf(stderr, "usage: %s [-p PROVIDER] [-d DOMAIN] [-P PORT] [-w WINDOW] [-m MAX_SIZE] [-s MIN_SIZE] [-V MIB] [-B] [-t SECONDS] [SERVER_HOST]\n",
 				argv[0]);
 			return opt == 'h' ? 0 : 2;
 		}
 	}
 	if (max_size < MIN_SIZE || max_size > MAX_SIZE) {
 		fprintf(stderr, "fi_bw: -m must be %d..%u\n", MIN_SIZE, MAX_SIZE);
+		return 2;
+	}
+	if (min_size < MIN_SIZE || min_size > max_size || (min_size & (min_size - 1))) {
+		fprintf(stderr, "fi_bw: -s must be a power of two, %d..MAX_SIZE\n", MIN_SIZE);
+		return 2;
+	}
+	if (volume_mib < 1 || volume_mib > (1u << 20)) {
+		fprintf(stderr, "fi_bw: -V must be 1..%u MiB\n", 1u << 20);
 		return 2;
 	}
 	if (window < 1 || window > MAX_WINDOW) {

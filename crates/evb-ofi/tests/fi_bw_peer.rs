@@ -45,3 +45,37 @@ fn fi_bw_runs_over_tcp_loopback() {
     }
     assert!(started.elapsed() < Duration::from_secs(120));
 }
+
+/// `-s`/`-m` pick the sizes and `-V` the volume (what
+/// bench/peers/ofi_vs_evb.sh uses for runs of seconds at one size); a size
+/// that is not a power of two is refused before anything starts.
+#[test]
+fn fi_bw_runs_one_size_for_a_given_volume() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/peers/fi_bw.sh");
+    let out = Command::new("timeout")
+        .args([
+            "120", script, "tcp", "-B", "-s", "4096", "-m", "8192", "-V", "16", "-t", "100",
+        ])
+        .output()
+        .expect("running bench/peers/fi_bw.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sizes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(sizes, ["4096", "8192"], "{stdout}");
+
+    let bad = Command::new("timeout")
+        .args(["60", script, "tcp", "-s", "5000", "-t", "30"])
+        .output()
+        .expect("running bench/peers/fi_bw.sh");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("-s must be a power of two"), "{err}");
+}
