@@ -765,8 +765,16 @@ pub fn format_summary(result: &RunResult) -> String {
             r.latency_ns.p99 as f64 / 1e6
         );
     }
+    let em = Layout::from_config(&result.config).em;
     for n in &s.nodes_missing {
         out += &format!("{n:>4} (no final report: the node died or was killed)\n");
+        if *n == em {
+            // Nothing is assigned without the EM: say so, and how the
+            // accounting was made without its report.
+            out +=
+                "     it was the Event Manager: no MEP was assigned after it died, and it cannot \
+                    be restarted (docs/reliability.md); MEPs generated are what the RUs produced\n";
+        }
     }
     out += &format!(
         "events: generated {}  built {}  incomplete {}  corrupt {}  lost {}\n",

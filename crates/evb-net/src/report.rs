@@ -625,6 +625,19 @@ impl Summary {
             s.throttle_episodes = r.em_throttle_episodes;
             s.max_unbuilt_meps = r.em_max_unbuilt;
         }
+        if em_final.is_none() {
+            // The EM died: its assignments after its last STATS are gone
+            // with it, but every assigned MEP was produced by the RUs
+            // (whose reports remain), so the most any RU produced bounds
+            // them from below and nothing built is left without a MEP.
+            let produced = reports
+                .iter()
+                .flatten()
+                .map(|r| r.meps_produced)
+                .max()
+                .unwrap_or(0);
+            s.meps_assigned = s.meps_assigned.max(produced);
+        }
         s.events_generated = s.meps_assigned * epm + s.events_lost_no_bu;
         s.events_lost = s
             .events_generated
@@ -645,5 +658,52 @@ impl Summary {
             && self.events_corrupt == 0
             && self.nodes_missing.is_empty()
             && self.consumers.as_ref().is_none_or(ConsumersSummary::clean)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(node: u16, produced: u64, built: u64) -> NodeReport {
+        NodeReport {
+            node,
+            role: "RU+BU".into(),
+            elapsed_s: 4.0,
+            meps_produced: produced,
+            batches_built: built,
+            events_built: built * 16,
+            ..NodeReport::default()
+        }
+    }
+
+    /// The EM (endpoint 2) was killed: its last STATS said 10 MEPs were
+    /// assigned, but the RUs went on producing what it assigned after that
+    /// (12 and 11), and the BUs built 11 of them: generated counts the 12,
+    /// one MEP is lost, none is built out of nothing.
+    #[test]
+    fn a_dead_ems_assignments_are_bounded_by_what_the_rus_produced() {
+        let mut em = NodeReport {
+            node: 2,
+            role: "EM".into(),
+            meps_assigned: 10,
+            ..NodeReport::default()
+        };
+        em.elapsed_s = 1.5;
+        let reports = vec![Some(node(0, 12, 6)), Some(node(1, 11, 5)), Some(em.clone())];
+        let s = Summary::from_reports(&reports, &[2], 2, 16, 2);
+        assert_eq!(s.meps_assigned, 12);
+        assert_eq!(s.events_generated, 12 * 16);
+        assert_eq!(s.events_built, 11 * 16);
+        assert_eq!(s.events_lost, 16);
+        assert!(!s.clean());
+
+        // With the EM's final report its own count stands.
+        em.meps_assigned = 12;
+        em.em_meps_built = 11;
+        let reports = vec![Some(node(0, 12, 6)), Some(node(1, 11, 5)), Some(em)];
+        let s = Summary::from_reports(&reports, &[], 2, 16, 2);
+        assert_eq!(s.events_generated, 12 * 16);
+        assert_eq!(s.events_built, 11 * 16);
     }
 }
