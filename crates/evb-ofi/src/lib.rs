@@ -1,5 +1,8 @@
 //! evb over libfabric (OFI).
 //!
+//! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
+//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//!
 //! The TCP runtime owns its sockets; on an HPC fabric (InfiniBand, Slingshot,
 //! Omni-Path) the NIC is driven through libfabric instead, and the same event
 //! loop must be able to use it. This crate is that transport reduced to what the
@@ -54,14 +57,14 @@
 
 mod sys;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
 pub type PeerId = usize;
@@ -99,25 +102,12 @@ pub struct Options {
     pub source_mask: u64,
 }
 
-/// Tag bits left to the caller; the upper 32 carry the sequence number
-/// (21 bits), the sender's epoch (8 bits) and CTRL_BIT.
-pub const TAG_BITS: u32 = 32;
-const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
-/// Sequence numbers wrap here: far more than a receiver ever holds back.
-const SEQ_MASK: u32 = (1 << 21) - 1;
-/// Where the epoch sits in the tag (crate docs on rejoin).
-const EPOCH_SHIFT: u32 = TAG_BITS + 21;
-const EPOCH_MASK: u64 = 0xff;
-/// On the endpoint's own messages (a JOIN and its answer).
-const CTRL_BIT: u64 = 1 << 61;
+/// Tag bits left to the caller; above them the sequence number, the
+/// sender's epoch and the CTRL bit (`evb_tagseq`).
+pub use evb_tagseq::TAG_BITS;
+use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, EPOCH_MASK, EPOCH_SHIFT, SEQ_MASK, TAG_MASK};
 /// The ctx of the endpoint's own sends: their completions are not reported.
 const CONTROL_CTX: u64 = u64::MAX;
-/// The payload of a JOIN: magic, the joiner's source (u64), its index for
-/// the receiving peer (u32), its address.
-const JOIN_MAGIC: &[u8; 8] = b"EVBJOIN1";
-/// The payload of the answer: magic, the epoch to use (u8), the joiner's
-/// index for the answering peer (u32).
-const ACK_MAGIC: &[u8; 8] = b"EVBJACK1";
 
 /// Default `Options::max_message`: a 4 MiB fragment and its header.
 pub const DEFAULT_MAX_MESSAGE: usize = (4 << 20) + 4096;
@@ -246,26 +236,6 @@ enum OpKind {
     Dead,
 }
 
-/// The receive side of one sender's ordered stream.
-#[derive(Default)]
-struct Stream {
-    /// Sequence number of the next message to hand out.
-    next: u32,
-    /// Completions that arrived before their predecessors (None: an
-    /// endpoint message that only takes its place).
-    held: BTreeMap<u32, Option<Completion>>,
-    /// `forget_source` was called: hand everything out as it comes.
-    forgotten: bool,
-    /// When the latest message was held back: fresh evidence of a live
-    /// sender. A held message with no newer arrival says nothing: a dead
-    /// sender's transfer in progress can stay unfinished for ever.
-    last_held_at: Option<Instant>,
-}
-
-/// How recently a message must have been held back for [`Endpoint::source_waiting`]
-/// to call its sender alive.
-const HELD_EVIDENCE: Duration = Duration::from_millis(250);
-
 enum Waiter {
     /// The CQ's fd, polled after fi_trywait says sleeping is safe.
     Fd(c_int),
@@ -301,7 +271,7 @@ pub struct Endpoint {
     /// Next sequence number per (destination, sender bits of the tag).
     send_seq: HashMap<(PeerId, u64), u32>,
     /// Per sender (tag & source_mask): what to hand out next, what waits.
-    streams: HashMap<u64, Stream>,
+    streams: Streams<Completion>,
     source_mask: u64,
     /// Completions ready to be handed out by the next `progress`.
     ready: Vec<Completion>,
@@ -323,7 +293,7 @@ pub struct Endpoint {
     /// Rejoin enabled: the source bits of this endpoint's own messages.
     own_source: Option<u64>,
     /// Per source: the epoch of its current incarnation (0 at the start).
-    recv_epoch: HashMap<u64, u8>,
+    recv_epoch: Epochs,
     /// Per source that joined: the peer of its current incarnation.
     joined_as: HashMap<u64, PeerId>,
     /// Messages of replaced incarnations dropped.
@@ -508,7 +478,7 @@ impl Endpoint {
             ops: HashMap::new(),
             sends: 0,
             send_seq: HashMap::new(),
-            streams: HashMap::new(),
+            streams: Streams::default(),
             source_mask: opts.source_mask & TAG_MASK,
             ready: Vec::new(),
             dead: HashMap::new(),
@@ -519,7 +489,7 @@ impl Endpoint {
             awaiting_ack: Vec::new(),
             pending_control: std::collections::VecDeque::new(),
             own_source: None,
-            recv_epoch: HashMap::new(),
+            recv_epoch: Epochs::default(),
             joined_as: HashMap::new(),
             stale_dropped: 0,
         };
@@ -705,11 +675,7 @@ impl Endpoint {
             return Err(Error::new("add_peer_rejoining needs enable_rejoin first"));
         };
         let peer = self.add_peer(address)?;
-        let mut join = Vec::with_capacity(20 + self.address.len());
-        join.extend_from_slice(JOIN_MAGIC);
-        join.extend_from_slice(&source.to_le_bytes());
-        join.extend_from_slice(&(peer as u32).to_le_bytes());
-        join.extend_from_slice(&self.address);
+        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
         self.awaiting_ack[peer] = true;
         self.pending_control
             .push_back((peer, CTRL_BIT | source, join));
@@ -744,36 +710,40 @@ impl Endpoint {
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
         let source = tag & self.source_mask;
-        let msg = buf.as_slice();
-        if msg.len() >= 20 && &msg[..8] == JOIN_MAGIC && self.own_source.is_some() {
-            let joiner =
-                u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) & self.source_mask;
-            let their_index = u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes"));
-            let address = msg[20..].to_vec();
-            self.post_recv(buf)?;
-            self.accept_join(joiner, their_index, &address, out)?;
-        } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
-            let epoch = msg[8];
-            let index = u32::from_le_bytes(msg[9..13].try_into().expect("4 bytes")) as usize;
-            self.post_recv(buf)?;
-            if self.awaiting_ack.get(index).copied().unwrap_or(false) {
-                self.awaiting_ack[index] = false;
-                self.send_epoch[index] = epoch;
-                let joined = Completion::PeerJoined {
-                    peer: index,
-                    source,
-                };
-                self.recv_finished(seq, source, Some(joined), out);
-            } else {
-                eprintln!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
-                self.recv_finished(seq, source, None, out);
+        match evb_tagseq::parse_control(&buf) {
+            Control::Join {
+                joiner,
+                their_index,
+                address,
+            } if self.own_source.is_some() => {
+                let joiner = joiner & self.source_mask;
+                let address = address.to_vec();
+                self.post_recv(buf)?;
+                self.accept_join(joiner, their_index, &address, out)?;
             }
-        } else {
-            eprintln!(
-                "evb ofi: an endpoint message of {} bytes from source {source:#x} not understood",
-                msg.len()
-            );
-            self.post_recv(buf)?;
+            Control::Ack { epoch, index } => {
+                let index = index as usize;
+                self.post_recv(buf)?;
+                if self.awaiting_ack.get(index).copied().unwrap_or(false) {
+                    self.awaiting_ack[index] = false;
+                    self.send_epoch[index] = epoch;
+                    let joined = Completion::PeerJoined {
+                        peer: index,
+                        source,
+                    };
+                    self.streams.finished(source, seq, Some(joined), out);
+                } else {
+                    eprintln!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
+                    self.streams.finished(source, seq, None, out);
+                }
+            }
+            _ => {
+                eprintln!(
+                    "evb ofi: an endpoint message of {} bytes from source {source:#x} not understood",
+                    buf.len()
+                );
+                self.post_recv(buf)?;
+            }
         }
         Ok(())
     }
@@ -798,19 +768,14 @@ impl Endpoint {
                 return Ok(());
             }
         };
-        let old_epoch = self.current_epoch(source);
-        let epoch = old_epoch.wrapping_add(1) & EPOCH_MASK as u8;
-        self.recv_epoch.insert(source, epoch);
+        let epoch = self.recv_epoch.bump(source);
         self.joined_as.insert(source, peer);
         // The old incarnation's stream ends here: what waits for its
         // missing messages is dropped.
-        if let Some(old) = self.streams.insert(source, Stream::default()) {
-            for done in old.held.into_values().flatten() {
-                self.stale_dropped += 1;
-                if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done
-                {
-                    self.post_recv(buf)?;
-                }
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
+                self.post_recv(buf)?;
             }
         }
         out.push(Completion::PeerJoined { peer, source });
@@ -818,18 +783,15 @@ impl Endpoint {
         let key = (peer, own);
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let mut ack = Vec::with_capacity(13);
-        ack.extend_from_slice(ACK_MAGIC);
-        ack.push(epoch);
-        ack.extend_from_slice(&their_index.to_le_bytes());
-        let wire_tag = CTRL_BIT | (u64::from(seq) << TAG_BITS) | own;
+        let ack = evb_tagseq::ack_message(epoch, their_index);
+        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(0, seq, own);
         self.pending_control.push_back((peer, wire_tag, ack));
         self.push_control()
     }
 
     /// The epoch messages of `source` must carry now.
     fn current_epoch(&self, source: u64) -> u8 {
-        self.recv_epoch.get(&source).copied().unwrap_or(0)
+        self.recv_epoch.current(source)
     }
 
     /// The link to `peer`, whose messages carry `source`, was given up:
@@ -965,8 +927,7 @@ impl Endpoint {
         }
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let epoch = u64::from(self.send_epoch[peer]) << EPOCH_SHIFT;
-        let wire_tag = epoch | (u64::from(seq) << TAG_BITS) | tag;
+        let wire_tag = evb_tagseq::wire_tag(self.send_epoch[peer], seq, tag);
         if !self.post_send(peer, wire_tag, head, body_rc, range, ctx)? {
             return Ok(false);
         }
@@ -1080,7 +1041,7 @@ impl Endpoint {
     /// Receive buffers posted and not yet returned (including completed
     /// ones held back for order).
     pub fn posted_recvs(&self) -> usize {
-        self.ops.len() - self.sends + self.streams.values().map(|s| s.held.len()).sum::<usize>()
+        self.ops.len() - self.sends + self.streams.held()
     }
 
     /// Messages from `source` (tag & source_mask) arrived lately and wait
@@ -1089,11 +1050,7 @@ impl Endpoint {
     /// receive of a dead sender's rendezvous message pending for ever, and
     /// the messages held behind it must not keep the sender alive.
     pub fn source_waiting(&self, source: u64) -> bool {
-        self.streams
-            .get(&(source & self.source_mask))
-            .is_some_and(|s| {
-                !s.held.is_empty() && s.last_held_at.is_some_and(|t| t.elapsed() < HELD_EVIDENCE)
-            })
+        self.streams.waiting(source & self.source_mask)
     }
 
     /// The peer whose messages carry `source` (tag & source_mask) is gone:
@@ -1101,10 +1058,8 @@ impl Endpoint {
     /// back behind a message that will now never arrive, and from then on
     /// hands out its messages as they come, unordered.
     pub fn forget_source(&mut self, source: u64) {
-        let stream = self.streams.entry(source & self.source_mask).or_default();
-        stream.forgotten = true;
-        let held = std::mem::take(&mut stream.held);
-        self.ready.extend(held.into_values().flatten());
+        let held = self.streams.forget(source & self.source_mask);
+        self.ready.extend(held);
         let epoch = self.current_epoch(source & self.source_mask);
         self.discard_unexpected(source & self.source_mask, epoch);
     }
@@ -1182,7 +1137,7 @@ impl Endpoint {
     /// one sits in its unexpected queue). Post one more buffer so the
     /// missing message can land; it goes to the caller like any other.
     fn unblock_held(&mut self) -> Result<(), Error> {
-        if self.streams.values().all(|s| s.held.is_empty()) {
+        if self.streams.held() == 0 {
             return Ok(());
         }
         let posted = self
@@ -1242,8 +1197,8 @@ impl Endpoint {
                 unsafe { buf.set_len(len) };
                 let tag = e.tag & TAG_MASK;
                 let source = tag & self.source_mask;
-                let seq = (e.tag >> TAG_BITS) as u32 & SEQ_MASK;
-                let epoch = ((e.tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+                let seq = evb_tagseq::seq_of(e.tag);
+                let epoch = evb_tagseq::epoch_of(e.tag);
                 // A JOIN carries no epoch; a replaced incarnation's message
                 // (crate docs on rejoin) is dropped.
                 let is_join = e.tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
@@ -1254,7 +1209,7 @@ impl Endpoint {
                     self.on_control(buf, tag, seq, out)?;
                 } else {
                     let done = Completion::Received { buf, len, tag };
-                    self.recv_finished(seq, source, Some(done), out);
+                    self.streams.finished(source, seq, Some(done), out);
                 }
             }
             // One stale message dropped: look for the next.
@@ -1333,11 +1288,11 @@ impl Endpoint {
                     reason,
                 };
                 let source = err.tag & self.source_mask;
-                let epoch = ((err.tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+                let epoch = evb_tagseq::epoch_of(err.tag);
                 if truncated && epoch == self.current_epoch(source) {
                     // The tag is the message's: it takes its place in the stream.
-                    let seq = (err.tag >> TAG_BITS) as u32 & SEQ_MASK;
-                    self.recv_finished(seq, source, Some(failed), out);
+                    let seq = evb_tagseq::seq_of(err.tag);
+                    self.streams.finished(source, seq, Some(failed), out);
                 } else {
                     // A broken connection: the entry carries no tag of ours.
                     out.push(failed);
@@ -1352,33 +1307,6 @@ impl Endpoint {
             }),
         }
         Ok(())
-    }
-
-    /// Hands out (or holds back) message `seq` of `source` in its sender's
-    /// order (`None`: an endpoint message that only takes its place).
-    fn recv_finished(
-        &mut self,
-        seq: u32,
-        source: u64,
-        done: Option<Completion>,
-        out: &mut Vec<Completion>,
-    ) {
-        let stream = self.streams.entry(source).or_default();
-        if stream.forgotten {
-            out.extend(done);
-            return;
-        }
-        if seq != stream.next {
-            stream.held.insert(seq, done);
-            stream.last_held_at = Some(Instant::now());
-            return;
-        }
-        out.extend(done);
-        stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
-        while let Some(next) = stream.held.remove(&stream.next) {
-            out.extend(next);
-            stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
-        }
     }
 
     /// Blocks until something may have happened or `timeout` passed. In Busy

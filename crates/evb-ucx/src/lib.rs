@@ -1,5 +1,8 @@
 //! evb over UCX: one message endpoint per process on top of UCP tag matching.
 //!
+//! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
+//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//!
 //! Why UCX: it is how the event builders this project models actually move
 //! data (InfiniBand RC/DC, shared memory, TCP as a fallback), and it picks the
 //! transport from the standard `UCX_TLS` setting, so the same binary runs on a
@@ -105,39 +108,14 @@ pub struct Options {
 }
 
 /// Tag bits left to the caller; above them: the sequence number (21 bits),
-/// the sender's epoch (8 bits), CTRL_BIT, SPLIT_BIT and BODY_BIT.
-pub const TAG_BITS: u32 = 32;
-const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
-/// Sequence numbers wrap here: far more than a receiver ever holds back
-/// (at most its posted receives).
-const SEQ_MASK: u32 = (1 << 21) - 1;
-/// Where the epoch sits in the wire tag (module docs on rejoin).
-const EPOCH_SHIFT: u32 = TAG_BITS + 21;
-const EPOCH_MASK: u64 = 0xff;
-/// On the endpoint's own messages (a join request and its answer), which
-/// never reach the caller.
-const CTRL_BIT: u64 = 1 << 61;
+/// the sender's epoch (8 bits) and CTRL_BIT (`evb_tagseq`), then SPLIT_BIT
+/// and BODY_BIT.
+pub use evb_tagseq::TAG_BITS;
+use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, SEQ_MASK, TAG_MASK};
 /// On the head of a message whose body follows as its own message.
 const SPLIT_BIT: u64 = 1 << 62;
 /// On that body: the buffers posted for heads do not match it.
 const BODY_BIT: u64 = 1 << 63;
-
-/// The receive side of one sender's ordered stream.
-#[derive(Default)]
-struct Stream {
-    next: u32,
-    /// Completions that arrived before their predecessors (None: a failed
-    /// receive that only takes its place).
-    held: std::collections::BTreeMap<u32, Option<Completion>>,
-    forgotten: bool,
-    /// When the latest completion was held back: evidence of a live sender
-    /// only while it is fresh (a dead sender's receive can stay pending).
-    last_held_at: Option<Instant>,
-}
-
-/// How recently a completion must have been held back for
-/// [`Endpoint::source_waiting`] to call its sender alive.
-const HELD_EVIDENCE: Duration = Duration::from_millis(250);
 
 impl Default for Options {
     fn default() -> Self {
@@ -451,13 +429,6 @@ struct Peer {
     _cookie: Box<Cookie>,
 }
 
-/// The payload of a JOIN: magic, the joiner's source (u64), its index for
-/// the receiving peer (u32), its wrapped address.
-const JOIN_MAGIC: &[u8; 8] = b"EVBJOIN1";
-/// The payload of the answer: magic, the epoch to use (u8), the joiner's
-/// index for the answering peer (u32).
-const ACK_MAGIC: &[u8; 8] = b"EVBJACK1";
-
 /// One UCP context + worker; see the module docs.
 pub struct Endpoint {
     context: sys::ucp_context_h,
@@ -480,14 +451,14 @@ pub struct Endpoint {
     /// Next sequence number per (destination, sender bits of the tag).
     send_seq: std::collections::HashMap<(PeerId, u64), u32>,
     /// Per sender (tag & source_mask).
-    streams: std::collections::HashMap<u64, Stream>,
+    streams: Streams<Completion>,
     split_body_from: usize,
     /// Drop has begun: no more body receives are posted.
     closing: bool,
     /// Rejoin enabled: the source bits of this endpoint's own messages.
     own_source: Option<u64>,
     /// Per source: the epoch of its current incarnation (0 at the start).
-    recv_epoch: std::collections::HashMap<u64, u8>,
+    recv_epoch: Epochs,
     /// Per source that joined: the peer of its current incarnation.
     joined_as: std::collections::HashMap<u64, PeerId>,
     /// Messages of replaced incarnations dropped (epoch no longer current).
@@ -612,11 +583,11 @@ impl Endpoint {
                 ready: Vec::new(),
                 source_mask: opts.source_mask & TAG_MASK,
                 send_seq: std::collections::HashMap::new(),
-                streams: std::collections::HashMap::new(),
+                streams: Streams::default(),
                 split_body_from: opts.split_body_from,
                 closing: false,
                 own_source: None,
-                recv_epoch: std::collections::HashMap::new(),
+                recv_epoch: Epochs::default(),
                 joined_as: std::collections::HashMap::new(),
                 stale_dropped: 0,
             })
@@ -693,11 +664,7 @@ impl Endpoint {
             ));
         };
         let peer = self.add_peer(address)?;
-        let mut join = Vec::with_capacity(20 + self.address.len());
-        join.extend_from_slice(JOIN_MAGIC);
-        join.extend_from_slice(&source.to_le_bytes());
-        join.extend_from_slice(&(peer as u32).to_le_bytes());
-        join.extend_from_slice(&self.address);
+        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
         self.peers[peer].awaiting_ack = true;
         self.send_control(peer, CTRL_BIT | source, join)?;
         Ok(peer)
@@ -760,42 +727,46 @@ impl Endpoint {
     /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
     fn on_control(&mut self, mut buf: Vec<u8>, tag: u64, seq: u32, out: &mut Vec<Completion>) {
         let source = tag & self.source_mask;
-        let msg = buf.as_slice();
-        if msg.len() >= 20 && &msg[..8] == JOIN_MAGIC && self.own_source.is_some() {
-            let joiner =
-                u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) & self.source_mask;
-            let their_index = u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes"));
-            let address = msg[20..].to_vec();
-            buf.clear();
-            let _ = self.post_recv(buf);
-            self.accept_join(joiner, their_index, &address, out);
-        } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
-            let epoch = msg[8];
-            let index = u32::from_le_bytes(msg[9..13].try_into().expect("4 bytes")) as usize;
-            buf.clear();
-            let _ = self.post_recv(buf);
-            match self.peers.get_mut(index) {
-                Some(p) if p.awaiting_ack => {
-                    p.awaiting_ack = false;
-                    p.send_epoch = epoch;
-                    let joined = Completion::PeerJoined {
-                        peer: index,
-                        source,
-                    };
-                    self.in_order(tag, seq, Some(joined), out);
-                }
-                _ => {
-                    eprintln!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
-                    self.in_order(tag, seq, None, out);
+        match evb_tagseq::parse_control(&buf) {
+            Control::Join {
+                joiner,
+                their_index,
+                address,
+            } if self.own_source.is_some() => {
+                let joiner = joiner & self.source_mask;
+                let address = address.to_vec();
+                buf.clear();
+                let _ = self.post_recv(buf);
+                self.accept_join(joiner, their_index, &address, out);
+            }
+            Control::Ack { epoch, index } => {
+                let index = index as usize;
+                buf.clear();
+                let _ = self.post_recv(buf);
+                match self.peers.get_mut(index) {
+                    Some(p) if p.awaiting_ack => {
+                        p.awaiting_ack = false;
+                        p.send_epoch = epoch;
+                        let joined = Completion::PeerJoined {
+                            peer: index,
+                            source,
+                        };
+                        self.streams.finished(source, seq, Some(joined), out);
+                    }
+                    _ => {
+                        eprintln!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
+                        self.streams.finished(source, seq, None, out);
+                    }
                 }
             }
-        } else {
-            eprintln!(
-                "evb ucx: an endpoint message of {} bytes from source {source:#x} not understood",
-                msg.len()
-            );
-            buf.clear();
-            let _ = self.post_recv(buf);
+            _ => {
+                eprintln!(
+                    "evb ucx: an endpoint message of {} bytes from source {source:#x} not understood",
+                    buf.len()
+                );
+                buf.clear();
+                let _ = self.post_recv(buf);
+            }
         }
     }
 
@@ -819,23 +790,16 @@ impl Endpoint {
                 return;
             }
         };
-        let epoch = self
-            .recv_epoch
-            .get(&source)
-            .map_or(1, |e| e.wrapping_add(1))
-            & EPOCH_MASK as u8;
-        self.recv_epoch.insert(source, epoch);
+        let epoch = self.recv_epoch.bump(source);
         self.joined_as.insert(source, peer);
         // The old incarnation's stream ends here: bodies still awaited from
         // it are cancelled, what waits for its missing messages is dropped.
         self.cancel_bodies_from(source);
-        if let Some(old) = self.streams.insert(source, Stream::default()) {
-            for done in old.held.into_values().flatten() {
-                self.stale_dropped += 1;
-                if let Completion::Received { mut buf, .. } = done {
-                    buf.clear();
-                    let _ = self.post_recv(buf);
-                }
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { mut buf, .. } = done {
+                buf.clear();
+                let _ = self.post_recv(buf);
             }
         }
         out.push(Completion::PeerJoined { peer, source });
@@ -843,11 +807,8 @@ impl Endpoint {
         let key = (peer, own);
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let mut ack = Vec::with_capacity(13);
-        ack.extend_from_slice(ACK_MAGIC);
-        ack.push(epoch);
-        ack.extend_from_slice(&their_index.to_le_bytes());
-        let wire_tag = CTRL_BIT | (u64::from(seq) << TAG_BITS) | own;
+        let ack = evb_tagseq::ack_message(epoch, their_index);
+        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(0, seq, own);
         if let Err(e) = self.send_control(peer, wire_tag, ack) {
             eprintln!("evb ucx: answering the join of source {source:#x}: {e}");
         }
@@ -855,7 +816,7 @@ impl Endpoint {
 
     /// The epoch messages of `source` must carry now.
     fn current_epoch(&self, source: u64) -> u8 {
-        self.recv_epoch.get(&source).copied().unwrap_or(0)
+        self.recv_epoch.current(source)
     }
 
     /// Hands a receive buffer to the endpoint; its capacity is the largest
@@ -961,8 +922,7 @@ impl Endpoint {
         let (slot, cookie) = self.sends.reserve(self.shared);
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let epoch = u64::from(p.send_epoch) << EPOCH_SHIFT;
-        let wire_tag = epoch | (u64::from(seq) << TAG_BITS) | tag;
+        let wire_tag = evb_tagseq::wire_tag(p.send_epoch, seq, tag);
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
@@ -1074,8 +1034,8 @@ impl Endpoint {
             let op = self.recvs.take(slot).expect("slot in recv_order is live");
             let (status, wire_tag, len) = op.result.expect("checked above");
             let tag = wire_tag & TAG_MASK;
-            let seq = (wire_tag >> TAG_BITS) as u32 & SEQ_MASK;
-            let epoch = ((wire_tag >> EPOCH_SHIFT) & EPOCH_MASK) as u8;
+            let seq = evb_tagseq::seq_of(wire_tag);
+            let epoch = evb_tagseq::epoch_of(wire_tag);
             // A replaced incarnation's message (module docs on rejoin); the
             // JOIN itself carries no epoch.
             let is_join = wire_tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
@@ -1091,7 +1051,9 @@ impl Endpoint {
                 if wire_tag & CTRL_BIT != 0 {
                     self.on_control(buf, tag, seq, out);
                 } else {
-                    self.in_order(tag, seq, Some(Completion::Received { buf, len, tag }), out);
+                    let done = Completion::Received { buf, len, tag };
+                    self.streams
+                        .finished(tag & self.source_mask, seq, Some(done), out);
                 }
             } else {
                 buf.clear();
@@ -1108,7 +1070,8 @@ impl Endpoint {
                 out.push(Completion::ReceiveFailed { buf, reason });
                 if truncated {
                     // It had its place in the sender's stream.
-                    self.in_order(tag, seq, None, out);
+                    self.streams
+                        .finished(tag & self.source_mask, seq, None, out);
                 }
             }
         }
@@ -1216,43 +1179,13 @@ impl Endpoint {
         }
     }
 
-    /// Hands out (or holds back) message `seq` of the sender named by `tag`.
-    fn in_order(
-        &mut self,
-        tag: u64,
-        seq: u32,
-        done: Option<Completion>,
-        out: &mut Vec<Completion>,
-    ) {
-        let stream = self.streams.entry(tag & self.source_mask).or_default();
-        if stream.forgotten {
-            out.extend(done);
-            return;
-        }
-        if seq != stream.next {
-            stream.held.insert(seq, done);
-            stream.last_held_at = Some(Instant::now());
-            return;
-        }
-        out.extend(done);
-        stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
-        while let Some(next) = stream.held.remove(&stream.next) {
-            out.extend(next);
-            stream.next = stream.next.wrapping_add(1) & SEQ_MASK;
-        }
-    }
-
     /// Messages from `source` (tag & source_mask) arrived and wait for an
     /// earlier one still in transfer: evidence that the sender is alive.
     pub fn source_waiting(&self, source: u64) -> bool {
-        self.streams
-            .get(&(source & self.source_mask))
-            .is_some_and(|s| {
-                // Only lately held: a receive matched to a dead sender's
-                // message can stay pending for ever (no error handling on
-                // shared memory), and what waits behind it is no evidence.
-                !s.held.is_empty() && s.last_held_at.is_some_and(|t| t.elapsed() < HELD_EVIDENCE)
-            })
+        // Only lately held: a receive matched to a dead sender's message
+        // can stay pending for ever (no error handling on shared memory),
+        // and what waits behind it is no evidence.
+        self.streams.waiting(source & self.source_mask)
     }
 
     /// The link to `peer`, whose messages carry `source`, was given up:
@@ -1289,10 +1222,8 @@ impl Endpoint {
         // Bodies still awaited from it may never come: cancelled, their
         // buffers come back as ReceiveFailed.
         self.cancel_bodies_from(source);
-        let stream = self.streams.entry(source).or_default();
-        stream.forgotten = true;
-        let held = std::mem::take(&mut stream.held);
-        self.ready.extend(held.into_values().flatten());
+        let held = self.streams.forget(source);
+        self.ready.extend(held);
     }
 
     /// Blocks until something may have happened or `timeout` passed
