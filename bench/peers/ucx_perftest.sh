@@ -12,6 +12,8 @@
 #   UCX_TLS      tcp (default), or e.g. posix,sysv,cma,self for shared memory
 #   MIN_SECONDS  length of each measured run (default 5)
 #   SIZES="64 4096"  environment override of the sizes (default 64 B .. 4 MiB)
+#   ERR_HANDLING=1   endpoints with error handling (ucx_perftest -e), as evb
+#                    opens them on network transports to detect dead peers
 # Prints one line per size on stdout, "<bytes> <MB/s>" (ucx_perftest's MB is
 # 2^20 bytes), after a header line starting with '#'; progress goes to stderr.
 set -euo pipefail
@@ -30,14 +32,14 @@ trap '[ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; true' EXIT
 run_once() {
   local size=$1 iters=$2 limit=$3 warmup=$(( $2 / 20 + 10 ))
   port=$((port + 1))
-  UCX_TLS=$tls timeout "$limit" ucx_perftest -p "$port" >/dev/null 2>&1 &
+  UCX_TLS=$tls timeout "$limit" ucx_perftest -p "$port" ${ERR_HANDLING:+-e} >/dev/null 2>&1 &
   server_pid=$!
   for _ in $(seq 100); do   # until the server listens (at most ~5 s)
     ss -ltn "sport = :$port" 2>/dev/null | grep -q ":$port" && break
     sleep 0.05
   done
   local out
-  if ! out=$(UCX_TLS=$tls timeout "$limit" ucx_perftest 127.0.0.1 -p "$port" -t tag_bw \
+  if ! out=$(UCX_TLS=$tls timeout "$limit" ucx_perftest 127.0.0.1 -p "$port" ${ERR_HANDLING:+-e} -t tag_bw \
         -s "$size" -n "$iters" -w "$warmup" -v 2>&1); then
     echo "ucx_perftest failed (UCX_TLS=$tls, size $size, $iters iterations):" >&2
     echo "$out" | tail -5 >&2

@@ -30,7 +30,7 @@ evb=${EVB:-$here/../../target/release/evb}
 [ -x "$evb" ] || { echo "no evb binary at $evb (cargo build --release -p evb-cli, or set EVB)" >&2; exit 2; }
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-error}
 
-echo "# evb bench p2p -t ucx:$tls vs ucx_perftest tag_bw, $size B, $seconds s runs, window $window, $progress progress, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# evb bench p2p -t ucx:$tls vs ucx_perftest tag_bw${ERR_HANDLING:+ -e}, $size B, $seconds s runs, window $window, $progress progress, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# round evb_MiB/s ucx_perftest_MiB/s ratio${SPLIT:+ evb_split_MiB/s split_ratio}"
 ratios=()
 p2p() {
