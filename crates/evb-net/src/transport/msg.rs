@@ -15,7 +15,10 @@
 //! the transport reports the old link closed first if it was still up, and
 //! the join at the end of a poll (the one after, when it reported a close),
 //! so that the runtime has handled the loss; what the new incarnation sends
-//! meanwhile is held back and handed over at the next poll.
+//! meanwhile is held back and handed over at the next poll. When the
+//! runtime drops a peer, the engine is asked to re-establish the link
+//! ([`Endpoint::relink`]: shm does, when the peer's process lives); the
+//! new link is reported like a join.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;

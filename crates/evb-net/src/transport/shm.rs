@@ -28,6 +28,21 @@
 //! reads the dead incarnation's records as the new one's; the generation
 //! tells one request (and so one incarnation) from the next. Inboxes stay
 //! 0600 and a peer maps only one owned by its own user.
+//!
+//! Relink (always on): a link the runtime dropped while the peer's process
+//! is still there (it was stopped, or starved of CPU, or this one was)
+//! comes back through the same join slots, with the mappings both ends
+//! still hold. The dropping side stops writing into the peer's ring and
+//! reading the peer's ring in its own inbox, then asks with its own pid and
+//! the next *link epoch*. The peer sees the same pid and a newer epoch:
+//! what its ring from the asker holds was all written before the request,
+//! so it drops it (tail to head), and answers with the position where its
+//! own writes of the new link start in the asker's inbox (`JOIN_HEAD`,
+//! before the accepted generation); the asker reads from there. No record
+//! of the old link is read after the relink, none twice. Both ends asking
+//! at once: the lower rank answers (the higher waits for that answer, and
+//! its own request is then for the epoch the link has: ignored). A link
+//! dropped again within [`RELINK_STABLE`] is asked for after a backoff.
 
 use std::collections::VecDeque;
 use std::ffi::CString;
