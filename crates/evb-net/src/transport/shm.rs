@@ -42,7 +42,8 @@
 //! of the old link is read after the relink, none twice. Both ends asking
 //! at once: the lower rank answers (the higher waits for that answer, and
 //! its own request is then for the epoch the link has: ignored). A link
-//! dropped again within [`RELINK_STABLE`] is asked for after a backoff.
+//! dropped again within 5 s of coming back is asked for after a backoff
+//! (50 ms doubling to 1 s).
 
 use std::collections::VecDeque;
 use std::ffi::CString;
