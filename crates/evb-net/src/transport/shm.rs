@@ -774,10 +774,32 @@ impl ShmEndpoint {
                 .atomic_u64(slot + Geometry::JOIN_HEAD)
                 .load(Ordering::Acquire);
             let rank = p.rank;
+            let pid = p.pid;
             self.epochs[rank] = p.asked_epoch;
             self.tails[rank] = from;
             self.publish_tail(rank);
             self.sender_peer[rank] = Some(i);
+            // The peer (the same process) already gave up the link it
+            // answered with, and asks for a newer one: take that at once,
+            // one join, rather than a join, a loss and a join.
+            let slot = self.geo.join_slot(rank);
+            let gen = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_GEN)
+                .load(Ordering::Acquire);
+            let asker = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_PID)
+                .load(Ordering::Acquire) as i32;
+            let epoch = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_EPOCH)
+                .load(Ordering::Acquire);
+            if gen != self.join_seen[rank] && asker == pid && epoch > self.epochs[rank] {
+                self.join_seen[rank] = gen;
+                self.accept_relink(i, gen, epoch, out);
+                continue;
+            }
             out.push(Completion::PeerJoined {
                 peer: i,
                 rank: rank as u16,
@@ -1487,6 +1509,38 @@ mod tests {
         assert_eq!(received(&mut b).1, vec![(b_to_a, 0)]);
         assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
         assert_eq!((a.epochs[1], b.epochs[0]), (2, 2));
+    }
+
+    /// An answer to a link the peer has given up again already (it
+    /// answered our request while we were stopped, then dropped the link
+    /// and asked for a newer one): we go straight to the newer link, one
+    /// join, and never read what the peer wrote on the link in between.
+    #[test]
+    fn an_answer_already_superseded_is_one_join() {
+        let run_id = 0x4300_0000 | (std::process::id() & 0xffff);
+        let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
+        b.relink(b_to_a);
+        assert_eq!(received(&mut b), (vec![], vec![]));
+        // a answers (epoch 1), writes on that link, then drops it again.
+        assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
+        assert!(sent(&mut a, a_to_b, b"a-epoch-1"));
+        a.relink(a_to_b);
+        std::thread::sleep(RELINK_FIRST + EXIT_CHECK);
+        assert_eq!(received(&mut a), (vec![], vec![]));
+        assert!(a.peers[a_to_b].awaiting.is_some(), "a asked again");
+        // b runs again: one join, at epoch 2, nothing of epoch 1 read.
+        let (msgs, joins) = received(&mut b);
+        assert_eq!(joins, vec![(b_to_a, 0)]);
+        assert!(msgs.is_empty(), "{msgs:?}");
+        assert_eq!(b.epochs[0], 2);
+        assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
+        assert_eq!(a.epochs[1], 2);
+        std::thread::sleep(EXIT_CHECK);
+        assert_eq!(received(&mut b), (vec![], vec![]), "no second join");
+        assert!(sent(&mut a, a_to_b, b"a-epoch-2"));
+        assert!(sent(&mut b, b_to_a, b"b-epoch-2"));
+        assert_eq!(received(&mut b).0, vec![b"a-epoch-2".to_vec()]);
+        assert_eq!(received(&mut a).0, vec![b"b-epoch-2".to_vec()]);
     }
 
     /// A relink with a peer whose process is gone is not asked for: only a
