@@ -643,3 +643,98 @@ fn a_bad_resume_is_refused() {
         );
     }
 }
+
+/// Two stops that overlap over shm: node 2 stopped 1.5-3.5 s, node 3
+/// 3-5 s. When node 2 resumes it takes node 3's request (node 3 asked
+/// before it was stopped) and then loses node 3 again by its silence, and
+/// asks anew; when node 3 resumes, the answer it finds is for a link node 2
+/// has given up already: it goes straight to the newer one. Every loss of
+/// a link is followed by its rejoin, node 3 sees node 2 come back once, and
+/// every event keeps exactly one fate.
+#[test]
+fn overlapping_stops_relink_every_link_over_shm() {
+    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("resume-overlap.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "8",
+        "--progress",
+        "never",
+        "--stop",
+        "2@1.5",
+        "--resume",
+        "2@3.5",
+        "--stop",
+        "3@3",
+        "--resume",
+        "3@5",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["--set", "source.events_per_mep=1024"]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        v["summary"]["nodes_missing"],
+        serde_json::json!([]),
+        "{text}"
+    );
+    // Two BUs lost once each (by the EM), 2 credits each.
+    check_exact_accounting(&v, &text, 4);
+    let clean = n(&v, "events_generated") == n(&v, "events_built");
+    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{text}");
+    let failures = v["summary"]["failures"].as_array().unwrap().clone();
+    let events = |node: u64, seen_by: u64| -> Vec<(f64, bool)> {
+        failures
+            .iter()
+            .filter(|f| f["node"] == node && f["seen_by"] == format!("node {seen_by}"))
+            .map(|f| {
+                let what = f["what"].as_str().unwrap();
+                assert!(what.starts_with("lost") || what == "rejoined", "{f}");
+                (f["at_s"].as_f64().unwrap(), what == "rejoined")
+            })
+            .collect()
+    };
+    for seen_by in 0..4u64 {
+        for node in (0..4u64).filter(|&x| x != seen_by) {
+            // Alternating: lost, rejoined, lost, rejoined...
+            let e = events(node, seen_by);
+            for (k, (_, rejoined)) in e.iter().enumerate() {
+                assert_eq!(
+                    *rejoined,
+                    k % 2 == 1,
+                    "node {node} seen by node {seen_by}: {e:?}\n{failures:?}"
+                );
+            }
+            assert!(
+                e.len() % 2 == 0,
+                "node {node} seen by node {seen_by} ends lost: {e:?}\n{failures:?}"
+            );
+        }
+    }
+    // Stopped nodes are lost by the others; the links come back.
+    for (node, by) in [(2, 0), (2, 1), (3, 0), (3, 1)] {
+        assert_eq!(events(node, by).len(), 2, "{failures:?}");
+    }
+    let back = events(2, 3);
+    assert_eq!(back.len(), 2, "node 3 sees node 2 rejoin once: {back:?}");
+    assert!(back[1].0 >= 5.0 && back[1].0 < 6.5, "{back:?}");
+    // Everyone builds at the end.
+    let timeline = v["timeline"].as_array().unwrap();
+    for node in 0..4 {
+        let late: f64 = timeline
+            .iter()
+            .filter(|s| s["t_s"].as_f64().unwrap() > 6.5)
+            .map(|s| s["node_built_gbps"][node].as_f64().unwrap())
+            .sum();
+        assert!(late > 0.0, "node {node} builds nothing at the end: {text}");
+    }
+    for node in v["nodes"].as_array().unwrap() {
+        assert_eq!(node["drain_timed_out"], false, "{text}");
+    }
+}
