@@ -94,6 +94,10 @@ struct RunArgs {
     /// Fault injection: SIGSTOP node RANK at SECONDS (it goes silent, its connections stay open).
     #[arg(long, value_name = "RANK@SECONDS")]
     stop: Vec<String>,
+    /// Fault injection: SIGCONT node RANK at SECONDS (resumes a node stopped with --stop; its links
+    /// come back over tcp and shm and the EM re-admits it).
+    #[arg(long, value_name = "RANK@SECONDS")]
+    resume: Vec<String>,
     /// Restart node RANK (killed earlier with --kill) at SECONDS: a fresh process that rejoins
     /// the run (tcp, shm, ucx and ofi:tcp; not mpi; not node 0, the EM).
     #[arg(long, value_name = "RANK@SECONDS")]
@@ -215,6 +219,11 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 args.stop
                     .iter()
                     .map(|s| InjectedFault::parse(s, libc::SIGSTOP)),
+            )
+            .chain(
+                args.resume
+                    .iter()
+                    .map(|s| InjectedFault::parse(s, libc::SIGCONT)),
             )
             .collect::<anyhow::Result<_>>()?,
         restarts: args

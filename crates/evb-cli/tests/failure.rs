@@ -450,3 +450,291 @@ fn check_restart_noticed_within(transport: &str, notice_s: f64) {
         assert_eq!(node["drain_timed_out"], false, "{text}");
     }
 }
+
+/// Every generated event has exactly one fate, and the lost ones are those
+/// of MEPs a BU that was declared lost had not finished (at most its
+/// `credits` MEPs of 1024 events each, lost or re-assigned).
+fn check_exact_accounting(v: &Value, text: &str, credits: u64) {
+    let generated = n(v, "events_generated");
+    let (built, incomplete, corrupt, lost) = (
+        n(v, "events_built"),
+        n(v, "events_incomplete"),
+        n(v, "events_corrupt"),
+        n(v, "events_lost"),
+    );
+    assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
+    assert_eq!(lost, n(v, "events_lost_bu_gone"), "{text}");
+    assert!(
+        lost + n(v, "meps_reassigned") * 1024 <= credits * 1024,
+        "at most the lost BU's credits, lost or re-assigned: {text}"
+    );
+    assert_eq!(corrupt, 0, "{text}");
+}
+
+/// Node 2 stopped (SIGSTOP) at 1.5 s and resumed (SIGCONT) at 3.5 s, 8 s
+/// in all, over `transport`: the survivors declare it lost by its silence
+/// within a second; after the resume the links come back (the survivors
+/// and node 2 each report the others' rejoin), the EM re-admits it and it
+/// builds again; every event keeps exactly one fate, nothing times out.
+fn check_stop_resume(transport: &str) {
+    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join(format!("resume-{transport}.json"));
+    let started = std::time::Instant::now();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "8",
+        "--progress",
+        "never",
+        "--stop",
+        "2@1.5",
+        "--resume",
+        "2@3.5",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["--set", "source.events_per_mep=1024"])
+    .args(["--set", &format!("transport.kind={transport}")]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    assert!(started.elapsed() < Duration::from_secs(40), "{text}");
+    assert!(text.contains(&format!("over {transport}")), "{text}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // Node 2 lived through it and reported.
+    assert_eq!(
+        v["summary"]["nodes_missing"],
+        serde_json::json!([]),
+        "{text}"
+    );
+    check_exact_accounting(&v, &text, 2);
+    let clean = n(&v, "events_generated") == n(&v, "events_built");
+    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{text}");
+    let failures = v["summary"]["failures"].as_array().unwrap().clone();
+    let what = |f: &Value| f["what"].as_str().unwrap().to_string();
+    assert!(
+        failures.iter().any(|f| f["node"] == 2
+            && f["seen_by"] == "launcher"
+            && what(f) == "resumed (SIGCONT)"),
+        "{failures:?}"
+    );
+    // Lost by its silence, seen by every survivor within a second.
+    let lost: Vec<f64> = failures
+        .iter()
+        .filter(|f| f["node"] == 2 && f["seen_by"] != "launcher" && what(f).starts_with("lost"))
+        .map(|f| f["at_s"].as_f64().unwrap())
+        .collect();
+    assert_eq!(lost.len(), 3, "every survivor notices: {failures:?}");
+    assert!(
+        failures
+            .iter()
+            .filter(|f| f["node"] == 2 && what(f).starts_with("lost"))
+            .all(|f| what(f).contains("silent")),
+        "{failures:?}"
+    );
+    assert!(
+        lost.iter().all(|t| *t >= 1.5 && *t - 1.5 < 1.0),
+        "{failures:?}"
+    );
+    // After the resume, every survivor sees node 2 rejoin, and node 2 sees
+    // each of them rejoin, within a second and a half.
+    for peer in [0, 1, 3] {
+        for (node, seen_by) in [(2, format!("node {peer}")), (peer, "node 2".to_string())] {
+            let back: Vec<f64> = failures
+                .iter()
+                .filter(|f| f["node"] == node && f["seen_by"] == *seen_by && what(f) == "rejoined")
+                .map(|f| f["at_s"].as_f64().unwrap())
+                .collect();
+            assert_eq!(back.len(), 1, "node {node} seen by {seen_by}: {failures:?}");
+            assert!(
+                back[0] >= 3.5 && back[0] < 5.0,
+                "node {node} rejoined at {} s: {failures:?}",
+                back[0]
+            );
+        }
+    }
+    assert!(text.contains("rejoined"), "printed in the summary: {text}");
+    // Node 2 built nothing while stopped, and builds again after.
+    let timeline = v["timeline"].as_array().unwrap();
+    let node2 = |from: f64, to: f64| -> Vec<f64> {
+        timeline
+            .iter()
+            .filter(|s| (from..to).contains(&s["t_s"].as_f64().unwrap()))
+            .map(|s| s["node_built_gbps"][2].as_f64().unwrap())
+            .collect()
+    };
+    let stopped = node2(2.6, 3.5);
+    assert!(
+        stopped.iter().all(|&g| g == 0.0),
+        "stopped yet building? {stopped:?}"
+    );
+    let after = node2(4.5, 9.0);
+    assert!(
+        after.iter().sum::<f64>() > 1.0,
+        "node 2 does not build after the resume: {after:?}\n{text}"
+    );
+    eprintln!(
+        "{transport}: node 2 built Gb/s per 1 s sample: {:?}; generated {} = built {} + incomplete {} + lost {}",
+        node2(0.0, 9.0),
+        n(&v, "events_generated"),
+        n(&v, "events_built"),
+        n(&v, "events_incomplete"),
+        n(&v, "events_lost")
+    );
+    for node in v["nodes"].as_array().unwrap() {
+        assert_eq!(node["drain_timed_out"], false, "{text}");
+    }
+}
+
+/// Over shared memory (the default): the survivors ask node 2, through
+/// their join slots in its inbox, to re-establish the links; it takes the
+/// requests when it runs again, drops what the old links left in its
+/// rings and answers with where its new writes start.
+#[test]
+fn a_stopped_node_resumes_and_relinks_over_shm() {
+    check_stop_resume("shm");
+}
+
+/// The same over TCP: the lower id re-dials with backoff.
+#[test]
+fn a_stopped_node_resumes_and_relinks_over_tcp() {
+    check_stop_resume("tcp");
+}
+
+/// `--resume` of a node that does not exist, or that was not stopped
+/// before, is refused before any node starts, naming it.
+#[test]
+fn a_bad_resume_is_refused() {
+    for (args, expected) in [
+        (
+            &["--stop", "7@1", "--resume", "7@2"][..],
+            "--stop 7@1: there is no node 7 (the run has nodes 0 to 3)",
+        ),
+        (
+            &["--resume", "2@1"][..],
+            "--resume 2@1: resume a node stopped earlier with --stop",
+        ),
+        (
+            &["--stop", "2@2", "--resume", "2@1"][..],
+            "--resume 2@1: resume a node stopped earlier with --stop",
+        ),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+        cmd.args([
+            "run",
+            "--nodes",
+            "4",
+            "--duration",
+            "1",
+            "--progress",
+            "never",
+        ])
+        .args(args);
+        let started = std::time::Instant::now();
+        let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
+        // 2: a usage error (1 would be a run that lost events).
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(text.contains(expected), "{text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "refused at once: {text}"
+        );
+    }
+}
+
+/// Two stops that overlap over shm: node 2 stopped 1.5-3.5 s, node 3
+/// 3-5 s. When node 2 resumes it takes node 3's request (node 3 asked
+/// before it was stopped) and then loses node 3 again by its silence, and
+/// asks anew; when node 3 resumes, the answer it finds is for a link node 2
+/// has given up already: it goes straight to the newer one. Every loss of
+/// a link is followed by its rejoin, node 3 sees node 2 come back once, and
+/// every event keeps exactly one fate.
+#[test]
+fn overlapping_stops_relink_every_link_over_shm() {
+    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("resume-overlap.json");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args([
+        "run",
+        "--nodes",
+        "4",
+        "--duration",
+        "8",
+        "--progress",
+        "never",
+        "--stop",
+        "2@1.5",
+        "--resume",
+        "2@3.5",
+        "--stop",
+        "3@3",
+        "--resume",
+        "3@5",
+        "--json",
+    ])
+    .arg(&json)
+    .args(["--set", "source.events_per_mep=1024"]);
+    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(
+        v["summary"]["nodes_missing"],
+        serde_json::json!([]),
+        "{text}"
+    );
+    // Two BUs lost once each (by the EM), 2 credits each.
+    check_exact_accounting(&v, &text, 4);
+    let clean = n(&v, "events_generated") == n(&v, "events_built");
+    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{text}");
+    let failures = v["summary"]["failures"].as_array().unwrap().clone();
+    let events = |node: u64, seen_by: u64| -> Vec<(f64, bool)> {
+        failures
+            .iter()
+            .filter(|f| f["node"] == node && f["seen_by"] == format!("node {seen_by}"))
+            .map(|f| {
+                let what = f["what"].as_str().unwrap();
+                assert!(what.starts_with("lost") || what == "rejoined", "{f}");
+                (f["at_s"].as_f64().unwrap(), what == "rejoined")
+            })
+            .collect()
+    };
+    for seen_by in 0..4u64 {
+        for node in (0..4u64).filter(|&x| x != seen_by) {
+            // Alternating: lost, rejoined, lost, rejoined...
+            let e = events(node, seen_by);
+            for (k, (_, rejoined)) in e.iter().enumerate() {
+                assert_eq!(
+                    *rejoined,
+                    k % 2 == 1,
+                    "node {node} seen by node {seen_by}: {e:?}\n{failures:?}"
+                );
+            }
+            assert!(
+                e.len() % 2 == 0,
+                "node {node} seen by node {seen_by} ends lost: {e:?}\n{failures:?}"
+            );
+        }
+    }
+    // Stopped nodes are lost by the others; the links come back.
+    for (node, by) in [(2, 0), (2, 1), (3, 0), (3, 1)] {
+        assert_eq!(events(node, by).len(), 2, "{failures:?}");
+    }
+    let back = events(2, 3);
+    assert_eq!(back.len(), 2, "node 3 sees node 2 rejoin once: {back:?}");
+    assert!(back[1].0 >= 5.0 && back[1].0 < 6.5, "{back:?}");
+    // Everyone builds at the end.
+    let timeline = v["timeline"].as_array().unwrap();
+    for node in 0..4 {
+        let late: f64 = timeline
+            .iter()
+            .filter(|s| s["t_s"].as_f64().unwrap() > 6.5)
+            .map(|s| s["node_built_gbps"][node].as_f64().unwrap())
+            .sum();
+        assert!(late > 0.0, "node {node} builds nothing at the end: {text}");
+    }
+    for node in v["nodes"].as_array().unwrap() {
+        assert_eq!(node["drain_timed_out"], false, "{text}");
+    }
+}

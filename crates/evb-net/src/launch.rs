@@ -45,7 +45,8 @@ pub struct RunOptions {
 
 /// A signal sent to a node process at a time into the run (testing aid:
 /// `--kill RANK@SECONDS` is a real `kill -9`, `--stop` a SIGSTOP that leaves
-/// the connections open and silent).
+/// the connections open and silent, `--resume` a SIGCONT that lets a stopped
+/// node go on).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InjectedFault {
     pub node: u16,
@@ -76,6 +77,7 @@ impl InjectedFault {
         match self.signal {
             libc::SIGKILL => "killed (SIGKILL)",
             libc::SIGSTOP => "stopped (SIGSTOP)",
+            libc::SIGCONT => "resumed (SIGCONT)",
             _ => "signalled",
         }
     }
@@ -175,6 +177,36 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Ok(k) => k,
         Err(_) => crate::transport::auth::fresh_key_hex(),
     };
+    for f in opts.faults.iter().chain(&opts.restarts) {
+        if f.node as usize >= endpoints {
+            let what = match f.signal {
+                libc::SIGKILL => "--kill",
+                libc::SIGSTOP => "--stop",
+                libc::SIGCONT => "--resume",
+                _ => "--restart",
+            };
+            bail!(
+                "{what} {}@{}: there is no node {} (the run has nodes 0 to {})",
+                f.node,
+                f.at_s,
+                f.node,
+                endpoints - 1
+            );
+        }
+    }
+    for r in opts.faults.iter().filter(|f| f.signal == libc::SIGCONT) {
+        let stopped_before = opts
+            .faults
+            .iter()
+            .any(|f| f.node == r.node && f.signal == libc::SIGSTOP && f.at_s < r.at_s);
+        if !stopped_before {
+            bail!(
+                "--resume {}@{}: resume a node stopped earlier with --stop",
+                r.node,
+                r.at_s
+            );
+        }
+    }
     for r in &opts.restarts {
         let killed_before = opts
             .faults

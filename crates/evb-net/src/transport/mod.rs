@@ -18,7 +18,8 @@
 //! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
 //! re-establishes connections with a lost peer (restarted, or reachable
 //! again) and reports [`LinkEvent::Joined`]; shared memory takes in a
-//! restarted peer's new inbox ([`shm`]); UCX a restarted peer's new worker
+//! restarted peer's new inbox, and re-establishes a link dropped between
+//! two live processes ([`shm`]); UCX a restarted peer's new worker
 //! address, with an epoch that keeps the two incarnations apart ([`ucx`]);
 //! libfabric the same way over tcp;ofi_rxm ([`ofi`]). MPI and libfabric's
 //! other providers do not: a peer they lost stays lost for the rest of the run.

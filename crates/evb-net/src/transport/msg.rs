@@ -15,7 +15,10 @@
 //! the transport reports the old link closed first if it was still up, and
 //! the join at the end of a poll (the one after, when it reported a close),
 //! so that the runtime has handled the loss; what the new incarnation sends
-//! meanwhile is held back and handed over at the next poll.
+//! meanwhile is held back and handed over at the next poll. When the
+//! runtime drops a peer, the engine is asked to re-establish the link
+//! ([`Endpoint::relink`]: shm does, when the peer's process lives); the
+//! new link is reported like a join.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -110,6 +113,12 @@ pub trait Endpoint {
     fn enable_rejoin(&mut self, _restarted: bool) -> bool {
         false
     }
+    /// The runtime gave up the link to this peer (after `drop_peer`), whose
+    /// process may well be alive (stopped for a while, starved of CPU): an
+    /// engine that can re-establishes the link, reported as a
+    /// `PeerJoined` (shm does, through the join slots). The default: it
+    /// stays down.
+    fn relink(&mut self, _peer: usize) {}
 }
 
 /// How long a restarted endpoint waits for the live peers to take it back
@@ -437,7 +446,10 @@ impl<E: Endpoint> MsgTransport<E> {
                 self.drop_peer(rank, events);
                 events.push(LinkEvent::Closed {
                     peer: rank,
-                    error: Some("replaced by a new incarnation of the endpoint".into()),
+                    error: Some(
+                        "replaced by a new link from the endpoint (it restarted, or lost this one)"
+                            .into(),
+                    ),
                 });
                 self.joins_next.push((index, rank));
             } else {
@@ -718,6 +730,13 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 events.push(LinkEvent::SendDone(mep));
             }
         }
+        // The link may come back (unless this is the old link of a join
+        // under way, or the run is over for us).
+        if !self.joining[p] && !self.finished {
+            if let Some(index) = self.peer_index[p] {
+                self.ep.relink(index);
+            }
+        }
     }
 
     fn peer_active(&self, peer: NodeId) -> bool {
@@ -777,6 +796,7 @@ mod tests {
     #[derive(Default)]
     struct Scripted {
         next: VecDeque<Vec<Completion>>,
+        relinks: Vec<usize>,
     }
 
     impl Endpoint for Scripted {
@@ -801,6 +821,9 @@ mod tests {
         }
         fn wait(&mut self, _timeout: Duration) -> Result<()> {
             Ok(())
+        }
+        fn relink(&mut self, peer: usize) {
+            self.relinks.push(peer);
         }
     }
 
@@ -882,6 +905,26 @@ mod tests {
         t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
         assert_eq!(seen.alive, vec![1]);
         assert!(events.is_empty(), "{events:?}");
+        // The old link dropped for the join is not one to re-establish.
+        assert!(t.endpoint().relinks.is_empty());
+    }
+
+    /// The runtime dropping a peer asks the engine to re-establish the
+    /// link (an engine that cannot ignores it); not once the run is over.
+    #[test]
+    fn a_dropped_peer_is_relinked_unless_finished() {
+        let config = Config::load(None, &["nodes.count=3".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut t = MsgTransport::new(Scripted::default(), &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        t.peer_index[2] = Some(1);
+        let mut events = Vec::new();
+        t.drop_peer(1, &mut events);
+        t.drop_peer(1, &mut events);
+        assert_eq!(t.endpoint().relinks, vec![0]);
+        t.finish();
+        t.drop_peer(2, &mut events);
+        assert_eq!(t.endpoint().relinks, vec![0]);
     }
 
     /// A join after the runtime dropped the peer: reported at the end of

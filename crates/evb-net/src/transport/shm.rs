@@ -28,6 +28,22 @@
 //! reads the dead incarnation's records as the new one's; the generation
 //! tells one request (and so one incarnation) from the next. Inboxes stay
 //! 0600 and a peer maps only one owned by its own user.
+//!
+//! Relink (always on): a link the runtime dropped while the peer's process
+//! is still there (it was stopped, or starved of CPU, or this one was)
+//! comes back through the same join slots, with the mappings both ends
+//! still hold. The dropping side stops writing into the peer's ring and
+//! reading the peer's ring in its own inbox, then asks with its own pid and
+//! the next *link epoch*. The peer sees the same pid and a newer epoch:
+//! what its ring from the asker holds was all written before the request,
+//! so it drops it (tail to head), and answers with the position where its
+//! own writes of the new link start in the asker's inbox (`JOIN_HEAD`,
+//! before the accepted generation); the asker reads from there. No record
+//! of the old link is read after the relink, none twice. Both ends asking
+//! at once: the lower rank answers (the higher waits for that answer, and
+//! its own request is then for the epoch the link has: ignored). A link
+//! dropped again within 5 s of coming back is asked for after a backoff
+//! (50 ms doubling to 1 s).
 
 use std::collections::VecDeque;
 use std::ffi::CString;
@@ -42,10 +58,10 @@ use super::Progress;
 
 /// Messages up to this size travel inside the ring.
 pub const INLINE_MAX: usize = 16 << 10;
-const MAGIC: u64 = 0x6576_625f_7368_6d32; // "evb_shm2"
+const MAGIC: u64 = 0x6576_625f_7368_6d33; // "evb_shm3"
 /// Where the join slots start in an inbox's header, and the size of one.
 const JOIN_SLOTS: usize = 256;
-const JOIN_SLOT_BYTES: usize = 32;
+const JOIN_SLOT_BYTES: usize = 64;
 const RING_CONTROL_BYTES: usize = 256;
 const RECORD_HEADER: usize = 32;
 const KIND_INLINE: u32 = 1;
@@ -216,11 +232,16 @@ impl Geometry {
     /// Counts join requests, so that a poll reads one word to know of any.
     const JOIN_BELL: usize = 192;
     // Within a join slot: the joiner's generation of requests (it adds one
-    // per request, after writing its pid), its pid, and the generation the
-    // inbox's owner accepted (written after it reset the sender's ring).
+    // per request, after writing its pid and the link epoch it asks for),
+    // its pid, the generation the inbox's owner accepted (written after it
+    // reset the sender's ring), the epoch asked for, and where the owner's
+    // writes of the new link start in the joiner's inbox (written before
+    // the accepted generation).
     const JOIN_GEN: usize = 0;
     const JOIN_PID: usize = 8;
     const JOIN_ACK: usize = 16;
+    const JOIN_EPOCH: usize = 24;
+    const JOIN_HEAD: usize = 32;
     // Within a ring's control block: producer and consumer positions on
     // separate cache lines.
     const HEAD: usize = 0;
@@ -243,10 +264,27 @@ struct Peer {
     /// crash is noticed at once instead of after the heartbeat timeout.
     exit_fd: Option<OwnedFd>,
     exit_reported: bool,
-    /// This (restarted) endpoint asked the peer to take it back with this
-    /// request generation and has no answer yet: nothing goes either way.
+    /// This endpoint (restarted, or relinking) asked the peer to take it
+    /// back with this request generation and has no answer yet: nothing
+    /// goes either way.
     awaiting: Option<u64>,
+    /// The link epoch that request asks for.
+    asked_epoch: u64,
+    /// The runtime dropped the link while the process is alive: ask the
+    /// peer to re-establish it at this time (after a backoff).
+    relink_at: Option<Instant>,
+    /// When the link last came back (a relink or a join), and the backoff
+    /// before the next request if it is dropped again soon.
+    linked_at: Option<Instant>,
+    backoff: Duration,
 }
+
+/// A relink requested within this long of the previous one waits a
+/// backoff, from the first value doubling to the last: a link that keeps
+/// dropping (a peer starved for seconds) is not re-established in a loop.
+const RELINK_STABLE: Duration = Duration::from_secs(5);
+const RELINK_FIRST: Duration = Duration::from_millis(50);
+const RELINK_MAX: Duration = Duration::from_secs(1);
 
 /// How often the peers' pidfds are polled.
 const EXIT_CHECK: Duration = Duration::from_millis(20);
@@ -323,8 +361,11 @@ pub struct ShmEndpoint {
     restarted: bool,
     /// Per sender: the join request generation last handled.
     join_seen: Vec<u64>,
-    /// The join bell when every request it counted was handled.
+    /// The join bell at the last look at the join slots.
     join_bell_seen: u64,
+    /// Per endpoint: the epoch of our link with it (one more each time the
+    /// link is re-established, as both ends agree through the join slots).
+    epochs: Vec<u64>,
 }
 
 impl ShmEndpoint {
@@ -371,6 +412,7 @@ impl ShmEndpoint {
             restarted: false,
             join_seen: vec![0; endpoints as usize],
             join_bell_seen: 0,
+            epochs: vec![0; endpoints as usize],
         })
     }
 
@@ -448,12 +490,11 @@ impl ShmEndpoint {
                 return true;
             }
         }
-        if self.rejoin
-            && self
-                .inbox
-                .atomic_u64(Geometry::JOIN_BELL)
-                .load(Ordering::Acquire)
-                != self.join_bell_seen
+        if self
+            .inbox
+            .atomic_u64(Geometry::JOIN_BELL)
+            .load(Ordering::Acquire)
+            != self.join_bell_seen
         {
             return true;
         }
@@ -632,22 +673,25 @@ impl ShmEndpoint {
             exit_fd: pidfd_open(pid),
             exit_reported: false,
             awaiting: None,
+            asked_epoch: 0,
+            relink_at: None,
+            linked_at: None,
+            backoff: Duration::ZERO,
         })
     }
 
-    /// A restarted endpoint's link to a live peer: it writes its pid in
-    /// its slot of the peer's inbox and rings; the link is up when the
-    /// peer answers ([`Self::check_answers`]).
-    fn ask_to_join(&self, path: &str, pid: i32, rank: usize) -> Result<Peer> {
-        let exit_fd = pidfd_open(pid);
-        if !process_alive(pid, exit_fd.as_ref()) {
-            bail!("process {pid} has exited");
-        }
-        let mut peer = self.attach(path, pid, rank)?;
+    /// Asks peer `i` to (re)link: our pid, the link epoch asked for and a
+    /// new request generation in our slot of its inbox, then its bell.
+    /// Nothing goes either way until it answers ([`Self::check_answers`]).
+    fn request_link(&mut self, i: usize) {
         let slot = self.geo.join_slot(self.rank);
-        let map = &peer.map;
+        let epoch = self.epochs[self.peers[i].rank] + 1;
+        let p = &mut self.peers[i];
+        let map = &p.map;
         map.atomic_u64(slot + Geometry::JOIN_PID)
             .store(u64::from(std::process::id()), Ordering::Release);
+        map.atomic_u64(slot + Geometry::JOIN_EPOCH)
+            .store(epoch, Ordering::Release);
         let gen = map
             .atomic_u64(slot + Geometry::JOIN_GEN)
             .fetch_add(1, Ordering::AcqRel)
@@ -655,19 +699,57 @@ impl ShmEndpoint {
         map.atomic_u64(Geometry::JOIN_BELL)
             .fetch_add(1, Ordering::SeqCst);
         Self::ring_doorbell(map);
-        peer.awaiting = Some(gen);
-        Ok(peer)
+        p.awaiting = Some(gen);
+        p.asked_epoch = epoch;
+        p.relink_at = None;
     }
 
-    /// The peers that answered this restarted endpoint's request: the
-    /// ring it writes in their inbox is reset, the link is up.
+    /// Relinks that are due: the runtime dropped the link, the peer's
+    /// process is still there. We stop reading its ring (what is in it
+    /// belongs to the dropped link; the answer says where the new one
+    /// starts) and, since our writes stop too, ask.
+    fn start_relinks(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.peers.len() {
+            let p = &mut self.peers[i];
+            if p.relink_at.is_none_or(|t| t > now) {
+                continue;
+            }
+            if !process_alive(p.pid, p.exit_fd.as_ref()) {
+                // Gone: only a new incarnation can come back (it asks us).
+                p.relink_at = None;
+                continue;
+            }
+            self.sender_peer[p.rank] = None;
+            self.request_link(i);
+        }
+    }
+
+    /// A restarted endpoint's link to a live peer: it writes its pid in
+    /// its slot of the peer's inbox and rings; the link is up when the
+    /// peer answers ([`Self::check_answers`]).
+    fn ask_to_join(&mut self, path: &str, pid: i32, rank: usize) -> Result<usize> {
+        let exit_fd = pidfd_open(pid);
+        if !process_alive(pid, exit_fd.as_ref()) {
+            bail!("process {pid} has exited");
+        }
+        let peer = self.attach(path, pid, rank)?;
+        self.peers.push(peer);
+        let i = self.peers.len() - 1;
+        self.request_link(i);
+        Ok(i)
+    }
+
+    /// The peers that answered this endpoint's request (a restarted one's,
+    /// or a relink): the ring we write in their inbox is reset, our reading
+    /// of theirs starts where the answer says, the link is up.
     fn check_answers(&mut self, out: &mut Vec<Completion>) {
+        let slot = self.geo.join_slot(self.rank);
         for i in 0..self.peers.len() {
             let p = &mut self.peers[i];
             let Some(gen) = p.awaiting else {
                 continue;
             };
-            let slot = self.geo.join_slot(self.rank);
             if p.map
                 .atomic_u64(slot + Geometry::JOIN_ACK)
                 .load(Ordering::Acquire)
@@ -676,6 +758,7 @@ impl ShmEndpoint {
                 continue;
             }
             p.awaiting = None;
+            p.linked_at = Some(Instant::now());
             p.head = p
                 .map
                 .atomic_u64(p.ring + Geometry::HEAD)
@@ -684,8 +767,39 @@ impl ShmEndpoint {
                 .map
                 .atomic_u64(p.ring + Geometry::TAIL)
                 .load(Ordering::Acquire);
+            // What the peer wrote into our inbox before its answer belongs
+            // to the old link: never read.
+            let from = p
+                .map
+                .atomic_u64(slot + Geometry::JOIN_HEAD)
+                .load(Ordering::Acquire);
             let rank = p.rank;
+            let pid = p.pid;
+            self.epochs[rank] = p.asked_epoch;
+            self.tails[rank] = from;
+            self.publish_tail(rank);
             self.sender_peer[rank] = Some(i);
+            // The peer (the same process) already gave up the link it
+            // answered with, and asks for a newer one: take that at once,
+            // one join, rather than a join, a loss and a join.
+            let slot = self.geo.join_slot(rank);
+            let gen = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_GEN)
+                .load(Ordering::Acquire);
+            let asker = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_PID)
+                .load(Ordering::Acquire) as i32;
+            let epoch = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_EPOCH)
+                .load(Ordering::Acquire);
+            if gen != self.join_seen[rank] && asker == pid && epoch > self.epochs[rank] {
+                self.join_seen[rank] = gen;
+                self.accept_relink(i, gen, epoch, out);
+                continue;
+            }
             out.push(Completion::PeerJoined {
                 peer: i,
                 rank: rank as u16,
@@ -693,11 +807,9 @@ impl ShmEndpoint {
         }
     }
 
-    /// Takes in the new incarnations of peers that asked to join.
+    /// Takes in the peers that asked to (re)link: new incarnations, and
+    /// live processes that lost the link.
     fn check_joins(&mut self, out: &mut Vec<Completion>, retry: bool) {
-        if !self.rejoin {
-            return;
-        }
         let bell = self
             .inbox
             .atomic_u64(Geometry::JOIN_BELL)
@@ -705,7 +817,8 @@ impl ShmEndpoint {
         if bell == self.join_bell_seen && !retry {
             return;
         }
-        let mut all_handled = true;
+        // Requests not taken now are looked at again on the next retry.
+        self.join_bell_seen = bell;
         let me = self.rank;
         for r in (0..self.geo.endpoints).filter(|&r| r != me) {
             let slot = self.geo.join_slot(r);
@@ -720,33 +833,55 @@ impl ShmEndpoint {
                 .inbox
                 .atomic_u64(slot + Geometry::JOIN_PID)
                 .load(Ordering::Acquire) as i32;
-            if self.accept_join(r, pid, gen, out) {
+            let epoch = self
+                .inbox
+                .atomic_u64(slot + Geometry::JOIN_EPOCH)
+                .load(Ordering::Acquire);
+            if self.accept_join(r, pid, gen, epoch, out) {
                 self.join_seen[r] = gen;
-            } else {
-                all_handled = false;
             }
-        }
-        if all_handled {
-            self.join_bell_seen = bell;
         }
     }
 
-    /// Process `pid` says it is endpoint `r` again (request `gen`): once
-    /// the old incarnation is gone, map the new one's inbox, drop what the
-    /// old one left unread in our ring, and answer. False: not yet (the old
-    /// process still runs).
-    fn accept_join(&mut self, r: usize, pid: i32, gen: u64, out: &mut Vec<Completion>) -> bool {
+    /// Process `pid` asks to be endpoint `r`'s link again (request `gen`,
+    /// link epoch `epoch`). The same process as before: a relink. Another:
+    /// a new incarnation, taken once the old one is gone (it could still
+    /// write into its ring). False: not yet.
+    fn accept_join(
+        &mut self,
+        r: usize,
+        pid: i32,
+        gen: u64,
+        epoch: u64,
+        out: &mut Vec<Completion>,
+    ) -> bool {
         let index = self.peers.iter().position(|p| p.rank == r);
-        if let Some(old) = index.map(|i| &self.peers[i]) {
-            // The same process: nothing new, or both ends restarted and
-            // asked each other; the lower rank's answer links both ways.
-            if old.pid == pid && (old.awaiting.is_none() || self.rank > r) {
+        if let Some(i) = index {
+            let old = &self.peers[i];
+            if old.pid == pid {
+                if old.awaiting.is_some() {
+                    // Both ends asked: the lower rank's answer links both
+                    // ways; the higher waits for it (then this request is
+                    // one for the epoch it already has).
+                    if self.rank > r {
+                        return false;
+                    }
+                } else if epoch <= self.epochs[r] {
+                    // The link is at that epoch already (both ends asked,
+                    // and ours was answered).
+                    return true;
+                }
+                self.accept_relink(i, gen, epoch, out);
                 return true;
             }
-            if old.pid != pid && process_alive(old.pid, old.exit_fd.as_ref()) {
+            if process_alive(old.pid, old.exit_fd.as_ref()) {
                 // It could still write into its ring: wait for its end.
                 return false;
             }
+        }
+        if !self.rejoin {
+            eprintln!("evb shm: endpoint {r} asked to join as process {pid}, and this run does not restart nodes");
+            return true;
         }
         let path = inbox_path(self.run_id, r, pid as u32);
         let new_fd = pidfd_open(pid);
@@ -754,13 +889,14 @@ impl ShmEndpoint {
             eprintln!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
             return true;
         }
-        let peer = match self.attach(&path, pid, r) {
+        let mut peer = match self.attach(&path, pid, r) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
                 return true;
             }
         };
+        peer.linked_at = Some(Instant::now());
         // Whatever the dead incarnation left in our ring is never read:
         // the new one writes from position 0 once it sees the answer.
         let ring = self.geo.ring(r);
@@ -781,16 +917,49 @@ impl ShmEndpoint {
                 self.peers.len() - 1
             }
         };
-        self.sender_peer[r] = Some(index);
+        self.answer(index, gen, epoch, out);
+        true
+    }
+
+    /// Peer `i`, the same process as before, asks to re-establish the link
+    /// (it lost it, or both ends did): it stopped writing into our ring
+    /// before it asked, so what is in there now is all the old link's and
+    /// is dropped; our writes so far are the old link's too, and the
+    /// answer tells it where ours of the new link start.
+    fn accept_relink(&mut self, i: usize, gen: u64, epoch: u64, out: &mut Vec<Completion>) {
+        let r = self.peers[i].rank;
+        let head = self
+            .inbox
+            .atomic_u64(self.geo.ring(r) + Geometry::HEAD)
+            .load(Ordering::Acquire);
+        self.tails[r] = head;
+        self.publish_tail(r);
+        let p = &mut self.peers[i];
+        // Our own request, if any, is answered by this.
+        p.awaiting = None;
+        p.relink_at = None;
+        p.linked_at = Some(Instant::now());
+        self.answer(i, gen, epoch, out);
+    }
+
+    /// Answers request `gen` of peer `i`: where our writes of the new link
+    /// start in its inbox, then the generation; the link is up.
+    fn answer(&mut self, i: usize, gen: u64, epoch: u64, out: &mut Vec<Completion>) {
+        let r = self.peers[i].rank;
+        let slot = self.geo.join_slot(r);
         self.inbox
-            .atomic_u64(self.geo.join_slot(r) + Geometry::JOIN_ACK)
+            .atomic_u64(slot + Geometry::JOIN_HEAD)
+            .store(self.peers[i].head, Ordering::Release);
+        self.epochs[r] = epoch;
+        self.sender_peer[r] = Some(i);
+        self.inbox
+            .atomic_u64(slot + Geometry::JOIN_ACK)
             .store(gen, Ordering::Release);
-        Self::ring_doorbell(&self.peers[index].map);
+        Self::ring_doorbell(&self.peers[i].map);
         out.push(Completion::PeerJoined {
-            peer: index,
+            peer: i,
             rank: r as u16,
         });
-        true
     }
 
     fn publish_tail(&self, s: usize) {
@@ -877,9 +1046,7 @@ impl Endpoint for ShmEndpoint {
             );
         }
         if self.restarted && rank != self.rank {
-            let peer = self.ask_to_join(path, pid, rank)?;
-            self.peers.push(peer);
-            return Ok(self.peers.len() - 1);
+            return self.ask_to_join(path, pid, rank);
         }
         let peer = self.attach(path, pid, rank)?;
         self.peers.push(peer);
@@ -908,7 +1075,7 @@ impl Endpoint for ShmEndpoint {
             self.ring_data(&p.map, p.ring)
         };
         let p = &mut self.peers[peer];
-        if p.awaiting.is_some() {
+        if p.awaiting.is_some() || p.relink_at.is_some() {
             return Ok(false);
         }
         let tail = p
@@ -949,11 +1116,10 @@ impl Endpoint for ShmEndpoint {
 
     fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         // Joins first: a reset ring is read only after the join is told.
-        let retry = self.rejoin && Instant::now() >= self.next_exit_check;
+        self.start_relinks();
+        let retry = Instant::now() >= self.next_exit_check;
         self.check_joins(out, retry);
-        if self.restarted {
-            self.check_answers(out);
-        }
+        self.check_answers(out);
         // Receive: a bounded number per ring per call, round robin.
         let mut consumed_from = Vec::new();
         for s in 0..self.geo.endpoints {
@@ -1058,6 +1224,27 @@ impl Endpoint for ShmEndpoint {
         if !self.rejoin {
             self.unlink();
         }
+    }
+
+    /// The runtime dropped the link to this peer. If its process is still
+    /// there (it was stopped, or starved of CPU, or we were), ask it to
+    /// re-establish the link: at once the first time, after a growing
+    /// backoff when the link came back only a moment ago.
+    fn relink(&mut self, peer: usize) {
+        let Some(p) = self.peers.get_mut(peer) else {
+            return;
+        };
+        if p.awaiting.is_some() || p.relink_at.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        p.backoff = match p.linked_at {
+            Some(t) if now.duration_since(t) < RELINK_STABLE => {
+                (p.backoff * 2).clamp(RELINK_FIRST, RELINK_MAX)
+            }
+            _ => Duration::ZERO,
+        };
+        p.relink_at = Some(now + p.backoff);
     }
 
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
@@ -1216,6 +1403,170 @@ mod tests {
         };
         assert_eq!(joins, vec![(0, 1)]);
         assert_eq!(received(&mut new).1, vec![(0, 0)]);
+    }
+
+    fn sent(ep: &mut ShmEndpoint, peer: usize, msg: &[u8]) -> bool {
+        ep.send(peer, 1, msg.to_vec(), None, 0).unwrap()
+    }
+
+    /// Two live endpoints, linked, with receive buffers.
+    fn linked_pair(run_id: u32) -> (ShmEndpoint, ShmEndpoint, usize, usize) {
+        let ring_bytes = 1u32 << 16;
+        let mut a = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        let mut b = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        let b_to_a = b.add_peer(&a.local_address()).unwrap();
+        for _ in 0..16 {
+            a.post_recv(vec![0; 4096]).unwrap();
+            b.post_recv(vec![0; 4096]).unwrap();
+        }
+        a.setup_done();
+        b.setup_done();
+        (a, b, a_to_b, b_to_a)
+    }
+
+    /// A link dropped while both processes live (here: the same one): the
+    /// side that dropped it asks through its join slot; the other takes it,
+    /// drops what the old link left in its ring and answers with where its
+    /// new writes start. Neither reads a record of the old link after that,
+    /// none is read twice, and the new link carries messages both ways.
+    #[test]
+    fn a_dropped_link_between_live_endpoints_relinks() {
+        let run_id = 0x4000_0000 | (std::process::id() & 0xffff);
+        let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
+        assert_eq!(received(&mut a), (vec![], vec![]));
+        assert!(sent(&mut b, b_to_a, b"b-old-read"));
+        assert_eq!(received(&mut a).0, vec![b"b-old-read".to_vec()]);
+        // Unread when a drops the link (b was silent, say, and these are
+        // late): both directions hold old records.
+        assert!(sent(&mut a, a_to_b, b"a-old-1"));
+        assert!(sent(&mut a, a_to_b, b"a-old-2"));
+        assert!(sent(&mut b, b_to_a, b"b-old-1"));
+        a.relink(a_to_b);
+        // Nothing goes from a until b answers.
+        assert!(!sent(&mut a, a_to_b, b"a-early"));
+        assert_eq!(received(&mut a), (vec![], vec![]), "b has not answered");
+        assert!(sent(&mut b, b_to_a, b"b-old-2"));
+        // b takes the request: a join, and a's old records are never read.
+        let (msgs, joins) = received(&mut b);
+        assert_eq!(joins, vec![(b_to_a, 0)]);
+        assert!(msgs.is_empty(), "old records read: {msgs:?}");
+        assert!(sent(&mut b, b_to_a, b"b-new-1"));
+        // a sees the answer, skips b's old records, reads the new one.
+        let (msgs, joins) = received(&mut a);
+        assert_eq!(joins, vec![(a_to_b, 1)]);
+        assert_eq!(msgs, vec![b"b-new-1".to_vec()]);
+        assert!(sent(&mut a, a_to_b, b"a-new-1"));
+        assert_eq!(received(&mut b), (vec![b"a-new-1".to_vec()], vec![]));
+        // Once only; both at epoch 1.
+        assert_eq!(received(&mut a), (vec![], vec![]));
+        assert_eq!(received(&mut b), (vec![], vec![]));
+        assert_eq!((a.epochs[1], b.epochs[0]), (1, 1));
+        // b's sends of the old link completed (a's tail passed them).
+        let mut out = Vec::new();
+        b.progress(&mut out).unwrap();
+        assert!(b.peers[b_to_a].pending.is_empty());
+    }
+
+    /// Both ends dropped the link and asked at the same time: the lower
+    /// rank answers, the higher one's request is then one for the epoch it
+    /// has, and is not taken again. One join each side, and no second one.
+    #[test]
+    fn both_ends_relinking_at_once_join_once() {
+        let run_id = 0x4100_0000 | (std::process::id() & 0xffff);
+        let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
+        assert!(sent(&mut a, a_to_b, b"a-old"));
+        assert!(sent(&mut b, b_to_a, b"b-old"));
+        a.relink(a_to_b);
+        b.relink(b_to_a);
+        // b (rank 1) sees a's request first: it waits for a's answer.
+        let mut joins_a = Vec::new();
+        let mut joins_b = Vec::new();
+        let mut msgs = Vec::new();
+        for _ in 0..3 {
+            let (m, j) = received(&mut b);
+            msgs.extend(m);
+            joins_b.extend(j);
+            let (m, j) = received(&mut a);
+            msgs.extend(m);
+            joins_a.extend(j);
+            std::thread::sleep(EXIT_CHECK);
+        }
+        assert!(msgs.is_empty(), "old records read: {msgs:?}");
+        assert_eq!(joins_a, vec![(a_to_b, 1)]);
+        assert_eq!(joins_b, vec![(b_to_a, 0)]);
+        assert_eq!((a.epochs[1], b.epochs[0]), (1, 1));
+        assert!(sent(&mut a, a_to_b, b"a-new"));
+        assert!(sent(&mut b, b_to_a, b"b-new"));
+        assert_eq!(received(&mut b), (vec![b"a-new".to_vec()], vec![]));
+        assert_eq!(received(&mut a), (vec![b"b-new".to_vec()], vec![]));
+        // A second drop soon after: a relinks again after a backoff.
+        a.relink(a_to_b);
+        let asked = a.peers[a_to_b].relink_at.expect("scheduled");
+        assert!(asked >= Instant::now() + RELINK_FIRST / 2);
+        std::thread::sleep(RELINK_FIRST + EXIT_CHECK);
+        assert_eq!(received(&mut a).1, vec![]);
+        assert_eq!(received(&mut b).1, vec![(b_to_a, 0)]);
+        assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
+        assert_eq!((a.epochs[1], b.epochs[0]), (2, 2));
+    }
+
+    /// An answer to a link the peer has given up again already (it
+    /// answered our request while we were stopped, then dropped the link
+    /// and asked for a newer one): we go straight to the newer link, one
+    /// join, and never read what the peer wrote on the link in between.
+    #[test]
+    fn an_answer_already_superseded_is_one_join() {
+        let run_id = 0x4300_0000 | (std::process::id() & 0xffff);
+        let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
+        b.relink(b_to_a);
+        assert_eq!(received(&mut b), (vec![], vec![]));
+        // a answers (epoch 1), writes on that link, then drops it again.
+        assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
+        assert!(sent(&mut a, a_to_b, b"a-epoch-1"));
+        a.relink(a_to_b);
+        std::thread::sleep(RELINK_FIRST + EXIT_CHECK);
+        assert_eq!(received(&mut a), (vec![], vec![]));
+        assert!(a.peers[a_to_b].awaiting.is_some(), "a asked again");
+        // b runs again: one join, at epoch 2, nothing of epoch 1 read.
+        let (msgs, joins) = received(&mut b);
+        assert_eq!(joins, vec![(b_to_a, 0)]);
+        assert!(msgs.is_empty(), "{msgs:?}");
+        assert_eq!(b.epochs[0], 2);
+        assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
+        assert_eq!(a.epochs[1], 2);
+        std::thread::sleep(EXIT_CHECK);
+        assert_eq!(received(&mut b), (vec![], vec![]), "no second join");
+        assert!(sent(&mut a, a_to_b, b"a-epoch-2"));
+        assert!(sent(&mut b, b_to_a, b"b-epoch-2"));
+        assert_eq!(received(&mut b).0, vec![b"a-epoch-2".to_vec()]);
+        assert_eq!(received(&mut a).0, vec![b"b-epoch-2".to_vec()]);
+    }
+
+    /// A relink with a peer whose process is gone is not asked for: only a
+    /// new incarnation can come back.
+    #[test]
+    fn no_relink_with_a_dead_process() {
+        let run_id = 0x4200_0000 | (std::process::id() & 0xffff);
+        let ring_bytes = 1u32 << 16;
+        let mut a = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        let b = ShmEndpoint::open(run_id, 1, 2, ring_bytes, Progress::Blocking).unwrap();
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id() as i32;
+        dead.wait().unwrap();
+        let mut addr = b.local_address();
+        addr[0..4].copy_from_slice(&dead_pid.to_le_bytes());
+        let a_to_b = a.add_peer(&addr).unwrap();
+        a.relink(a_to_b);
+        let _ = received(&mut a);
+        assert_eq!(a.peers[a_to_b].awaiting, None);
+        let slot = a.geo.join_slot(0);
+        assert_eq!(
+            b.inbox
+                .atomic_u64(slot + Geometry::JOIN_GEN)
+                .load(Ordering::Acquire),
+            0
+        );
     }
 
     /// A peer's state as the silence check sees it: a spinning process is

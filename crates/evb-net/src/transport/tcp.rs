@@ -386,6 +386,17 @@ impl TcpTransport {
                     );
                     self.deferred.push(inc);
                 }
+                // Its old connection closed in this poll (a peer resumed
+                // after SIGSTOP reads the end of the connection we dropped
+                // and our re-dial at once): the runtime handles that loss,
+                // and drops the peer, before it learns of the join, or the
+                // drop would close the new connection too.
+                None if events
+                    .iter()
+                    .any(|e| matches!(e, LinkEvent::Closed { peer, .. } if *peer == inc.peer)) =>
+                {
+                    self.deferred.push(inc)
+                }
                 None => self.join(inc, events),
             }
         }
