@@ -3,10 +3,17 @@
 //! working baseline.
 
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// One test at a time: each runs `make fi_bw`, and in a fresh checkout one
+/// would exec the binary while the other is still writing it ("Text file
+/// busy").
+static SERIAL: Mutex<()> = Mutex::new(());
 
 #[test]
 fn fi_bw_runs_over_tcp_loopback() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/peers/fi_bw.sh");
     let started = Instant::now();
     // fi_bw's own alarm (-t) bounds the run; `timeout` guards the script too.
@@ -51,6 +58,7 @@ fn fi_bw_runs_over_tcp_loopback() {
 /// that is not a power of two is refused before anything starts.
 #[test]
 fn fi_bw_runs_one_size_for_a_given_volume() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/peers/fi_bw.sh");
     let out = Command::new("timeout")
         .args([
