@@ -316,15 +316,17 @@ fn restarts_keep_the_default_shm_transport() {
 }
 
 /// What a kill and a restart of node 2 over `transport` must give.
-fn check_restart(transport: &str) {
-    check_restart_noticed_within(transport, 1.0);
-}
-
-/// `check_restart`, every survivor noticing the death within `notice_s`.
-fn check_restart_noticed_within(transport: &str, notice_s: f64) {
+/// `evb run --nodes 4 --duration 8 --progress never FAULTS --json` with
+/// 1024 events a MEP, over `transport` (None: the default), bounded in
+/// time: its exit, its output and the run JSON (written as `name`.json).
+fn run_8s(
+    name: &str,
+    faults: &[&str],
+    transport: Option<&str>,
+) -> (std::process::Output, String, Value) {
     let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("restart-{transport}.json"));
+    let json = dir.join(format!("{name}.json"));
     let started = std::time::Instant::now();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
     cmd.args([
@@ -335,19 +337,33 @@ fn check_restart_noticed_within(transport: &str, notice_s: f64) {
         "8",
         "--progress",
         "never",
-        "--kill",
-        "2@1.5",
-        "--restart",
-        "2@3",
-        "--json",
     ])
+    .args(faults)
+    .arg("--json")
     .arg(&json)
-    .args(["--set", "source.events_per_mep=1024"])
-    .args(["--set", &format!("transport.kind={transport}")]);
+    .args(["--set", "source.events_per_mep=1024"]);
+    if let Some(t) = transport {
+        cmd.args(["--set", &format!("transport.kind={t}")]);
+    }
     let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(120));
     assert!(started.elapsed() < Duration::from_secs(40), "{text}");
+    let report = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let v: Value = serde_json::from_str(&report).unwrap();
+    (out, text, v)
+}
+
+fn check_restart(transport: &str) {
+    check_restart_noticed_within(transport, 1.0);
+}
+
+/// `check_restart`, every survivor noticing the death within `notice_s`.
+fn check_restart_noticed_within(transport: &str, notice_s: f64) {
+    let (out, text, v) = run_8s(
+        &format!("restart-{transport}"),
+        &["--kill", "2@1.5", "--restart", "2@3"],
+        Some(transport),
+    );
     assert!(text.contains(&format!("over {transport}")), "{text}");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     // Events of the dead incarnation's unfinished MEPs are lost: a failure.
     assert_eq!(out.status.code(), Some(1), "{text}");
     // The restarted node reported: nobody is missing at the end.
@@ -477,32 +493,12 @@ fn check_exact_accounting(v: &Value, text: &str, credits: u64) {
 /// and node 2 each report the others' rejoin), the EM re-admits it and it
 /// builds again; every event keeps exactly one fate, nothing times out.
 fn check_stop_resume(transport: &str) {
-    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("resume-{transport}.json"));
-    let started = std::time::Instant::now();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
-    cmd.args([
-        "run",
-        "--nodes",
-        "4",
-        "--duration",
-        "8",
-        "--progress",
-        "never",
-        "--stop",
-        "2@1.5",
-        "--resume",
-        "2@3.5",
-        "--json",
-    ])
-    .arg(&json)
-    .args(["--set", "source.events_per_mep=1024"])
-    .args(["--set", &format!("transport.kind={transport}")]);
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
-    assert!(started.elapsed() < Duration::from_secs(40), "{text}");
+    let (out, text, v) = run_8s(
+        &format!("resume-{transport}"),
+        &["--stop", "2@1.5", "--resume", "2@3.5"],
+        Some(transport),
+    );
     assert!(text.contains(&format!("over {transport}")), "{text}");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     // Node 2 lived through it and reported.
     assert_eq!(
         v["summary"]["nodes_missing"],
@@ -653,32 +649,13 @@ fn a_bad_resume_is_refused() {
 /// every event keeps exactly one fate.
 #[test]
 fn overlapping_stops_relink_every_link_over_shm() {
-    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("resume-overlap.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
-    cmd.args([
-        "run",
-        "--nodes",
-        "4",
-        "--duration",
-        "8",
-        "--progress",
-        "never",
-        "--stop",
-        "2@1.5",
-        "--resume",
-        "2@3.5",
-        "--stop",
-        "3@3",
-        "--resume",
-        "3@5",
-        "--json",
-    ])
-    .arg(&json)
-    .args(["--set", "source.events_per_mep=1024"]);
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (out, text, v) = run_8s(
+        "resume-overlap",
+        &[
+            "--stop", "2@1.5", "--resume", "2@3.5", "--stop", "3@3", "--resume", "3@5",
+        ],
+        None,
+    );
     assert_eq!(
         v["summary"]["nodes_missing"],
         serde_json::json!([]),

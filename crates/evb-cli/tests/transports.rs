@@ -126,16 +126,23 @@ fn slow_receiver_backpressure(transport: &str) {
     }
 }
 
-/// The last rank kills itself mid-exchange: the others notice within a
-/// bound, get everything from the living, and finish.
-fn dead_peer_detected(transport: &str) {
-    let _serial = serial();
+/// Four ranks, the last killing itself after 100 messages: the run ends
+/// cleanly without it. Returns the workers' reports and the output.
+fn run_with_a_death(transport: &str) -> (Vec<Value>, String) {
     let (code, workers, text) = conformance(
         transport,
         &["--ranks", "4", "--messages", "300", "--die-after", "100"],
     );
     assert_eq!(code, 0, "{transport}\n{text}");
     assert!(workers[3].is_null(), "rank 3 should have died\n{text}");
+    (workers, text)
+}
+
+/// The last rank kills itself mid-exchange: the others notice within a
+/// bound, get everything from the living, and finish.
+fn dead_peer_detected(transport: &str) {
+    let _serial = serial();
+    let (workers, text) = run_with_a_death(transport);
     for (rank, w) in workers.iter().take(3).enumerate() {
         let got = received(w);
         for (p, &n) in got.iter().enumerate().take(3) {
@@ -263,12 +270,7 @@ mod ofi_shm {
 /// asserted (see `ofi_shm`).
 fn dead_peer_seen_and_nothing_hangs(transport: &str) {
     let _serial = serial();
-    let (code, workers, text) = conformance(
-        transport,
-        &["--ranks", "4", "--messages", "300", "--die-after", "100"],
-    );
-    assert_eq!(code, 0, "{transport}\n{text}");
-    assert!(workers[3].is_null(), "rank 3 should have died\n{text}");
+    let (workers, text) = run_with_a_death(transport);
     for (rank, w) in workers.iter().take(3).enumerate() {
         let lost = w["lost_peers"].as_array().unwrap();
         let dead = lost
