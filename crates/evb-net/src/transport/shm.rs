@@ -782,19 +782,7 @@ impl ShmEndpoint {
             // The peer (the same process) already gave up the link it
             // answered with, and asks for a newer one: take that at once,
             // one join, rather than a join, a loss and a join.
-            let slot = self.geo.join_slot(rank);
-            let gen = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_GEN)
-                .load(Ordering::Acquire);
-            let asker = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_PID)
-                .load(Ordering::Acquire) as i32;
-            let epoch = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_EPOCH)
-                .load(Ordering::Acquire);
+            let (gen, asker, epoch) = self.join_request(rank);
             if gen != self.join_seen[rank] && asker == pid && epoch > self.epochs[rank] {
                 self.join_seen[rank] = gen;
                 self.accept_relink(i, gen, epoch, out);
@@ -805,6 +793,18 @@ impl ShmEndpoint {
                 rank: rank as u16,
             });
         }
+    }
+
+    /// The request in `rank`'s join slot of our inbox: its generation, the
+    /// asking process and the link epoch it asks for.
+    fn join_request(&self, rank: usize) -> (u64, i32, u64) {
+        let slot = self.geo.join_slot(rank);
+        let read = |field: usize| self.inbox.atomic_u64(slot + field).load(Ordering::Acquire);
+        (
+            read(Geometry::JOIN_GEN),
+            read(Geometry::JOIN_PID) as i32,
+            read(Geometry::JOIN_EPOCH),
+        )
     }
 
     /// Takes in the peers that asked to (re)link: new incarnations, and
@@ -821,22 +821,10 @@ impl ShmEndpoint {
         self.join_bell_seen = bell;
         let me = self.rank;
         for r in (0..self.geo.endpoints).filter(|&r| r != me) {
-            let slot = self.geo.join_slot(r);
-            let gen = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_GEN)
-                .load(Ordering::Acquire);
+            let (gen, pid, epoch) = self.join_request(r);
             if gen == self.join_seen[r] {
                 continue;
             }
-            let pid = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_PID)
-                .load(Ordering::Acquire) as i32;
-            let epoch = self
-                .inbox
-                .atomic_u64(slot + Geometry::JOIN_EPOCH)
-                .load(Ordering::Acquire);
             if self.accept_join(r, pid, gen, epoch, out) {
                 self.join_seen[r] = gen;
             }
