@@ -338,7 +338,7 @@ impl Node {
     pub fn on_peer_joined(&mut self, now: Nanos, peer: NodeId) {
         self.tick(now);
         if let Some(ru) = &mut self.ru {
-            ru.on_bu_joined(peer);
+            ru.on_bu_joined(peer, &mut self.ru_out);
         }
         if let (Some(bu), Some(source)) = (
             &mut self.bu,

@@ -73,6 +73,10 @@ struct Held {
     orphaned: bool,
     /// The EM's decision round that listed it (`BuLost`), if any.
     round: Option<u32>,
+    /// Assigned while this RU had its BU for lost: either the EM has not
+    /// noticed the loss yet, or it has already seen the BU come back and
+    /// this RU has not (see [`ReadoutUnit::on_bu_joined`]).
+    assigned_while_gone: bool,
     /// PULL, orphaned: a request (true) or abandon (false) from another BU
     /// that overtook the EM's re-assignment to it.
     early: Option<(NodeId, bool)>,
@@ -90,6 +94,7 @@ impl Held {
             orphaned: false,
             round: None,
             early: None,
+            assigned_while_gone: false,
         }
     }
 }
@@ -216,6 +221,7 @@ impl ReadoutUnit {
         // Assigned to a BU this RU already knows is lost: keep it for the
         // EM's decision (the EM may not have noticed the loss yet).
         entry.orphaned = self.dest_gone[idx as usize] && !self.ended;
+        entry.assigned_while_gone = entry.orphaned;
         self.held_assigned += 1;
         self.stats.max_held = self.stats.max_held.max(self.held_assigned);
         out.push(RuAction::Produce { mep });
@@ -515,11 +521,27 @@ impl ReadoutUnit {
 
     /// The BU on endpoint `bu` is back (a new incarnation, or the same one
     /// reconnected): it is served again, for the MEPs assigned to it from
-    /// now on. Whatever was held for its earlier incarnation was dropped
-    /// when it was lost.
-    pub fn on_bu_joined(&mut self, bu: NodeId) {
-        if let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() {
-            self.dest_gone[idx as usize] = false;
+    /// now on. What was held for it when it was lost stays for the EM's
+    /// decision. But MEPs assigned to it while this RU had it for lost, and
+    /// that no decision round claimed, go to it now: the EM saw it come
+    /// back before this RU did (or never lost it) and expects them there;
+    /// kept back, its batches would only time out incomplete.
+    pub fn on_bu_joined(&mut self, bu: NodeId, out: &mut Vec<RuAction>) {
+        let Some(idx) = self.bu_of.get(bu as usize).copied().flatten() else {
+            return;
+        };
+        self.dest_gone[idx as usize] = false;
+        let mut waiting: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| {
+                h.bu == bu && h.assigned && h.orphaned && h.assigned_while_gone && h.round.is_none()
+            })
+            .map(|(&m, _)| m)
+            .collect();
+        waiting.sort_unstable();
+        for mep in waiting {
+            self.on_reassign(mep, bu, out);
         }
     }
 
@@ -733,6 +755,33 @@ mod tests {
         assert!(r.is_idle());
     }
 
+    /// The EM saw BU 1 come back before this RU did and assigned it MEP 7
+    /// meanwhile: when this RU sees the rejoin, 7 goes to BU 1 (kept back,
+    /// the BU's batch would time out incomplete). MEP 4, held for BU 1 when
+    /// it was lost, stays for the EM's decision.
+    #[test]
+    fn what_was_assigned_while_the_bu_was_gone_goes_to_it_when_it_is_back() {
+        let mut r = ru(Protocol::Push);
+        let mut out = Vec::new();
+        for mep in [3, 4] {
+            r.on_assign(mep, 1, &mut out);
+            ready(&mut r, mep, &mut out);
+        }
+        assert_eq!(sends(&out), vec![(1, 3)]);
+        out.clear();
+        r.forget_bu(1, &mut out);
+        r.on_assign(7, 1, &mut out);
+        ready(&mut r, 7, &mut out);
+        assert!(sends(&out).is_empty(), "not while it is lost here");
+        assert_eq!(r.orphans(), 2);
+        r.on_send_complete(3, &mut out);
+        out.clear();
+        r.on_bu_joined(1, &mut out);
+        assert_eq!(sends(&out), vec![(1, 7)]);
+        assert_eq!(r.orphans(), 1, "4 still waits for the EM's decision");
+        assert_eq!(r.on_bu_lost(1, 0), vec![4]);
+    }
+
     #[test]
     fn push_requeues_what_was_not_sent_and_drops_what_the_em_did_not_take() {
         let mut r = ru(Protocol::Push);
@@ -783,7 +832,7 @@ mod tests {
         assert_eq!(releases(&out), vec![3, 4]);
         assert!(r.is_idle());
         // After the end of the run a lost BU's data goes at once.
-        r.on_bu_joined(1);
+        r.on_bu_joined(1, &mut out);
         r.on_assign(7, 1, &mut out);
         ready(&mut r, 7, &mut out);
         r.on_assign(8, 1, &mut out);
