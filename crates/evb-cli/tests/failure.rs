@@ -650,9 +650,9 @@ fn a_bad_resume_is_refused() {
 /// every event keeps exactly one fate.
 #[test]
 fn overlapping_stops_relink_every_link_over_shm() {
-    // 10 s: "at the end" is then three 1 s samples after 6.5 s. A node can
-    // build nothing for about a second shortly after its rejoin (seen once
-    // in a dozen runs with 8 s, when that was the only sample left).
+    // 10 s: "at the end" is then three 1 s samples after 6.5 s, not one.
+    // (With 8 s, a rejoined node's first batches timing out, fixed since in
+    // ReadoutUnit::on_bu_joined, once left that one sample empty.)
     let (out, text, v) = run_for(
         "resume-overlap",
         10,
