@@ -530,7 +530,9 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::HoldingDone { round } => MessageKey(16, round.into(), 0),
         Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
         Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
-        Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
+        Message::Hello { .. } | Message::Heartbeat | Message::Goodbye | Message::Fragment(_) => {
+            MessageKey(7, 0, 0)
+        }
     }
 }
 

@@ -553,7 +553,7 @@ impl Node {
                 Some(f) => f.on_output_end(bu),
                 None => self.control_rejected += 1,
             },
-            Message::Hello { .. } | Message::Heartbeat => {}
+            Message::Hello { .. } | Message::Heartbeat | Message::Goodbye => {}
             _ => self.control_rejected += 1,
         }
     }

@@ -123,6 +123,7 @@ pub enum Kind {
     HoldingDone = 16,
     ReleaseHeld = 17,
     Reassign = 18,
+    Goodbye = 19,
 }
 
 impl Kind {
@@ -146,6 +147,7 @@ impl Kind {
             16 => Kind::HoldingDone,
             17 => Kind::ReleaseHeld,
             18 => Kind::Reassign,
+            19 => Kind::Goodbye,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -171,6 +173,7 @@ impl Kind {
             Kind::HoldingDone => Some(4),
             Kind::ReleaseHeld => Some(4),
             Kind::Reassign => Some(12),
+            Kind::Goodbye => Some(0),
         }
     }
 
@@ -194,6 +197,7 @@ impl Kind {
             Kind::HoldingDone => "HoldingDone",
             Kind::ReleaseHeld => "ReleaseHeld",
             Kind::Reassign => "Reassign",
+            Kind::Goodbye => "Goodbye",
         }
     }
 }
@@ -332,6 +336,11 @@ pub enum Message {
     EndOfRun { meps: MepId },
     /// Liveness on an otherwise idle connection.
     Heartbeat,
+    /// Transport level, on byte streams: the sender has finished this run
+    /// and closes its side next. The close that follows is orderly even if
+    /// the receiver has not seen the EM's EndOfRun yet; a close without it
+    /// (a killed process) is a loss.
+    Goodbye,
     /// BU -> RU (PULL): the batch of `mep` is finished without your
     /// fragment; drop it.
     Abandon { mep: MepId, bu: NodeId },
@@ -386,6 +395,7 @@ impl Message {
             Message::Fragment(_) => Kind::Fragment,
             Message::EndOfRun { .. } => Kind::EndOfRun,
             Message::Heartbeat => Kind::Heartbeat,
+            Message::Goodbye => Kind::Goodbye,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -462,7 +472,7 @@ impl Message {
             Message::HoldingDone { round } | Message::ReleaseHeld { round } => {
                 out.extend_from_slice(&round.to_le_bytes());
             }
-            Message::Heartbeat => {}
+            Message::Heartbeat | Message::Goodbye => {}
         }
     }
 
@@ -529,6 +539,7 @@ impl Message {
             }
             Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
             Kind::Heartbeat => Message::Heartbeat,
+            Kind::Goodbye => Message::Goodbye,
             Kind::Abandon => Message::Abandon {
                 mep: u64_at(0),
                 bu: u16_at(8),
@@ -642,6 +653,7 @@ mod tests {
             any::<u32>().prop_map(|round| Message::ReleaseHeld { round }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Reassign { mep, bu }),
             Just(Message::Heartbeat),
+            Just(Message::Goodbye),
         ]
     }
 
@@ -824,7 +836,7 @@ mod tests {
             Err(WireError::NonZeroReserved { kind: "Reassign" })
         );
         // The next kind number is still unknown.
-        buf[3] = 19;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(19)));
+        buf[3] = 20;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(20)));
     }
 }

@@ -993,8 +993,13 @@ impl Runtime {
             );
         }
         let end = self.engine.node.end_of_run().is_some();
-        // A clean close after the end of the run is how peers finish.
-        let orderly = self.engine.node.is_done() || self.finished || (end && error.is_none());
+        // A clean close after the end of the run, or after the peer said it
+        // finished (its goodbye can overtake the EM's EndOfRun), is how
+        // peers finish.
+        let said_goodbye = self.peers_finished.get(peer as usize) == Some(&true);
+        let orderly = self.engine.node.is_done()
+            || self.finished
+            || (error.is_none() && (end || said_goodbye));
         if !orderly && peer != self.rank && !self.is_lost(peer) {
             let reason = error.unwrap_or_else(|| "connection closed".into());
             self.declare_lost(transport, peer, reason);

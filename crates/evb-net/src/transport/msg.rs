@@ -391,7 +391,8 @@ impl<E: Endpoint> MsgTransport<E> {
                 }
             }
             Ok(Message::Hello { .. }) => self.hello_from[peer as usize] = true,
-            Ok(Message::Heartbeat) => {}
+            // Goodbye is the byte streams' word; engines send TAG_BYE.
+            Ok(Message::Heartbeat | Message::Goodbye) => {}
             Ok(msg) => handler.on_control(peer, msg),
             Err(e) => {
                 // A peer that speaks garbage is not one of ours any more.

@@ -499,7 +499,14 @@ impl TcpTransport {
             if i >= self.conns.len() || self.conns[i].closed {
                 continue;
             }
-            match self.conns[i].read_ready(handler, READ_STEPS) {
+            let status = self.conns[i].read_ready(handler, READ_STEPS);
+            // A goodbye is news before the close that follows it.
+            if std::mem::take(&mut self.conns[i].goodbye_seen) {
+                if let Some(peer) = self.conns[i].peer.filter(|&p| p != self.rank) {
+                    events.push(LinkEvent::Finished { peer });
+                }
+            }
+            match status {
                 Ok(RxStatus::Open) => {}
                 Ok(RxStatus::MoreToRead) => self.more_to_read.push(i),
                 Ok(RxStatus::Closed) => self.close_conn(i, None, events),
@@ -654,7 +661,12 @@ impl Transport for TcpTransport {
             if !c.closed && c.has_pending_tx() {
                 if let Err(e) = c.flush(&mut completed) {
                     failed.push((i, e.to_string()));
+                    continue;
                 }
+            }
+            if c.shut_when_flushed && !c.has_pending_tx() && !c.write_shut {
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                c.write_shut = true;
             }
         }
         events.extend(completed.into_iter().map(LinkEvent::SendDone));
@@ -706,10 +718,16 @@ impl Transport for TcpTransport {
         }
         self.finished = true;
         self.stop.store(true, Ordering::Relaxed);
+        // Goodbye first: a close alone is what a killed process leaves, and
+        // a peer that has not seen the EM's EndOfRun yet would count it a loss.
         for c in &mut self.conns {
-            let _ = c.stream.shutdown(std::net::Shutdown::Write);
-            c.write_shut = true;
+            if !c.closed && c.peer != Some(self.rank) {
+                c.queue_control(&Message::Goodbye);
+            }
+            c.shut_when_flushed = true;
         }
+        let mut ignored = Vec::new();
+        self.flush(&mut ignored);
     }
 
     fn all_finished(&self) -> bool {
@@ -930,5 +948,98 @@ fn set_socket_buffers(s: &StdTcpStream, bytes: u32) {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ignores everything but liveness.
+    struct Quiet;
+
+    impl RxHandler for Quiet {
+        fn on_alive(&mut self, _peer: NodeId) {}
+        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
+        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
+            false
+        }
+        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
+            vec![0; min_len]
+        }
+        fn on_fragment(&mut self, _: NodeId, _: FragmentHeader, _: u32, _: Vec<u8>, _: usize) {}
+    }
+
+    /// Two linked endpoints on loopback; node 0 ends its side with
+    /// `finish` (orderly) or by dropping its transport (as a killed process
+    /// does). Returns what node 1 saw of node 0, in order, until the close.
+    fn node1_sees(orderly: bool) -> Vec<LinkEvent> {
+        let overrides = ["nodes.count=2".into(), "transport.bind=127.0.0.1".into()];
+        let config = Config::load(None, &overrides).unwrap();
+        let layout = Layout::from_config(&config);
+        let (port_tx, port_rx) = mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel::<Vec<String>>();
+        let node1 = {
+            let (config, layout) = (config.clone(), layout.clone());
+            std::thread::spawn(move || {
+                let mut t = TcpTransport::bind(&config, &layout, 1, None).unwrap();
+                port_tx.send(t.local_token()).unwrap();
+                t.connect(&addr_rx.recv().unwrap(), &mut Quiet).unwrap();
+                let mut events = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !events.iter().any(|e| matches!(e, LinkEvent::Closed { .. })) {
+                    assert!(Instant::now() < deadline, "no close seen: {events:?}");
+                    t.poll(Duration::from_millis(20), &mut Quiet, &mut events)
+                        .unwrap();
+                }
+                events
+            })
+        };
+        let mut t = TcpTransport::bind(&config, &layout, 0, None).unwrap();
+        let addrs: Vec<String> = [t.local_token(), port_rx.recv().unwrap()]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        addr_tx.send(addrs.clone()).unwrap();
+        t.connect(&addrs, &mut Quiet).unwrap();
+        if orderly {
+            t.finish();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut events = Vec::new();
+            while !t.all_finished() {
+                assert!(Instant::now() < deadline, "node 0 never finished");
+                t.poll(Duration::from_millis(20), &mut Quiet, &mut events)
+                    .unwrap();
+            }
+        }
+        drop(t);
+        node1.join().unwrap()
+    }
+
+    /// The regression: a peer that finished before this node heard the
+    /// EM's EndOfRun closed its connection, and that clean close was
+    /// counted a loss. Its goodbye now says it finished, ahead of the close.
+    #[test]
+    fn an_orderly_finish_says_goodbye_before_the_close() {
+        assert_eq!(
+            node1_sees(true),
+            vec![
+                LinkEvent::Finished { peer: 0 },
+                LinkEvent::Closed {
+                    peer: 0,
+                    error: None
+                }
+            ]
+        );
+    }
+
+    /// A close with no goodbye (the process died) stays a bare close.
+    #[test]
+    fn a_close_without_goodbye_is_not_a_finish() {
+        let events = node1_sees(false);
+        assert!(
+            matches!(&events[..], [LinkEvent::Closed { peer: 0, .. }]),
+            "{events:?}"
+        );
     }
 }

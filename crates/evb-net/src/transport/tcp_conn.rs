@@ -87,6 +87,11 @@ pub struct Conn {
     /// The peer's Hello has arrived on this connection (for an opened
     /// connection: the peer has accepted it and is set up).
     pub hello_seen: bool,
+    /// The peer said Goodbye (it finished the run, its close is orderly)
+    /// and the transport has not reported it yet.
+    pub goodbye_seen: bool,
+    /// Goodbye is queued: shut our sending side once it is written.
+    pub shut_when_flushed: bool,
 }
 
 impl Conn {
@@ -108,6 +113,8 @@ impl Conn {
             last_rx: std::time::Instant::now(),
             last_tx_progress: std::time::Instant::now(),
             hello_seen: false,
+            goodbye_seen: false,
+            shut_when_flushed: false,
         }
     }
 
@@ -246,7 +253,10 @@ impl Conn {
                     return Ok(true);
                 }
                 let frame = FrameHeader::decode(buf, max_body).map_err(wire_err)?;
-                if frame.kind == Kind::Heartbeat {
+                if matches!(frame.kind, Kind::Heartbeat | Kind::Goodbye) {
+                    if frame.kind == Kind::Goodbye {
+                        self.goodbye_seen = true;
+                    }
                     self.rx = Rx::Frame {
                         buf: [0; FRAME_HEADER_LEN],
                         got: 0,
