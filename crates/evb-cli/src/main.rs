@@ -99,7 +99,8 @@ struct RunArgs {
     #[arg(long, value_name = "RANK@SECONDS")]
     resume: Vec<String>,
     /// Restart node RANK (killed earlier with --kill) at SECONDS: a fresh process that rejoins
-    /// the run (tcp, shm, ucx and ofi:tcp; not mpi; not node 0, the EM).
+    /// the run (tcp, shm, ucx and ofi:tcp; not mpi). A restarted EM takes the run over: it waits
+    /// for every node to say how far it saw, then resumes above.
     #[arg(long, value_name = "RANK@SECONDS")]
     restart: Vec<String>,
 }

@@ -229,6 +229,106 @@ fn a_killed_node_restarts_and_rejoins_over_ofi_tcp() {
     check_restart_noticed_within("ofi:tcp", 1.5);
 }
 
+/// `kill -9` of the EM (on its own endpoint, 4) at 1.5 s and a fresh one
+/// at 2.5 s, over tcp: the nodes finish what was assigned and wait; the new
+/// EM assigns nothing until each node has said how far it saw, resumes
+/// above, and the run goes on to its planned end with every event
+/// accounted for (the BUs' counts: the dead EM's died with it).
+#[test]
+fn a_killed_em_is_restarted_and_takes_the_run_over() {
+    check_em_restart("tcp");
+}
+
+/// The same over shared memory (the default of `evb run`).
+#[test]
+fn a_killed_em_is_restarted_over_shm() {
+    check_em_restart("shm");
+}
+
+fn check_em_restart(transport: &str) {
+    let (out, text, v) = run_for(
+        &format!("em-restart-{transport}"),
+        6,
+        &[
+            "--set",
+            "nodes.em=separate",
+            "--kill",
+            "4@1.5",
+            "--restart",
+            "4@2.5",
+        ],
+        Some(transport),
+    );
+    assert!(text.contains(&format!("over {transport}")), "{text}");
+    assert_eq!(
+        v["summary"]["nodes_missing"],
+        serde_json::json!([]),
+        "{text}"
+    );
+    // The new EM resumed past what the first one assigned, and went on.
+    let resumed = n(&v, "em_resumed_at_mep");
+    assert!(resumed > 0, "{text}");
+    assert!(n(&v, "meps_assigned") > resumed + 100, "{text}");
+    assert!(text.contains("EM resumed the run at MEP"), "{text}");
+    assert!(text.contains("the Event Manager was restarted"), "{text}");
+    assert_eq!(v["nodes"][4]["restarted"], true, "{text}");
+    // Every event has one fate; only MEPs the first EM was assigning as it
+    // died can miss a part (at most the BUs' credits of them).
+    let generated = n(&v, "events_generated");
+    let (built, incomplete, corrupt, lost) = (
+        n(&v, "events_built"),
+        n(&v, "events_incomplete"),
+        n(&v, "events_corrupt"),
+        n(&v, "events_lost"),
+    );
+    assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
+    assert_eq!(corrupt, 0, "{text}");
+    assert!(incomplete + lost <= 4 * 2 * 1024, "{text}");
+    let clean = generated == built;
+    assert_eq!(out.status.code(), Some(if clean { 0 } else { 1 }), "{text}");
+    // Every node saw the EM go within a second and come back after the
+    // restart.
+    let failures = v["summary"]["failures"].as_array().unwrap().clone();
+    let seen = |what: &str| -> Vec<f64> {
+        failures
+            .iter()
+            .filter(|f| f["node"] == 4 && f["seen_by"] != "launcher")
+            .filter(|f| f["what"].as_str().unwrap().starts_with(what))
+            .map(|f| f["at_s"].as_f64().unwrap())
+            .collect()
+    };
+    let lost_at = seen("lost");
+    assert_eq!(lost_at.len(), 4, "{failures:?}");
+    assert!(
+        lost_at.iter().all(|t| (1.45..2.5).contains(t)),
+        "{failures:?}"
+    );
+    let back_at = seen("rejoined");
+    assert_eq!(back_at.len(), 4, "{failures:?}");
+    assert!(
+        back_at.iter().all(|t| (2.5..5.0).contains(t)),
+        "{failures:?}"
+    );
+    // Building stops without an EM and starts again with the new one.
+    let timeline = v["timeline"].as_array().unwrap();
+    let built_in = |from: f64, to: f64| -> Vec<f64> {
+        timeline
+            .iter()
+            .filter(|s| (from..to).contains(&s["t_s"].as_f64().unwrap()))
+            .map(|s| s["built_gbps"].as_f64().unwrap())
+            .collect()
+    };
+    let last_back = back_at.iter().copied().fold(0.0, f64::max);
+    let after = built_in(last_back + 1.0, 5.9);
+    assert!(
+        !after.is_empty() && after.iter().all(|&g| g > 0.0),
+        "nothing built after the new EM took over: {after:?}\n{text}"
+    );
+    for node in v["nodes"].as_array().unwrap() {
+        assert_eq!(node["drain_timed_out"], false, "{text}");
+    }
+}
+
 /// libfabric's shm provider does not take a restarted node back: `--restart`
 /// over it is refused before any node starts, with the transports that can.
 #[test]

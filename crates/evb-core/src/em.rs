@@ -29,7 +29,13 @@
 //! A lost endpoint can rejoin (its node restarted, or its link came back):
 //! its BU is live again and gets MEPs once it grants credits, and its RU is
 //! re-admitted from a MEP boundary (`SourceUp`): the MEPs assigned from then
-//! on include it again. The EM's own node (node 0) cannot rejoin.
+//! on include it again.
+//!
+//! The EM itself can be restarted ([`EventManager::resuming`]): the new
+//! incarnation knows nothing of what its predecessor assigned, so it waits
+//! until every node has said how far it saw (`SeenUpTo`), or a deadline,
+//! and resumes above the highest: no MEP id is handed out twice. The MEPs
+//! its predecessor assigned are finished by their BUs, which count them.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -71,6 +77,10 @@ pub struct EmStats {
     /// built at once (the RU buffer occupancy the throttle bounds).
     pub max_waiting: u64,
     pub max_unbuilt: u64,
+    /// A restarted EM: the MEP at which it resumed assigning, once every
+    /// live node said what it had seen ([`EventManager::resuming`]). Its
+    /// `meps_assigned` then counts from MEP 0, its predecessors' included.
+    pub resumed_at: Option<MepId>,
 }
 
 /// The readout's clock, when it delivers MEPs at a fixed rate.
@@ -141,6 +151,13 @@ pub struct EventManager {
     /// Open decision rounds on lost BUs' MEPs, oldest first.
     rounds: VecDeque<Round>,
     next_round: u32,
+    /// A restarted EM, per endpoint: whether it still waits for that
+    /// node's `SeenUpTo` before assigning. `None`: not resyncing.
+    resync: Option<Vec<bool>>,
+    /// How long a restarted EM waits for the nodes, from its start, and
+    /// until when.
+    resync_wait: Nanos,
+    resync_deadline: Option<Nanos>,
     pub stats: EmStats,
 }
 
@@ -163,7 +180,85 @@ impl EventManager {
             pacing: None,
             rounds: VecDeque::new(),
             next_round: 0,
+            resync: None,
+            resync_wait: 0,
+            resync_deadline: None,
             stats: EmStats::default(),
+        }
+    }
+
+    /// This EM is a new incarnation taking over a run whose EM died
+    /// (`own`: its endpoint). What its predecessor assigned is known only
+    /// to the nodes, so it assigns nothing until every other endpoint with
+    /// an RU or a BU has said how far it saw ([`Self::on_seen_up_to`]) or is
+    /// lost, then resumes above the highest: no MEP id is handed out twice.
+    /// MEPs its predecessor assigned are not outstanding here: their BUs
+    /// count them, their credits return as the BUs grant them anew.
+    ///
+    /// A node it has lost is still waited for (it may only be slow to
+    /// reconnect to the new incarnation), up to `wait` after
+    /// [`Self::start`]; then the EM resumes with the answers it has.
+    pub fn resuming(mut self, layout: &Layout, own: NodeId, wait: Nanos) -> EventManager {
+        self.resync_wait = wait;
+        let waiting = (0..layout.endpoints as usize)
+            .map(|n| n != own as usize && (layout.ru_of[n].is_some() || layout.bu_of[n].is_some()))
+            .collect();
+        self.resync = Some(waiting);
+        self
+    }
+
+    /// Waiting for the nodes before assigning (a restarted EM).
+    pub fn is_resyncing(&self) -> bool {
+        self.resync.is_some()
+    }
+
+    /// The endpoints a restarted EM still waits for.
+    pub fn resync_waiting(&self) -> Vec<NodeId> {
+        self.resync.as_ref().map_or_else(Vec::new, |w| {
+            (0..w.len())
+                .filter(|&n| w[n])
+                .map(|n| n as NodeId)
+                .collect()
+        })
+    }
+
+    /// Endpoint `node` saw every assigned MEP below `next_mep` (and the
+    /// end of the run, if `ended`). A live EM knows better already; a
+    /// restarted one resumes above the highest, and ends the run at once
+    /// if its predecessor had ended it.
+    pub fn on_seen_up_to(
+        &mut self,
+        node: NodeId,
+        next_mep: MepId,
+        ended: bool,
+        out: &mut Vec<(NodeId, Message)>,
+    ) {
+        if ended && self.resync.is_some() {
+            self.stop_requested = true;
+        }
+        if next_mep > self.next_mep {
+            // Only a restarted EM learns of MEPs it did not assign (a node
+            // that rejoins after the resync may have seen more than the
+            // others): they count as assigned, so the accounting has them.
+            self.stats.meps_assigned += next_mep - self.next_mep;
+            self.next_mep = next_mep;
+        }
+        if let Some(w) = self.resync.as_mut().and_then(|w| w.get_mut(node as usize)) {
+            *w = false;
+        }
+        self.end_resync(out);
+    }
+
+    /// Every node answered (or the wait is over): assign again, unless no
+    /// BU is left.
+    fn end_resync(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        if self.resync.as_ref().is_some_and(|w| w.iter().all(|&x| !x)) {
+            self.resync = None;
+            self.stats.resumed_at = Some(self.next_mep);
+            if self.bu_lost.iter().all(|&l| l) {
+                self.stop(out);
+            }
+            self.assign(out);
         }
     }
 
@@ -186,6 +281,9 @@ impl EventManager {
         if let Some(p) = &mut self.pacing {
             p.epoch.get_or_insert(now);
         }
+        if self.resync.is_some() {
+            self.resync_deadline = Some(now.saturating_add(self.resync_wait));
+        }
     }
 
     /// Paced readout: MEPs read out and waiting for a BU.
@@ -195,16 +293,22 @@ impl EventManager {
 
     /// Paced readout: when the next MEP arrives from the detector.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        let p = self.pacing.as_ref()?;
-        if self.stopped || self.stop_requested {
-            return None;
-        }
-        Some(p.slot_time(p.epoch?, p.slots + 1))
+        let resync = self.resync.as_ref().and(self.resync_deadline);
+        let p = self.pacing.as_ref();
+        let slot = p
+            .filter(|_| !self.stopped && !self.stop_requested)
+            .and_then(|p| Some(p.slot_time(p.epoch?, p.slots + 1)));
+        resync.into_iter().chain(slot).min()
     }
 
     /// Paced readout: the trigger slots up to `now` deliver their MEPs, or
     /// are vetoed while the RU buffers are full.
     pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<(NodeId, Message)>) {
+        if self.resync.is_some() && self.resync_deadline.is_some_and(|d| now >= d) {
+            // Who has not answered by now is gone for this EM.
+            self.resync = Some(Vec::new());
+            self.end_resync(out);
+        }
         if self.stopped || self.stop_requested {
             return;
         }
@@ -495,9 +599,10 @@ impl EventManager {
         if let Some(b) = new_round {
             self.open_round(b, out);
         }
-        if self.bu_lost.iter().all(|&l| l) && !self.stopped {
+        if self.bu_lost.iter().all(|&l| l) && !self.stopped && self.resync.is_none() {
             // Nobody left to build: the run is over, and what the readout
-            // holds for a BU can never be built.
+            // holds for a BU can never be built. (A restarted EM that has
+            // not heard from the nodes yet waits: they may be reconnecting.)
             if let Some(p) = &mut self.pacing {
                 self.stats.meps_lost_no_bu += p.waiting;
                 p.waiting = 0;
@@ -583,7 +688,8 @@ impl EventManager {
         if self.stopped {
             return;
         }
-        if self.waiting() > 0 || !self.rounds.is_empty() {
+        // A restarted EM does not know yet how many MEPs exist.
+        if self.waiting() > 0 || !self.rounds.is_empty() || self.resync.is_some() {
             self.stop_requested = true;
             return;
         }
@@ -623,6 +729,9 @@ impl EventManager {
     }
 
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        if self.resync.is_some() {
+            return;
+        }
         while !self.stopped {
             // A lost BU's MEPs the RUs still hold go first.
             let again = self.rounds.iter().position(|r| !r.to_place.is_empty());
@@ -700,6 +809,87 @@ mod tests {
     }
 
     const MS: Nanos = 1_000_000;
+
+    fn assigned_meps(out: &[(NodeId, Message)]) -> Vec<MepId> {
+        let mut meps: Vec<MepId> = out
+            .iter()
+            .filter_map(|(_, m)| match m {
+                Message::Assign { mep, .. } => Some(*mep),
+                _ => None,
+            })
+            .collect();
+        meps.dedup();
+        meps
+    }
+
+    /// A restarted EM (on node 0 of 4) assigns nothing until nodes 1, 2
+    /// and 3 have said how far they saw, then goes on above the highest:
+    /// no MEP id is handed out twice.
+    #[test]
+    fn a_restarted_em_resumes_above_what_every_node_saw() {
+        let l = layout(4);
+        let mut em = EventManager::new(&l, 0).resuming(&l, 0, 1_000);
+        let mut out = Vec::new();
+        em.start(0);
+        em.on_credit(1, 2, &mut out);
+        em.on_seen_up_to(1, 10, false, &mut out);
+        em.on_seen_up_to(2, 12, false, &mut out);
+        assert!(em.is_resyncing());
+        assert_eq!(em.resync_waiting(), vec![3]);
+        assert!(assigned_meps(&out).is_empty(), "{out:?}");
+        em.on_seen_up_to(3, 11, false, &mut out);
+        assert!(!em.is_resyncing());
+        assert_eq!(em.stats.resumed_at, Some(12));
+        assert_eq!(assigned_meps(&out), vec![12, 13]);
+        // Counted from MEP 0: the predecessor's MEPs are in the accounting.
+        assert_eq!(em.stats.meps_assigned, 14);
+        // A later, lower report changes nothing.
+        out.clear();
+        em.on_seen_up_to(2, 5, false, &mut out);
+        assert_eq!(em.meps_assigned(), 14);
+        assert!(out.is_empty());
+    }
+
+    /// A node the restarted EM lost may only be slow to reconnect: it is
+    /// waited for until the deadline, not stopped for; a stop requested
+    /// meanwhile waits for the resync, so EndOfRun names the right count.
+    #[test]
+    fn a_lost_node_holds_the_resync_until_its_deadline() {
+        let l = layout(3);
+        let mut em = EventManager::new(&l, 0).resuming(&l, 0, 1_000);
+        let mut out = Vec::new();
+        em.start(500);
+        assert_eq!(em.next_deadline(), Some(1_500));
+        em.on_seen_up_to(1, 7, false, &mut out);
+        em.on_node_lost(2, &l, &mut out);
+        em.stop(&mut out);
+        assert!(em.is_resyncing(), "still waits for node 2");
+        assert!(!em.is_stopped());
+        assert!(!out
+            .iter()
+            .any(|(_, m)| matches!(m, Message::EndOfRun { .. })));
+        em.on_timeout(1_499, &mut out);
+        assert!(em.is_resyncing());
+        em.on_timeout(1_500, &mut out);
+        assert!(!em.is_resyncing());
+        assert_eq!(em.stats.resumed_at, Some(7));
+        assert!(em.is_stopped());
+        assert!(out.iter().any(|(_, m)| *m == Message::EndOfRun { meps: 7 }));
+    }
+
+    /// A live EM knows how far it got: a node's report cannot move it.
+    #[test]
+    fn a_live_em_ignores_seen_up_to() {
+        let l = layout(2);
+        let mut em = EventManager::new(&l, 0);
+        let mut out = Vec::new();
+        em.start(0);
+        em.on_credit(1, 3, &mut out);
+        assert_eq!(em.meps_assigned(), 3);
+        em.on_seen_up_to(1, 2, false, &mut out);
+        assert_eq!(em.meps_assigned(), 3);
+        assert_eq!(em.stats.resumed_at, None);
+    }
 
     #[test]
     fn paced_readout_delivers_at_its_rate_and_throttles_when_the_buffer_is_full() {

@@ -314,8 +314,11 @@ impl Harness {
             }
             Event::Restart { node } => {
                 let em = self.layout.em as usize;
-                let ended = self.crashed.contains(&(em as NodeId))
-                    || self.nodes[em].em().is_none_or(|e| e.is_stopped());
+                // A restarted EM takes the run over; another node rejoins
+                // only a run that goes on.
+                let ended = node as usize != em
+                    && (self.crashed.contains(&(em as NodeId))
+                        || self.nodes[em].em().is_none_or(|e| e.is_stopped()));
                 if ended {
                     return; // Too late: the run is over.
                 }
@@ -332,6 +335,11 @@ impl Harness {
                     }
                 }
                 self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
+                if node as usize == em {
+                    // It learns from the survivors how far the run got.
+                    let wait = 3 * self.faults.detection_ns.max(1);
+                    self.nodes[node as usize].resume_em(wait);
+                }
                 self.nodes[node as usize].start(now);
                 self.drain(node);
             }
@@ -530,6 +538,7 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::HoldingDone { round } => MessageKey(16, round.into(), 0),
         Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
         Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
+        Message::SeenUpTo { next_mep, ended } => MessageKey(20, next_mep, ended.into()),
         Message::Hello { .. } | Message::Heartbeat | Message::Goodbye | Message::Fragment(_) => {
             MessageKey(7, 0, 0)
         }
@@ -586,6 +595,10 @@ fn decode_key(k: MessageKey) -> Message {
         18 => Message::Reassign {
             mep: k.1,
             bu: k.2 as u16,
+        },
+        20 => Message::SeenUpTo {
+            next_mep: k.1,
+            ended: k.2 != 0,
         },
         _ => Message::Heartbeat,
     }

@@ -91,6 +91,9 @@ pub struct Node {
     /// The BU told the consumers it delivers nothing more.
     output_ended: bool,
     end_of_run: Option<MepId>,
+    /// Every MEP this node has seen assigned is below this (told to an EM
+    /// that rejoins: a restarted one resumes above it).
+    seen_up_to: MepId,
     done: bool,
     control_rejected: u64,
 }
@@ -119,9 +122,20 @@ impl Node {
             fu_out: Vec::new(),
             output_ended: false,
             end_of_run: None,
+            seen_up_to: 0,
             done: false,
             control_rejected: 0,
         }
+    }
+
+    /// This node's EM is a new incarnation taking over a run whose EM died
+    /// (the node was restarted): it waits for the other nodes to say how
+    /// far the run got before it assigns ([`EventManager::resuming`]).
+    /// `wait`: how long it waits at most for a node to answer. Call
+    /// before [`Node::start`].
+    pub fn resume_em(&mut self, wait: Nanos) {
+        let (layout, id) = (&self.layout, self.id);
+        self.em = self.em.take().map(|em| em.resuming(layout, id, wait));
     }
 
     /// Every input brings the time: the RU keeps it for its phase waits.
@@ -346,7 +360,23 @@ impl Node {
         ) {
             bu.on_source_link_up(source);
         }
+        if peer == self.layout.em && peer != self.id && (self.ru.is_some() || self.bu.is_some()) {
+            // A restarted EM waits for this before assigning; told too
+            // after the end of the run, which it must not start again.
+            self.actions.push_back(Action::Send {
+                to: peer,
+                msg: Message::SeenUpTo {
+                    next_mep: self.seen_up_to.max(self.end_of_run.unwrap_or(0)),
+                    ended: self.end_of_run.is_some(),
+                },
+            });
+        }
         if peer == self.layout.em && peer != self.id && self.end_of_run.is_none() {
+            if let Some(ru) = &mut self.ru {
+                // Decisions of an EM that lost this node (or died) will
+                // not come: what was kept for them is given up.
+                ru.release_all_held_for_rounds(&mut self.ru_out);
+            }
             if let Some(bu) = &mut self.bu {
                 bu.start(&mut self.bu_out);
             }
@@ -458,6 +488,7 @@ impl Node {
             // A re-assignment is an assignment to the BU; the RUs treat it
             // apart (they ship what they kept instead of producing).
             Message::Assign { mep, bu } | Message::Reassign { mep, bu } if from_em => {
+                self.seen_up_to = self.seen_up_to.max(mep.saturating_add(1));
                 if bu == self.id {
                     if let Some(b) = &mut self.bu {
                         b.on_assign(now, mep, &mut self.bu_out);
@@ -553,6 +584,12 @@ impl Node {
                 Some(f) => f.on_output_end(bu),
                 None => self.control_rejected += 1,
             },
+            Message::SeenUpTo { next_mep, ended } if from_bu || from_ru.is_some() => {
+                match &mut self.em {
+                    Some(em) => em.on_seen_up_to(from, next_mep, ended, &mut self.em_out),
+                    None => self.control_rejected += 1,
+                }
+            }
             Message::Hello { .. } | Message::Heartbeat | Message::Goodbye => {}
             _ => self.control_rejected += 1,
         }

@@ -354,6 +354,24 @@ impl ReadoutUnit {
         self.pump(out);
     }
 
+    /// The EM is back after this node had it for lost (it restarted, or
+    /// its link came back): the decision rounds this RU answered will not
+    /// be closed for it (a restarted EM never opened them; a live one
+    /// decided without this RU when it lost it). What it kept for them is
+    /// released (the accounting counts those MEPs lost).
+    pub fn release_all_held_for_rounds(&mut self, out: &mut Vec<RuAction>) {
+        let drop: Vec<MepId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.orphaned && h.round.is_some())
+            .map(|(&m, _)| m)
+            .collect();
+        for mep in drop {
+            self.release_held(mep, out);
+        }
+        self.pump(out);
+    }
+
     /// Fragments kept for lost BUs, awaiting the EM's decision.
     pub fn orphans(&self) -> usize {
         self.held.values().filter(|h| h.orphaned).count()

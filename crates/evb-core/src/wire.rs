@@ -124,6 +124,7 @@ pub enum Kind {
     ReleaseHeld = 17,
     Reassign = 18,
     Goodbye = 19,
+    SeenUpTo = 20,
 }
 
 impl Kind {
@@ -148,6 +149,7 @@ impl Kind {
             17 => Kind::ReleaseHeld,
             18 => Kind::Reassign,
             19 => Kind::Goodbye,
+            20 => Kind::SeenUpTo,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -174,6 +176,7 @@ impl Kind {
             Kind::ReleaseHeld => Some(4),
             Kind::Reassign => Some(12),
             Kind::Goodbye => Some(0),
+            Kind::SeenUpTo => Some(12),
         }
     }
 
@@ -198,6 +201,7 @@ impl Kind {
             Kind::ReleaseHeld => "ReleaseHeld",
             Kind::Reassign => "Reassign",
             Kind::Goodbye => "Goodbye",
+            Kind::SeenUpTo => "SeenUpTo",
         }
     }
 }
@@ -376,6 +380,12 @@ pub enum Message {
     /// is now built on node `bu` (for the BU, an `Assign`; an RU ships the
     /// fragment it kept there, and ignores it if it kept none).
     Reassign { mep: MepId, bu: NodeId },
+    /// Node -> an EM that (re)joined it: every MEP this node has seen
+    /// assigned is below `next_mep`; `ended`: it had the EM's EndOfRun
+    /// (`next_mep` is then at least its count). A restarted EM resumes
+    /// above what every live node saw, so no MEP id is handed out twice,
+    /// and ends the run at once if any node had seen it end.
+    SeenUpTo { next_mep: MepId, ended: bool },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -396,6 +406,7 @@ impl Message {
             Message::EndOfRun { .. } => Kind::EndOfRun,
             Message::Heartbeat => Kind::Heartbeat,
             Message::Goodbye => Kind::Goodbye,
+            Message::SeenUpTo { .. } => Kind::SeenUpTo,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -446,6 +457,10 @@ impl Message {
             }
             Message::Fragment(h) => out.extend_from_slice(&h.encode()),
             Message::EndOfRun { meps } => out.extend_from_slice(&meps.to_le_bytes()),
+            Message::SeenUpTo { next_mep, ended } => {
+                out.extend_from_slice(&next_mep.to_le_bytes());
+                out.extend_from_slice(&[u8::from(ended), 0, 0, 0]);
+            }
             Message::Finished { mep, bu, outcome } => {
                 out.extend_from_slice(&mep.to_le_bytes());
                 out.extend_from_slice(&bu.to_le_bytes());
@@ -538,6 +553,15 @@ impl Message {
                 Message::Fragment(h)
             }
             Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
+            Kind::SeenUpTo => {
+                if body[8] > 1 || body[9..12] != [0, 0, 0] {
+                    return Err(WireError::NonZeroReserved { kind: "SeenUpTo" });
+                }
+                Message::SeenUpTo {
+                    next_mep: u64_at(0),
+                    ended: body[8] == 1,
+                }
+            }
             Kind::Heartbeat => Message::Heartbeat,
             Kind::Goodbye => Message::Goodbye,
             Kind::Abandon => Message::Abandon {
@@ -654,6 +678,8 @@ mod tests {
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Reassign { mep, bu }),
             Just(Message::Heartbeat),
             Just(Message::Goodbye),
+            (any::<u64>(), any::<bool>())
+                .prop_map(|(next_mep, ended)| Message::SeenUpTo { next_mep, ended }),
         ]
     }
 
@@ -836,7 +862,7 @@ mod tests {
             Err(WireError::NonZeroReserved { kind: "Reassign" })
         );
         // The next kind number is still unknown.
-        buf[3] = 20;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(20)));
+        buf[3] = 21;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(21)));
     }
 }

@@ -219,12 +219,6 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 r.at_s
             );
         }
-        if r.node == layout.em {
-            bail!(
-                "--restart: node {} hosts the EM, which cannot rejoin",
-                r.node
-            );
-        }
         if !crate::transport::can_rejoin(&config.transport.kind) {
             bail!(
                 "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
@@ -236,45 +230,48 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     // Every node process started: (rank, pid).
     let spawned = std::cell::RefCell::new(Vec::new());
     // Starts node `rank` (`rejoin`: a restarted node joining the run).
-    let mut spawn = |rank: usize, rejoin: bool| -> Result<(Child, Option<ChildStdin>)> {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "node",
-            "--control",
-            "stdio",
-            "--rank",
-            &rank.to_string(),
-            "--config",
-        ])
-        .arg(&config_path)
-        .env(crate::transport::auth::KEY_ENV, &run_key)
-        .env(
-            crate::transport::shm::REJOIN_ENV,
-            if opts.restarts.is_empty() { "0" } else { "1" },
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        if rejoin {
-            cmd.arg("--rejoin");
-        }
-        // Own process group: Ctrl-C reaches the launcher only, which then
-        // asks for an orderly drain.
-        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
-        spawned.borrow_mut().push((rank, child.id()));
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped");
-        let tx = tx.clone();
-        std::thread::spawn(move || read_node_output(rank, stdout, tx));
-        Ok((child, stdin))
-    };
+    // `extra`: more arguments (a restarted EM's remaining run time).
+    let mut spawn =
+        |rank: usize, rejoin: bool, extra: &[String]| -> Result<(Child, Option<ChildStdin>)> {
+            let mut cmd = Command::new(&exe);
+            cmd.args([
+                "node",
+                "--control",
+                "stdio",
+                "--rank",
+                &rank.to_string(),
+                "--config",
+            ])
+            .arg(&config_path)
+            .env(crate::transport::auth::KEY_ENV, &run_key)
+            .env(
+                crate::transport::shm::REJOIN_ENV,
+                if opts.restarts.is_empty() { "0" } else { "1" },
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+            if rejoin {
+                cmd.arg("--rejoin");
+            }
+            cmd.args(extra);
+            // Own process group: Ctrl-C reaches the launcher only, which then
+            // asks for an orderly drain.
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+            let mut child = cmd
+                .spawn()
+                .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
+            spawned.borrow_mut().push((rank, child.id()));
+            let stdin = child.stdin.take();
+            let stdout = child.stdout.take().expect("piped");
+            let tx = tx.clone();
+            std::thread::spawn(move || read_node_output(rank, stdout, tx));
+            Ok((child, stdin))
+        };
     let mut children: Vec<Child> = Vec::new();
     let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
     for rank in 0..endpoints {
-        let (child, stdin) = spawn(rank, false)?;
+        let (child, stdin) = spawn(rank, false, &[])?;
         stdins.push(stdin);
         children.push(child);
     }
@@ -307,6 +304,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     let Supervised {
         finals,
         latest,
+        earlier_reports,
         timeline,
         mut failures,
         started_unix,
@@ -342,6 +340,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     failures.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     let mut summary = Summary::from_reports(
         &reports,
+        &earlier_reports,
         &missing,
         layout.em as usize,
         config.source.events_per_mep,
@@ -408,12 +407,13 @@ type Finals = Vec<Option<NodeReport>>;
 struct Supervised {
     finals: Finals,
     latest: Vec<NodeReport>,
+    earlier_reports: Vec<NodeReport>,
     timeline: Vec<Sample>,
     failures: Vec<crate::report::FailureEvent>,
     started_unix: f64,
 }
 
-type Spawn<'a> = dyn FnMut(usize, bool) -> Result<(Child, Option<ChildStdin>)> + 'a;
+type Spawn<'a> = dyn FnMut(usize, bool, &[String]) -> Result<(Child, Option<ChildStdin>)> + 'a;
 
 fn supervise(
     opts: &RunOptions,
@@ -455,6 +455,9 @@ fn supervise(
     // Counters of earlier incarnations of restarted nodes, so the timeline
     // does not step back: (events_built, bytes_built) per node.
     let mut earlier: Vec<(u64, u64)> = vec![(0, 0); endpoints];
+    // The last reports of the incarnations that restarts replaced: what
+    // their BUs built counts when the EM's own accounting is incomplete.
+    let mut earlier_reports: Vec<NodeReport> = Vec::new();
     for (rank, s) in stdins.iter_mut().enumerate() {
         let s = s.as_mut().expect("piped");
         s.write_all(line.as_bytes())
@@ -558,7 +561,14 @@ fn supervise(
         for r in due {
             let rank = r.node as usize;
             let _ = children[rank].wait();
-            let (child, mut stdin) = spawn(rank, true)?;
+            // A restarted EM ends the run when the first one would have.
+            let extra = if rank == em && config.run.duration_s > 0.0 {
+                let left = (config.run.duration_s - elapsed).max(0.001);
+                vec!["--set".to_string(), format!("run.duration_s={left}")]
+            } else {
+                Vec::new()
+            };
+            let (child, mut stdin) = spawn(rank, true, &extra)?;
             if let Some(s) = stdin.as_mut() {
                 s.write_all(line.as_bytes())
                     .and_then(|_| s.flush())
@@ -570,7 +580,7 @@ fn supervise(
             last_heard[rank] = Instant::now();
             earlier[rank].0 += latest[rank].events_built;
             earlier[rank].1 += latest[rank].bytes_built;
-            latest[rank] = NodeReport::default();
+            earlier_reports.push(std::mem::take(&mut latest[rank]));
             failures.push(crate::report::FailureEvent {
                 at_s: elapsed,
                 node: r.node,
@@ -671,6 +681,7 @@ fn supervise(
     Ok(Supervised {
         finals,
         latest,
+        earlier_reports,
         timeline,
         failures,
         started_unix,
@@ -804,9 +815,16 @@ pub fn format_summary(result: &RunResult) -> String {
             // Nothing is assigned without the EM: say so, and how the
             // accounting was made without its report.
             out +=
-                "     it was the Event Manager: no MEP was assigned after it died, and it cannot \
-                    be restarted (docs/reliability.md); MEPs generated are what the RUs produced\n";
+                "     it was the Event Manager: no MEP was assigned after it died (a restarted EM \
+                    takes over: --restart, docs/reliability.md); MEPs generated are what the RUs \
+                    produced\n";
         }
+    }
+    if let Some(mep) = s.em_resumed_at_mep {
+        out += &format!(
+            "the Event Manager was restarted and resumed at MEP {mep}: MEP fates are the BUs' own \
+             counts (a BU that died with the old EM counts up to its last report)\n"
+        );
     }
     out += &format!(
         "events: generated {}  built {}  incomplete {}  corrupt {}  lost {}\n",

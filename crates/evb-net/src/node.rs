@@ -60,6 +60,11 @@ pub struct NodeOptions {
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
 /// After its own work is done, how long a node waits for its peers to finish.
 const LINGER: Duration = Duration::from_secs(5);
+/// A restarted EM waits at least this long for every node to answer: a
+/// TCP peer re-dials it with a backoff of up to 1 s.
+const EM_RESYNC_WAIT_MIN: Duration = Duration::from_secs(3);
+/// A restarted EM waiting longer than this for the nodes says for whom.
+const RESYNC_SLOW: Duration = Duration::from_secs(2);
 /// Every link carries at least this often a message or a heartbeat;
 /// silence is checked as often (a lost peer is seen within
 /// `transport.peer_timeout_ms` + this).
@@ -97,9 +102,6 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // Before the node announces itself: the start barrier waits for it, and
     // the run's clock does not count it.
     let pools = preallocate(&config, &layout, rank)?;
-    if opts.rejoin && rank == layout.em {
-        bail!("node {rank} hosts the EM: it cannot rejoin a run (restarting the EM ends the run)");
-    }
     let kind = TransportKind::parse(&config.transport.kind)?;
     // A restarted TCP node listens where its peers know it: under `evb
     // run`, the address list comes first. (A restarted shm node announces
@@ -180,6 +182,13 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     }
     rt.metrics = metrics;
     rt.restarted = opts.rejoin;
+    if opts.rejoin && rank == rt.layout.em {
+        // The EM died and this is its new incarnation: it learns from the
+        // nodes how far the run got before it assigns again. Set before
+        // the transport connects: their answers can arrive during setup.
+        let wait = (3 * rt.peer_timeout).max(EM_RESYNC_WAIT_MIN);
+        rt.engine.node.resume_em(wait.as_nanos() as u64);
+    }
     if opts.control == Control::Launcher {
         // Many ranks share the launcher's stdout, where long lines of
         // different ranks interleave: the final report also goes to a file.
@@ -712,6 +721,8 @@ struct Runtime {
     rejoins: Vec<crate::report::PeerRejoin>,
     /// This process is a restarted node joining a run already going.
     restarted: bool,
+    /// A restarted EM's resync was logged.
+    em_resync_logged: bool,
     /// A peer silent this long is lost.
     peer_timeout: Duration,
     /// This node told its peers it has finished.
@@ -796,6 +807,7 @@ impl Runtime {
             lost: Vec::new(),
             rejoins: Vec::new(),
             restarted: false,
+            em_resync_logged: false,
             peer_timeout,
             finished: false,
             events: Vec::new(),
@@ -1006,6 +1018,32 @@ impl Runtime {
         }
     }
 
+    /// A restarted EM says when it resumed, and whom it still waits for.
+    fn log_em_resync(&mut self) {
+        let Some(em) = self.engine.node.em() else {
+            return;
+        };
+        match (em.stats.resumed_at, self.em_resync_logged) {
+            (Some(mep), false) => {
+                self.em_resync_logged = true;
+                eprintln!(
+                    "evb node {}: EM resumed the run at MEP {mep} (by {:.1} s after its restart)",
+                    self.rank,
+                    self.engine.epoch.elapsed().as_secs_f64()
+                );
+            }
+            (None, false) if em.is_resyncing() && self.engine.epoch.elapsed() > RESYNC_SLOW => {
+                self.em_resync_logged = true;
+                eprintln!(
+                    "evb node {}: restarted EM still waits for endpoints {:?} to say how far the run got",
+                    self.rank,
+                    em.resync_waiting()
+                );
+            }
+            _ => {}
+        }
+    }
+
     /// `peer` is down: lost more often than it rejoined.
     fn is_lost(&self, peer: NodeId) -> bool {
         let lost = self.lost.iter().filter(|l| l.peer == peer).count();
@@ -1042,6 +1080,7 @@ impl Runtime {
         if self.engine.node.is_done() || self.finished {
             return;
         }
+        self.log_em_resync();
         let mut silent = Vec::new();
         for &p in &self.linked {
             if p == self.rank || self.is_lost(p) || self.peers_finished[p as usize] {
@@ -1354,6 +1393,7 @@ impl Runtime {
             r.em_meps_corrupt = em.meps_corrupt;
             r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
             r.em_meps_reassigned = em.meps_reassigned;
+            r.em_resumed_at = em.resumed_at;
         }
         r.drain_timed_out = drain_timed_out;
         if let Some(m) = &self.metrics {

@@ -90,6 +90,10 @@ pub struct NodeReport {
     /// This process is a restarted node that rejoined the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restarted: bool,
+    /// (EM, restarted) The MEP at which it resumed assigning, once the
+    /// nodes had said how far the run got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub em_resumed_at: Option<u64>,
     /// (EM) MEPs finished by outcome, and lost with a BU, as the BUs
     /// reported them to the EM: the run's authoritative accounting.
     #[serde(default)]
@@ -384,6 +388,11 @@ pub struct Summary {
     /// Of `events_lost` (paced readout): events read out while no BU was left.
     #[serde(default)]
     pub events_lost_no_bu: u64,
+    /// The EM was restarted and resumed at this MEP. MEP fates are then the
+    /// BUs' own counts (the old EM's died with it), and a BU that died with
+    /// the old EM counts up to its last report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub em_resumed_at_mep: Option<u64>,
     /// Paced readout (`source.mep_rate_hz`): events vetoed at the source
     /// while the readout was throttled (never read out, so not in
     /// `events_generated`), time throttled, episodes, and the most MEPs not
@@ -559,10 +568,13 @@ pub struct FailureEvent {
 
 impl Summary {
     /// Adds up the node reports: finals, or the latest `STATS` of a node
-    /// listed in `missing` (it died). MEP fates come from the EM's
-    /// accounting when its report is there (endpoint `em`).
+    /// listed in `missing` (it died), and the last reports of incarnations
+    /// that a restart replaced (`earlier`). MEP fates come from the EM's
+    /// accounting when its final report is there (endpoint `em`) and it ran
+    /// the whole run; else from the BUs' own counts.
     pub fn from_reports(
         reports: &[Option<NodeReport>],
+        earlier: &[NodeReport],
         missing: &[u16],
         em: usize,
         events_per_mep: u32,
@@ -577,9 +589,17 @@ impl Summary {
         let epm = u64::from(events_per_mep);
         let mut hist =
             Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds");
-        for r in reports.iter().flatten() {
-            s.duration_s = s.duration_s.max(r.elapsed_s);
-            s.meps_assigned += r.meps_assigned;
+        for (r, replaced) in reports
+            .iter()
+            .flatten()
+            .map(|r| (r, false))
+            .chain(earlier.iter().map(|r| (r, true)))
+        {
+            if !replaced {
+                // A restarted EM counts its predecessors' MEPs too.
+                s.duration_s = s.duration_s.max(r.elapsed_s);
+                s.meps_assigned += r.meps_assigned;
+            }
             s.events_built += r.events_built;
             s.events_incomplete += r.events_incomplete;
             s.events_corrupt += r.events_corrupt;
@@ -605,11 +625,12 @@ impl Summary {
             }
         }
         // The EM heard the fate of every MEP from the BUs, including BUs
-        // that died later: its counts are the exact ones.
+        // that died later: its counts are the exact ones. Not those of a
+        // restarted EM: the fates its predecessor heard died with it.
         let em_final = reports
             .get(em)
             .and_then(Option::as_ref)
-            .filter(|_| !missing.contains(&(em as u16)));
+            .filter(|r| !missing.contains(&(em as u16)) && !r.restarted);
         if let Some(r) = em_final {
             s.events_built = r.em_meps_built * epm;
             s.events_incomplete = r.em_meps_incomplete * epm;
@@ -619,6 +640,7 @@ impl Summary {
             s.events_reassigned = r.em_meps_reassigned * epm;
         }
         if let Some(r) = reports.get(em).and_then(Option::as_ref) {
+            s.em_resumed_at_mep = r.em_resumed_at;
             s.events_lost_no_bu = r.em_meps_lost_no_bu * epm;
             s.events_vetoed = r.em_meps_vetoed * epm;
             s.throttled_s = r.em_throttled_s;
@@ -633,6 +655,7 @@ impl Summary {
             let produced = reports
                 .iter()
                 .flatten()
+                .chain(earlier)
                 .map(|r| r.meps_produced)
                 .max()
                 .unwrap_or(0);
@@ -691,7 +714,7 @@ mod tests {
         };
         em.elapsed_s = 1.5;
         let reports = vec![Some(node(0, 12, 6)), Some(node(1, 11, 5)), Some(em.clone())];
-        let s = Summary::from_reports(&reports, &[2], 2, 16, 2);
+        let s = Summary::from_reports(&reports, &[], &[2], 2, 16, 2);
         assert_eq!(s.meps_assigned, 12);
         assert_eq!(s.events_generated, 12 * 16);
         assert_eq!(s.events_built, 11 * 16);
@@ -702,7 +725,7 @@ mod tests {
         em.meps_assigned = 12;
         em.em_meps_built = 11;
         let reports = vec![Some(node(0, 12, 6)), Some(node(1, 11, 5)), Some(em)];
-        let s = Summary::from_reports(&reports, &[], 2, 16, 2);
+        let s = Summary::from_reports(&reports, &[], &[], 2, 16, 2);
         assert_eq!(s.events_generated, 12 * 16);
         assert_eq!(s.events_built, 11 * 16);
     }
