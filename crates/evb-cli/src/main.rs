@@ -251,6 +251,9 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         other => anyhow::bail!("--control takes config, stdio or launcher, not `{other}`"),
     };
     let mut overrides = args.config.overrides.clone();
+    if args.rejoin && control == Control::Launcher {
+        return rejoin_cluster_job(args, overrides);
+    }
     let launcher = evb_net::cluster::launcher_rank();
     let rank = match (args.rank, launcher, control) {
         (Some(r), _, _) => r,
@@ -279,6 +282,39 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         control,
         rendezvous: args.rendezvous,
         rejoin: args.rejoin,
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A rank of a cluster job (`--control launcher`) restarted on its own,
+/// outside the job's launcher: the rank is given, the size is what the
+/// job's ranks published in the rendezvous directory.
+fn rejoin_cluster_job(args: NodeArgs, mut overrides: Vec<String>) -> anyhow::Result<ExitCode> {
+    let rank = args.rank.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--rejoin under --control launcher: give --rank (a restarted process is not one of \
+             the launcher's ranks)"
+        )
+    })?;
+    let dir = args
+        .rendezvous
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("--control launcher needs --rendezvous DIR"))?;
+    let path = args.config.config.as_deref();
+    let run_id = Config::load(path, &overrides)?.run.run_id;
+    let size = evb_net::cluster::published_ranks(&dir, run_id)?;
+    overrides.insert(0, format!("nodes.count={size}"));
+    let config = Config::load(path, &overrides)?;
+    eprintln!(
+        "evb node: rank {rank} of {size} rejoins run {run_id} of {}",
+        dir.display()
+    );
+    run_node(NodeOptions {
+        config,
+        rank,
+        control: Control::Launcher,
+        rendezvous: Some(dir),
+        rejoin: true,
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -28,6 +28,53 @@ pub fn launcher_rank() -> Option<(u16, u16, &'static str)> {
     })
 }
 
+/// Rank `r`'s token in `run_dir`, if published.
+fn read_token(run_dir: &Path, r: usize) -> Result<Option<String>> {
+    let Ok(text) = std::fs::read_to_string(run_dir.join(r.to_string())) else {
+        return Ok(None);
+    };
+    let text = text.trim();
+    if text.is_empty() || text.len() > 4096 || text.contains(char::is_whitespace) {
+        bail!(
+            "rendezvous file of rank {r} in {} is malformed",
+            run_dir.display()
+        );
+    }
+    Ok(Some(text.to_string()))
+}
+
+/// How many ranks published a token for run `run_id` (ranks 0..n): the
+/// size of the job a restarted rank rejoins, started on its own outside
+/// the job's launcher.
+pub fn published_ranks(dir: &Path, run_id: u32) -> Result<u16> {
+    let run_dir = dir.join(format!("run{run_id}"));
+    let mut n = 0u16;
+    while read_token(&run_dir, n as usize)?.is_some() {
+        n = n
+            .checked_add(1)
+            .context("too many ranks in the rendezvous directory")?;
+    }
+    if n == 0 {
+        bail!(
+            "no rank of run {run_id} published its address in {}: is this the job's rendezvous directory?",
+            run_dir.display()
+        );
+    }
+    Ok(n)
+}
+
+/// Every rank's published token, publishing nothing: a restarted TCP rank
+/// listens again where it published (its peers re-dial that address).
+pub fn published_tokens(dir: &Path, run_id: u32, size: u16) -> Result<Vec<String>> {
+    let run_dir = dir.join(format!("run{run_id}"));
+    (0..size as usize)
+        .map(|r| {
+            read_token(&run_dir, r)?
+                .with_context(|| format!("rank {r} has no address in {}", run_dir.display()))
+        })
+        .collect()
+}
+
 /// Publishes this rank's token and returns every rank's, by rank.
 pub fn exchange_tokens(
     dir: &Path,
@@ -49,16 +96,7 @@ pub fn exchange_tokens(
     loop {
         for (r, t) in tokens.iter_mut().enumerate() {
             if t.is_none() {
-                if let Ok(text) = std::fs::read_to_string(run_dir.join(r.to_string())) {
-                    let text = text.trim();
-                    if text.is_empty() || text.len() > 4096 || text.contains(char::is_whitespace) {
-                        bail!(
-                            "rendezvous file of rank {r} in {} is malformed",
-                            run_dir.display()
-                        );
-                    }
-                    *t = Some(text.to_string());
-                }
+                *t = read_token(&run_dir, r)?;
             }
         }
         if tokens.iter().all(Option::is_some) {

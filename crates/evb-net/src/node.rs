@@ -108,6 +108,18 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // its new inbox as at the start, and asks the peers to take it back.)
     let early_peers = match (opts.rejoin, opts.control, &kind) {
         (true, Control::Stdio, TransportKind::Tcp) => Some(read_peers_line(&layout)?),
+        // Under a cluster launcher: where the job's ranks published.
+        (true, Control::Launcher, TransportKind::Tcp) => {
+            let dir = opts
+                .rendezvous
+                .as_deref()
+                .ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))?;
+            Some(crate::cluster::published_tokens(
+                dir,
+                config.run.run_id,
+                layout.endpoints,
+            )?)
+        }
         _ => None,
     };
     let mut transport = match &early_peers {
