@@ -180,6 +180,95 @@ fn a_missing_source_makes_a_batch_time_out_naming_the_source() {
     );
 }
 
+/// `output.deliver_partial`: the three batches missing source 2 still
+/// reach the file sink, as `EVBP` records with an empty fragment for
+/// source 2 and the other two intact; every other batch is an `EVBB`
+/// record. The accounting is unchanged: they are incomplete.
+#[test]
+fn partial_batches_reach_the_file_sink_flagged() {
+    let dir = tmp("partial-out");
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_set = format!("output.directory=\"{}\"", dir.display());
+    let (code, v, text) = run(
+        "partial-file",
+        &[
+            "faults.source=2",
+            "faults.drop_meps=[3, 4, 5]",
+            "event_builder.batch_timeout_ms=300",
+            "output.deliver_partial=true",
+            "output.sink=file",
+            &dir_set,
+        ],
+        &["--nodes", "3"],
+    );
+    assert_eq!(code, 1, "incomplete all the same: {text}");
+    assert_eq!(u(&v, "summary.events_incomplete"), 3 * 64, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 117 * 64, "{text}");
+    assert_eq!(u(&v, "summary.batches_delivered_partial"), 3, "{text}");
+    assert!(
+        text.contains("flagged partial (output.deliver_partial): 3"),
+        "{text}"
+    );
+    let (mut built, mut partial) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let data = std::fs::read(entry.unwrap().path()).unwrap();
+        let mut at = 0;
+        while at < data.len() {
+            let mep = u64::from_le_bytes(data[at + 4..at + 12].try_into().unwrap());
+            let n = u32::from_le_bytes(data[at + 12..at + 16].try_into().unwrap()) as usize;
+            assert_eq!(n, 3, "one entry per source");
+            let lens: Vec<usize> = (0..n)
+                .map(|i| {
+                    u32::from_le_bytes(data[at + 16 + 4 * i..at + 20 + 4 * i].try_into().unwrap())
+                        as usize
+                })
+                .collect();
+            match &data[at..at + 4] {
+                b"EVBB" => {
+                    assert!(lens.iter().all(|&l| l > 0), "{lens:?}");
+                    built.push(mep);
+                }
+                b"EVBP" => {
+                    assert_eq!(lens[2], 0, "source 2 is missing: {lens:?}");
+                    assert!(lens[0] > 0 && lens[1] > 0, "{lens:?}");
+                    partial.push(mep);
+                }
+                other => panic!("unknown record {other:?}"),
+            }
+            at += 16 + 4 * n + lens.iter().sum::<usize>();
+        }
+    }
+    partial.sort_unstable();
+    assert_eq!(partial, vec![3, 4, 5]);
+    assert_eq!(built.len(), 117);
+    assert!(!built.iter().any(|m| partial.contains(m)));
+}
+
+/// The same with consumers: the partial batches are delivered to the
+/// Filter Units flagged, and each consumer counts what it got.
+#[test]
+fn partial_batches_reach_the_consumers_flagged() {
+    let (code, v, text) = run(
+        "partial-fu",
+        &[
+            "faults.source=1",
+            "faults.drop_meps=[10, 20]",
+            "event_builder.batch_timeout_ms=300",
+            "output.deliver_partial=true",
+            "output.consumers=2",
+        ],
+        &["--nodes", "3"],
+    );
+    assert_eq!(code, 1, "{text}");
+    assert_eq!(u(&v, "summary.events_incomplete"), 2 * 64, "{text}");
+    assert_eq!(u(&v, "summary.batches_delivered_partial"), 2, "{text}");
+    let c = &v["summary"]["consumers"];
+    assert_eq!(c["batches_partial"], 2, "{text}");
+    // Every batch reached a consumer once: the built and the partial.
+    assert_eq!(c["batches_delivered"], 120, "{text}");
+    assert_eq!(c["batches_consumed"], 120, "{text}");
+}
+
 #[test]
 fn pull_with_a_missing_source_finishes_and_counts_it() {
     let (code, v, text) = run(

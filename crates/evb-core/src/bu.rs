@@ -70,17 +70,23 @@ pub enum BuAction {
         mep: MepId,
         events: u64,
         bytes: u64,
+        /// Incomplete, delivered anyway (`output.deliver_partial`).
+        partial: bool,
     },
     /// A consumer finished `mep` (its credit came back), or it can never be
     /// delivered: free the delivery copy.
     Confirmed { mep: MepId },
-    /// The batch is finished: deliver it to the sink if built, then free
-    /// its buffers either way.
+    /// The batch is finished: deliver it to the sink if built (or, with
+    /// `output.deliver_partial` and no consumers, if incomplete with any
+    /// fragment: flagged partial), then free its buffers either way.
     Finish {
         mep: MepId,
         outcome: Outcome,
         events: u64,
         bytes: u64,
+        /// Incomplete, but what arrived goes to the sink, flagged partial
+        /// (`output.deliver_partial`, no consumers).
+        partial: bool,
     },
 }
 
@@ -128,6 +134,11 @@ pub struct BuStats {
     pub batches_masked: u64,
     /// Built batches handed to a consumer, and their payload bytes.
     pub batches_delivered: u64,
+    /// Incomplete batches delivered anyway, flagged partial
+    /// (`output.deliver_partial`): to a consumer, or without consumers to
+    /// the sink. Also counted in `batches_incomplete` (and with consumers
+    /// in `batches_delivered`).
+    pub batches_delivered_partial: u64,
     pub bytes_delivered: u64,
     /// Built batches no consumer could take (all gone, or the drain ended).
     pub batches_undelivered: u64,
@@ -179,6 +190,7 @@ impl BuStats {
             max_open: 0,
             batches_masked: 0,
             batches_delivered: 0,
+            batches_delivered_partial: 0,
             bytes_delivered: 0,
             batches_undelivered: 0,
             batches_confirmed: vec![0; consumers],
@@ -237,6 +249,23 @@ struct Waiting {
     redelivery: bool,
     /// It found no consumer credit (counted in `consumer_credit_stalls`).
     stalled: bool,
+    /// Incomplete, delivered anyway (`output.deliver_partial`): the EM
+    /// hears it as incomplete.
+    partial: bool,
+}
+
+impl Waiting {
+    /// How the batch ended, for its `Finish`.
+    fn outcome(&self) -> Outcome {
+        if self.partial {
+            // (Its missing sources were recorded when it timed out.)
+            Outcome::Incomplete {
+                missing: Vec::new(),
+            }
+        } else {
+            Outcome::Built
+        }
+    }
 }
 
 /// Where built batches go when there are consumers.
@@ -287,6 +316,8 @@ pub struct BuilderUnit {
     link_lost: Vec<bool>,
     /// `None`: no consumers, built batches go to the sink.
     output: Option<Output>,
+    /// `output.deliver_partial`.
+    deliver_partial: bool,
     pub stats: BuStats,
 }
 
@@ -327,6 +358,7 @@ impl BuilderUnit {
                 full_since: None,
             }),
             stats: BuStats::new(layout.rus(), layout.fus()),
+            deliver_partial: config.output.deliver_partial,
         }
     }
 
@@ -426,23 +458,33 @@ impl BuilderUnit {
                 mep: w.mep,
                 events: w.events,
                 bytes: w.bytes,
+                partial: w.partial,
             });
             if w.redelivery {
                 self.stats.batches_redelivered += 1;
                 continue;
             }
             self.stats.batches_delivered += 1;
+            if w.partial {
+                self.stats.batches_delivered_partial += 1;
+            }
+            let code = if w.partial {
+                crate::wire::outcome::INCOMPLETE
+            } else {
+                crate::wire::outcome::BUILT
+            };
             self.stats.bytes_delivered += crate::wire::batch_payload_len(sources, w.bytes);
             out.push(BuAction::Finish {
                 mep: w.mep,
-                outcome: Outcome::Built,
+                outcome: w.outcome(),
                 events: w.events,
                 bytes: w.bytes,
+                partial: false,
             });
             if !w.reported {
                 out.push(BuAction::Finished {
                     mep: w.mep,
-                    outcome: crate::wire::outcome::BUILT,
+                    outcome: code,
                 });
             }
         }
@@ -451,7 +493,11 @@ impl BuilderUnit {
                 w.reported = true;
                 out.push(BuAction::Finished {
                     mep: w.mep,
-                    outcome: crate::wire::outcome::BUILT,
+                    outcome: if w.partial {
+                        crate::wire::outcome::INCOMPLETE
+                    } else {
+                        crate::wire::outcome::BUILT
+                    },
                 });
             }
         }
@@ -480,9 +526,10 @@ impl BuilderUnit {
             }
             out.push(BuAction::Finish {
                 mep: w.mep,
-                outcome: Outcome::Built,
+                outcome: w.outcome(),
                 events: w.events,
                 bytes: w.bytes,
+                partial: false,
             });
             if !w.reported {
                 out.push(BuAction::Finished {
@@ -594,6 +641,7 @@ impl BuilderUnit {
                     outcome,
                     events,
                     bytes: 0,
+                    partial: false,
                 });
                 out.push(BuAction::Finished {
                     mep,
@@ -841,19 +889,6 @@ impl BuilderUnit {
                 s.fragments_unexpected += batch.arrived_count as u64;
             }
         }
-        if outcome == Outcome::Built && self.output.is_some() {
-            let o = self.output.as_mut().expect("checked");
-            o.queue.push_back(Waiting {
-                mep,
-                events,
-                bytes: batch.bytes,
-                reported: false,
-                stalled: false,
-                redelivery: false,
-            });
-            self.pump_output(now, out);
-            return;
-        }
         let s = &mut self.stats;
         if !matches!(outcome, Outcome::Built | Outcome::Unexpected)
             && s.incidents.len() < MAX_INCIDENTS
@@ -864,11 +899,38 @@ impl BuilderUnit {
                 outcome: outcome.clone(),
             });
         }
+        // What did arrive of an incomplete batch still goes out, flagged.
+        // (Not with a fragment that failed verification: nothing corrupt
+        // goes out as if it were good.)
+        let partial = self.deliver_partial
+            && batch.assigned
+            && batch.arrived_count > 0
+            && batch.corrupt_sources.is_empty()
+            && matches!(outcome, Outcome::Incomplete { .. });
+        if (outcome == Outcome::Built || partial) && self.output.is_some() {
+            let o = self.output.as_mut().expect("checked");
+            o.queue.push_back(Waiting {
+                mep,
+                events,
+                bytes: batch.bytes,
+                reported: false,
+                stalled: false,
+                redelivery: false,
+                partial,
+            });
+            self.pump_output(now, out);
+            return;
+        }
+        if partial {
+            // The driver hands it to the sink (see [`BuAction::Finish`]).
+            self.stats.batches_delivered_partial += 1;
+        }
         out.push(BuAction::Finish {
             mep,
             outcome: outcome.clone(),
             events,
             bytes: batch.bytes,
+            partial,
         });
         if batch.assigned {
             let code = match outcome {
@@ -1039,6 +1101,83 @@ mod tests {
         }
     }
 
+    /// `output.deliver_partial`: a batch that times out with one of three
+    /// fragments missing goes to the sink (no consumers) or to a consumer
+    /// flagged partial, and is reported incomplete to the EM; one with a
+    /// fragment that failed verification is not delivered; with the
+    /// option off nothing incomplete is.
+    #[test]
+    fn incomplete_batches_are_delivered_flagged_partial_when_configured() {
+        for (deliver, consumers) in [(true, 0), (true, 1), (false, 0), (false, 1)] {
+            let mut config = Config::default();
+            config.nodes.count = 3;
+            config.output.deliver_partial = deliver;
+            config.output.consumers = consumers;
+            let layout = Layout::from_config(&config);
+            let node = layout.bu_nodes[0];
+            let mut bu = BuilderUnit::new(&config, &layout, node);
+            let mut out = Vec::new();
+            bu.start(&mut out);
+            if consumers > 0 {
+                bu.on_consumer_credit(0, layout.fu_nodes[0], 4, &mut out);
+            }
+            for mep in [1, 2] {
+                bu.on_assign(0, mep, &mut out);
+                for s in 0..2 {
+                    let mut h = fragment(&config, s, mep);
+                    // Well formed: at least a size per event.
+                    h.payload_len = 4 * config.source.events_per_mep;
+                    assert_eq!(bu.admit(0, layout.ru_nodes[s as usize], &h), Admit::Keep);
+                    // MEP 2's fragment of source 1 fails verification.
+                    let crc = if mep == 2 && s == 1 { 1 } else { 0 };
+                    h.crc32c = 0;
+                    bu.on_fragment(0, &h, crc, &mut out);
+                }
+            }
+            out.clear();
+            bu.on_timeout(u64::MAX, &mut out);
+            let what = format!("deliver_partial {deliver}, consumers {consumers}: {out:?}");
+            let to_sink: Vec<MepId> = out
+                .iter()
+                .filter_map(|a| match a {
+                    BuAction::Finish {
+                        mep, partial: true, ..
+                    } => Some(*mep),
+                    _ => None,
+                })
+                .collect();
+            let delivered: Vec<MepId> = out
+                .iter()
+                .filter_map(|a| match a {
+                    BuAction::Deliver {
+                        mep, partial: true, ..
+                    } => Some(*mep),
+                    _ => None,
+                })
+                .collect();
+            let expected = if deliver { vec![1] } else { vec![] };
+            if consumers == 0 {
+                assert_eq!(to_sink, expected, "{what}");
+                assert!(delivered.is_empty(), "{what}");
+            } else {
+                assert_eq!(delivered, expected, "{what}");
+                assert!(to_sink.is_empty(), "{what}");
+            }
+            assert_eq!(bu.stats.batches_delivered_partial, expected.len() as u64);
+            assert_eq!(bu.stats.batches_incomplete, 2, "{what}");
+            assert_eq!(bu.stats.batches_built, 0, "{what}");
+            // The EM hears both as incomplete, whatever was delivered.
+            let codes: Vec<u8> = out
+                .iter()
+                .filter_map(|a| match a {
+                    BuAction::Finished { outcome, .. } => Some(*outcome),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(codes, vec![crate::wire::outcome::INCOMPLETE; 2], "{what}");
+        }
+    }
+
     /// The worst case for the fixed receive pool: fragments of `credits`
     /// MEPs overtake their assignments, then `credits` other MEPs are
     /// assigned, every payload of all of them but one (so that none
@@ -1143,6 +1282,7 @@ mod tests {
                 reported: false,
                 stalled: false,
                 redelivery: false,
+                partial: false,
             });
         };
         // Only FU a grants credit: batches 1 and 2 go to it.

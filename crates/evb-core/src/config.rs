@@ -324,6 +324,10 @@ pub struct OutputSection {
     /// credit to the EM; past that, batches keep their credit until they
     /// are delivered, which is how busy consumers stall the EM.
     pub bu_output_batches: u32,
+    /// Batches that time out with fragments missing are still delivered,
+    /// flagged partial (to the consumers, or to the file or store sink),
+    /// with what did arrive; they count as incomplete all the same.
+    pub deliver_partial: bool,
 }
 
 impl Default for OutputSection {
@@ -340,6 +344,7 @@ impl Default for OutputSection {
             consumer_work_passes: 0,
             accept_fraction: 1.0,
             bu_output_batches: 4,
+            deliver_partial: false,
         }
     }
 }

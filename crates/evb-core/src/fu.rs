@@ -53,6 +53,9 @@ pub struct FuStats {
     /// Batches whose CRC or shape did not verify (still consumed: their
     /// credit returns, the data is counted bad).
     pub batches_corrupt: u64,
+    /// Deliveries flagged partial (incomplete batches a BU delivered
+    /// anyway, `output.deliver_partial`): received and consumed like any.
+    pub batches_partial: u64,
     /// Deliveries beyond the credit granted, from a non-BU, or another run:
     /// dropped, no credit returned.
     pub deliveries_unexpected: u64,
@@ -238,6 +241,9 @@ impl FilterUnit {
         self.stats.bytes_received += u64::from(h.payload_len);
         if !intact {
             self.stats.batches_corrupt += 1;
+        }
+        if h.flags & crate::wire::FLAG_PARTIAL != 0 {
+            self.stats.batches_partial += 1;
         }
         self.queue.push_back(Delivery {
             mep: h.mep,

@@ -462,6 +462,7 @@ impl Harness {
                     mep,
                     events,
                     bytes,
+                    partial,
                 } => {
                     *self.report.delivered.entry(mep).or_insert(0) += 1;
                     let credit = self.consumer_credit.entry((id, to)).or_insert(0);
@@ -477,7 +478,12 @@ impl Harness {
                     let h = FragmentHeader {
                         run_id: self.config.run.run_id,
                         source: self.layout.bu_of[id as usize].expect("a BU delivers"),
-                        flags: crate::wire::FLAG_BATCH,
+                        flags: crate::wire::FLAG_BATCH
+                            | if partial {
+                                crate::wire::FLAG_PARTIAL
+                            } else {
+                                0
+                            },
                         mep,
                         event_count: events as u32,
                         payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,

@@ -35,22 +35,28 @@ pub enum Action {
     /// The RU no longer needs the data of `mep`.
     Release { mep: MepId },
     /// The BU finished `mep`: deliver it to the sink if `outcome` is
-    /// `Built`, then free its buffers.
+    /// `Built`, or if `partial` (incomplete, `output.deliver_partial`:
+    /// what arrived, flagged partial), then free its buffers.
     Finish {
         mep: MepId,
         outcome: Outcome,
         events: u64,
         bytes: u64,
+        partial: bool,
     },
     /// Send the built batch `mep` to the Filter Unit on endpoint `to`: a
     /// fragment with [`FLAG_BATCH`] whose payload is the batch
     /// ([`crate::wire::batch_payload_len`]); the `Finish` of `mep` follows,
     /// so keep (or copy) its buffers until the transport has them.
+    /// `partial`: the batch is incomplete and delivered anyway
+    /// (`output.deliver_partial`): set [`crate::wire::FLAG_PARTIAL`]; a
+    /// missing source's fragment is empty.
     Deliver {
         to: NodeId,
         mep: MepId,
         events: u64,
         bytes: u64,
+        partial: bool,
     },
     /// BU: a consumer confirmed built batch `mep` (or it can never be
     /// delivered): free the copy kept for delivering it again.
@@ -671,11 +677,13 @@ impl Node {
                         mep,
                         events,
                         bytes,
+                        partial,
                     } => self.actions.push_back(Action::Deliver {
                         to,
                         mep,
                         events,
                         bytes,
+                        partial,
                     }),
                     BuAction::Confirmed { mep } => {
                         self.actions.push_back(Action::Confirmed { mep })
@@ -685,11 +693,13 @@ impl Node {
                         outcome,
                         events,
                         bytes,
+                        partial,
                     } => self.actions.push_back(Action::Finish {
                         mep,
                         outcome,
                         events,
                         bytes,
+                        partial,
                     }),
                 }
             }

@@ -21,6 +21,10 @@ pub const FRAGMENT_HEADER_LEN: usize = 32;
 /// Filter Unit, not an RU's fragment. `source` is then the BU index and the
 /// payload is laid out as [`batch_payload_len`] describes.
 pub const FLAG_BATCH: u16 = 1;
+/// [`FragmentHeader::flags`] bit, with [`FLAG_BATCH`]: the batch timed
+/// out with fragments missing and is delivered anyway
+/// (`output.deliver_partial`); a missing source's fragment is empty.
+pub const FLAG_PARTIAL: u16 = 2;
 
 /// Payload length of a delivered batch of `sources` fragments totalling
 /// `fragment_bytes`: a u32 fragment count, a u32 length per fragment, then

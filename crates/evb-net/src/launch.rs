@@ -820,6 +820,12 @@ pub fn format_summary(result: &RunResult) -> String {
                     produced\n";
         }
     }
+    if s.batches_delivered_partial > 0 {
+        out += &format!(
+            "incomplete batches delivered anyway, flagged partial (output.deliver_partial): {}\n",
+            s.batches_delivered_partial
+        );
+    }
     if let Some(mep) = s.em_resumed_at_mep {
         out += &format!(
             "the Event Manager was restarted and resumed at MEP {mep}: MEP fates are the BUs' own \

@@ -390,6 +390,12 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
             c(r.batches_delivered),
         );
         metric(
+            "evb_bu_batches_delivered_partial_total",
+            "counter",
+            "Incomplete batches this BU delivered anyway, flagged partial.",
+            c(r.batches_delivered_partial),
+        );
+        metric(
             "evb_bu_delivered_bytes_total",
             "counter",
             "Bytes of the batches this BU handed to consumers (fragment table included).",

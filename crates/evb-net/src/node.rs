@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use evb_core::bu::Admit;
 use evb_core::config::{BusyWait, Config, SinkKind};
 use evb_core::source::{payload_crc, SourceModel};
-use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH};
+use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
 use crate::report::NodeReport;
@@ -1207,8 +1207,12 @@ impl Runtime {
                     }
                 }
                 Action::Deliver {
-                    to, mep, events, ..
-                } => self.deliver(transport, to, mep, events),
+                    to,
+                    mep,
+                    events,
+                    partial,
+                    ..
+                } => self.deliver(transport, to, mep, events, partial),
                 Action::Confirmed { mep } => {
                     if let Some((rc, _)) = self.engine.deliveries.remove(&mep) {
                         // Still in the transport's hands: freed when sent.
@@ -1236,11 +1240,19 @@ impl Runtime {
                         self.engine.give_back_rx(d.buf);
                     }
                 }
-                Action::Finish { mep, outcome, .. } => {
+                Action::Finish {
+                    mep,
+                    outcome,
+                    partial,
+                    ..
+                } => {
                     let batch = self.engine.batches.remove(&mep);
-                    if outcome == Outcome::Built {
+                    // `partial`: what arrived of an incomplete batch goes
+                    // to the sink too, flagged (`output.deliver_partial`).
+                    if outcome == Outcome::Built || partial {
                         if let (Some(file), Some(b)) = (self.engine.sink.as_mut(), batch.as_ref()) {
-                            write_batch(file, mep, b).context("writing to the output file")?;
+                            write_batch(file, mep, b, partial)
+                                .context("writing to the output file")?;
                         }
                         if let (Some(store), Some(b)) = (self.store.as_mut(), batch.as_ref()) {
                             store_batch(store, mep, self.config.source.events_per_mep, b)?;
@@ -1321,7 +1333,14 @@ impl Runtime {
     /// Sends built batch `mep` to the FU on endpoint `to`: the fragment
     /// table and the fragments, copied into one buffer (the transport takes
     /// one payload buffer per message), with its CRC-32C.
-    fn deliver(&mut self, transport: &mut dyn Transport, to: NodeId, mep: MepId, events: u64) {
+    fn deliver(
+        &mut self,
+        transport: &mut dyn Transport,
+        to: NodeId,
+        mep: MepId,
+        events: u64,
+        partial: bool,
+    ) {
         let e = &mut self.engine;
         if let Some((data, header)) = e.deliveries.get(&mep) {
             // Again: its first consumer was lost before confirming it.
@@ -1344,7 +1363,7 @@ impl Runtime {
         let header = FragmentHeader {
             run_id: self.config.run.run_id,
             source: self.layout.bu_of[self.rank as usize].expect("a BU delivers"),
-            flags: FLAG_BATCH,
+            flags: FLAG_BATCH | if partial { FLAG_PARTIAL } else { 0 },
             mep,
             event_count: events as u32,
             payload_len: buf.len() as u32,
@@ -1543,10 +1562,15 @@ fn store_accepted(
 /// Appends a built batch: `EVBB`, MEP (u64), fragment count (u32), each
 /// fragment's length (u32), then the fragments in source order; all
 /// little-endian (see docs/run-json.md).
-fn write_batch(file: &mut std::fs::File, mep: MepId, b: &BatchSlots) -> std::io::Result<()> {
+fn write_batch(
+    file: &mut std::fs::File,
+    mep: MepId,
+    b: &BatchSlots,
+    partial: bool,
+) -> std::io::Result<()> {
     let parts: Vec<&[u8]> = b.slots.iter().map(slot_bytes).collect();
     let mut head = Vec::with_capacity(16 + 4 * parts.len());
-    head.extend_from_slice(b"EVBB");
+    head.extend_from_slice(if partial { b"EVBP" } else { b"EVBB" });
     head.extend_from_slice(&mep.to_le_bytes());
     head.extend_from_slice(&(parts.len() as u32).to_le_bytes());
     for p in &parts {

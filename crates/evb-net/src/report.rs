@@ -147,6 +147,13 @@ pub struct NodeReport {
     pub batches_delivered: u64,
     #[serde(default)]
     pub bytes_delivered: u64,
+    /// (BU, `output.deliver_partial`) Incomplete batches delivered anyway,
+    /// flagged partial (to consumers, or without them to the sink).
+    #[serde(default)]
+    pub batches_delivered_partial: u64,
+    /// (FU) Deliveries flagged partial it received.
+    #[serde(default)]
+    pub batches_consumed_partial: u64,
     #[serde(default)]
     pub batches_undelivered: u64,
     /// (BU with consumers) Deliveries confirmed by each consumer's credit
@@ -234,6 +241,7 @@ impl NodeReport {
             r.events_consumed = fu.events_consumed;
             r.bytes_consumed = fu.bytes_consumed;
             r.batches_consumed_corrupt = fu.batches_corrupt;
+            r.batches_consumed_partial = fu.batches_partial;
             r.deliveries_unexpected = fu.deliveries_unexpected;
             r.busy_s = fu.busy_ns as f64 * 1e-9;
             r.events_accepted = fu.events_accepted;
@@ -257,6 +265,7 @@ impl NodeReport {
         self.fragments_unexpected = bu.fragments_unexpected;
         self.max_open_batches = bu.max_open;
         self.batches_delivered = bu.batches_delivered;
+        self.batches_delivered_partial = bu.batches_delivered_partial;
         self.bytes_delivered = bu.bytes_delivered;
         self.batches_undelivered = bu.batches_undelivered;
         self.batches_confirmed = bu.batches_confirmed.clone();
@@ -388,6 +397,10 @@ pub struct Summary {
     /// Of `events_lost` (paced readout): events read out while no BU was left.
     #[serde(default)]
     pub events_lost_no_bu: u64,
+    /// Incomplete batches the BUs delivered anyway, flagged partial
+    /// (`output.deliver_partial`); their events are in `events_incomplete`.
+    #[serde(default)]
+    pub batches_delivered_partial: u64,
     /// The EM was restarted and resumed at this MEP. MEP fates are then the
     /// BUs' own counts (the old EM's died with it), and a BU that died with
     /// the old EM counts up to its last report.
@@ -459,6 +472,10 @@ pub struct ConsumersSummary {
     pub batches_accepted: u64,
     /// Consumed batches that failed verification (CRC or fragment table).
     pub batches_corrupt: u64,
+    /// Deliveries flagged partial the consumers received (incomplete
+    /// batches delivered anyway, `output.deliver_partial`).
+    #[serde(default)]
+    pub batches_partial: u64,
     /// Delivered and never consumed (a consumer died, or the drain ended).
     pub batches_not_consumed: u64,
     /// Producer (delivered) and consumer throughput over the run, Gb/s.
@@ -512,6 +529,7 @@ impl ConsumersSummary {
             c.events_accepted += r.events_accepted;
             c.batches_accepted += r.batches_accepted;
             c.batches_corrupt += r.batches_consumed_corrupt;
+            c.batches_partial += r.batches_consumed_partial;
         }
         c.batches_not_consumed = c.batches_delivered.saturating_sub(c.batches_consumed);
         c.em_credit_stalls = reports
@@ -604,6 +622,7 @@ impl Summary {
             s.events_incomplete += r.events_incomplete;
             s.events_corrupt += r.events_corrupt;
             s.batches_built += r.batches_built;
+            s.batches_delivered_partial += r.batches_delivered_partial;
             s.bytes_built += r.bytes_built;
             s.fragments_corrupt += r.fragments_corrupt;
             s.fragments_duplicate += r.fragments_duplicate;

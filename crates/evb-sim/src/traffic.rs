@@ -389,12 +389,18 @@ impl EventBuilder {
                     mep,
                     events,
                     bytes,
+                    partial,
                 } => {
                     let payload = evb_core::wire::batch_payload_len(self.layout.rus(), bytes);
                     let header = FragmentHeader {
                         run_id: self.run_id,
                         source: self.layout.bu_of[h].expect("a BU delivers"),
-                        flags: FLAG_BATCH,
+                        flags: FLAG_BATCH
+                            | if partial {
+                                evb_core::wire::FLAG_PARTIAL
+                            } else {
+                                0
+                            },
                         mep,
                         event_count: events as u32,
                         payload_len: payload as u32,
