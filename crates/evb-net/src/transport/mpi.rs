@@ -8,7 +8,8 @@
 //! body sent as one MPI message of an hindexed datatype over both buffers
 //! (no staging copy). The MPI tag says data or "finished"; the sender is
 //! the status' source. MPI has no file descriptor to sleep on, so blocking
-//! progress sleeps briefly between tests. Errors return (MPI_ERRORS_RETURN)
+//! progress yields between tests while completions come, and sleeps
+//! briefly between tests once idle. Errors return (MPI_ERRORS_RETURN)
 //! instead of aborting; a dead rank usually makes the launcher end the
 //! whole job (OpenMPI's default), which is MPI's failure model, not evb's.
 
@@ -56,7 +57,14 @@ pub struct MpiEndpoint {
     next_deliver: Vec<u64>,
     held: std::collections::BTreeMap<(usize, u64), (Vec<u8>, usize, u64)>,
     spare: Vec<Vec<u8>>,
+    /// Waits in a row with no completion in between (see `wait`).
+    idle_waits: u32,
 }
+
+/// Blocking progress: how long a nap between tests once idle, and after
+/// how many waits without a completion.
+const NAP: Duration = Duration::from_micros(50);
+const YIELDS_BEFORE_NAP: u32 = 256;
 
 fn check(rc: c_int, what: &str) -> Result<()> {
     if rc != 0 {
@@ -106,6 +114,7 @@ impl MpiEndpoint {
             next_deliver: vec![0; size as usize],
             held: std::collections::BTreeMap::new(),
             spare: Vec::new(),
+            idle_waits: 0,
         })
     }
 
@@ -277,6 +286,7 @@ impl Endpoint for MpiEndpoint {
         if done <= 0 {
             return Ok(());
         }
+        self.idle_waits = 0;
         let mut finished: Vec<(usize, ffi::MPI_Status)> = (0..done as usize)
             .map(|k| (indices[k] as usize, statuses[k]))
             .collect();
@@ -346,16 +356,18 @@ impl Endpoint for MpiEndpoint {
     }
 
     fn wait(&mut self, timeout: Duration) -> Result<()> {
-        // No descriptor to sleep on: a short nap (blocking) or a spin.
+        // No descriptor to sleep on. Busy: yield once (any other runnable
+        // process gets the core first) and let the caller test again.
+        // Blocking: the same while completions keep coming, a short nap
+        // once the endpoint has been idle for a while (a nap per wait
+        // throttles a stream of large messages).
         match self.progress {
-            Progress::Blocking => std::thread::sleep(timeout.min(Duration::from_micros(50))),
-            Progress::Busy => {
-                let end = Instant::now() + timeout.min(Duration::from_micros(200));
-                while Instant::now() < end {
-                    // Any other runnable process gets the core first.
-                    std::thread::yield_now();
-                }
+            Progress::Busy => std::thread::yield_now(),
+            Progress::Blocking if self.idle_waits < YIELDS_BEFORE_NAP => {
+                self.idle_waits += 1;
+                std::thread::yield_now();
             }
+            Progress::Blocking => std::thread::sleep(timeout.min(NAP)),
         }
         Ok(())
     }
