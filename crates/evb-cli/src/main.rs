@@ -121,7 +121,9 @@ struct NodeArgs {
     rendezvous: Option<PathBuf>,
     /// Join a run already going, as a restarted node (same rank; tcp: same address, shm: a new
     /// inbox, ucx and ofi:tcp: a new address): no start barrier, connect to the live peers, the
-    /// EM re-admits it (tcp, shm, ucx and ofi:tcp).
+    /// EM re-admits it (tcp, shm, ucx and ofi:tcp). A restarted EM takes the run over. With
+    /// --control launcher: started outside the job, give --rank; the size comes from the
+    /// rendezvous directory.
     #[arg(long)]
     rejoin: bool,
 }
