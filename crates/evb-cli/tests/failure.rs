@@ -274,14 +274,7 @@ fn check_em_restart(transport: &str) {
     assert_eq!(v["nodes"][4]["restarted"], true, "{text}");
     // Every event has one fate; only MEPs the first EM was assigning as it
     // died can miss a part (at most the BUs' credits of them).
-    let generated = n(&v, "events_generated");
-    let (built, incomplete, corrupt, lost) = (
-        n(&v, "events_built"),
-        n(&v, "events_incomplete"),
-        n(&v, "events_corrupt"),
-        n(&v, "events_lost"),
-    );
-    assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
+    let (generated, built, incomplete, corrupt, lost) = fates(&v, &text);
     assert_eq!(corrupt, 0, "{text}");
     assert!(incomplete + lost <= 4 * 2 * 1024, "{text}");
     let clean = generated == built;
@@ -466,20 +459,7 @@ fn check_restart_noticed_within(transport: &str, notice_s: f64) {
         serde_json::json!([]),
         "{text}"
     );
-    let generated = n(&v, "events_generated");
-    let (built, incomplete, corrupt, lost) = (
-        n(&v, "events_built"),
-        n(&v, "events_incomplete"),
-        n(&v, "events_corrupt"),
-        n(&v, "events_lost"),
-    );
-    assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
-    assert_eq!(lost, n(&v, "events_lost_bu_gone"), "{text}");
-    assert!(
-        lost + n(&v, "meps_reassigned") * 1024 <= 2 * 1024,
-        "at most the dead BU's credits, lost or re-assigned: {text}"
-    );
-    assert_eq!(corrupt, 0, "{text}");
+    check_exact_accounting(&v, &text, 2);
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     // The death is seen by every survivor within `notice_s` (a second).
     let seen: Vec<f64> = failures
@@ -561,10 +541,9 @@ fn check_restart_noticed_within(transport: &str, notice_s: f64) {
     }
 }
 
-/// Every generated event has exactly one fate, and the lost ones are those
-/// of MEPs a BU that was declared lost had not finished (at most its
-/// `credits` MEPs of 1024 events each, lost or re-assigned).
-fn check_exact_accounting(v: &Value, text: &str, credits: u64) {
+/// The summary's (generated, built, incomplete, corrupt, lost) events,
+/// checked to add up: every generated event has exactly one fate.
+fn fates(v: &Value, text: &str) -> (u64, u64, u64, u64, u64) {
     let generated = n(v, "events_generated");
     let (built, incomplete, corrupt, lost) = (
         n(v, "events_built"),
@@ -573,6 +552,14 @@ fn check_exact_accounting(v: &Value, text: &str, credits: u64) {
         n(v, "events_lost"),
     );
     assert_eq!(generated, built + incomplete + corrupt + lost, "{text}");
+    (generated, built, incomplete, corrupt, lost)
+}
+
+/// Every generated event has exactly one fate, and the lost ones are those
+/// of MEPs a BU that was declared lost had not finished (at most its
+/// `credits` MEPs of 1024 events each, lost or re-assigned).
+fn check_exact_accounting(v: &Value, text: &str, credits: u64) {
+    let (_, _, _, corrupt, lost) = fates(v, text);
     assert_eq!(lost, n(v, "events_lost_bu_gone"), "{text}");
     assert!(
         lost + n(v, "meps_reassigned") * 1024 <= credits * 1024,
