@@ -112,6 +112,9 @@ pub struct Options {
 /// and BODY_BIT.
 pub use evb_tagseq::TAG_BITS;
 use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, SEQ_MASK, TAG_MASK};
+/// Blocking mode: waits with no completion before `wait` sleeps on the
+/// event fd instead of yielding.
+const YIELDS_BEFORE_SLEEP: u32 = 256;
 /// On the head of a message whose body follows as its own message.
 const SPLIT_BIT: u64 = 1 << 62;
 /// On that body: the buffers posted for heads do not match it.
@@ -435,6 +438,9 @@ pub struct Endpoint {
     worker: sys::ucp_worker_h,
     event_fd: c_int,
     progress_mode: Progress,
+    /// Waits in a row with no completion in between: blocking waits only
+    /// yield until there were `YIELDS_BEFORE_SLEEP` of them.
+    idle_waits: u32,
     max_outstanding_sends: usize,
     peer_failure_detection: bool,
     tls: Option<String>,
@@ -571,6 +577,7 @@ impl Endpoint {
                 worker,
                 event_fd,
                 progress_mode: opts.progress,
+                idle_waits: 0,
                 max_outstanding_sends: opts.max_outstanding_sends,
                 peer_failure_detection: opts.peer_failure_detection,
                 tls: opts.tls.clone(),
@@ -1007,6 +1014,15 @@ impl Endpoint {
 
     /// Drives UCX without blocking and appends what finished to `out`.
     pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        let before = out.len();
+        let result = self.progress_inner(out);
+        if out.len() > before {
+            self.idle_waits = 0;
+        }
+        result
+    }
+
+    fn progress_inner(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
         self.drive();
         out.append(&mut self.ready);
         // Posting a body receive can complete it at once (its report is
@@ -1241,6 +1257,20 @@ impl Endpoint {
                 // does when oversubscribed); alone, this is a short syscall.
                 std::thread::yield_now();
             },
+            Progress::Blocking if self.idle_waits < YIELDS_BEFORE_SLEEP => {
+                // Traffic flows (completions within the last waits): a
+                // sleep and a wake-up through the event fd per message
+                // cost more than the message (1 MiB over tcp, split
+                // bodies, one in flight: 2.1-3.3 against 5.1-5.2 GiB/s
+                // spinning). Drive UCX once and yield the core instead.
+                self.idle_waits += 1;
+                // SAFETY: worker is valid for the life of self.
+                let events = unsafe { sys::ucp_worker_progress(self.worker) };
+                if events == 0 && !self.has_news() {
+                    std::thread::yield_now();
+                }
+                Ok(())
+            }
             Progress::Blocking => {
                 let spin_until = Instant::now() + spin_before_sleep();
                 while Instant::now() < spin_until.min(deadline) {
