@@ -11,8 +11,9 @@
 //! receiver's tail has moved past the record, which is the send's
 //! completion: no acknowledgement messages.
 //!
-//! Waiting is a futex wait on the doorbell (blocking progress) or a spin
-//! (busy progress). A receiver that consumed records rings the sender's
+//! Waiting is a futex wait on the doorbell (blocking progress; while
+//! traffic flows it yields the core instead, for [`YIELDS_BEFORE_SLEEP`]
+//! waits that found nothing) or a spin (busy progress). A receiver that consumed records rings the sender's
 //! doorbell too, so a sender waiting for ring space or completions wakes.
 //!
 //! Rejoin (when the runtime enables it: under `evb run --restart`): an
@@ -56,6 +57,13 @@ use anyhow::{bail, Context, Result};
 use super::msg::{Body, Completion, Endpoint};
 use super::Progress;
 
+/// Blocking waits that only yield the core, after progress last completed
+/// something, before a wait sleeps on the doorbell. While traffic flows a
+/// futex sleep per wait costs a wake-up (a system call and an IPI for the
+/// sender, a context switch for both): `evb run -n 4` built 15-20 % less.
+/// Fewer than the other transports' 256: idle, every wake-up spins this
+/// many yields before it sleeps again.
+const YIELDS_BEFORE_SLEEP: u32 = 64;
 /// Messages up to this size travel inside the ring.
 pub const INLINE_MAX: usize = 16 << 10;
 const MAGIC: u64 = 0x6576_625f_7368_6d33; // "evb_shm3"
@@ -366,6 +374,8 @@ pub struct ShmEndpoint {
     /// Per endpoint: the epoch of our link with it (one more each time the
     /// link is re-established, as both ends agree through the join slots).
     epochs: Vec<u64>,
+    /// Blocking waits in a row since progress last completed anything.
+    idle_waits: u32,
 }
 
 impl ShmEndpoint {
@@ -413,6 +423,7 @@ impl ShmEndpoint {
             join_seen: vec![0; endpoints as usize],
             join_bell_seen: 0,
             epochs: vec![0; endpoints as usize],
+            idle_waits: 0,
         })
     }
 
@@ -1103,6 +1114,7 @@ impl Endpoint for ShmEndpoint {
     }
 
     fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
+        let before = out.len();
         // Joins first: a reset ring is read only after the join is told.
         self.start_relinks();
         let retry = Instant::now() >= self.next_exit_check;
@@ -1141,6 +1153,9 @@ impl Endpoint for ShmEndpoint {
                 out.push(Completion::Sent { ctx });
             }
         }
+        if out.len() > before {
+            self.idle_waits = 0;
+        }
         Ok(())
     }
 
@@ -1161,6 +1176,11 @@ impl Endpoint for ShmEndpoint {
                 // (four busy nodes on two cores would otherwise starve
                 // each other); alone, it is a short syscall per poll.
                 Progress::Busy => std::thread::yield_now(),
+                Progress::Blocking if self.idle_waits < YIELDS_BEFORE_SLEEP => {
+                    self.idle_waits += 1;
+                    std::thread::yield_now();
+                    return Ok(());
+                }
                 Progress::Blocking => {
                     let waiters = self.inbox.atomic_u32(Geometry::WAITERS);
                     waiters.fetch_add(1, Ordering::SeqCst);
