@@ -5,7 +5,11 @@
 # the same block size between the same number of ranks under OpenMPI.
 # Both move fresh data every time. Prints both figures and the ratio.
 #
-#   bench/evb-vs-mpi-alltoall.sh [RANKS=4] [BLOCK=1048576] [SECONDS=5] [TRANSPORT=shm]
+#   bench/evb-vs-mpi-alltoall.sh [RANKS=4] [BLOCK=1048576] [SECONDS=5] [TRANSPORT=shm] [ROUNDS=1]
+#
+# With ROUNDS > 1 the two alternate that many times and the median ratio of
+# the rounds is printed last: on a shared machine both figures drift by
+# 20 % or more within minutes, and only runs next to each other compare.
 #
 # Environment: PROGRESS=busy runs evb with transport.progress=busy (spin,
 # yielding the core between polls), which is how OpenMPI waits: it
@@ -16,6 +20,7 @@ ranks=${1:-4}
 block=${2:-1048576}
 seconds=${3:-5}
 transport=${4:-shm}
+rounds=${5:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 work=$(mktemp -d)
@@ -32,6 +37,8 @@ events=4096
 mean=$(( block / events - 4 ))
 [ "$mean" -gt 0 ] || { echo "BLOCK too small for $events events per MEP" >&2; exit 2; }
 
+ratios=()
+for round in $(seq "$rounds"); do
 echo "== evb run: $ranks nodes over $transport, fragments of $block bytes, $seconds s, ${PROGRESS:-blocking} progress"
 "$evb" run --progress never -n "$ranks" -t "$transport" -d "$seconds" --json "$work/evb.json" \
   --set source.size=fixed --set source.mean_bytes="$mean" --set source.events_per_mep="$events" \
@@ -44,8 +51,18 @@ mpi_line=$(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks
 echo "$mpi_line"
 mpi_gbps=$(echo "$mpi_line" | sed -n 's/.* gbps_with_local=\([0-9.]*\).*/\1/p')
 
-python3 - "$evb_gbps" "$mpi_gbps" <<'PY'
+ratios+=("$(python3 - "$evb_gbps" "$mpi_gbps" <<'PY'
 import sys
 e, m = float(sys.argv[1]), float(sys.argv[2])
-print(f"evb built {e:.2f} Gb/s, MPI_Alltoall {m:.2f} Gb/s (all blocks, own included): ratio evb/MPI = {e/m:.2f}")
+print(f"{e/m:.2f}")
+print(f"evb built {e:.2f} Gb/s, MPI_Alltoall {m:.2f} Gb/s (all blocks, own included): ratio evb/MPI = {e/m:.2f}", file=sys.stderr)
 PY
+)")
+done
+if [ "$rounds" -gt 1 ]; then
+  python3 - "${ratios[@]}" <<'PY'
+import statistics, sys
+r = [float(x) for x in sys.argv[1:]]
+print(f"ratios {' '.join(f'{x:.2f}' for x in r)}: median {statistics.median(r):.2f}")
+PY
+fi
