@@ -688,6 +688,15 @@ fn a_stopped_node_resumes_and_relinks_over_tcp() {
     check_stop_resume("tcp");
 }
 
+/// The same over UCX (tcp): the higher rank of each pair asks for the
+/// link again with a RELINK from a new UCP endpoint, under a new epoch for
+/// the peer's messages; the lower answers, and both drop whatever the old
+/// link still delivers.
+#[test]
+fn a_stopped_node_resumes_and_relinks_over_ucx() {
+    check_stop_resume("ucx:tcp");
+}
+
 /// `--resume` of a node that does not exist, or that was not stopped
 /// before, is refused before any node starts, naming it.
 #[test]

@@ -24,6 +24,15 @@
 //! message with that epoch; messages of an older one (late completions of
 //! the dead incarnation, in whatever order they arrive) are dropped.
 //!
+//! **Relink.** A live endpoint whose link to a live peer was given up (it
+//! or the peer was stopped, starved of CPU, cut off for longer than the
+//! peer timeout) asks for the link again with a RELINK ([`relink_message`]):
+//! a JOIN that also names the epoch it now expects on the peer's messages
+//! (it bumped its own epoch for the peer and restarted the peer's stream
+//! first), so that both directions drop what the old link left in flight.
+//! Only the higher of the two sources asks; the lower answers, as it
+//! answers a JOIN, with its messages stamped with the asker's epoch.
+//!
 //! Wire tag, from the top bit: [`CTRL_BIT`] at 61 (bits 62 and 63 are the
 //! engines' own), the epoch (8 bits) at [`EPOCH_SHIFT`], the sequence
 //! number (21 bits) at [`TAG_BITS`], and the caller's 32 bits, of which
@@ -64,6 +73,10 @@ pub fn epoch_of(wire: u64) -> u8 {
 /// A JOIN's payload: magic, the joiner's source (u64), its index for the
 /// receiving peer (u32), its address.
 const JOIN_MAGIC: &[u8; 8] = b"EVBJOIN1";
+/// A RELINK's payload: magic, the asker's source (u64), its index for the
+/// receiving peer (u32), the epoch it expects on the peer's messages (u8),
+/// its address.
+const RELINK_MAGIC: &[u8; 8] = b"EVBRLNK1";
 /// The answer's payload: magic, the epoch to use (u8), the joiner's index
 /// for the answering peer (u32).
 const ACK_MAGIC: &[u8; 8] = b"EVBJACK1";
@@ -78,7 +91,20 @@ pub fn join_message(source: u64, index: u32, address: &[u8]) -> Vec<u8> {
     m
 }
 
-/// The answer to a JOIN: the epoch the joiner must use from now on, and
+/// The RELINK a live endpoint sends a live peer to re-establish their link
+/// (module docs): like a JOIN, plus `reply_epoch`, the epoch the peer must
+/// stamp its messages to the asker with from now on.
+pub fn relink_message(source: u64, index: u32, reply_epoch: u8, address: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(21 + address.len());
+    m.extend_from_slice(RELINK_MAGIC);
+    m.extend_from_slice(&source.to_le_bytes());
+    m.extend_from_slice(&index.to_le_bytes());
+    m.push(reply_epoch);
+    m.extend_from_slice(address);
+    m
+}
+
+/// The answer to a JOIN (or a RELINK): the epoch the joiner must use from now on, and
 /// the joiner's own index for the answering peer (from its JOIN).
 pub fn ack_message(epoch: u8, index: u32) -> Vec<u8> {
     let mut m = Vec::with_capacity(13);
@@ -98,6 +124,15 @@ pub enum Control<'a> {
         their_index: u32,
         address: &'a [u8],
     },
+    Relink {
+        /// The asker's source bits (as it sent them: mask them).
+        joiner: u64,
+        /// The asker's index for this endpoint, to return in the ACK.
+        their_index: u32,
+        /// The epoch to stamp this endpoint's messages to the asker with.
+        reply_epoch: u8,
+        address: &'a [u8],
+    },
     Ack {
         epoch: u8,
         /// This endpoint's index for the peer that answered.
@@ -114,6 +149,13 @@ pub fn parse_control(msg: &[u8]) -> Control<'_> {
             joiner: u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")),
             their_index: u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes")),
             address: &msg[20..],
+        }
+    } else if msg.len() >= 21 && &msg[..8] == RELINK_MAGIC {
+        Control::Relink {
+            joiner: u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")),
+            their_index: u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes")),
+            reply_epoch: msg[20],
+            address: &msg[21..],
         }
     } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
         Control::Ack {
@@ -293,6 +335,21 @@ mod tests {
             "an ACK cut short"
         );
         assert_eq!(parse_control(b""), Control::Unknown);
+        let r = relink_message(5, 2, 17, b"addr");
+        assert_eq!(
+            parse_control(&r),
+            Control::Relink {
+                joiner: 5,
+                their_index: 2,
+                reply_epoch: 17,
+                address: b"addr"
+            }
+        );
+        assert_eq!(
+            parse_control(&r[..20]),
+            Control::Unknown,
+            "a RELINK cut short"
+        );
     }
 
     #[test]

@@ -50,6 +50,17 @@
 //! body) is dropped, in whatever order the two incarnations' messages
 //! arrive. The epoch is per link and wraps after 256 joins of one source.
 //!
+//! Relink ([`Endpoint::relink`]): when the runtime gives up the link to a
+//! peer whose process may well live (it was stopped, starved, cut off),
+//! the higher source of the two opens a new UCP endpoint to the peer's
+//! address, bumps its own epoch for the peer, restarts the peer's stream
+//! and sends a RELINK (a JOIN that also carries that epoch); the lower
+//! answers as it answers a JOIN, and stamps its messages to the asker with
+//! the asker's epoch. So both directions drop whatever the old link still
+//! delivers. A request whose new endpoint fails is made again from another
+//! one after a backoff (250 ms doubling to 2 s). The old endpoint is left
+//! open (one per relink).
+//!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
 //! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
@@ -424,6 +435,8 @@ impl<T> Slab<T> {
 
 struct Peer {
     ep: sys::ucp_ep_h,
+    /// The address it was reached at (a relink opens a new ep to it).
+    address: Vec<u8>,
     failed: Option<String>,
     /// The epoch this peer expects on our messages (module docs on rejoin).
     send_epoch: u8,
@@ -469,7 +482,24 @@ pub struct Endpoint {
     joined_as: std::collections::HashMap<u64, PeerId>,
     /// Messages of replaced incarnations dropped (epoch no longer current).
     stale_dropped: u64,
+    /// Per source: the RELINK this endpoint sent and awaits an answer to.
+    relinks: std::collections::HashMap<u64, PendingRelink>,
 }
+
+/// A RELINK under way (module docs).
+struct PendingRelink {
+    /// The new peer index the request went to.
+    peer: PeerId,
+    address: Vec<u8>,
+    /// Its endpoint failed: ask again from a new one at this time.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+/// First wait before a RELINK whose endpoint failed is sent again; it
+/// doubles up to [`RELINK_BACKOFF_MAX`].
+const RELINK_BACKOFF: Duration = Duration::from_millis(250);
+const RELINK_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
 /// The ctx of the endpoint's own sends: their completions are not reported.
@@ -595,6 +625,7 @@ impl Endpoint {
                 closing: false,
                 own_source: None,
                 recv_epoch: Epochs::default(),
+                relinks: std::collections::HashMap::new(),
                 joined_as: std::collections::HashMap::new(),
                 stale_dropped: 0,
             })
@@ -645,6 +676,7 @@ impl Endpoint {
         }
         self.peers.push(Peer {
             ep,
+            address: address.to_vec(),
             failed: None,
             send_epoch: 0,
             awaiting_ack: false,
@@ -675,6 +707,82 @@ impl Endpoint {
         self.peers[peer].awaiting_ack = true;
         self.send_control(peer, CTRL_BIT | source, join)?;
         Ok(peer)
+    }
+
+    /// The link to `peer` (whose messages carry `source`) was given up
+    /// while both processes may live: ask for it again (module docs,
+    /// relink). The higher source of the two asks; the lower waits for the
+    /// request, so this does nothing there. The link is up again at the
+    /// [`Completion::PeerJoined`] of the answer, under a new peer index;
+    /// send nothing to the peer before it.
+    pub fn relink(&mut self, peer: PeerId, source: u64) -> Result<(), Error> {
+        let Some(own) = self.own_source else {
+            return Ok(());
+        };
+        let source = source & self.source_mask;
+        if own < source || self.relinks.contains_key(&source) {
+            return Ok(());
+        }
+        let Some(address) = self.peers.get(peer).map(|p| p.address.clone()) else {
+            return Ok(());
+        };
+        self.send_relink(source, address, RELINK_BACKOFF)
+    }
+
+    /// Opens a new endpoint to `address`, restarts `source`'s stream under
+    /// a new epoch and sends the RELINK.
+    fn send_relink(
+        &mut self,
+        source: u64,
+        address: Vec<u8>,
+        backoff: Duration,
+    ) -> Result<(), Error> {
+        let own = self.own_source.expect("relink needs rejoin enabled");
+        let peer = self.add_peer(&address)?;
+        let epoch = self.recv_epoch.bump(source);
+        self.joined_as.insert(source, peer);
+        self.cancel_bodies_from(source);
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { mut buf, .. } = done {
+                buf.clear();
+                let _ = self.post_recv(buf);
+            }
+        }
+        self.peers[peer].awaiting_ack = true;
+        self.relinks.insert(
+            source,
+            PendingRelink {
+                peer,
+                address,
+                retry_at: None,
+                backoff,
+            },
+        );
+        let request = evb_tagseq::relink_message(own, peer as u32, epoch, &self.address);
+        self.send_control(peer, CTRL_BIT | own, request)
+    }
+
+    /// A RELINK whose endpoint failed is sent again from a new one, after
+    /// a backoff; `failed`: peers reported failed by this progress.
+    fn retry_relinks(&mut self, failed: &[PeerId]) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for (&source, r) in &mut self.relinks {
+            if r.retry_at.is_none() && failed.contains(&r.peer) {
+                r.retry_at = Some(now + r.backoff);
+            }
+            if r.retry_at.is_some_and(|t| t <= now) {
+                due.push((source, r.address.clone(), r.backoff));
+            }
+        }
+        for (source, address, backoff) in due {
+            self.relinks.remove(&source);
+            let next = (backoff * 2).min(RELINK_BACKOFF_MAX);
+            if let Err(e) = self.send_relink(source, address, next) {
+                eprintln!("evb ucx: asking source {source:#x} for the link again: {e}");
+            }
+        }
     }
 
     /// Messages of replaced incarnations dropped so far.
@@ -744,7 +852,19 @@ impl Endpoint {
                 let address = address.to_vec();
                 buf.clear();
                 let _ = self.post_recv(buf);
-                self.accept_join(joiner, their_index, &address, out);
+                self.accept_join(joiner, their_index, &address, None, out);
+            }
+            Control::Relink {
+                joiner,
+                their_index,
+                reply_epoch,
+                address,
+            } if self.own_source.is_some() => {
+                let joiner = joiner & self.source_mask;
+                let address = address.to_vec();
+                buf.clear();
+                let _ = self.post_recv(buf);
+                self.accept_join(joiner, their_index, &address, Some(reply_epoch), out);
             }
             Control::Ack { epoch, index } => {
                 let index = index as usize;
@@ -754,6 +874,9 @@ impl Endpoint {
                     Some(p) if p.awaiting_ack => {
                         p.awaiting_ack = false;
                         p.send_epoch = epoch;
+                        if self.relinks.get(&source).is_some_and(|r| r.peer == index) {
+                            self.relinks.remove(&source);
+                        }
                         let joined = Completion::PeerJoined {
                             peer: index,
                             source,
@@ -777,12 +900,15 @@ impl Endpoint {
         }
     }
 
-    /// A new incarnation of `source` asks to be taken back (module docs).
+    /// A new incarnation of `source` asks to be taken back, or (with
+    /// `reply_epoch`, a RELINK) a live one asks for the link again (module
+    /// docs).
     fn accept_join(
         &mut self,
         source: u64,
         their_index: u32,
         address: &[u8],
+        reply_epoch: Option<u8>,
         out: &mut Vec<Completion>,
     ) {
         let Some(own) = self.own_source else {
@@ -799,6 +925,12 @@ impl Endpoint {
         };
         let epoch = self.recv_epoch.bump(source);
         self.joined_as.insert(source, peer);
+        // Its request supersedes one of ours (it is the higher: ours would
+        // not have been made, unless the sources are misconfigured).
+        self.relinks.remove(&source);
+        // A relinking peer expects its new epoch on everything we send it.
+        let reply_epoch = reply_epoch.unwrap_or(0);
+        self.peers[peer].send_epoch = reply_epoch;
         // The old incarnation's stream ends here: bodies still awaited from
         // it are cancelled, what waits for its missing messages is dropped.
         self.cancel_bodies_from(source);
@@ -815,7 +947,7 @@ impl Endpoint {
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
         let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(0, seq, own);
+        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
         if let Err(e) = self.send_control(peer, wire_tag, ack) {
             eprintln!("evb ucx: answering the join of source {source:#x}: {e}");
         }
@@ -1018,6 +1150,16 @@ impl Endpoint {
         let result = self.progress_inner(out);
         if out.len() > before {
             self.idle_waits = 0;
+        }
+        if !self.relinks.is_empty() {
+            let failed: Vec<PeerId> = out[before..]
+                .iter()
+                .filter_map(|c| match c {
+                    Completion::PeerFailed { peer, .. } => Some(*peer),
+                    _ => None,
+                })
+                .collect();
+            self.retry_relinks(&failed);
         }
         result
     }

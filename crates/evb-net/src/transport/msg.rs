@@ -17,7 +17,7 @@
 //! so that the runtime has handled the loss; what the new incarnation sends
 //! meanwhile is held back and handed over at the next poll. When the
 //! runtime drops a peer, the engine is asked to re-establish the link
-//! ([`Endpoint::relink`]: shm does, when the peer's process lives); the
+//! ([`Endpoint::relink`]: shm and ucx do, when the peer's process lives); the
 //! new link is reported like a join.
 
 use std::collections::{HashMap, VecDeque};
@@ -116,9 +116,10 @@ pub trait Endpoint {
     /// The runtime gave up the link to this peer (after `drop_peer`), whose
     /// process may well be alive (stopped for a while, starved of CPU): an
     /// engine that can re-establishes the link, reported as a
-    /// `PeerJoined` (shm does, through the join slots). The default: it
-    /// stays down.
-    fn relink(&mut self, _peer: usize) {}
+    /// `PeerJoined` (shm does, through the join slots; ucx with a RELINK,
+    /// see `evb_tagseq`). `tag`: the tag the peer's messages carry. The
+    /// default: it stays down.
+    fn relink(&mut self, _peer: usize, _tag: u64) {}
 }
 
 /// How long a restarted endpoint waits for the live peers to take it back
@@ -735,7 +736,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         // under way, or the run is over for us).
         if !self.joining[p] && !self.finished {
             if let Some(index) = self.peer_index[p] {
-                self.ep.relink(index);
+                self.ep.relink(index, u64::from(peer));
             }
         }
     }
@@ -823,7 +824,7 @@ mod tests {
         fn wait(&mut self, _timeout: Duration) -> Result<()> {
             Ok(())
         }
-        fn relink(&mut self, peer: usize) {
+        fn relink(&mut self, peer: usize, _tag: u64) {
             self.relinks.push(peer);
         }
     }

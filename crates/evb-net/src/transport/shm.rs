@@ -1238,7 +1238,7 @@ impl Endpoint for ShmEndpoint {
     /// there (it was stopped, or starved of CPU, or we were), ask it to
     /// re-establish the link: at once the first time, after a growing
     /// backoff when the link came back only a moment ago.
-    fn relink(&mut self, peer: usize) {
+    fn relink(&mut self, peer: usize, _tag: u64) {
         let Some(p) = self.peers.get_mut(peer) else {
             return;
         };
@@ -1450,7 +1450,7 @@ mod tests {
         assert!(sent(&mut a, a_to_b, b"a-old-1"));
         assert!(sent(&mut a, a_to_b, b"a-old-2"));
         assert!(sent(&mut b, b_to_a, b"b-old-1"));
-        a.relink(a_to_b);
+        a.relink(a_to_b, 1);
         // Nothing goes from a until b answers.
         assert!(!sent(&mut a, a_to_b, b"a-early"));
         assert_eq!(received(&mut a), (vec![], vec![]), "b has not answered");
@@ -1485,8 +1485,8 @@ mod tests {
         let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
         assert!(sent(&mut a, a_to_b, b"a-old"));
         assert!(sent(&mut b, b_to_a, b"b-old"));
-        a.relink(a_to_b);
-        b.relink(b_to_a);
+        a.relink(a_to_b, 1);
+        b.relink(b_to_a, 0);
         // b (rank 1) sees a's request first: it waits for a's answer.
         let mut joins_a = Vec::new();
         let mut joins_b = Vec::new();
@@ -1509,7 +1509,7 @@ mod tests {
         assert_eq!(received(&mut b), (vec![b"a-new".to_vec()], vec![]));
         assert_eq!(received(&mut a), (vec![b"b-new".to_vec()], vec![]));
         // A second drop soon after: a relinks again after a backoff.
-        a.relink(a_to_b);
+        a.relink(a_to_b, 1);
         let asked = a.peers[a_to_b].relink_at.expect("scheduled");
         assert!(asked >= Instant::now() + RELINK_FIRST / 2);
         std::thread::sleep(RELINK_FIRST + EXIT_CHECK);
@@ -1527,12 +1527,12 @@ mod tests {
     fn an_answer_already_superseded_is_one_join() {
         let run_id = 0x4300_0000 | (std::process::id() & 0xffff);
         let (mut a, mut b, a_to_b, b_to_a) = linked_pair(run_id);
-        b.relink(b_to_a);
+        b.relink(b_to_a, 0);
         assert_eq!(received(&mut b), (vec![], vec![]));
         // a answers (epoch 1), writes on that link, then drops it again.
         assert_eq!(received(&mut a).1, vec![(a_to_b, 1)]);
         assert!(sent(&mut a, a_to_b, b"a-epoch-1"));
-        a.relink(a_to_b);
+        a.relink(a_to_b, 1);
         std::thread::sleep(RELINK_FIRST + EXIT_CHECK);
         assert_eq!(received(&mut a), (vec![], vec![]));
         assert!(a.peers[a_to_b].awaiting.is_some(), "a asked again");
@@ -1565,7 +1565,7 @@ mod tests {
         let mut addr = b.local_address();
         addr[0..4].copy_from_slice(&dead_pid.to_le_bytes());
         let a_to_b = a.add_peer(&addr).unwrap();
-        a.relink(a_to_b);
+        a.relink(a_to_b, 1);
         let _ = received(&mut a);
         assert_eq!(a.peers[a_to_b].awaiting, None);
         let slot = a.geo.join_slot(0);

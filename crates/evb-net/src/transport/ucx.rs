@@ -177,6 +177,14 @@ impl Endpoint for UcxEndpoint {
         self.ep.forget_peer(peer, tag);
     }
 
+    /// Both processes may live (a stop, a cut link): the higher rank asks
+    /// for the link again with a RELINK, the lower answers it.
+    fn relink(&mut self, peer: usize, tag: u64) {
+        if let Err(e) = self.ep.relink(peer, tag) {
+            eprintln!("evb ucx: asking peer {peer} for the link again: {e}");
+        }
+    }
+
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
         self.ep.enable_rejoin(u64::from(self.rank));
         self.restarted = restarted;
