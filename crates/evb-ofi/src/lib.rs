@@ -294,6 +294,10 @@ pub struct Endpoint {
     send_epoch: Vec<u8>,
     /// Per peer: a restarted endpoint asked it to take it back, no answer yet.
     awaiting_ack: Vec<bool>,
+    /// Per peer: the address it was added with (a relink adds it again).
+    addresses: Vec<Vec<u8>>,
+    /// Sources this endpoint sent a RELINK to and awaits the answer of.
+    relinking: std::collections::HashSet<u64>,
     /// The endpoint's own messages the library could not take yet, in order.
     pending_control: std::collections::VecDeque<(PeerId, u64, Vec<u8>)>,
     /// Rejoin enabled: the source bits of this endpoint's own messages.
@@ -494,6 +498,8 @@ impl Endpoint {
             max_message: opts.max_message,
             send_epoch: Vec::new(),
             awaiting_ack: Vec::new(),
+            addresses: Vec::new(),
+            relinking: std::collections::HashSet::new(),
             pending_control: std::collections::VecDeque::new(),
             own_source: None,
             recv_epoch: Epochs::default(),
@@ -663,6 +669,7 @@ impl Endpoint {
         self.peers.push(fi_addr);
         self.send_epoch.push(0);
         self.awaiting_ack.push(false);
+        self.addresses.push(address.to_vec());
         Ok(self.peers.len() - 1)
     }
 
@@ -688,6 +695,41 @@ impl Endpoint {
             .push_back((peer, CTRL_BIT | source, join));
         self.push_control()?;
         Ok(peer)
+    }
+
+    /// The link to `peer` (whose messages carry `source`) was given up
+    /// while both processes may live: ask for it again (`evb_tagseq` docs,
+    /// relink). The higher source of the two asks, under a new peer index
+    /// (the same address added again) and a new epoch for the peer's
+    /// messages; the lower waits for the request. The link is up again at
+    /// the [`Completion::PeerJoined`] of the answer. A request the library
+    /// fails to deliver is not made again.
+    pub fn relink(&mut self, peer: PeerId, source: u64) -> Result<(), Error> {
+        let Some(own) = self.own_source else {
+            return Ok(());
+        };
+        let source = source & self.source_mask;
+        if own < source || self.relinking.contains(&source) {
+            return Ok(());
+        }
+        let Some(address) = self.addresses.get(peer).cloned() else {
+            return Ok(());
+        };
+        let new = self.add_peer(&address)?;
+        let epoch = self.recv_epoch.bump(source);
+        self.joined_as.insert(source, new);
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
+                self.post_recv(buf)?;
+            }
+        }
+        self.awaiting_ack[new] = true;
+        self.relinking.insert(source);
+        let request = evb_tagseq::relink_message(own, new as u32, epoch, &self.address);
+        self.pending_control
+            .push_back((new, CTRL_BIT | own, request));
+        self.push_control()
     }
 
     /// Messages of replaced incarnations dropped so far.
@@ -726,7 +768,18 @@ impl Endpoint {
                 let joiner = joiner & self.source_mask;
                 let address = address.to_vec();
                 self.post_recv(buf)?;
-                self.accept_join(joiner, their_index, &address, out)?;
+                self.accept_join(joiner, their_index, &address, None, out)?;
+            }
+            Control::Relink {
+                joiner,
+                their_index,
+                reply_epoch,
+                address,
+            } if self.own_source.is_some() => {
+                let joiner = joiner & self.source_mask;
+                let address = address.to_vec();
+                self.post_recv(buf)?;
+                self.accept_join(joiner, their_index, &address, Some(reply_epoch), out)?;
             }
             Control::Ack { epoch, index } => {
                 let index = index as usize;
@@ -734,6 +787,9 @@ impl Endpoint {
                 if self.awaiting_ack.get(index).copied().unwrap_or(false) {
                     self.awaiting_ack[index] = false;
                     self.send_epoch[index] = epoch;
+                    if self.joined_as.get(&source) == Some(&index) {
+                        self.relinking.remove(&source);
+                    }
                     let joined = Completion::PeerJoined {
                         peer: index,
                         source,
@@ -755,12 +811,15 @@ impl Endpoint {
         Ok(())
     }
 
-    /// A new incarnation of `source` asks to be taken back (crate docs).
+    /// A new incarnation of `source` asks to be taken back, or (with
+    /// `reply_epoch`, a RELINK) a live one asks for the link again
+    /// (`evb_tagseq` docs).
     fn accept_join(
         &mut self,
         source: u64,
         their_index: u32,
         address: &[u8],
+        reply_epoch: Option<u8>,
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
         let Some(own) = self.own_source else {
@@ -776,7 +835,18 @@ impl Endpoint {
             }
         };
         let epoch = self.recv_epoch.bump(source);
-        self.joined_as.insert(source, peer);
+        let previous = self.joined_as.insert(source, peer);
+        if self.relinking.remove(&source) {
+            // Our own request went to the old incarnation (dead, or it
+            // would not join anew): still queued, it would hold up every
+            // control message behind it, this answer included.
+            if let Some(old) = previous {
+                self.pending_control.retain(|(p, _, _)| *p != old);
+            }
+        }
+        // A relinking peer expects its new epoch on everything we send it.
+        let reply_epoch = reply_epoch.unwrap_or(0);
+        self.send_epoch[peer] = reply_epoch;
         // The old incarnation's stream ends here: what waits for its
         // missing messages is dropped.
         for done in self.streams.restart(source) {
@@ -791,7 +861,7 @@ impl Endpoint {
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
         let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(0, seq, own);
+        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
         self.pending_control.push_back((peer, wire_tag, ack));
         self.push_control()
     }

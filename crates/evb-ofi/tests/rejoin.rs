@@ -149,3 +149,128 @@ fn a_new_incarnation_joins_and_the_old_ones_messages_are_dropped() {
     assert!(got.contains(&(NEW, 0, 7)), "{got:?}");
     assert_eq!(eps[S].stale_dropped(), 4);
 }
+
+/// Relink: two live endpoints re-establish a link both gave up (a stop, a
+/// cut cable). Only the higher source asks (a RELINK, under a new epoch
+/// for the lower's messages); what the old link still delivers is dropped
+/// and the new link's messages arrive in order from their first, both ways.
+#[test]
+fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
+    const LOW: usize = 0;
+    const HIGH: usize = 1;
+    let mut eps: Vec<Endpoint> = (0..2).map(|_| open_rejoin()).collect();
+    eps[LOW].enable_rejoin(LOW as u64);
+    eps[HIGH].enable_rejoin(HIGH as u64);
+    let low_addr = eps[LOW].local_address();
+    let high_addr = eps[HIGH].local_address();
+    let low_to_high = eps[LOW].add_peer(&high_addr).unwrap();
+    let high_to_low = eps[HIGH].add_peer(&low_addr).unwrap();
+    for ep in eps.iter_mut() {
+        for _ in 0..8 {
+            ep.post_recv(Vec::with_capacity(evb_ofi::DEFAULT_MAX_MESSAGE))
+                .unwrap();
+        }
+    }
+    let (mut got, mut joins) = (Vec::new(), Vec::new());
+    send(&mut eps, LOW, low_to_high, 0, 1, 100, &mut got, &mut joins);
+    send(
+        &mut eps,
+        HIGH,
+        high_to_low,
+        1,
+        2,
+        40_000,
+        &mut got,
+        &mut joins,
+    );
+    let deadline = Deadline::new(30, "the first messages");
+    while got.len() < 2 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    got.sort();
+    assert_eq!(got, vec![(LOW, 1, 2), (HIGH, 0, 1)]);
+    got.clear();
+
+    // LOW sends on the old link; before HIGH reads any of it, both give
+    // the link up and ask for it again: only HIGH's request goes out.
+    for seq in 10..14 {
+        let len = 100 + (seq - 10) as usize * 40_000;
+        send(
+            &mut eps,
+            LOW,
+            low_to_high,
+            0,
+            seq,
+            len,
+            &mut got,
+            &mut joins,
+        );
+    }
+    eps[LOW].progress(&mut Vec::new()).unwrap();
+    eps[LOW].relink(low_to_high, HIGH as u64).unwrap();
+    eps[HIGH].relink(high_to_low, LOW as u64).unwrap();
+    let deadline = Deadline::new(30, "the relink");
+    while joins.len() < 2 || eps[HIGH].stale_dropped() < 4 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    assert!(
+        got.is_empty(),
+        "the old link's messages are dropped: {got:?}"
+    );
+    assert_eq!(eps[HIGH].stale_dropped(), 4);
+    let new_peer = |at: usize| {
+        let j: Vec<_> = joins.iter().filter(|j| j.0 == at).collect();
+        assert_eq!(j.len(), 1, "one join at {at}: {joins:?}");
+        j[0].1
+    };
+    let (low_to_high2, high_to_low2) = (new_peer(LOW), new_peer(HIGH));
+    assert_ne!(low_to_high2, low_to_high);
+    assert_ne!(high_to_low2, high_to_low);
+    assert!(
+        joins.contains(&(LOW, low_to_high2, HIGH as u64)),
+        "{joins:?}"
+    );
+    assert!(
+        joins.contains(&(HIGH, high_to_low2, LOW as u64)),
+        "{joins:?}"
+    );
+
+    // The new link both ways, in order from its first message; one more
+    // old-link message from LOW after the relink is dropped too.
+    send(&mut eps, LOW, low_to_high, 0, 99, 300, &mut got, &mut joins);
+    for seq in 100..106 {
+        let len = 50 + (seq - 100) as usize * 30_000;
+        send(
+            &mut eps,
+            LOW,
+            low_to_high2,
+            0,
+            seq,
+            len,
+            &mut got,
+            &mut joins,
+        );
+        let len = 70 + (seq - 100) as usize * 35_000;
+        send(
+            &mut eps,
+            HIGH,
+            high_to_low2,
+            1,
+            seq + 100,
+            len,
+            &mut got,
+            &mut joins,
+        );
+    }
+    let deadline = Deadline::new(30, "the new link's messages");
+    while got.len() < 12 || eps[HIGH].stale_dropped() < 5 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    let at = |e: usize| -> Vec<u64> { got.iter().filter(|g| g.0 == e).map(|g| g.2).collect() };
+    assert_eq!(at(HIGH), (100..106).collect::<Vec<_>>());
+    assert_eq!(at(LOW), (200..206).collect::<Vec<_>>());
+    assert_eq!(joins.len(), 2, "no second relink: {joins:?}");
+}

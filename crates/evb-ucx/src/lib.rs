@@ -58,8 +58,9 @@
 //! answers as it answers a JOIN, and stamps its messages to the asker with
 //! the asker's epoch. So both directions drop whatever the old link still
 //! delivers. A request whose new endpoint fails is made again from another
-//! one after a backoff (250 ms doubling to 2 s). The old endpoint is left
-//! open (one per relink).
+//! one after a backoff (250 ms doubling to 2 s), at most 10 times (a dead
+//! peer's restart joins anew). Old endpoints are left open (one per
+//! request).
 //!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
@@ -494,7 +495,14 @@ struct PendingRelink {
     /// Its endpoint failed: ask again from a new one at this time.
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// Requests made so far.
+    attempts: u32,
 }
+
+/// A peer whose endpoint failed this many times in a row is dead (or gone
+/// for good): no more requests (each opens an endpoint). A restart of it
+/// joins anew.
+const RELINK_ATTEMPTS: u32 = 10;
 
 /// First wait before a RELINK whose endpoint failed is sent again; it
 /// doubles up to [`RELINK_BACKOFF_MAX`].
@@ -726,7 +734,7 @@ impl Endpoint {
         let Some(address) = self.peers.get(peer).map(|p| p.address.clone()) else {
             return Ok(());
         };
-        self.send_relink(source, address, RELINK_BACKOFF)
+        self.send_relink(source, address, RELINK_BACKOFF, 1)
     }
 
     /// Opens a new endpoint to `address`, restarts `source`'s stream under
@@ -736,6 +744,7 @@ impl Endpoint {
         source: u64,
         address: Vec<u8>,
         backoff: Duration,
+        attempts: u32,
     ) -> Result<(), Error> {
         let own = self.own_source.expect("relink needs rejoin enabled");
         let peer = self.add_peer(&address)?;
@@ -757,6 +766,7 @@ impl Endpoint {
                 address,
                 retry_at: None,
                 backoff,
+                attempts,
             },
         );
         let request = evb_tagseq::relink_message(own, peer as u32, epoch, &self.address);
@@ -773,13 +783,19 @@ impl Endpoint {
                 r.retry_at = Some(now + r.backoff);
             }
             if r.retry_at.is_some_and(|t| t <= now) {
-                due.push((source, r.address.clone(), r.backoff));
+                due.push((source, r.address.clone(), r.backoff, r.attempts));
             }
         }
-        for (source, address, backoff) in due {
+        for (source, address, backoff, attempts) in due {
             self.relinks.remove(&source);
+            if attempts >= RELINK_ATTEMPTS {
+                eprintln!(
+                    "evb ucx: source {source:#x} did not answer {attempts} requests for the link: given up"
+                );
+                continue;
+            }
             let next = (backoff * 2).min(RELINK_BACKOFF_MAX);
-            if let Err(e) = self.send_relink(source, address, next) {
+            if let Err(e) = self.send_relink(source, address, next, attempts + 1) {
                 eprintln!("evb ucx: asking source {source:#x} for the link again: {e}");
             }
         }

@@ -151,6 +151,14 @@ impl Endpoint for OfiEndpoint {
         self.ep.forget_peer(peer, tag);
     }
 
+    /// Both processes may live (a stop, a cut link): the higher rank asks
+    /// for the link again with a RELINK, the lower answers it.
+    fn relink(&mut self, peer: usize, tag: u64) {
+        if let Err(e) = self.ep.relink(peer, tag) {
+            eprintln!("evb ofi: asking peer {peer} for the link again: {e}");
+        }
+    }
+
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
         if !can_rejoin(self.ep.provider()) {
             return false;
