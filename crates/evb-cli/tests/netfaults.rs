@@ -5,7 +5,9 @@
 //! exact every time: every MEP the EM assigned is built, incomplete, corrupt
 //! or lost with its BU, and nothing is both or neither. After an outage
 //! longer than the peer timeout, the lower id re-dials (with backoff) and the
-//! peers rejoin: traffic resumes.
+//! peers rejoin: traffic resumes. Over UCX (tcp) the same long outage ends
+//! in a relink: the higher rank asks again, with backoff, until the link
+//! is back.
 //! (The kernel here has no netem, so delay is rate-limit queueing.)
 
 use std::process::{Child, Command, Output, Stdio};
@@ -94,6 +96,44 @@ impl Hosts {
             sh(Some(ns), &["ip", "link", "set", "lo", "up"]);
         }
         h
+    }
+
+    /// Rank `rank` of a 2-rank job as under `mpirun` (rank and size in
+    /// OpenMPI's variables), peers found through the rendezvous directory
+    /// `rdv` (both namespaces see the same files), over `transport`.
+    fn spawn_launched(
+        &self,
+        rank: u16,
+        rdv: &std::path::Path,
+        transport: &str,
+        sets: &[String],
+    ) -> Child {
+        let ns = if rank == 0 { &self.a } else { &self.b };
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_evb"), "node"])
+            .args(["--control", "launcher", "--rendezvous"])
+            .arg(rdv);
+        let kind = format!("transport.kind=\"{transport}\"");
+        for s in [
+            kind.as_str(),
+            "nodes.count=2",
+            "source.events_per_mep=64",
+            "event_builder.batch_timeout_ms=1500",
+        ]
+        .into_iter()
+        .chain(sets.iter().map(String::as_str))
+        {
+            cmd.args(["--set", s]);
+        }
+        cmd.env("OMPI_COMM_WORLD_RANK", rank.to_string())
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("UCX_LOG_LEVEL", "error")
+            .env("EVB_STATS_LINES", "1")
+            .env_remove("EVB_RUN_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 
     fn spawn(&self, rank: u16, sets: &[String]) -> Child {
@@ -343,5 +383,85 @@ fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
             .lines()
             .find(|l| l.contains("reconnected"))
             .unwrap_or_default()
+    );
+}
+
+/// The long outage over UCX (tcp): both sides declare the other lost by
+/// its silence; node 1 (the higher rank) asks for the link again while the
+/// link is down (no endpoint opens: asked again with backoff) and gets it
+/// once the link is up; traffic resumes and the accounting is exact.
+#[test]
+fn long_link_outage_over_ucx_relinks_with_exact_accounting() {
+    let hosts = Hosts::new(4);
+    let rdv = std::env::temp_dir().join(format!("evb-netfaults-rdv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&rdv);
+    std::fs::create_dir_all(&rdv).unwrap();
+    let sets = vec!["run.duration_s=9".to_string()];
+    let node1 = hosts.spawn_launched(1, &rdv, "ucx:tcp", &sets);
+    let node0 = hosts.spawn_launched(0, &rdv, "ucx:tcp", &sets);
+    std::thread::sleep(Duration::from_millis(1500));
+    sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "down"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "up"]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send((
+            node0.wait_with_output().unwrap(),
+            node1.wait_with_output().unwrap(),
+        ));
+    });
+    let (out0, out1) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the nodes did not finish within 60 s");
+    let _ = std::fs::remove_dir_all(&rdv);
+    let stderr = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    );
+    let em = final_report(&out0);
+    assert_exact(&em, &stderr);
+    let r1 = final_report(&out1);
+    for (r, peer) in [(&em, 1), (&r1, 0)] {
+        assert_eq!(r["peers_lost"][0]["peer"], peer, "{r}\n{stderr}");
+        assert!(
+            r["peers_lost"][0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("silent"),
+            "{r}"
+        );
+        assert_eq!(r["rejoins"][0]["peer"], peer, "{r}\n{stderr}");
+        assert_eq!(r["drain_timed_out"], false, "{r}\n{stderr}");
+    }
+    // Asked while the link was down, and again until it was up.
+    assert!(stderr.contains("trying again with backoff"), "{stderr}");
+    let outage_s = em["rejoins"][0]["at_unix_s"].as_f64().unwrap()
+        - em["peers_lost"][0]["at_unix_s"].as_f64().unwrap();
+    assert!(
+        outage_s > 1.0 && outage_s < 4.5,
+        "rejoined {outage_s} s after the loss\n{stderr}"
+    );
+    for (node, out) in [(0, &out0), (1, &out1)] {
+        let all = reports(out);
+        let at_rejoin = all
+            .iter()
+            .find(|r| r["rejoins"].as_array().is_some_and(|a| !a.is_empty()))
+            .unwrap_or_else(|| panic!("node {node} never reported the rejoin\n{stderr}"));
+        let (before, after) = (
+            n(at_rejoin, "events_built"),
+            n(all.last().unwrap(), "events_built"),
+        );
+        assert!(
+            after > before + 64 * 20,
+            "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
+        );
+    }
+    eprintln!(
+        "ucx: rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}",
+        n(&em, "meps_assigned"),
+        n(&em, "em_meps_built"),
+        n(&em, "em_meps_incomplete"),
+        n(&em, "em_meps_lost_bu_gone"),
     );
 }

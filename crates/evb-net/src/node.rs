@@ -481,6 +481,11 @@ struct Delivered {
 /// declared lost (see [`Transport::peer_runnable`]).
 const STARVED_GRACE: u32 = 4;
 
+/// `EVB_STATS_LINES=1`: a node under a launcher prints its periodic STATS
+/// lines too (by default only FINAL: ranks share the launcher's stdout),
+/// for when each rank's output is its own (`srun --output=evb-%t.out`).
+pub const STATS_ENV: &str = "EVB_STATS_LINES";
+
 /// How often spare buffers unused since the last look are freed.
 const POOL_TRIM: Duration = Duration::from_secs(10);
 
@@ -742,6 +747,8 @@ struct Runtime {
     events: Vec<LinkEvent>,
     /// Where the final report is also written (launcher mode).
     report_file: Option<PathBuf>,
+    /// Launcher mode: print STATS lines all the same ([`STATS_ENV`]).
+    stats_under_launcher: bool,
     /// The text `/metrics` serves, when metrics are on.
     metrics: Option<crate::metrics::MetricsText>,
     /// process_actions stopped at its budget with actions maybe left.
@@ -824,6 +831,7 @@ impl Runtime {
             finished: false,
             events: Vec::new(),
             report_file: None,
+            stats_under_launcher: std::env::var(STATS_ENV).is_ok_and(|v| v == "1"),
             metrics: None,
             actions_left: false,
             store,
@@ -1458,7 +1466,7 @@ impl Runtime {
                 eprintln!("evb node {}: writing {}: {e}", self.rank, path.display());
             }
         }
-        if self.report_file.is_some() && !full {
+        if self.report_file.is_some() && !full && !self.stats_under_launcher {
             return; // No STATS lines on a launcher's shared stdout.
         }
         let mut out = std::io::stdout().lock();

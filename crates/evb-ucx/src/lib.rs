@@ -58,9 +58,10 @@
 //! answers as it answers a JOIN, and stamps its messages to the asker with
 //! the asker's epoch. So both directions drop whatever the old link still
 //! delivers. A request whose new endpoint fails is made again from another
-//! one after a backoff (250 ms doubling to 2 s), at most 10 times (a dead
-//! peer's restart joins anew). Old endpoints are left open (one per
-//! request).
+//! one after a backoff (250 ms doubling to 1 s, as tcp re-dials), at most 10 times (a dead
+//! peer's restart joins anew); one to a peer not reachable at all (a link
+//! down: no endpoint opens) is tried again for as long as it takes. Old
+//! endpoints are left open (one per request).
 //!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
@@ -489,25 +490,27 @@ pub struct Endpoint {
 
 /// A RELINK under way (module docs).
 struct PendingRelink {
-    /// The new peer index the request went to.
-    peer: PeerId,
+    /// The new peer index the request went to (`None`: the peer was not
+    /// reachable, no request went out).
+    peer: Option<PeerId>,
     address: Vec<u8>,
-    /// Its endpoint failed: ask again from a new one at this time.
+    /// Ask again (from a new endpoint) at this time: the last one failed.
     retry_at: Option<Instant>,
     backoff: Duration,
-    /// Requests made so far.
-    attempts: u32,
+    /// Requests whose endpoint failed so far.
+    failures: u32,
 }
 
-/// A peer whose endpoint failed this many times in a row is dead (or gone
-/// for good): no more requests (each opens an endpoint). A restart of it
-/// joins anew.
+/// After this many requests whose endpoint failed (each one opens an
+/// endpoint) the peer is taken for dead: no more requests; a restart of it
+/// joins anew. A peer that is not reachable at all (a link down: no
+/// endpoint opens) is asked again for as long as it takes.
 const RELINK_ATTEMPTS: u32 = 10;
 
 /// First wait before a RELINK whose endpoint failed is sent again; it
 /// doubles up to [`RELINK_BACKOFF_MAX`].
 const RELINK_BACKOFF: Duration = Duration::from_millis(250);
-const RELINK_BACKOFF_MAX: Duration = Duration::from_secs(2);
+const RELINK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
 /// The ctx of the endpoint's own sends: their completions are not reported.
@@ -734,7 +737,30 @@ impl Endpoint {
         let Some(address) = self.peers.get(peer).map(|p| p.address.clone()) else {
             return Ok(());
         };
-        self.send_relink(source, address, RELINK_BACKOFF, 1)
+        self.try_relink(source, address, RELINK_BACKOFF, 0);
+        Ok(())
+    }
+
+    /// [`Endpoint::send_relink`], or, if the peer cannot be reached now
+    /// (no endpoint opens: a link down), the same again after `backoff`.
+    fn try_relink(&mut self, source: u64, address: Vec<u8>, backoff: Duration, failures: u32) {
+        if let Err(e) = self.send_relink(source, address.clone(), backoff, failures) {
+            if backoff == RELINK_BACKOFF {
+                eprintln!(
+                    "evb ucx: asking source {source:#x} for the link again: {e} (trying again with backoff)"
+                );
+            }
+            self.relinks.insert(
+                source,
+                PendingRelink {
+                    peer: None,
+                    address,
+                    retry_at: Some(Instant::now() + backoff),
+                    backoff,
+                    failures,
+                },
+            );
+        }
     }
 
     /// Opens a new endpoint to `address`, restarts `source`'s stream under
@@ -744,7 +770,7 @@ impl Endpoint {
         source: u64,
         address: Vec<u8>,
         backoff: Duration,
-        attempts: u32,
+        failures: u32,
     ) -> Result<(), Error> {
         let own = self.own_source.expect("relink needs rejoin enabled");
         let peer = self.add_peer(&address)?;
@@ -762,11 +788,11 @@ impl Endpoint {
         self.relinks.insert(
             source,
             PendingRelink {
-                peer,
+                peer: Some(peer),
                 address,
                 retry_at: None,
                 backoff,
-                attempts,
+                failures,
             },
         );
         let request = evb_tagseq::relink_message(own, peer as u32, epoch, &self.address);
@@ -779,25 +805,24 @@ impl Endpoint {
         let now = Instant::now();
         let mut due = Vec::new();
         for (&source, r) in &mut self.relinks {
-            if r.retry_at.is_none() && failed.contains(&r.peer) {
+            if r.retry_at.is_none() && r.peer.is_some_and(|p| failed.contains(&p)) {
+                r.failures += 1;
                 r.retry_at = Some(now + r.backoff);
             }
             if r.retry_at.is_some_and(|t| t <= now) {
-                due.push((source, r.address.clone(), r.backoff, r.attempts));
+                due.push((source, r.address.clone(), r.backoff, r.failures));
             }
         }
-        for (source, address, backoff, attempts) in due {
+        for (source, address, backoff, failures) in due {
             self.relinks.remove(&source);
-            if attempts >= RELINK_ATTEMPTS {
+            if failures >= RELINK_ATTEMPTS {
                 eprintln!(
-                    "evb ucx: source {source:#x} did not answer {attempts} requests for the link: given up"
+                    "evb ucx: source {source:#x} did not answer {failures} requests for the link: given up"
                 );
                 continue;
             }
             let next = (backoff * 2).min(RELINK_BACKOFF_MAX);
-            if let Err(e) = self.send_relink(source, address, next, attempts + 1) {
-                eprintln!("evb ucx: asking source {source:#x} for the link again: {e}");
-            }
+            self.try_relink(source, address, next, failures);
         }
     }
 
@@ -890,7 +915,11 @@ impl Endpoint {
                     Some(p) if p.awaiting_ack => {
                         p.awaiting_ack = false;
                         p.send_epoch = epoch;
-                        if self.relinks.get(&source).is_some_and(|r| r.peer == index) {
+                        if self
+                            .relinks
+                            .get(&source)
+                            .is_some_and(|r| r.peer == Some(index))
+                        {
                             self.relinks.remove(&source);
                         }
                         let joined = Completion::PeerJoined {
