@@ -5,9 +5,9 @@
 //! exact every time: every MEP the EM assigned is built, incomplete, corrupt
 //! or lost with its BU, and nothing is both or neither. After an outage
 //! longer than the peer timeout, the lower id re-dials (with backoff) and the
-//! peers rejoin: traffic resumes. Over UCX (tcp) the same long outage ends
-//! in a relink: the higher rank asks again, with backoff, until the link
-//! is back.
+//! peers rejoin: traffic resumes. Over UCX (tcp) the same long outage
+//! ends in a relink: the higher rank asks for the link again until it is
+//! back. (libfabric over tcp is not there yet: see docs/reliability.md.)
 //! (The kernel here has no netem, so delay is rate-limit queueing.)
 
 use std::process::{Child, Command, Output, Stdio};
@@ -392,13 +392,22 @@ fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
 /// once the link is up; traffic resumes and the accounting is exact.
 #[test]
 fn long_link_outage_over_ucx_relinks_with_exact_accounting() {
-    let hosts = Hosts::new(4);
-    let rdv = std::env::temp_dir().join(format!("evb-netfaults-rdv-{}", std::process::id()));
+    let stderr = check_long_outage_relinks("ucx:tcp", 4);
+    assert!(stderr.contains("trying again with backoff"), "{stderr}");
+}
+
+/// Two ranks over `transport` (under `--control launcher`; for now only
+/// ucx:tcp passes, see docs/reliability.md for ofi:tcp), the link down
+/// for 2.5 s: lost both ways by silence, rejoined, building again, exact
+/// accounting. Returns both nodes' stderr.
+fn check_long_outage_relinks(transport: &str, tag: u8) -> String {
+    let hosts = Hosts::new(tag);
+    let rdv = std::env::temp_dir().join(format!("evb-netfaults-rdv-{}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&rdv);
     std::fs::create_dir_all(&rdv).unwrap();
     let sets = vec!["run.duration_s=9".to_string()];
-    let node1 = hosts.spawn_launched(1, &rdv, "ucx:tcp", &sets);
-    let node0 = hosts.spawn_launched(0, &rdv, "ucx:tcp", &sets);
+    let node1 = hosts.spawn_launched(1, &rdv, transport, &sets);
+    let node0 = hosts.spawn_launched(0, &rdv, transport, &sets);
     std::thread::sleep(Duration::from_millis(1500));
     sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "down"]);
     std::thread::sleep(Duration::from_millis(2500));
@@ -434,8 +443,6 @@ fn long_link_outage_over_ucx_relinks_with_exact_accounting() {
         assert_eq!(r["rejoins"][0]["peer"], peer, "{r}\n{stderr}");
         assert_eq!(r["drain_timed_out"], false, "{r}\n{stderr}");
     }
-    // Asked while the link was down, and again until it was up.
-    assert!(stderr.contains("trying again with backoff"), "{stderr}");
     let outage_s = em["rejoins"][0]["at_unix_s"].as_f64().unwrap()
         - em["peers_lost"][0]["at_unix_s"].as_f64().unwrap();
     assert!(
@@ -458,10 +465,11 @@ fn long_link_outage_over_ucx_relinks_with_exact_accounting() {
         );
     }
     eprintln!(
-        "ucx: rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}",
+        "{transport}: rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}",
         n(&em, "meps_assigned"),
         n(&em, "em_meps_built"),
         n(&em, "em_meps_incomplete"),
         n(&em, "em_meps_lost_bu_gone"),
     );
+    stderr
 }
