@@ -716,14 +716,8 @@ impl Endpoint {
             return Ok(());
         };
         let new = self.add_peer(&address)?;
-        let epoch = self.recv_epoch.bump(source);
+        let epoch = self.restart_source(source)?;
         self.joined_as.insert(source, new);
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
-                self.post_recv(buf)?;
-            }
-        }
         self.awaiting_ack[new] = true;
         self.relinking.insert(source);
         let request = evb_tagseq::relink_message(own, new as u32, epoch, &self.address);
@@ -764,22 +758,12 @@ impl Endpoint {
                 joiner,
                 their_index,
                 address,
-            } if self.own_source.is_some() => {
-                let joiner = joiner & self.source_mask;
-                let address = address.to_vec();
-                self.post_recv(buf)?;
-                self.accept_join(joiner, their_index, &address, None, out)?;
-            }
-            Control::Relink {
-                joiner,
-                their_index,
                 reply_epoch,
-                address,
             } if self.own_source.is_some() => {
                 let joiner = joiner & self.source_mask;
                 let address = address.to_vec();
                 self.post_recv(buf)?;
-                self.accept_join(joiner, their_index, &address, Some(reply_epoch), out)?;
+                self.accept_join(joiner, their_index, &address, reply_epoch, out)?;
             }
             Control::Ack { epoch, index } => {
                 let index = index as usize;
@@ -834,7 +818,7 @@ impl Endpoint {
                 return Ok(());
             }
         };
-        let epoch = self.recv_epoch.bump(source);
+        let epoch = self.restart_source(source)?;
         let previous = self.joined_as.insert(source, peer);
         if self.relinking.remove(&source) {
             // Our own request went to the old incarnation (dead, or it
@@ -847,14 +831,6 @@ impl Endpoint {
         // A relinking peer expects its new epoch on everything we send it.
         let reply_epoch = reply_epoch.unwrap_or(0);
         self.send_epoch[peer] = reply_epoch;
-        // The old incarnation's stream ends here: what waits for its
-        // missing messages is dropped.
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
-                self.post_recv(buf)?;
-            }
-        }
         out.push(Completion::PeerJoined { peer, source });
         // The answer is the first message of our stream to it.
         let key = (peer, own);
@@ -864,6 +840,20 @@ impl Endpoint {
         let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
         self.pending_control.push_back((peer, wire_tag, ack));
         self.push_control()
+    }
+
+    /// A new link with `source` starts (a join or a relink): a new epoch
+    /// for its messages, returned; the old link's stream ends here (what
+    /// waits for its missing messages is dropped).
+    fn restart_source(&mut self, source: u64) -> Result<u8, Error> {
+        let epoch = self.recv_epoch.bump(source);
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
+                self.post_recv(buf)?;
+            }
+        }
+        Ok(epoch)
     }
 
     /// The epoch messages of `source` must carry now.

@@ -117,21 +117,15 @@ pub fn ack_message(epoch: u8, index: u32) -> Vec<u8> {
 /// An endpoint message, parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control<'a> {
+    /// A JOIN, or a RELINK (with `reply_epoch`: the epoch to stamp this
+    /// endpoint's messages to the asker with).
     Join {
         /// The joiner's source bits (as it sent them: mask them).
         joiner: u64,
         /// The joiner's index for this endpoint, to return in the ACK.
         their_index: u32,
         address: &'a [u8],
-    },
-    Relink {
-        /// The asker's source bits (as it sent them: mask them).
-        joiner: u64,
-        /// The asker's index for this endpoint, to return in the ACK.
-        their_index: u32,
-        /// The epoch to stamp this endpoint's messages to the asker with.
-        reply_epoch: u8,
-        address: &'a [u8],
+        reply_epoch: Option<u8>,
     },
     Ack {
         epoch: u8,
@@ -149,13 +143,14 @@ pub fn parse_control(msg: &[u8]) -> Control<'_> {
             joiner: u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")),
             their_index: u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes")),
             address: &msg[20..],
+            reply_epoch: None,
         }
     } else if msg.len() >= 21 && &msg[..8] == RELINK_MAGIC {
-        Control::Relink {
+        Control::Join {
             joiner: u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")),
             their_index: u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes")),
-            reply_epoch: msg[20],
             address: &msg[21..],
+            reply_epoch: Some(msg[20]),
         }
     } else if msg.len() >= 13 && &msg[..8] == ACK_MAGIC {
         Control::Ack {
@@ -317,7 +312,8 @@ mod tests {
             Control::Join {
                 joiner: 7,
                 their_index: 3,
-                address: b"addr"
+                address: b"addr",
+                reply_epoch: None
             }
         );
         assert_eq!(
@@ -338,11 +334,11 @@ mod tests {
         let r = relink_message(5, 2, 17, b"addr");
         assert_eq!(
             parse_control(&r),
-            Control::Relink {
+            Control::Join {
                 joiner: 5,
                 their_index: 2,
-                reply_epoch: 17,
-                address: b"addr"
+                address: b"addr",
+                reply_epoch: Some(17)
             }
         );
         assert_eq!(

@@ -774,16 +774,8 @@ impl Endpoint {
     ) -> Result<(), Error> {
         let own = self.own_source.expect("relink needs rejoin enabled");
         let peer = self.add_peer(&address)?;
-        let epoch = self.recv_epoch.bump(source);
+        let epoch = self.restart_source(source);
         self.joined_as.insert(source, peer);
-        self.cancel_bodies_from(source);
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { mut buf, .. } = done {
-                buf.clear();
-                let _ = self.post_recv(buf);
-            }
-        }
         self.peers[peer].awaiting_ack = true;
         self.relinks.insert(
             source,
@@ -888,24 +880,13 @@ impl Endpoint {
                 joiner,
                 their_index,
                 address,
-            } if self.own_source.is_some() => {
-                let joiner = joiner & self.source_mask;
-                let address = address.to_vec();
-                buf.clear();
-                let _ = self.post_recv(buf);
-                self.accept_join(joiner, their_index, &address, None, out);
-            }
-            Control::Relink {
-                joiner,
-                their_index,
                 reply_epoch,
-                address,
             } if self.own_source.is_some() => {
                 let joiner = joiner & self.source_mask;
                 let address = address.to_vec();
                 buf.clear();
                 let _ = self.post_recv(buf);
-                self.accept_join(joiner, their_index, &address, Some(reply_epoch), out);
+                self.accept_join(joiner, their_index, &address, reply_epoch, out);
             }
             Control::Ack { epoch, index } => {
                 let index = index as usize;
@@ -968,7 +949,7 @@ impl Endpoint {
                 return;
             }
         };
-        let epoch = self.recv_epoch.bump(source);
+        let epoch = self.restart_source(source);
         self.joined_as.insert(source, peer);
         // Its request supersedes one of ours (it is the higher: ours would
         // not have been made, unless the sources are misconfigured).
@@ -976,16 +957,6 @@ impl Endpoint {
         // A relinking peer expects its new epoch on everything we send it.
         let reply_epoch = reply_epoch.unwrap_or(0);
         self.peers[peer].send_epoch = reply_epoch;
-        // The old incarnation's stream ends here: bodies still awaited from
-        // it are cancelled, what waits for its missing messages is dropped.
-        self.cancel_bodies_from(source);
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { mut buf, .. } = done {
-                buf.clear();
-                let _ = self.post_recv(buf);
-            }
-        }
         out.push(Completion::PeerJoined { peer, source });
         // The answer is the first message of our stream to it.
         let key = (peer, own);
@@ -996,6 +967,23 @@ impl Endpoint {
         if let Err(e) = self.send_control(peer, wire_tag, ack) {
             eprintln!("evb ucx: answering the join of source {source:#x}: {e}");
         }
+    }
+
+    /// A new link with `source` starts (a join or a relink): a new epoch
+    /// for its messages, returned; the old link's stream ends here (bodies
+    /// still awaited from it are cancelled, what waits for its missing
+    /// messages is dropped).
+    fn restart_source(&mut self, source: u64) -> u8 {
+        let epoch = self.recv_epoch.bump(source);
+        self.cancel_bodies_from(source);
+        for done in self.streams.restart(source) {
+            self.stale_dropped += 1;
+            if let Completion::Received { mut buf, .. } = done {
+                buf.clear();
+                let _ = self.post_recv(buf);
+            }
+        }
+        epoch
     }
 
     /// The epoch messages of `source` must carry now.

@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use evb_ucx::{Completion, Endpoint, Options, Progress};
+use evb_ucx::{Endpoint, Options, Progress};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -114,31 +114,4 @@ fn a_new_incarnation_joins_and_the_old_ones_messages_are_dropped() {
     );
     assert!(got.contains(&(NEW, 0, 7)), "{got:?}");
     assert_eq!(eps[S].stale_dropped(), 4);
-}
-
-/// Progresses every endpoint once: messages received (checked, the buffer
-/// posted again) go to `got` as (endpoint, sender, seq), joins to `joins`
-/// as (endpoint, peer, source).
-fn step(
-    eps: &mut [Endpoint],
-    size: usize,
-    got: &mut Vec<(usize, u64, u64)>,
-    joins: &mut Vec<(usize, usize, u64)>,
-) {
-    let mut out = Vec::new();
-    for (i, ep) in eps.iter_mut().enumerate() {
-        ep.progress(&mut out).unwrap();
-        for c in out.drain(..) {
-            match c {
-                Completion::Received { buf, tag, .. } => {
-                    let (sender, seq) = check_message(&buf, tag);
-                    got.push((i, sender, seq));
-                    ep.post_recv(Vec::with_capacity(24 + size)).unwrap();
-                }
-                Completion::PeerJoined { peer, source } => joins.push((i, peer, source)),
-                Completion::Sent { .. } => {}
-                other => panic!("endpoint {i}: unexpected {other:?}"),
-            }
-        }
-    }
 }

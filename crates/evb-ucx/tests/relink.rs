@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use evb_ucx::{Completion, Endpoint, Options, Progress};
+use evb_ucx::{Endpoint, Options, Progress};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -137,31 +137,4 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
     assert_eq!(at(HIGH), (100..106).collect::<Vec<_>>());
     assert_eq!(at(LOW), (200..206).collect::<Vec<_>>());
     assert_eq!(joins.len(), 2, "no second relink: {joins:?}");
-}
-
-/// Progresses every endpoint once: messages received (checked, the buffer
-/// posted again) go to `got` as (endpoint, sender, seq), joins to `joins`
-/// as (endpoint, peer, source).
-fn step(
-    eps: &mut [Endpoint],
-    size: usize,
-    got: &mut Vec<(usize, u64, u64)>,
-    joins: &mut Vec<(usize, usize, u64)>,
-) {
-    let mut out = Vec::new();
-    for (i, ep) in eps.iter_mut().enumerate() {
-        ep.progress(&mut out).unwrap();
-        for c in out.drain(..) {
-            match c {
-                Completion::Received { buf, tag, .. } => {
-                    let (sender, seq) = check_message(&buf, tag);
-                    got.push((i, sender, seq));
-                    ep.post_recv(Vec::with_capacity(24 + size)).unwrap();
-                }
-                Completion::PeerJoined { peer, source } => joins.push((i, peer, source)),
-                Completion::Sent { .. } => {}
-                other => panic!("endpoint {i}: unexpected {other:?}"),
-            }
-        }
-    }
 }

@@ -117,3 +117,30 @@ pub fn pump(
         }
     }
 }
+
+/// Progresses every endpoint once: messages received (checked, the buffer
+/// posted again) go to `got` as (endpoint, sender, seq), joins to `joins`
+/// as (endpoint, peer, source).
+pub fn step(
+    eps: &mut [Endpoint],
+    size: usize,
+    got: &mut Vec<(usize, u64, u64)>,
+    joins: &mut Vec<(usize, usize, u64)>,
+) {
+    let mut out = Vec::new();
+    for (i, ep) in eps.iter_mut().enumerate() {
+        ep.progress(&mut out).unwrap();
+        for c in out.drain(..) {
+            match c {
+                Completion::Received { buf, tag, .. } => {
+                    let (sender, seq) = check_message(&buf, tag);
+                    got.push((i, sender, seq));
+                    ep.post_recv(Vec::with_capacity(24 + size)).unwrap();
+                }
+                Completion::PeerJoined { peer, source } => joins.push((i, peer, source)),
+                Completion::Sent { .. } => {}
+                other => panic!("endpoint {i}: unexpected {other:?}"),
+            }
+        }
+    }
+}
