@@ -39,6 +39,13 @@ fn sh(ns: Option<&str>, args: &[&str]) {
     );
 }
 
+/// The event builder both nodes run, whatever the transport.
+const RUN_SETTINGS: [&str; 3] = [
+    "nodes.count=2",
+    "source.events_per_mep=64",
+    "event_builder.batch_timeout_ms=1500",
+];
+
 /// Two namespaces joined by a veth pair; removed on drop.
 struct Hosts {
     a: String,
@@ -114,14 +121,10 @@ impl Hosts {
             .args(["--control", "launcher", "--rendezvous"])
             .arg(rdv);
         let kind = format!("transport.kind=\"{transport}\"");
-        for s in [
-            kind.as_str(),
-            "nodes.count=2",
-            "source.events_per_mep=64",
-            "event_builder.batch_timeout_ms=1500",
-        ]
-        .into_iter()
-        .chain(sets.iter().map(String::as_str))
+        for s in [kind.as_str()]
+            .into_iter()
+            .chain(RUN_SETTINGS)
+            .chain(sets.iter().map(String::as_str))
         {
             cmd.args(["--set", s]);
         }
@@ -152,15 +155,10 @@ impl Hosts {
             "transport.addresses=[\"{}:7100\", \"{}:7100\"]",
             self.ip_a, self.ip_b
         );
-        for s in [
-            addresses.as_str(),
-            "transport.bind=0.0.0.0",
-            "nodes.count=2",
-            "source.events_per_mep=64",
-            "event_builder.batch_timeout_ms=1500",
-        ]
-        .into_iter()
-        .chain(sets.iter().map(String::as_str))
+        for s in [addresses.as_str(), "transport.bind=0.0.0.0"]
+            .into_iter()
+            .chain(RUN_SETTINGS)
+            .chain(sets.iter().map(String::as_str))
         {
             cmd.args(["--set", s]);
         }
@@ -241,6 +239,25 @@ fn reports(out: &Output) -> Vec<Value> {
 }
 
 /// The EM's accounting adds up exactly.
+/// Traffic resumed after the rejoin: `node` built events after the report
+/// that first shows it. Returns (events built by then, in all).
+fn built_by_and_after_rejoin(node: u16, out: &Output, stderr: &str) -> (u64, u64) {
+    let all = reports(out);
+    let at_rejoin = all
+        .iter()
+        .find(|r| r["rejoins"].as_array().is_some_and(|a| !a.is_empty()))
+        .unwrap_or_else(|| panic!("node {node} never reported the rejoin\n{stderr}"));
+    let (before, after) = (
+        n(at_rejoin, "events_built"),
+        n(all.last().unwrap(), "events_built"),
+    );
+    assert!(
+        after > before + 64 * 20,
+        "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
+    );
+    (before, after)
+}
+
 fn assert_exact(em: &Value, stderr: &str) -> u64 {
     let assigned = n(em, "meps_assigned");
     assert!(
@@ -359,18 +376,12 @@ fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
     // Traffic resumed: both BUs built events after the rejoin, and the EM
     // counted them.
     for (node, out) in [(0, &out0), (1, &out1)] {
-        let all = reports(out);
-        let at_rejoin = all
-            .iter()
-            .find(|r| r["rejoins"].as_array().is_some_and(|a| !a.is_empty()))
-            .unwrap_or_else(|| panic!("node {node} never reported the rejoin\n{stderr}"));
-        let last = all.last().unwrap();
-        let (before, after) = (n(at_rejoin, "events_built"), n(last, "events_built"));
-        assert!(
-            after > before + 64 * 20,
-            "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
+        let (before, after) = built_by_and_after_rejoin(node, out, &stderr);
+        assert_eq!(
+            final_report(out)["drain_timed_out"],
+            false,
+            "node {node}\n{stderr}"
         );
-        assert_eq!(last["drain_timed_out"], false, "node {node}\n{stderr}");
         eprintln!("node {node}: {before} events built by the rejoin, {after} in all");
     }
     eprintln!(
@@ -450,19 +461,7 @@ fn check_long_outage_relinks(transport: &str, tag: u8) -> String {
         "rejoined {outage_s} s after the loss\n{stderr}"
     );
     for (node, out) in [(0, &out0), (1, &out1)] {
-        let all = reports(out);
-        let at_rejoin = all
-            .iter()
-            .find(|r| r["rejoins"].as_array().is_some_and(|a| !a.is_empty()))
-            .unwrap_or_else(|| panic!("node {node} never reported the rejoin\n{stderr}"));
-        let (before, after) = (
-            n(at_rejoin, "events_built"),
-            n(all.last().unwrap(), "events_built"),
-        );
-        assert!(
-            after > before + 64 * 20,
-            "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
-        );
+        built_by_and_after_rejoin(node, out, &stderr);
     }
     eprintln!(
         "{transport}: rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}",
