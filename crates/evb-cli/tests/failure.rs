@@ -245,6 +245,35 @@ fn a_killed_em_is_restarted_over_shm() {
     check_em_restart("shm");
 }
 
+/// An EM that is not brought back: every node waits for it
+/// `event_builder.em_lost_wait_ms` (here 1 s), then finishes what it holds,
+/// says why and ends its run; the summary names the EM as the missing node
+/// and nothing is built twice or lost.
+#[test]
+fn nodes_cut_off_from_the_em_end_after_em_lost_wait() {
+    let (code, v, text) = run_with_settings(
+        "--kill",
+        "4@1",
+        "em-lost-wait",
+        &["nodes.em=separate", "event_builder.em_lost_wait_ms=1000"],
+    );
+    assert_eq!(code, 1, "a node without a final report is an error\n{text}");
+    assert!(text.contains("it was the Event Manager"), "{text}");
+    for node in 0..4 {
+        assert!(
+            text.contains(&format!(
+                "evb node {node}: the EM did not come back within event_builder.em_lost_wait_ms (1000 ms)"
+            )),
+            "{text}"
+        );
+        assert_eq!(v["nodes"][node]["drain_timed_out"], true, "{text}");
+    }
+    // The run ended at the wait, not at the 5 s asked for.
+    let elapsed = v["summary"]["duration_s"].as_f64().unwrap();
+    assert!(elapsed < 4.5, "ran {elapsed} s\n{text}");
+    assert_eq!(n(&v, "events_generated"), n(&v, "events_built"), "{text}");
+}
+
 fn check_em_restart(transport: &str) {
     let (out, text, v) = run_for(
         &format!("em-restart-{transport}"),

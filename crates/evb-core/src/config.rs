@@ -142,6 +142,11 @@ pub struct EventBuilderSection {
     pub batch_timeout_ms: u64,
     /// After the end of the run, how long nodes may take to finish.
     pub drain_timeout_ms: u64,
+    /// How long a node cut off from the EM (lost: dead, or a link down)
+    /// waits for it to come back before it finishes what it holds and ends
+    /// its run. Raise it where links may stay down for longer (a 24/7
+    /// system whose EM or links are brought back by hand).
+    pub em_lost_wait_ms: u64,
     /// Upper bound for any message body, checked before allocation.
     pub max_message_bytes: u64,
     /// With `source.mep_rate_hz`: MEPs the readout may hold that are not yet
@@ -167,6 +172,7 @@ impl Default for EventBuilderSection {
             local: LocalTraffic::Memory,
             batch_timeout_ms: 2000,
             drain_timeout_ms: 10000,
+            em_lost_wait_ms: 10000,
             max_message_bytes: 64 << 20,
             ru_buffer_meps: 16,
             preallocate_buffers: false,
@@ -688,6 +694,12 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        if eb.em_lost_wait_ms == 0 {
+            return Err(err(
+                "event_builder.em_lost_wait_ms",
+                "must be at least 1".into(),
+            ));
+        }
         if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
             return Err(err(
                 "event_builder.max_message_bytes",
@@ -1152,6 +1164,11 @@ mod tests {
         );
         let e = load("[source]\nevents_per_mep = 100000000\n", &[]).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("source.events_per_mep"), "{e}");
+        let e = load("[event_builder]\n\nem_lost_wait_ms = 0\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("event_builder.em_lost_wait_ms"))
+        );
     }
 
     #[test]

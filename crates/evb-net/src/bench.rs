@@ -229,7 +229,7 @@ impl RxHandler for Rx {
         }
         if let Some(n) = self.die_after {
             if self.count.iter().sum::<u64>() >= n {
-                eprintln!("evb bench worker {}: dying on purpose", self.rank);
+                stderr_line!("evb bench worker {}: dying on purpose", self.rank);
                 // SAFETY: signalling ourselves.
                 unsafe {
                     libc::kill(libc::getpid(), libc::SIGKILL);
@@ -330,7 +330,7 @@ impl Worker {
         }
         self.lost[p] = true;
         let after = self.rx.last_rx[p].elapsed().as_secs_f64();
-        eprintln!(
+        stderr_line!(
             "evb bench worker {}: peer {peer} lost after {after:.3} s: {reason}",
             self.rank
         );
@@ -848,7 +848,7 @@ fn collect(
         } else if let Some(j) = line.strip_prefix("RESULT ") {
             results[rank] = Some(serde_json::from_str(j).context("a worker's RESULT line")?);
         } else {
-            eprintln!("worker {rank}: {line}");
+            stderr_line!("worker {rank}: {line}");
         }
     }
     Ok(results)

@@ -435,7 +435,7 @@ fn supervise(
             Ok(FromNode::Closed(rank)) => {
                 bail!("node {rank} exited during start-up (see its messages above)")
             }
-            Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
             Ok(_) => {}
             Err(_) => bail!("nodes did not report their ports within 30 s"),
         }
@@ -487,7 +487,12 @@ fn supervise(
     let run_for = Duration::from_secs_f64(config.run.duration_s);
     let hard_deadline = start
         + run_for
-        + Duration::from_millis(config.event_builder.drain_timeout_ms)
+        + Duration::from_millis(
+            config
+                .event_builder
+                .drain_timeout_ms
+                .max(config.event_builder.em_lost_wait_ms),
+        )
         + Duration::from_secs(30);
     let mut latest: Vec<NodeReport> = vec![NodeReport::default(); endpoints];
     let mut finals: Finals = vec![None; endpoints];
@@ -517,7 +522,7 @@ fn supervise(
                 finals[rank] = Some(r);
             }
             Ok(FromNode::Closed(rank)) => open[rank] = false,
-            Ok(FromNode::Garbage(rank, line)) => eprintln!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
             // A restarted shm node has a new inbox: a node restarted after
             // it must find that one.
             Ok(FromNode::Listen(rank, token)) => {
@@ -599,7 +604,7 @@ fn supervise(
             }
         }
         if n_int >= 2 || Instant::now() > hard_deadline {
-            eprintln!("evb run: killing the nodes");
+            stderr_line!("evb run: killing the nodes");
             for c in children.iter_mut() {
                 let _ = c.kill();
             }
@@ -740,7 +745,7 @@ fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
         .max_by_key(|p| p.total_bytes())
         .expect("a run has endpoints");
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    eprintln!(
+    stderr_line!(
         "evb run: event_builder.preallocate_buffers: {:.2} GiB in all {} endpoints; the largest node: {}",
         gib(total),
         plans.len(),

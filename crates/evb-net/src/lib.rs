@@ -8,6 +8,16 @@
 //! - [`launch`]: `evb run`, the local launcher, progress and summary;
 //! - [`report`]: the per-node reports and the run summary (JSON).
 
+/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
+/// stderr, and `eprintln!` writes a line in pieces, which interleave
+/// between processes ("evb node 1evb node : drain timed out: 3: ...").
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        eprint!("{line}");
+    }};
+}
+
 pub mod bench;
 pub mod buffers;
 pub mod cluster;

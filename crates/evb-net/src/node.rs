@@ -240,7 +240,7 @@ fn preallocate(
         SparePool::fixed(plan.mep_buffers, plan.mep_bytes),
         SparePool::fixed(plan.rx_buffers, plan.rx_bytes),
     );
-    eprintln!(
+    stderr_line!(
         "evb node {rank}: preallocated {} in {:.2} s",
         plan.describe(),
         t.elapsed().as_secs_f64()
@@ -612,7 +612,7 @@ impl Engine {
     fn print_memory(&self, rank: NodeId) {
         // SAFETY: mallinfo2 only reads allocator statistics.
         let m = unsafe { libc::mallinfo2() };
-        eprintln!(
+        stderr_line!(
             "evb node {rank} memory: t {:.0} s rss {} KiB, heap {} KiB ({} KiB in use), \
              mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}, \
              buffer waits {} overflows {}",
@@ -670,7 +670,7 @@ impl RxHandler for Engine {
             (None, Some(f)) => {
                 // Past the bound the protocol guarantees: not silent.
                 if f.short == 1 {
-                    eprintln!(
+                    stderr_line!(
                         "evb node: no free receive buffer in the preallocated pool of {}: \
                          allocating past it (counted in rx_buffer_overflows)",
                         f.buffers
@@ -871,6 +871,7 @@ impl Runtime {
             .then(|| self.engine.epoch + Duration::from_secs_f64(duration));
         let mut stopped = false;
         let drain = Duration::from_millis(self.config.event_builder.drain_timeout_ms);
+        let em_lost_wait = Duration::from_millis(self.config.event_builder.em_lost_wait_ms);
         let mut drain_deadline: Option<Instant> = None;
         let mut drain_timed_out = false;
         let mut done_at: Option<Instant> = None;
@@ -884,8 +885,12 @@ impl Runtime {
             }
             // Without the EM nothing more will be assigned: drain.
             let em_lost = self.is_lost(self.layout.em);
-            if drain_deadline.is_none() && (self.engine.node.end_of_run().is_some() || em_lost) {
-                drain_deadline = Some(now_i + drain);
+            if drain_deadline.is_none() {
+                if self.engine.node.end_of_run().is_some() {
+                    drain_deadline = Some(now_i + drain);
+                } else if em_lost {
+                    drain_deadline = Some(now_i + em_lost_wait);
+                }
             }
             if !em_lost && self.engine.node.end_of_run().is_none() && !drain_timed_out {
                 // The EM came back (rejoin) before the drain was over.
@@ -904,7 +909,14 @@ impl Runtime {
             }
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
-                    eprintln!(
+                    if self.engine.node.end_of_run().is_none() {
+                        stderr_line!(
+                            "evb node {}: the EM did not come back within event_builder.em_lost_wait_ms ({} ms): ending the run",
+                            self.rank,
+                            em_lost_wait.as_millis()
+                        );
+                    }
+                    stderr_line!(
                         "evb node {}: drain timed out: {}",
                         self.rank,
                         self.engine.node.pending_work()
@@ -977,7 +989,7 @@ impl Runtime {
         if let Some(store) = self.store.take() {
             // Everything queued is written before the final report.
             let stats = store.close().context("closing the event store")?;
-            eprintln!("evb node {}: event store: {stats:?}", self.rank);
+            stderr_line!("evb node {}: event store: {stats:?}", self.rank);
             self.store_closed = Some(stats);
         }
         self.print_report("FINAL", true, drain_timed_out);
@@ -1019,7 +1031,7 @@ impl Runtime {
 
     fn link_closed(&mut self, transport: &mut dyn Transport, peer: NodeId, error: Option<String>) {
         if let Some(e) = &error {
-            eprintln!(
+            stderr_line!(
                 "evb node {}: link to endpoint {peer} failed: {e}",
                 self.rank
             );
@@ -1046,7 +1058,7 @@ impl Runtime {
         match (em.stats.resumed_at, self.em_resync_logged) {
             (Some(mep), false) => {
                 self.em_resync_logged = true;
-                eprintln!(
+                stderr_line!(
                     "evb node {}: EM resumed the run at MEP {mep} (by {:.1} s after its restart)",
                     self.rank,
                     self.engine.epoch.elapsed().as_secs_f64()
@@ -1054,7 +1066,7 @@ impl Runtime {
             }
             (None, false) if em.is_resyncing() && self.engine.epoch.elapsed() > RESYNC_SLOW => {
                 self.em_resync_logged = true;
-                eprintln!(
+                stderr_line!(
                     "evb node {}: restarted EM still waits for endpoints {:?} to say how far the run got",
                     self.rank,
                     em.resync_waiting()
@@ -1077,7 +1089,7 @@ impl Runtime {
         if self.engine.node.is_done() || self.finished || !self.is_lost(peer) {
             return;
         }
-        eprintln!("evb node {}: endpoint {peer} rejoined", self.rank);
+        stderr_line!("evb node {}: endpoint {peer} rejoined", self.rank);
         self.rejoins.push(crate::report::PeerRejoin::now(peer));
         if let Some(t) = self.engine.last_rx.get_mut(peer as usize) {
             *t = Instant::now();
@@ -1087,7 +1099,7 @@ impl Runtime {
     }
 
     fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
-        eprintln!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
+        stderr_line!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
         self.lost.push(crate::report::PeerLoss::now(peer, reason));
         transport.drop_peer(peer, &mut self.events);
         let now = self.engine.now();
@@ -1463,7 +1475,7 @@ impl Runtime {
                 .map_or(Ok(()), std::fs::create_dir_all)
                 .and_then(|_| std::fs::write(path, &line));
             if let Err(e) = written {
-                eprintln!("evb node {}: writing {}: {e}", self.rank, path.display());
+                stderr_line!("evb node {}: writing {}: {e}", self.rank, path.display());
             }
         }
         if self.report_file.is_some() && !full && !self.stats_under_launcher {

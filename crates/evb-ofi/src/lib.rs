@@ -55,6 +55,16 @@
 //! flight is dropped, and unexpected messages of a forgotten incarnation are
 //! discarded by epoch, so the new one's are never touched.
 
+/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
+/// stderr, and `eprintln!` writes a line in pieces, which interleave
+/// between processes ("evb node 1evb node : drain timed out: 3: ...").
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        eprint!("{line}");
+    }};
+}
+
 mod sys;
 
 use std::collections::HashMap;
@@ -780,12 +790,12 @@ impl Endpoint {
                     };
                     self.streams.finished(source, seq, Some(joined), out);
                 } else {
-                    eprintln!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
+                    stderr_line!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
                     self.streams.finished(source, seq, None, out);
                 }
             }
             _ => {
-                eprintln!(
+                stderr_line!(
                     "evb ofi: an endpoint message of {} bytes from source {source:#x} not understood",
                     buf.len()
                 );
@@ -812,7 +822,7 @@ impl Endpoint {
         let peer = match self.add_peer(address) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!(
+                stderr_line!(
                     "evb ofi: source {source:#x} asked to join from an address not usable: {e}"
                 );
                 return Ok(());
@@ -1335,7 +1345,7 @@ impl Endpoint {
         }
         match self.take_failed(err.op_context) {
             Some(OpKind::Send { ctx, .. }) if ctx == CONTROL_CTX => {
-                eprintln!("evb ofi: an endpoint message (join or answer) failed: {reason}");
+                stderr_line!("evb ofi: an endpoint message (join or answer) failed: {reason}");
             }
             Some(OpKind::Send { ctx, .. }) => out.push(Completion::SendFailed { ctx, reason }),
             Some(OpKind::Recv { mut buf }) => {

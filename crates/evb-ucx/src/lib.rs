@@ -67,6 +67,16 @@
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
 //! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
 
+/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
+/// stderr, and `eprintln!` writes a line in pieces, which interleave
+/// between processes ("evb node 1evb node : drain timed out: 3: ...").
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        eprint!("{line}");
+    }};
+}
+
 mod sys;
 pub mod transports;
 
@@ -746,7 +756,7 @@ impl Endpoint {
     fn try_relink(&mut self, source: u64, address: Vec<u8>, backoff: Duration, failures: u32) {
         if let Err(e) = self.send_relink(source, address.clone(), backoff, failures) {
             if backoff == RELINK_BACKOFF {
-                eprintln!(
+                stderr_line!(
                     "evb ucx: asking source {source:#x} for the link again: {e} (trying again with backoff)"
                 );
             }
@@ -808,7 +818,7 @@ impl Endpoint {
         for (source, address, backoff, failures) in due {
             self.relinks.remove(&source);
             if failures >= RELINK_ATTEMPTS {
-                eprintln!(
+                stderr_line!(
                     "evb ucx: source {source:#x} did not answer {failures} requests for the link: given up"
                 );
                 continue;
@@ -841,7 +851,7 @@ impl Endpoint {
         if let Some(status) = ptr_status(request) {
             self.sends.unreserve(slot);
             if is_peer_failure(status) || status == sys::UCS_ERR_NO_RESOURCE {
-                eprintln!(
+                stderr_line!(
                     "evb ucx: control message to peer {peer}: {}",
                     status_string(status)
                 );
@@ -910,13 +920,13 @@ impl Endpoint {
                         self.streams.finished(source, seq, Some(joined), out);
                     }
                     _ => {
-                        eprintln!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
+                        stderr_line!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
                         self.streams.finished(source, seq, None, out);
                     }
                 }
             }
             _ => {
-                eprintln!(
+                stderr_line!(
                     "evb ucx: an endpoint message of {} bytes from source {source:#x} not understood",
                     buf.len()
                 );
@@ -943,7 +953,7 @@ impl Endpoint {
         let peer = match self.add_peer(address) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!(
+                stderr_line!(
                     "evb ucx: source {source:#x} asked to join from an address not reachable: {e}"
                 );
                 return;
@@ -965,7 +975,7 @@ impl Endpoint {
         let ack = evb_tagseq::ack_message(epoch, their_index);
         let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
         if let Err(e) = self.send_control(peer, wire_tag, ack) {
-            eprintln!("evb ucx: answering the join of source {source:#x}: {e}");
+            stderr_line!("evb ucx: answering the join of source {source:#x}: {e}");
         }
     }
 

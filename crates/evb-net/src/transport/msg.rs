@@ -334,7 +334,7 @@ impl<E: Endpoint> MsgTransport<E> {
                     let keep = self.on_message(buf, len, tag, None, handler, events);
                     let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
                     if let Err(e) = self.ep.post_recv(buf) {
-                        eprintln!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                        stderr_line!("evb node {}: posting a receive buffer: {e:#}", self.rank);
                     }
                 }
                 Completion::ReceivedWithCrc {
@@ -348,7 +348,7 @@ impl<E: Endpoint> MsgTransport<E> {
                     let keep = self.on_message(buf, len, tag, known, handler, events);
                     let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
                     if let Err(e) = self.ep.post_recv(buf) {
-                        eprintln!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                        stderr_line!("evb node {}: posting a receive buffer: {e:#}", self.rank);
                     }
                 }
             }
@@ -503,7 +503,7 @@ impl<E: Endpoint> MsgTransport<E> {
                     self.peer_index[p as usize] = Some(index);
                     self.pending_link[p as usize] = p != self.rank;
                 }
-                Err(e) => eprintln!("evb node {}: endpoint {p} is not there: {e:#}", self.rank),
+                Err(e) => stderr_line!("evb node {}: endpoint {p} is not there: {e:#}", self.rank),
             }
         }
         for _ in 0..self.recv_buffers {
@@ -520,7 +520,7 @@ impl<E: Endpoint> MsgTransport<E> {
                 break;
             }
             if Instant::now() > deadline {
-                eprintln!(
+                stderr_line!(
                     "evb node {}: endpoints {waiting:?} did not take it back at the rejoin",
                     self.rank
                 );

@@ -590,7 +590,7 @@ impl ShmEndpoint {
             }
         } else {
             // A corrupt ring cannot be resynchronised: drop its content.
-            eprintln!("evb shm: ring of endpoint {s} is corrupt (kind {kind}, {total} bytes); discarding it");
+            stderr_line!("evb shm: ring of endpoint {s} is corrupt (kind {kind}, {total} bytes); discarding it");
             self.recv_buffers.push(buf);
             self.tails[s] = head;
             self.publish_tail(s);
@@ -879,19 +879,19 @@ impl ShmEndpoint {
             }
         }
         if !self.rejoin {
-            eprintln!("evb shm: endpoint {r} asked to join as process {pid}, and this run does not restart nodes");
+            stderr_line!("evb shm: endpoint {r} asked to join as process {pid}, and this run does not restart nodes");
             return true;
         }
         let path = inbox_path(self.run_id, r, pid as u32);
         let new_fd = pidfd_open(pid);
         if pid <= 0 || !process_alive(pid, new_fd.as_ref()) {
-            eprintln!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
+            stderr_line!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
             return true;
         }
         let mut peer = match self.attach(&path, pid, r) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
+                stderr_line!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
                 return true;
             }
         };
@@ -1266,7 +1266,7 @@ impl Drop for ShmEndpoint {
     fn drop(&mut self) {
         self.unlink();
         if self.failed_reads > 0 {
-            eprintln!(
+            stderr_line!(
                 "evb shm: {} messages lost because their sender was gone",
                 self.failed_reads
             );

@@ -224,7 +224,7 @@ impl TcpTransport {
                             opened.push((s, (peer != me).then_some(peer)));
                             accepted += 1;
                         }
-                        Err(e) => eprintln!("evb node {me}: rejected a connection: {e:#}"),
+                        Err(e) => stderr_line!("evb node {me}: rejected a connection: {e:#}"),
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -298,7 +298,7 @@ impl TcpTransport {
                                 Ok(peer) => {
                                     let _ = tx.send(Incoming { stream: s, peer });
                                 }
-                                Err(e) => eprintln!(
+                                Err(e) => stderr_line!(
                                     "evb node {}: rejected a connection from {from}: {e:#}",
                                     hs.rank
                                 ),
@@ -308,7 +308,7 @@ impl TcpTransport {
                             std::thread::sleep(Duration::from_millis(10));
                         }
                         Err(e) => {
-                            eprintln!("evb node {}: accepting: {e}", hs.rank);
+                            stderr_line!("evb node {}: accepting: {e}", hs.rank);
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     }
@@ -344,7 +344,7 @@ impl TcpTransport {
                     attempts += 1;
                     match hs.dial(addr, peer, DIAL_TIMEOUT) {
                         Ok(stream) => {
-                            eprintln!(
+                            stderr_line!(
                                 "evb node {}: reconnected to endpoint {peer} at {addr} (attempt {attempts})",
                                 hs.rank
                             );
@@ -415,7 +415,7 @@ impl TcpTransport {
                     events.push(LinkEvent::Joined { peer });
                 }
             }
-            Err(e) => eprintln!(
+            Err(e) => stderr_line!(
                 "evb node {}: taking in endpoint {peer}'s connection: {e:#}",
                 self.rank
             ),
@@ -441,7 +441,9 @@ impl TcpTransport {
                     let i = self.add_conn(s, Some(peer))?;
                     self.conns[i].hello_seen = true;
                 }
-                Err(e) => eprintln!("evb node {me}: endpoint {peer} at {addr} is not there: {e:#}"),
+                Err(e) => {
+                    stderr_line!("evb node {me}: endpoint {peer} at {addr} is not there: {e:#}")
+                }
             }
         }
         let deadline = Instant::now() + REJOIN_WAIT;
@@ -449,7 +451,7 @@ impl TcpTransport {
         while !waiting.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                eprintln!("evb node {me}: endpoints {waiting:?} did not connect at the rejoin");
+                stderr_line!("evb node {me}: endpoints {waiting:?} did not connect at the rejoin");
                 break;
             }
             let Ok(inc) = self.incoming_rx.recv_timeout(left) else {
