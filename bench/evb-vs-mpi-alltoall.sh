@@ -14,7 +14,10 @@
 # Environment: PROGRESS=busy runs evb with transport.progress=busy (spin,
 # yielding the core between polls), which is how OpenMPI waits: it
 # busy-polls and, oversubscribed (more ranks than cores, as here), calls
-# sched_yield. The default is evb's default, blocking.
+# sched_yield. The default is evb's default, blocking. evb puts its 1 MiB
+# and larger buffers on transparent huge pages (event_builder.huge_pages,
+# on by default); PEER_HUGEPAGES=1 gives the MPI program's buffers huge
+# pages too (a plain MPI program mallocs them: the default here).
 set -euo pipefail
 ranks=${1:-4}
 block=${2:-1048576}
@@ -47,6 +50,7 @@ evb_gbps=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['summ
 
 echo "== MPI_Alltoall: $ranks ranks, blocks of $block bytes, $seconds s (OpenMPI)"
 mpi_line=$(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
+  -x PEER_HUGEPAGES="${PEER_HUGEPAGES:-0}" \
   "$work/mpi_alltoall" "$block" "$seconds")
 echo "$mpi_line"
 mpi_gbps=$(echo "$mpi_line" | sed -n 's/.* gbps_with_local=\([0-9.]*\).*/\1/p')

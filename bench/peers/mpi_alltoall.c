@@ -14,6 +14,8 @@
  * the folded node's own included): bench/evb-vs-mpi-alltoall.sh compares
  * the two like for like.
  *
+ * PEER_HUGEPAGES=1 puts both buffers on transparent huge pages.
+ *
  * Build: mpicc -O2 -o mpi_alltoall mpi_alltoall.c
  * Run:   mpirun -np 4 ./mpi_alltoall BLOCK SECONDS
  */
@@ -22,6 +24,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* PEER_HUGEPAGES=1: the buffers on transparent huge pages, as evb's
+ * (event_builder.huge_pages), to compare on equal pages; otherwise malloc,
+ * as an MPI program usually allocates. */
+static void *alloc_buffer(size_t bytes)
+{
+    const char *huge = getenv("PEER_HUGEPAGES");
+    if (!huge || strcmp(huge, "1") != 0)
+        return malloc(bytes);
+    size_t two_mib = (size_t)2 << 20;
+    size_t rounded = (bytes + two_mib - 1) / two_mib * two_mib;
+    void *p = NULL;
+    if (posix_memalign(&p, two_mib, rounded) != 0)
+        return NULL;
+    madvise(p, rounded, MADV_HUGEPAGE);
+    return p;
+}
 
 int main(int argc, char **argv)
 {
@@ -36,8 +56,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "block must be a positive multiple of 8 bytes\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    uint64_t *send = malloc(block * size);
-    uint64_t *recv = malloc(block * size);
+    uint64_t *send = alloc_buffer(block * size);
+    uint64_t *recv = alloc_buffer(block * size);
     if (!send || !recv) {
         fprintf(stderr, "rank %d: cannot allocate %zu bytes\n", rank, 2 * block * size);
         MPI_Abort(MPI_COMM_WORLD, 2);

@@ -3,6 +3,7 @@
 
 mod bench;
 mod fabric;
+mod hugepages;
 mod progress;
 mod report;
 mod sim;
@@ -155,6 +156,9 @@ enum ConfigCommand {
     Show(ConfigFileArgs),
 }
 
+#[global_allocator]
+static ALLOCATOR: hugepages::MaybeHuge = hugepages::MaybeHuge;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if matches!(
@@ -271,6 +275,7 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         (None, _, _) => anyhow::bail!("--rank is required outside a launcher"),
     };
     let config = Config::load(args.config.config.as_deref(), &overrides)?;
+    hugepages::choose(config.event_builder.huge_pages);
     if let (Control::Launcher, Some((_, size, who))) = (control, launcher) {
         let endpoints = evb_core::Layout::from_config(&config).endpoints;
         anyhow::ensure!(
@@ -307,6 +312,7 @@ fn rejoin_cluster_job(args: NodeArgs, mut overrides: Vec<String>) -> anyhow::Res
     let size = evb_net::cluster::published_ranks(&dir, run_id)?;
     overrides.insert(0, format!("nodes.count={size}"));
     let config = Config::load(path, &overrides)?;
+    hugepages::choose(config.event_builder.huge_pages);
     eprintln!(
         "evb node: rank {rank} of {size} rejoins run {run_id} of {}",
         dir.display()
