@@ -132,6 +132,8 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             spec,
             rendezvous,
         } => {
+            // Buffers as a node has them (EVB_HUGEPAGES overrides).
+            crate::hugepages::choose(evb_core::Config::default().event_builder.huge_pages);
             let spec: BenchSpec = serde_json::from_str(&spec).context("--spec")?;
             let rank = match (rank, evb_net::cluster::launcher_rank()) {
                 (Some(r), _) => r,
