@@ -285,6 +285,17 @@ fn built_by_and_after_rejoin(node: u16, out: &Output, stderr: &str) -> (u64, u64
     (before, after)
 }
 
+/// The EM's MEP fates, for the test's log.
+fn em_fates(em: &Value) -> String {
+    format!(
+        "assigned {} built {} incomplete {} lost {}",
+        n(em, "meps_assigned"),
+        n(em, "em_meps_built"),
+        n(em, "em_meps_incomplete"),
+        n(em, "em_meps_lost_bu_gone"),
+    )
+}
+
 fn assert_exact(em: &Value, stderr: &str) -> u64 {
     let assigned = n(em, "meps_assigned");
     assert!(
@@ -412,11 +423,8 @@ fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
         eprintln!("node {node}: {before} events built by the rejoin, {after} in all");
     }
     eprintln!(
-        "rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}; {}",
-        n(&em, "meps_assigned"),
-        n(&em, "em_meps_built"),
-        n(&em, "em_meps_incomplete"),
-        n(&em, "em_meps_lost_bu_gone"),
+        "rejoined {outage_s:.2} s after the loss; EM: {}; {}",
+        em_fates(&em),
         stderr
             .lines()
             .find(|l| l.contains("reconnected"))
@@ -489,11 +497,8 @@ fn check_long_outage_relinks(transport: &str, tag: u8) -> String {
         built_by_and_after_rejoin(node, out, &stderr);
     }
     eprintln!(
-        "{transport}: rejoined {outage_s:.2} s after the loss; EM: assigned {} built {} incomplete {} lost {}",
-        n(&em, "meps_assigned"),
-        n(&em, "em_meps_built"),
-        n(&em, "em_meps_incomplete"),
-        n(&em, "em_meps_lost_bu_gone"),
+        "{transport}: rejoined {outage_s:.2} s after the loss; EM: {}",
+        em_fates(&em)
     );
     stderr
 }
