@@ -1,6 +1,7 @@
-//! Strangers on a node's port: one that connects and stays silent, one that
-//! sends garbage. Both are rejected and logged; the run is not disturbed.
-//! Real `evb node` processes configured by address, real TCP on loopback.
+//! A hostile surrounding: strangers on a node's port (one that connects and
+//! stays silent, one that sends garbage: both rejected and logged), and a
+//! stdout nobody reads. The run is not disturbed. Real `evb node`
+//! processes configured by address, real TCP on loopback.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -83,4 +84,78 @@ fn strangers_are_rejected_and_the_run_goes_on() {
         })
         .sum();
     assert_eq!(built, 60 * 64);
+}
+
+/// Nobody reads the nodes' stdout while they run (a stalled log collector;
+/// here each pipe shrunk to one page). Before, a node blocked on its next
+/// STATS line once the pipe was full, went silent and was lost by its
+/// peer; now STATS lines that cannot be written are dropped and counted,
+/// the run goes on, and the FINAL line is still written.
+#[test]
+fn a_stdout_nobody_reads_does_not_stop_a_node() {
+    use std::os::fd::AsRawFd;
+    let port = free_port_pair();
+    let sets = [
+        format!("transport.base_port={port}"),
+        "nodes.count=2".into(),
+        "run.duration_s=3".into(),
+        "source.events_per_mep=64".into(),
+    ];
+    let spawn = |rank: u16| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+        cmd.args(["node", "--rank", &rank.to_string()]);
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let child = cmd
+            .env_remove("EVB_RUN_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let fd = child.stdout.as_ref().unwrap().as_raw_fd();
+        // SAFETY: F_SETPIPE_SZ on a pipe this process holds.
+        let size = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, 4096) };
+        assert!(
+            size >= 4096,
+            "F_SETPIPE_SZ: {}",
+            std::io::Error::last_os_error()
+        );
+        child
+    };
+    let node1 = spawn(1);
+    let node0 = spawn(0);
+    // The run lasts 3 s; read nothing until it is over.
+    std::thread::sleep(Duration::from_secs(5));
+    let readers: Vec<_> = [node0, node1]
+        .into_iter()
+        .map(|child| std::thread::spawn(move || child.wait_with_output().unwrap()))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while readers.iter().any(|r| !r.is_finished()) {
+        assert!(Instant::now() < deadline, "the nodes did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let outs: Vec<_> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let stderr: String = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .collect();
+    assert!(stderr.contains("STATS lines dropped"), "{stderr}");
+    for (node, out) in outs.iter().enumerate() {
+        assert!(out.status.success(), "node {node}\n{stderr}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("FINAL "))
+            .unwrap_or_else(|| panic!("node {node}: no final report\n{stderr}"));
+        let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
+        assert!(
+            v["peers_lost"].is_null(),
+            "node {node} lost a peer: {v}\n{stderr}"
+        );
+        assert_eq!(v["drain_timed_out"], false, "{stderr}");
+        assert!(v["events_built"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["events_incomplete"], 0, "{v}\n{stderr}");
+    }
 }

@@ -749,6 +749,8 @@ struct Runtime {
     report_file: Option<PathBuf>,
     /// Launcher mode: print STATS lines all the same ([`STATS_ENV`]).
     stats_under_launcher: bool,
+    /// Where STATS and FINAL lines go (stdout, from a thread of its own).
+    report_lines: ReportLines,
     /// The text `/metrics` serves, when metrics are on.
     metrics: Option<crate::metrics::MetricsText>,
     /// process_actions stopped at its budget with actions maybe left.
@@ -832,6 +834,7 @@ impl Runtime {
             events: Vec::new(),
             report_file: None,
             stats_under_launcher: std::env::var(STATS_ENV).is_ok_and(|v| v == "1"),
+            report_lines: ReportLines::start(),
             metrics: None,
             actions_left: false,
             store,
@@ -993,6 +996,13 @@ impl Runtime {
             self.store_closed = Some(stats);
         }
         self.print_report("FINAL", true, drain_timed_out);
+        let dropped = self.report_lines.finish();
+        if dropped > 0 {
+            stderr_line!(
+                "evb node {}: {dropped} STATS lines dropped: stdout was not read fast enough",
+                self.rank
+            );
+        }
         Ok(())
     }
 
@@ -1481,9 +1491,88 @@ impl Runtime {
         if self.report_file.is_some() && !full && !self.stats_under_launcher {
             return; // No STATS lines on a launcher's shared stdout.
         }
+        let line = format!("{tag} {line}\n");
+        if full {
+            self.report_lines.write(line);
+        } else {
+            self.report_lines.offer(line);
+        }
+    }
+}
+
+/// STATS and FINAL lines, written to stdout by a thread of their own. A
+/// node whose stdout is not read (a stalled log collector, a launcher's
+/// full pipe) would otherwise block on its next STATS line, stop building
+/// and answering, and be taken for lost by its peers: STATS lines that
+/// find the queue full are dropped (and counted) instead. The FINAL line
+/// is always written: [`ReportLines::finish`] waits for it.
+struct ReportLines {
+    tx: Option<std::sync::mpsc::SyncSender<String>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    dropped: std::cell::Cell<u64>,
+}
+
+impl ReportLines {
+    /// Lines that may wait for stdout; STATS lines past them are dropped.
+    const QUEUE: usize = 4;
+
+    fn start() -> ReportLines {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(Self::QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("evb-report-lines".into())
+            .spawn(move || {
+                for line in rx {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(line.as_bytes());
+                    let _ = out.flush();
+                }
+            })
+            .ok();
+        ReportLines {
+            tx: Some(tx),
+            writer,
+            dropped: std::cell::Cell::new(0),
+        }
+    }
+
+    /// A STATS line: queued, or dropped if the queue is full.
+    fn offer(&self, line: String) {
+        match &self.tx {
+            Some(tx) if self.writer.is_some() => {
+                if tx.try_send(line).is_err() {
+                    self.dropped.set(self.dropped.get() + 1);
+                }
+            }
+            _ => Self::write_now(&line),
+        }
+    }
+
+    /// A line that must be written (FINAL): waits for room in the queue.
+    fn write(&self, line: String) {
+        match &self.tx {
+            Some(tx) if self.writer.is_some() => {
+                if let Err(e) = tx.send(line) {
+                    Self::write_now(&e.0);
+                }
+            }
+            _ => Self::write_now(&line),
+        }
+    }
+
+    fn write_now(line: &str) {
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{tag} {line}");
+        let _ = out.write_all(line.as_bytes());
         let _ = out.flush();
+    }
+
+    /// Waits until every queued line is written; returns the STATS lines
+    /// dropped.
+    fn finish(&mut self) -> u64 {
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        self.dropped.get()
     }
 }
 
