@@ -198,11 +198,7 @@ fn run_with_fault(
     fault: impl FnOnce(&Hosts),
 ) -> (Value, Option<Value>, String) {
     let (out0, out1) = run_nodes_with_fault(tag, seconds, fault);
-    let stderr = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out0.stderr),
-        String::from_utf8_lossy(&out1.stderr)
-    );
+    let stderr = both_stderr(&out0, &out1);
     let r1 = String::from_utf8_lossy(&out1.stdout)
         .contains("FINAL ")
         .then(|| final_report(&out1));
@@ -283,6 +279,15 @@ fn built_by_and_after_rejoin(node: u16, out: &Output, stderr: &str) -> (u64, u64
         "node {node} built {before} events by the rejoin and {after} in all\n{stderr}"
     );
     (before, after)
+}
+
+/// Both nodes' stderr, node 0 first.
+fn both_stderr(out0: &Output, out1: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr)
+    )
 }
 
 /// The EM's MEP fates, for the test's log.
@@ -374,11 +379,7 @@ fn long_link_outage_is_a_lost_peer_that_rejoins_with_exact_accounting() {
         std::thread::sleep(Duration::from_millis(2500));
         sh(Some(&h.a), &["ip", "link", "set", &h.dev_a, "up"]);
     });
-    let stderr = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out0.stderr),
-        String::from_utf8_lossy(&out1.stderr)
-    );
+    let stderr = both_stderr(&out0, &out1);
     let em = final_report(&out0);
     assert_exact(&em, &stderr);
     let lost = em["peers_lost"]
@@ -467,11 +468,7 @@ fn check_long_outage_relinks(transport: &str, tag: u8) -> String {
     sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "up"]);
     let (out0, out1) = outputs.wait();
     let _ = std::fs::remove_dir_all(&rdv);
-    let stderr = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out0.stderr),
-        String::from_utf8_lossy(&out1.stderr)
-    );
+    let stderr = both_stderr(&out0, &out1);
     let em = final_report(&out0);
     assert_exact(&em, &stderr);
     let r1 = final_report(&out1);

@@ -21,6 +21,17 @@ fn free_port_pair() -> u16 {
     panic!("no free port pair");
 }
 
+/// `evb node --rank RANK` with `sets`, stdout and stderr piped.
+fn node_command(rank: u16, sets: &[String]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    cmd.args(["node", "--rank", &rank.to_string()]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd
+}
+
 #[test]
 fn strangers_are_rejected_and_the_run_goes_on() {
     let port = free_port_pair();
@@ -31,17 +42,7 @@ fn strangers_are_rejected_and_the_run_goes_on() {
         "run.duration_s=0".into(),
         "source.events_per_mep=64".into(),
     ];
-    let spawn = |rank: u16| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
-        cmd.args(["node", "--rank", &rank.to_string()]);
-        for s in &sets {
-            cmd.args(["--set", s]);
-        }
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn = |rank: u16| node_command(rank, &sets).spawn().unwrap();
     // Node 1 accepts node 0's connection; the strangers get there first.
     let node1 = spawn(1);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -102,15 +103,8 @@ fn a_stdout_nobody_reads_does_not_stop_a_node() {
         "source.events_per_mep=64".into(),
     ];
     let spawn = |rank: u16| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
-        cmd.args(["node", "--rank", &rank.to_string()]);
-        for s in &sets {
-            cmd.args(["--set", s]);
-        }
-        let child = cmd
+        let child = node_command(rank, &sets)
             .env_remove("EVB_RUN_KEY")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let fd = child.stdout.as_ref().unwrap().as_raw_fd();
