@@ -15,6 +15,15 @@
 # evb with EVB_UCX_SPLIT_BODY_FROM=BYTES: bodies that large sent as their
 # own contiguous message; the default sends one iov message), EVB (default
 # target/release/evb).
+# ERR_HANDLING: 1 runs ucx_perftest with error handling (-e), 0 without.
+# The default is what evb does on these transports: it opens its endpoints
+# with peer failure detection (UCP_ERR_HANDLING_MODE_PEER) wherever UCX_TLS
+# names a network transport, and without it on shared memory only (where
+# UCX 1.13 cannot do it). Over tcp that choice changes what UCX does:
+# without error handling it adds rendezvous lanes (put zero-copy, one per
+# interface: on loopback lo and eth0, two TCP connections to the same
+# kernel), with it one lane and active-message rendezvous
+# (`UCX_TLS=tcp ucx_info -e -u t -P inter` against `-u te`).
 # Both figures are MiB/s (2^20 B): evb's at the receiver, ucx_perftest's at
 # the sender (hence runs of >= 5 s).
 set -euo pipefail
@@ -29,6 +38,18 @@ here=$(cd "$(dirname "$0")" && pwd)
 evb=${EVB:-$here/../../target/release/evb}
 [ -x "$evb" ] || { echo "no evb binary at $evb (cargo build --release -p evb-cli, or set EVB)" >&2; exit 2; }
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-error}
+# evb's rule (crates/evb-net/src/transport/ucx.rs): shared memory only
+# when every word of UCX_TLS is a shared-memory transport.
+shm_only=1
+for t in ${tls//,/ }; do
+  case $t in posix|sysv|cma|self|sm|shm|knem|xpmem) ;; *) shm_only=0 ;; esac
+done
+case ${ERR_HANDLING:-default} in
+  default) if (( shm_only )); then ERR_HANDLING=""; else ERR_HANDLING=1; fi ;;
+  0) ERR_HANDLING="" ;;
+  *) ERR_HANDLING=1 ;;
+esac
+export ERR_HANDLING
 
 echo "# evb bench p2p -t ucx:$tls vs ucx_perftest tag_bw${ERR_HANDLING:+ -e}, $size B, $seconds s runs, window $window, $progress progress, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# round evb_MiB/s ucx_perftest_MiB/s ratio${SPLIT:+ evb_split_MiB/s split_ratio}"

@@ -45,6 +45,13 @@ fn shared_memory_only(tls: &str) -> bool {
 /// applied by UCX 1.13); no other transport has a setting of that name.
 const TCP_TX_SEG_SIZE: &str = "32K";
 
+/// UCX's tcp receive segment for evb (UCX_TCP_RX_SEG_SIZE, unless that is
+/// set; `RX_SEG_SIZE` as above). Twice UCX's 64K: half the receive system
+/// calls for a large message, and the receiver is half of a 1 MiB stream's
+/// cost (`evb run -n 4 -t ucx:tcp`: 28.5-30.2 -> 30.5-31.8 Gb/s; 256K:
+/// 29.6-31.0; docs/transports.md).
+const TCP_RX_SEG_SIZE: &str = "128K";
+
 /// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides
 /// `evb_ucx::Options::split_body_from`: bodies this large go as their own
 /// contiguous message (zero-copy rendezvous) instead of one iov message.
@@ -85,6 +92,9 @@ impl UcxEndpoint {
             // 1 MiB messages 1.8 -> 4.3 GB/s, `evb run -n 4` 22-24 -> 29
             // Gb/s (64 KiB: 4.1 GB/s but 20 Gb/s; docs/transports.md).
             ucx_config.push(("TX_SEG_SIZE".to_string(), TCP_TX_SEG_SIZE.to_string()));
+        }
+        if !shm_only && std::env::var_os("UCX_TCP_RX_SEG_SIZE").is_none() {
+            ucx_config.push(("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string()));
         }
         let opts = evb_ucx::Options {
             split_body_from: split_body_from(eager_only)?,
