@@ -11,6 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+mod common;
+use common::final_report;
+
 /// Relays one connection from `listener` to `upstream`, holding every
 /// chunk `delay` in each direction. Returns when both directions end.
 fn delay_relay(
@@ -131,12 +134,7 @@ fn a_delayed_link_builds_everything_and_loses_nobody() {
         let out = out.as_ref().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "node {rank}: {err}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("FINAL "))
-            .unwrap_or_else(|| panic!("node {rank} final report: {text}{err}"));
-        let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
+        let v = final_report(out);
         assert!(
             v["peers_lost"].as_array().is_none_or(Vec::is_empty),
             "node {rank} lost a peer on a slow link: {v}"

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-#[allow(dead_code)]
 mod common;
 
 fn run_with(fault: &str, spec: &str, name: &str) -> (i32, Value, String) {

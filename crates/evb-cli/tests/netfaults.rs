@@ -13,6 +13,9 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+mod common;
+use common::final_report;
+
 use serde_json::Value;
 
 fn sh(ns: Option<&str>, args: &[&str]) {
@@ -175,15 +178,6 @@ impl Drop for Hosts {
         let _ = Command::new("ip").args(["netns", "del", &self.a]).status();
         let _ = Command::new("ip").args(["netns", "del", &self.b]).status();
     }
-}
-
-fn final_report(out: &Output) -> Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("FINAL "))
-        .unwrap_or_else(|| panic!("no final report: {}", String::from_utf8_lossy(&out.stderr)));
-    serde_json::from_str(&line[6..]).unwrap()
 }
 
 fn n(v: &Value, k: &str) -> u64 {

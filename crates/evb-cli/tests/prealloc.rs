@@ -6,7 +6,6 @@
 //! time.
 
 // Only the bounded runner: the MPICH helper is unused here.
-#[allow(dead_code)]
 mod common;
 
 use std::process::Command;

@@ -8,6 +8,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::final_report;
+
 use evb_core::wire::Message;
 
 fn free_port_pair() -> u16 {
@@ -90,15 +93,7 @@ fn impostor_without_the_key_is_rejected() {
     );
     let built: u64 = [&out0, &out1]
         .iter()
-        .map(|o| {
-            let text = String::from_utf8_lossy(&o.stdout);
-            let line = text
-                .lines()
-                .find(|l| l.starts_with("FINAL "))
-                .expect("a final report");
-            let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
-            v["events_built"].as_u64().unwrap()
-        })
+        .map(|o| final_report(o)["events_built"].as_u64().unwrap())
         .sum();
     assert_eq!(built, 60 * 64);
 }

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-#[allow(dead_code)]
 mod common;
 use common::run_bounded;
 

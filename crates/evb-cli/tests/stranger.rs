@@ -8,6 +8,9 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::final_report;
+
 fn free_port_pair() -> u16 {
     // Two consecutive free ports: bind a pair, release, use (a small race,
     // retried by the caller on failure).
@@ -74,15 +77,7 @@ fn strangers_are_rejected_and_the_run_goes_on() {
     // Exact counts: every event built.
     let built: u64 = [&out0, &out1]
         .iter()
-        .map(|o| {
-            let text = String::from_utf8_lossy(&o.stdout);
-            let line = text
-                .lines()
-                .find(|l| l.starts_with("FINAL "))
-                .expect("a final report");
-            let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
-            v["events_built"].as_u64().unwrap()
-        })
+        .map(|o| final_report(o)["events_built"].as_u64().unwrap())
         .sum();
     assert_eq!(built, 60 * 64);
 }
@@ -138,12 +133,7 @@ fn a_stdout_nobody_reads_does_not_stop_a_node() {
     assert!(stderr.contains("STATS lines dropped"), "{stderr}");
     for (node, out) in outs.iter().enumerate() {
         assert!(out.status.success(), "node {node}\n{stderr}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("FINAL "))
-            .unwrap_or_else(|| panic!("node {node}: no final report\n{stderr}"));
-        let v: serde_json::Value = serde_json::from_str(&line[6..]).unwrap();
+        let v = final_report(out);
         assert!(
             v["peers_lost"].is_null(),
             "node {node} lost a peer: {v}\n{stderr}"

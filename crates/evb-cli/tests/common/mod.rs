@@ -1,4 +1,7 @@
-//! Helpers shared by the integration tests that start MPI launchers.
+//! Helpers shared by the integration tests that start nodes and launchers.
+
+// Each test file is its own crate and uses some of these.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -15,6 +18,22 @@ pub fn mpich_evb() -> PathBuf {
         .expect("bash runs");
     assert!(out.status.success(), "{script} failed");
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// The JSON of a node's `FINAL ` line on its stdout; panics, with the
+/// node's output, when there is none.
+pub fn final_report(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FINAL "))
+        .unwrap_or_else(|| {
+            panic!(
+                "no final report: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    serde_json::from_str(&line[6..]).unwrap()
 }
 
 /// Runs `cmd` to its end, reading its output while waiting (it can be more
