@@ -85,16 +85,22 @@ impl UcxEndpoint {
             // rendezvous also never completes without error handling.
             ucx_config.push(("RNDV_THRESH".to_string(), "inf".to_string()));
         }
-        if !shm_only && std::env::var_os("UCX_TCP_TX_SEG_SIZE").is_none() {
+        if !shm_only {
             // UCX 1.13 sends an iov message (evb's header + fragment) over
             // tcp as a copy, in segments of 8 KiB by default: one send
             // system call and its TCP overhead per 8 KiB. 32 KiB segments:
             // 1 MiB messages 1.8 -> 4.3 GB/s, `evb run -n 4` 22-24 -> 29
             // Gb/s (64 KiB: 4.1 GB/s but 20 Gb/s; docs/transports.md).
-            ucx_config.push(("TX_SEG_SIZE".to_string(), TCP_TX_SEG_SIZE.to_string()));
-        }
-        if !shm_only && std::env::var_os("UCX_TCP_RX_SEG_SIZE").is_none() {
-            ucx_config.push(("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string()));
+            // The receive side: see TCP_RX_SEG_SIZE.
+            for (name, value) in [
+                ("TX_SEG_SIZE", TCP_TX_SEG_SIZE),
+                ("RX_SEG_SIZE", TCP_RX_SEG_SIZE),
+            ] {
+                // The user's UCX_TCP_<name> wins.
+                if std::env::var_os(format!("UCX_TCP_{name}")).is_none() {
+                    ucx_config.push((name.to_string(), value.to_string()));
+                }
+            }
         }
         let opts = evb_ucx::Options {
             split_body_from: split_body_from(eager_only)?,
