@@ -50,6 +50,11 @@ pub enum Protocol {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Schedule {
+    /// Time-slotted barrel shift: every RU follows one clock (the EM's,
+    /// measured over the connections, or the hosts' own with `clock =
+    /// "system"`); in slot S RU s ships to the BU its plan names for S,
+    /// by default (s + S) mod B ([`crate::slots`]).
+    Slotted,
     /// Barrel shift, phase-locked: phase n of RU i sends to BU (i + n) mod N
     /// and waits for that BU's MEP if it is not there yet, at most
     /// `barrel_wait_us` (then another BU is served out of turn); lost BUs
@@ -63,6 +68,19 @@ pub enum Schedule {
     Random,
     /// Everything at once, no limit on transfers in flight.
     All,
+}
+
+/// Which clock the slotted barrel follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClockSource {
+    /// The EM's clock: every node measures its offset to it over the
+    /// connections it already has (NTP-style probes, the fastest answer
+    /// of the last few kept).
+    Em,
+    /// The node's own clock, trusted as synchronised (PTP on the cluster,
+    /// or one host): no probes.
+    System,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,6 +155,28 @@ pub struct EventBuilderSection {
     /// Phase-locked barrel: longest wait for the phase's MEP before another
     /// BU is served out of turn (bounds the stall a slow BU can cause).
     pub barrel_wait_us: u64,
+    /// Slotted barrel: slot length, microseconds (0: from the fragment
+    /// size and `sim.link_gbps`, see [`crate::slots::auto_slot_ns`]).
+    pub slot_us: f64,
+    /// Slotted barrel: time added to the auto slot so that jitter does not
+    /// make two RUs overlap at one BU, microseconds.
+    pub slot_grace_us: f64,
+    /// Slotted barrel: a schedule file (one line per slot, the destination
+    /// node of every node), relative to the configuration file; empty: the
+    /// barrel shift in node order.
+    pub schedule_file: String,
+    /// Slotted barrel: whose clock the slots follow.
+    pub clock: ClockSource,
+    /// `clock = "em"`: how often a node measures its offset to the EM's
+    /// clock again (after a burst of probes at the start), milliseconds.
+    pub clock_probe_ms: u64,
+    /// MEP assignments the EM collects before it tells the RUs, as runs
+    /// (0: one per 16 BUs, at least 1): its messages per MEP fall as the
+    /// event builder grows.
+    pub assign_batch: u32,
+    /// Longest an assignment waits in the EM for its batch to fill,
+    /// microseconds.
+    pub assign_flush_us: u64,
     pub local: LocalTraffic,
     /// A batch not complete this long after it was opened is incomplete.
     pub batch_timeout_ms: u64,
@@ -170,10 +210,17 @@ impl Default for EventBuilderSection {
     fn default() -> Self {
         EventBuilderSection {
             protocol: Protocol::Push,
-            schedule: Schedule::Barrel,
+            schedule: Schedule::Slotted,
             parallel_sends: 2,
             credits: 2,
             barrel_wait_us: 1000,
+            slot_us: 0.0,
+            slot_grace_us: 0.5,
+            schedule_file: String::new(),
+            clock: ClockSource::Em,
+            clock_probe_ms: 20,
+            assign_batch: 0,
+            assign_flush_us: 500,
             local: LocalTraffic::Memory,
             batch_timeout_ms: 2000,
             drain_timeout_ms: 10000,
@@ -499,6 +546,9 @@ pub struct Config {
     /// Host latency bins `(ns, weight)` loaded from `sim.host_latency`.
     #[serde(skip)]
     pub host_latency_bins: Vec<(u32, f64)>,
+    /// The slot schedule loaded from `event_builder.schedule_file`.
+    #[serde(skip)]
+    pub slot_table: Option<std::sync::Arc<crate::slots::SlotTable>>,
 }
 
 /// The documented default configuration, as TOML.
@@ -558,6 +608,23 @@ impl Config {
         })?;
         config.validate("--set", "", base_dir)?;
         Ok(config)
+    }
+
+    /// The slotted barrel's slot length, ns.
+    pub fn slot_ns(&self) -> u64 {
+        if self.event_builder.slot_us > 0.0 {
+            (self.event_builder.slot_us * 1000.0).round().max(1.0) as u64
+        } else {
+            crate::slots::auto_slot_ns(self, self.sim.link_gbps)
+        }
+    }
+
+    /// MEPs the EM collects before it sends them as runs.
+    pub fn assign_batch(&self) -> u32 {
+        match self.event_builder.assign_batch {
+            0 => (self.unit_counts().1 as u32).div_ceil(16).max(1),
+            n => n,
+        }
     }
 
     /// Number of Readout Units and Builder Units.
@@ -957,6 +1024,37 @@ impl Config {
                 "must be a power of two from 65536 to 1073741824".into(),
             ));
         }
+        let eb = &self.event_builder;
+        for (key, v) in [
+            ("event_builder.slot_us", eb.slot_us),
+            ("event_builder.slot_grace_us", eb.slot_grace_us),
+        ] {
+            if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
+                return Err(err(
+                    key,
+                    format!("{v} is not a number of microseconds from 0 to 10 s"),
+                ));
+            }
+        }
+        if !(1..=60_000).contains(&eb.clock_probe_ms) {
+            return Err(err(
+                "event_builder.clock_probe_ms",
+                "must be from 1 to 60000 ms".into(),
+            ));
+        }
+        if eb.assign_flush_us > 10_000_000 {
+            return Err(err(
+                "event_builder.assign_flush_us",
+                "must be at most 10 s (10000000 us)".into(),
+            ));
+        }
+        if eb.assign_batch > 1 << 20 {
+            return Err(err(
+                "event_builder.assign_batch",
+                "must be at most 1048576 MEPs".into(),
+            ));
+        }
+        crate::slots::load_schedule(self, base_dir, &err)?;
         Ok(())
     }
 }

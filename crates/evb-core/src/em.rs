@@ -158,6 +158,16 @@ pub struct EventManager {
     /// until when.
     resync_wait: Nanos,
     resync_deadline: Option<Nanos>,
+    /// New assignments not yet told, as (MEP, BU index), in MEP order;
+    /// sent as runs ([`Message::AssignRun`]) once `assign_batch` of them
+    /// are collected, the oldest has waited `assign_flush_ns`, or the EM
+    /// has anything else to say (so every message keeps its order).
+    pending: Vec<(MepId, u16)>,
+    pending_since: Option<Nanos>,
+    assign_batch: usize,
+    assign_flush_ns: Nanos,
+    /// The driver's clock, as of the last input.
+    now: Nanos,
     pub stats: EmStats,
 }
 
@@ -183,7 +193,75 @@ impl EventManager {
             resync: None,
             resync_wait: 0,
             resync_deadline: None,
+            pending: Vec::new(),
+            pending_since: None,
+            assign_batch: 1,
+            assign_flush_ns: 0,
+            now: 0,
             stats: EmStats::default(),
+        }
+    }
+
+    /// Collects up to `batch` new assignments (for at most `flush` ns)
+    /// before telling them as runs.
+    pub fn batched(mut self, batch: u32, flush: Nanos) -> EventManager {
+        self.assign_batch = batch.max(1) as usize;
+        self.assign_flush_ns = flush;
+        self
+    }
+
+    /// Advances the EM's clock (the node does this on every input).
+    pub fn set_now(&mut self, now: Nanos) {
+        debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
+        self.now = self.now.max(now);
+    }
+
+    /// Assignments collected and not yet told.
+    pub fn pending_assignments(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Tells the collected assignments: runs of consecutive MEPs to
+    /// consecutive BU indices, to every live RU and to every BU that has a
+    /// MEP among them (a folded node gets one copy).
+    fn flush_assignments(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.pending_since = None;
+        let b = self.bu_nodes.len() as u16;
+        let mut runs: Vec<Message> = Vec::new();
+        let mut start = 0;
+        for i in 1..=self.pending.len() {
+            let ends = i == self.pending.len() || {
+                let (prev_mep, prev_bu) = self.pending[i - 1];
+                let (mep, bu) = self.pending[i];
+                mep != prev_mep + 1 || bu != (prev_bu + 1) % b
+            };
+            if ends {
+                let (first, first_bu) = self.pending[start];
+                runs.push(Message::AssignRun {
+                    first,
+                    count: (i - start) as u32,
+                    first_bu,
+                });
+                start = i;
+            }
+        }
+        let mut to = vec![false; self.endpoints as usize];
+        for &(_, bu) in &self.pending {
+            to[self.bu_nodes[bu as usize] as usize] = true;
+        }
+        for (s, &ru) in self.ru_nodes.iter().enumerate() {
+            if !self.ru_lost[s] {
+                to[ru as usize] = true;
+            }
+        }
+        self.pending.clear();
+        for (node, _) in to.iter().enumerate().filter(|(_, &t)| t) {
+            for &run in &runs {
+                out.push((node as NodeId, run));
+            }
         }
     }
 
@@ -298,12 +376,20 @@ impl EventManager {
         let slot = p
             .filter(|_| !self.stopped && !self.stop_requested)
             .and_then(|p| Some(p.slot_time(p.epoch?, p.slots + 1)));
-        resync.into_iter().chain(slot).min()
+        let flush = self.pending_since.map(|t| t + self.assign_flush_ns);
+        resync.into_iter().chain(slot).chain(flush).min()
     }
 
     /// Paced readout: the trigger slots up to `now` deliver their MEPs, or
     /// are vetoed while the RU buffers are full.
     pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<(NodeId, Message)>) {
+        self.set_now(now);
+        if self
+            .pending_since
+            .is_some_and(|t| now >= t + self.assign_flush_ns)
+        {
+            self.flush_assignments(out);
+        }
         if self.resync.is_some() && self.resync_deadline.is_some_and(|d| now >= d) {
             // Who has not answered by now is gone for this EM.
             self.resync = Some(Vec::new());
@@ -495,6 +581,13 @@ impl EventManager {
     /// Rounds decided with every re-assignment made are closed: the RUs
     /// drop what they still hold for them.
     fn close_placed_rounds(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        if self
+            .rounds
+            .iter()
+            .any(|r| r.decided() && r.meps.is_empty() && r.to_place.is_empty())
+        {
+            self.flush_assignments(out);
+        }
         let ru_lost = &self.ru_lost;
         let ru_nodes = &self.ru_nodes;
         self.rounds.retain(|r| {
@@ -512,6 +605,7 @@ impl EventManager {
 
     /// Opens a decision round on the unfinished MEPs of lost BU `b`.
     fn open_round(&mut self, b: usize, out: &mut Vec<(NodeId, Message)>) {
+        self.flush_assignments(out);
         let meps = std::mem::take(&mut self.outstanding[b]);
         if meps.is_empty() {
             return;
@@ -556,6 +650,9 @@ impl EventManager {
         layout: &Layout,
         out: &mut Vec<(NodeId, Message)>,
     ) {
+        // Everything assigned before the loss goes out before what follows
+        // from it (the RUs list what they hold after every assignment).
+        self.flush_assignments(out);
         let mut new_round = None;
         if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
             let b = b as usize;
@@ -627,6 +724,7 @@ impl EventManager {
         layout: &Layout,
         out: &mut Vec<(NodeId, Message)>,
     ) {
+        self.flush_assignments(out);
         if self.stopped {
             out.push((
                 node,
@@ -694,6 +792,7 @@ impl EventManager {
             return;
         }
         self.stopped = true;
+        self.flush_assignments(out);
         for node in 0..self.endpoints {
             out.push((
                 node,
@@ -770,23 +869,26 @@ impl EventManager {
                 }
             };
             self.outstanding[bu].insert(mep);
-            let msg = if holders.is_some() {
-                Message::Reassign { mep, bu: bu_node }
-            } else {
-                Message::Assign { mep, bu: bu_node }
+            let Some(holders) = holders else {
+                // A new MEP: told with the others of its batch.
+                self.pending.push((mep, bu as u16));
+                self.pending_since.get_or_insert(self.now);
+                if self.pending.len() >= self.assign_batch {
+                    self.flush_assignments(out);
+                }
+                continue;
             };
-            // The BU first, then every live RU (a folded node gets one
-            // copy); a re-assignment only to the RUs that kept the MEP.
+            // A re-assignment: to the BU, then only to the RUs that kept
+            // the MEP (a folded node gets one copy), after what came before.
+            self.flush_assignments(out);
+            let msg = Message::Reassign { mep, bu: bu_node };
             out.push((bu_node, msg));
             for (s, &ru) in self.ru_nodes.iter().enumerate() {
-                let has = holders.as_ref().is_none_or(|h| h[s]);
-                if ru != bu_node && !self.ru_lost[s] && has {
+                if ru != bu_node && !self.ru_lost[s] && holders[s] {
                     out.push((ru, msg));
                 }
             }
-            if again.is_some() {
-                self.close_placed_rounds(out);
-            }
+            self.close_placed_rounds(out);
         }
     }
 }
@@ -802,22 +904,28 @@ mod tests {
         Layout::from_config(&config)
     }
 
-    fn assigns(out: &[(NodeId, Message)], bu: NodeId) -> usize {
+    /// Every (destination, MEP, BU) an assignment message in `out` names.
+    fn expanded(out: &[(NodeId, Message)]) -> Vec<(NodeId, MepId, NodeId)> {
+        // The tests' layouts are folded: BU index i is on node i.
+        let bu_nodes: Vec<NodeId> = (0..64).collect();
         out.iter()
-            .filter(|(to, m)| *to == bu && matches!(m, Message::Assign { .. }))
-            .count()
+            .flat_map(|(to, m)| {
+                m.assignments(&bu_nodes)
+                    .into_iter()
+                    .map(move |(mep, bu)| (*to, mep, bu))
+            })
+            .collect()
+    }
+
+    fn assigns(out: &[(NodeId, Message)], bu: NodeId) -> usize {
+        expanded(out).iter().filter(|a| a.0 == bu).count()
     }
 
     const MS: Nanos = 1_000_000;
 
     fn assigned_meps(out: &[(NodeId, Message)]) -> Vec<MepId> {
-        let mut meps: Vec<MepId> = out
-            .iter()
-            .filter_map(|(_, m)| match m {
-                Message::Assign { mep, .. } => Some(*mep),
-                _ => None,
-            })
-            .collect();
+        let mut meps: Vec<MepId> = expanded(out).iter().map(|a| a.1).collect();
+        meps.sort_unstable();
         meps.dedup();
         meps
     }
@@ -1051,7 +1159,7 @@ mod tests {
             count(&out, |m| matches!(m, Message::ReleaseHeld { round: 0 })),
             2
         );
-        assert_eq!(count(&out, |m| matches!(m, Message::Assign { .. })), 0);
+        assert!(expanded(&out).is_empty());
         assert!(em.is_stopped());
         assert_eq!(em.meps_assigned(), 2, "no new MEP after the stop");
         let release = out

@@ -397,7 +397,11 @@ impl Harness {
                     if let Message::ConsumerCredit { fu, credits } = msg {
                         *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
                     }
-                    if let Message::Assign { mep, bu } | Message::Reassign { mep, bu } = msg {
+                    let mut assigned = msg.assignments(&self.layout.bu_nodes);
+                    if let Message::Reassign { mep, bu } = msg {
+                        assigned.push((mep, bu));
+                    }
+                    for (mep, bu) in assigned {
                         if to == bu {
                             let set = self.outstanding.entry(bu).or_default();
                             set.insert(mep);
@@ -545,6 +549,13 @@ fn encode_key(msg: Message) -> MessageKey {
         Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
         Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
         Message::SeenUpTo { next_mep, ended } => MessageKey(20, next_mep, ended.into()),
+        Message::AssignRun {
+            first,
+            count,
+            first_bu,
+        } => MessageKey(21, first, u64::from(count) | u64::from(first_bu) << 32),
+        Message::ClockProbe { sent } => MessageKey(22, sent, 0),
+        Message::ClockReply { sent, em_time } => MessageKey(23, sent, em_time),
         Message::Hello { .. } | Message::Heartbeat | Message::Goodbye | Message::Fragment(_) => {
             MessageKey(7, 0, 0)
         }
@@ -605,6 +616,16 @@ fn decode_key(k: MessageKey) -> Message {
         20 => Message::SeenUpTo {
             next_mep: k.1,
             ended: k.2 != 0,
+        },
+        21 => Message::AssignRun {
+            first: k.1,
+            count: k.2 as u32,
+            first_bu: (k.2 >> 32) as u16,
+        },
+        22 => Message::ClockProbe { sent: k.1 },
+        23 => Message::ClockReply {
+            sent: k.1,
+            em_time: k.2,
         },
         _ => Message::Heartbeat,
     }

@@ -11,11 +11,13 @@
 //! [`harness`] drives them over an in-memory network for tests.
 //!
 //! Also here: the wire format ([`wire`]), the configuration file shared by
-//! every driver ([`config`]) and the source model that fills fragments with
-//! verifiable data ([`source`]).
+//! every driver ([`config`]), the source model that fills fragments with
+//! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`])
+//! and the measurement of each node's offset to the EM's clock ([`clock`]).
 
 pub mod bu;
 pub mod checksum;
+pub mod clock;
 pub mod config;
 pub mod em;
 pub mod fu;
@@ -23,6 +25,7 @@ pub mod harness;
 pub mod layout;
 pub mod node;
 pub mod ru;
+pub mod slots;
 pub mod source;
 pub mod wire;
 

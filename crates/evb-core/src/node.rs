@@ -11,7 +11,8 @@
 use std::collections::VecDeque;
 
 use crate::bu::{Admit, BuAction, BuStats, BuilderUnit, Nanos, Outcome};
-use crate::config::{Config, LocalTraffic};
+use crate::clock::{ClockStats, ClockSync};
+use crate::config::{ClockSource, Config, LocalTraffic, Schedule};
 use crate::em::{EmStats, EventManager};
 use crate::fu::{FilterUnit, FuAction, FuStats};
 use crate::layout::Layout;
@@ -74,9 +75,17 @@ pub struct NodeStats {
     pub bu: Option<BuStats>,
     pub em: Option<EmStats>,
     pub fu: Option<FuStats>,
+    /// The slot clock: this node's offset to the EM's clock, as measured
+    /// (`None`: no slotted RU here, or the hosts' clocks are trusted).
+    pub clock: Option<ClockStats>,
     /// Control messages dropped because they came from the wrong endpoint.
     pub control_rejected: u64,
 }
+
+/// Most MEPs one `AssignRun` may name: a run never holds more than the
+/// credits of every BU, and a bound keeps a hostile count from making a
+/// node loop for ever.
+pub const MAX_ASSIGN_RUN: u32 = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -87,6 +96,10 @@ pub struct Node {
     ru: Option<ReadoutUnit>,
     bu: Option<BuilderUnit>,
     fu: Option<FilterUnit>,
+    /// The slotted RU's measurement of the EM's clock.
+    clock: Option<ClockSync>,
+    /// The driver's clock at the last input: time never goes back.
+    now: Nanos,
     actions: VecDeque<Action>,
     /// Messages between units of this node, delivered in order.
     internal: VecDeque<Message>,
@@ -112,14 +125,30 @@ impl Node {
             layout: layout.clone(),
             local: config.event_builder.local,
             em: (id == layout.em).then(|| {
-                EventManager::new(layout, config.run.max_meps).paced(
-                    config.source.mep_rate_hz,
-                    config.event_builder.ru_buffer_meps,
-                )
+                EventManager::new(layout, config.run.max_meps)
+                    .paced(
+                        config.source.mep_rate_hz,
+                        config.event_builder.ru_buffer_meps,
+                    )
+                    .batched(
+                        config.assign_batch(),
+                        config.event_builder.assign_flush_us * 1000,
+                    )
             }),
             ru: layout.ru_of[i].map(|s| ReadoutUnit::new(config, layout, s)),
             bu: layout.bu_of[i].map(|_| BuilderUnit::new(config, layout, id)),
             fu: layout.fu_of[i].map(|_| FilterUnit::new(config, layout, id)),
+            clock: (config.event_builder.schedule == Schedule::Slotted
+                && config.event_builder.clock == ClockSource::Em
+                && layout.ru_of[i].is_some()
+                && id != layout.em)
+                .then(|| {
+                    ClockSync::new(
+                        config.event_builder.clock_probe_ms * 1_000_000,
+                        crate::source::mix64(config.run.seed ^ 0xc10c << 16 ^ u64::from(id)),
+                    )
+                }),
+            now: 0,
             actions: VecDeque::new(),
             internal: VecDeque::new(),
             ru_out: Vec::new(),
@@ -144,10 +173,20 @@ impl Node {
         self.em = self.em.take().map(|em| em.resuming(layout, id, wait));
     }
 
-    /// Every input brings the time: the RU keeps it for its phase waits.
+    /// Every input brings the time: the RU keeps it for its phase waits
+    /// and slots, the EM for its batches.
     fn tick(&mut self, now: Nanos) {
+        debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
+        self.now = self.now.max(now);
+        let now = self.now;
         if let Some(ru) = &mut self.ru {
             ru.set_now(now);
+            if let Some(clock) = &self.clock {
+                ru.set_clock_offset(clock.is_settled().then(|| clock.offset()));
+            }
+        }
+        if let Some(em) = &mut self.em {
+            em.set_now(now);
         }
     }
 
@@ -178,6 +217,10 @@ impl Node {
         if let Some(em) = &mut self.em {
             em.start(now);
         }
+        if let Some(clock) = &mut self.clock {
+            clock.restart(now);
+        }
+        self.probe_clock(now);
         if let Some(bu) = &mut self.bu {
             bu.start(&mut self.bu_out);
         }
@@ -285,11 +328,33 @@ impl Node {
         let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
         let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
         let em = self.em.as_ref().and_then(EventManager::next_deadline);
-        bu.into_iter().chain(ru).chain(fu).chain(em).min()
+        let clock = self.clock.as_ref().and_then(ClockSync::next_deadline);
+        bu.into_iter()
+            .chain(ru)
+            .chain(fu)
+            .chain(em)
+            .chain(clock)
+            .min()
+    }
+
+    /// Sends a clock probe to the EM if one is due.
+    fn probe_clock(&mut self, now: Nanos) {
+        if let Some(sent) = self.clock.as_mut().and_then(|c| c.probe(now)) {
+            self.actions.push_back(Action::Send {
+                to: self.layout.em,
+                msg: Message::ClockProbe { sent },
+            });
+        }
+    }
+
+    /// The slot clock's measurement, if this node makes one.
+    pub fn clock(&self) -> Option<&ClockSync> {
+        self.clock.as_ref()
     }
 
     pub fn on_timeout(&mut self, now: Nanos) {
         self.tick(now);
+        self.probe_clock(now);
         if let Some(bu) = &mut self.bu {
             bu.on_timeout(now, &mut self.bu_out);
         }
@@ -377,6 +442,13 @@ impl Node {
                 },
             });
         }
+        if peer == self.layout.em && peer != self.id {
+            // A new EM process has a clock of its own.
+            if let Some(clock) = &mut self.clock {
+                clock.restart(now);
+            }
+            self.probe_clock(now);
+        }
         if peer == self.layout.em && peer != self.id && self.end_of_run.is_none() {
             if let Some(ru) = &mut self.ru {
                 // Decisions of an EM that lost this node (or died) will
@@ -447,6 +519,7 @@ impl Node {
             bu: self.bu.as_ref().map(|b| b.stats.clone()),
             em: self.em.as_ref().map(|e| e.stats.clone()),
             fu: self.fu.as_ref().map(|f| f.stats.clone()),
+            clock: self.clock.as_ref().map(|c| c.stats),
             control_rejected: self.control_rejected,
         }
     }
@@ -493,20 +566,43 @@ impl Node {
         match msg {
             // A re-assignment is an assignment to the BU; the RUs treat it
             // apart (they ship what they kept instead of producing).
-            Message::Assign { mep, bu } | Message::Reassign { mep, bu } if from_em => {
-                self.seen_up_to = self.seen_up_to.max(mep.saturating_add(1));
-                if bu == self.id {
-                    if let Some(b) = &mut self.bu {
-                        b.on_assign(now, mep, &mut self.bu_out);
+            Message::Assign { mep, bu } if from_em => self.on_assigned(now, mep, bu, false),
+            Message::Reassign { mep, bu } if from_em => self.on_assigned(now, mep, bu, true),
+            Message::AssignRun {
+                first,
+                count,
+                first_bu,
+            } if from_em => {
+                let b = self.layout.bus();
+                if count > MAX_ASSIGN_RUN
+                    || usize::from(first_bu) >= b
+                    || first.checked_add(u64::from(count)).is_none()
+                {
+                    self.control_rejected += 1;
+                    return;
+                }
+                for k in 0..u64::from(count) {
+                    let bu = self.layout.bu_nodes[(usize::from(first_bu) + k as usize) % b];
+                    self.on_assigned(now, first + k, bu, false);
+                }
+            }
+            Message::ClockProbe { sent } => match &self.em {
+                Some(_) => self.actions.push_back(Action::Send {
+                    to: from,
+                    msg: Message::ClockReply { sent, em_time: now },
+                }),
+                None => self.control_rejected += 1,
+            },
+            Message::ClockReply { sent, em_time } if from_em => {
+                if let Some(clock) = &mut self.clock {
+                    clock.on_reply(sent, em_time, now);
+                    if let Some(ru) = &mut self.ru {
+                        ru.set_clock_offset(clock.is_settled().then(|| clock.offset()));
+                        // Held fragments may go now that the slots are known.
+                        ru.on_timeout(&mut self.ru_out);
                     }
                 }
-                if let Some(r) = &mut self.ru {
-                    if matches!(msg, Message::Reassign { .. }) {
-                        r.on_reassign(mep, bu, &mut self.ru_out);
-                    } else {
-                        r.on_assign(mep, bu, &mut self.ru_out);
-                    }
-                }
+                self.probe_clock(now);
             }
             Message::EndOfRun { meps } if from_em => {
                 self.end_of_run.get_or_insert(meps);
@@ -598,6 +694,23 @@ impl Node {
             }
             Message::Hello { .. } | Message::Heartbeat | Message::Goodbye => {}
             _ => self.control_rejected += 1,
+        }
+    }
+
+    /// MEP `mep` is built on node `bu` (`again`: re-assigned from a lost BU).
+    fn on_assigned(&mut self, now: Nanos, mep: MepId, bu: NodeId, again: bool) {
+        self.seen_up_to = self.seen_up_to.max(mep.saturating_add(1));
+        if bu == self.id {
+            if let Some(b) = &mut self.bu {
+                b.on_assign(now, mep, &mut self.bu_out);
+            }
+        }
+        if let Some(r) = &mut self.ru {
+            if again {
+                r.on_reassign(mep, bu, &mut self.ru_out);
+            } else {
+                r.on_assign(mep, bu, &mut self.ru_out);
+            }
         }
     }
 

@@ -20,8 +20,9 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
 use crate::bu::Nanos;
-use crate::config::{Config, Protocol, Schedule};
+use crate::config::{Config, LocalTraffic, Protocol, Schedule};
 use crate::layout::Layout;
+use crate::slots::SlotPlan;
 use crate::source::mix64;
 use crate::wire::{FragmentHeader, MepId, NodeId};
 
@@ -122,6 +123,22 @@ pub struct ReadoutUnit {
     /// Phase-locked barrel: since when the phase's BU has had nothing.
     waiting_since: Option<Nanos>,
     wait_ns: Nanos,
+    /// Slotted barrel: the plan, the next slot not yet served (absolute,
+    /// on the EM's clock), this node's offset to that clock, and the local
+    /// time at which the RU waits for the start of `cursor`'s slot.
+    slots: Option<SlotPlan>,
+    cursor: Option<u64>,
+    clock_offset: i64,
+    clock_known: bool,
+    slot_wake: Option<Nanos>,
+    /// Slotted barrel: the last pump stopped at the limit of transfers in
+    /// flight with fragments waiting: the slots that pass until a transfer
+    /// completes are owed (served late, in order). Slots that pass while
+    /// the RU has nothing to send are not.
+    slot_blocked: bool,
+    /// Slotted barrel: the BU of this node when local fragments stay in
+    /// memory (they are handed over at once, in no slot).
+    local_bu: Option<usize>,
     rng: Pcg64Mcg,
     in_flight: u32,
     /// Assigned MEPs held (data produced or to be produced, not released).
@@ -153,6 +170,16 @@ impl ReadoutUnit {
             now: 0,
             waiting_since: None,
             wait_ns: config.event_builder.barrel_wait_us * 1000,
+            slots: (config.event_builder.schedule == Schedule::Slotted)
+                .then(|| SlotPlan::for_source(config, layout, source)),
+            cursor: None,
+            clock_offset: 0,
+            clock_known: true,
+            slot_wake: None,
+            slot_blocked: false,
+            local_bu: layout.bu_of[layout.ru_nodes[source as usize] as usize]
+                .filter(|_| config.event_builder.local == LocalTraffic::Memory)
+                .map(usize::from),
             rng: Pcg64Mcg::seed_from_u64(mix64(
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
@@ -590,6 +617,7 @@ impl ReadoutUnit {
             let h = self.held.get_mut(&mep).expect("queued MEPs are held");
             Self::send(&mut self.stats, &mut self.in_flight, h, out);
         }
+        self.slot_blocked = self.queued > 0 && self.in_flight >= limit;
     }
 
     /// Advances the RU's clock (the node does this on every input).
@@ -597,11 +625,41 @@ impl ReadoutUnit {
         self.now = self.now.max(now);
     }
 
-    /// When a phase-locked barrel stops waiting for its phase's MEP.
+    /// Slotted barrel: the node's offset to the EM's clock (EM time minus
+    /// local time), as measured ([`crate::clock`]); `None` while it is
+    /// being measured: no fragment goes out in a slot until then (only
+    /// local ones), as the slots could be anywhere.
+    pub fn set_clock_offset(&mut self, offset: Option<i64>) {
+        self.clock_known = offset.is_some();
+        self.clock_offset = offset.unwrap_or(0);
+    }
+
+    /// Slotted barrel: the slot plan, if the schedule is slotted.
+    pub fn slot_plan(&self) -> Option<&SlotPlan> {
+        self.slots.as_ref()
+    }
+
+    /// Slotted barrel: the absolute slot of local time `t`.
+    fn slot_at(&self, t: Nanos) -> u64 {
+        let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
+        let em_time = (i128::from(t) + i128::from(self.clock_offset)).max(0);
+        (em_time / i128::from(slot_ns)) as u64
+    }
+
+    /// Slotted barrel: the local time at which absolute slot `slot` starts.
+    fn slot_start(&self, slot: u64) -> Nanos {
+        let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
+        let em_time = i128::from(slot) * i128::from(slot_ns);
+        (em_time - i128::from(self.clock_offset)).clamp(0, i128::from(u64::MAX)) as Nanos
+    }
+
+    /// When a phase-locked barrel stops waiting for its phase's MEP, or a
+    /// slotted one's next slot starts.
     pub fn next_deadline(&self) -> Option<Nanos> {
         let limit = self.parallel_sends;
         let can_send = self.queued > 0 && self.in_flight < limit;
         match (self.schedule, self.ended, self.waiting_since) {
+            (Schedule::Slotted, _, _) if can_send => self.slot_wake,
             (Schedule::Barrel, false, Some(since)) if can_send => Some(since + self.wait_ns),
             _ => None,
         }
@@ -622,11 +680,67 @@ impl ReadoutUnit {
         self.pump(out);
     }
 
+    /// Slotted barrel: the local fragment at once; else the BU of the next
+    /// slot not yet served if its start has come and a MEP waits for it.
+    /// A fragment starts within `slot_grace_us` of its slot's start or
+    /// waits a rotation; slots that pass while the RU has nothing to send
+    /// are never served late (a late fragment collides with the next
+    /// slot's at its BU). An RU held back by its own transfers for more
+    /// than a whole slot (the transport is slower than the slots) catches
+    /// up in slot order, and one a whole rotation behind starts again from
+    /// the current slot.
+    fn pick_slotted(&mut self) -> Option<usize> {
+        self.slot_wake = None;
+        if let Some(l) = self.local_bu.filter(|&l| !self.queues[l].is_empty()) {
+            return Some(l);
+        }
+        if !self.clock_known {
+            return None; // The node pumps again once the clock is measured.
+        }
+        let plan = self.slots.as_ref().expect("slotted RUs have a plan");
+        let rotation = plan.rotation();
+        let now_slot = self.slot_at(self.now);
+        let into_slot = self.now.saturating_sub(self.slot_start(now_slot));
+        let owed = std::mem::take(&mut self.slot_blocked);
+        let mut cursor = match self.cursor {
+            // Held back by its own transfers for more than a whole slot:
+            // the transport is slower than the slots. The slots missed are
+            // served in order (a self-clocked barrel) rather than left to
+            // starve their BUs.
+            Some(c) if owed && c + 1 < now_slot && c + rotation >= now_slot => c,
+            Some(c) => c.max(now_slot),
+            None => now_slot,
+        };
+        let picked = loop {
+            if cursor > now_slot {
+                break None;
+            }
+            let slot = cursor;
+            cursor += 1;
+            // A fragment starts at most `late_ns` into its slot: later, it
+            // would overlap the next slot's fragment at its BU, and the
+            // overlap would spread from BU to RU to BU. It waits a rotation.
+            if slot == now_slot && into_slot > plan.late_ns {
+                continue;
+            }
+            let dest = plan.dest_of(slot).map(usize::from);
+            if let Some(d) = dest.filter(|&d| !self.queues[d].is_empty() && !self.dest_gone[d]) {
+                break Some(d);
+            }
+        };
+        self.cursor = Some(cursor);
+        if picked.is_none() {
+            self.slot_wake = Some(self.slot_start(cursor));
+        }
+        picked
+    }
+
     /// Index of the BU queue to serve next, chosen by the schedule; `None`
     /// when a phase-locked barrel waits for its phase's MEP.
     fn pick_destination(&mut self) -> Option<usize> {
         let n = self.queues.len();
         Some(match self.schedule {
+            Schedule::Slotted => return self.pick_slotted(),
             Schedule::Barrel if !self.ended => {
                 // Phase n goes to BU (source + n) mod N, lost BUs skipped.
                 let start = self.source as usize + self.phase;

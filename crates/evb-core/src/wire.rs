@@ -129,6 +129,9 @@ pub enum Kind {
     Reassign = 18,
     Goodbye = 19,
     SeenUpTo = 20,
+    AssignRun = 21,
+    ClockProbe = 22,
+    ClockReply = 23,
 }
 
 impl Kind {
@@ -154,6 +157,9 @@ impl Kind {
             18 => Kind::Reassign,
             19 => Kind::Goodbye,
             20 => Kind::SeenUpTo,
+            21 => Kind::AssignRun,
+            22 => Kind::ClockProbe,
+            23 => Kind::ClockReply,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -181,6 +187,9 @@ impl Kind {
             Kind::Reassign => Some(12),
             Kind::Goodbye => Some(0),
             Kind::SeenUpTo => Some(12),
+            Kind::AssignRun => Some(16),
+            Kind::ClockProbe => Some(8),
+            Kind::ClockReply => Some(16),
         }
     }
 
@@ -206,6 +215,9 @@ impl Kind {
             Kind::Reassign => "Reassign",
             Kind::Goodbye => "Goodbye",
             Kind::SeenUpTo => "SeenUpTo",
+            Kind::AssignRun => "AssignRun",
+            Kind::ClockProbe => "ClockProbe",
+            Kind::ClockReply => "ClockReply",
         }
     }
 }
@@ -390,6 +402,22 @@ pub enum Message {
     /// above what every live node saw, so no MEP id is handed out twice,
     /// and ends the run at once if any node had seen it end.
     SeenUpTo { next_mep: MepId, ended: bool },
+    /// EM -> RUs and BUs: MEPs `first .. first + count` are assigned, in
+    /// order, to the BUs of index `first_bu`, `first_bu + 1`, ... (mod the
+    /// number of BUs): one message for a run of round-robin assignments,
+    /// so the EM's traffic does not grow with the MEP rate times the
+    /// number of RUs. Each MEP is then handled as an `Assign`.
+    AssignRun {
+        first: MepId,
+        count: u32,
+        first_bu: u16,
+    },
+    /// Node -> EM: what time is it? `sent` is the node's clock when it
+    /// sent this (NTP-style offset measurement for the slot clock).
+    ClockProbe { sent: u64 },
+    /// EM -> node: the answer to a `ClockProbe`: its `sent` echoed, and the
+    /// EM's clock when it answered.
+    ClockReply { sent: u64, em_time: u64 },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -400,6 +428,26 @@ pub mod outcome {
 }
 
 impl Message {
+    /// The (MEP, BU endpoint) assignments an `Assign` or `AssignRun`
+    /// carries (`bu_nodes`: the endpoint of each BU index); none for other
+    /// messages, or for a run that names a BU index that does not exist.
+    pub fn assignments(&self, bu_nodes: &[NodeId]) -> Vec<(MepId, NodeId)> {
+        match *self {
+            Message::Assign { mep, bu } => vec![(mep, bu)],
+            Message::AssignRun {
+                first,
+                count,
+                first_bu,
+            } if usize::from(first_bu) < bu_nodes.len() => (0..u64::from(count))
+                .map(|k| {
+                    let b = (usize::from(first_bu) + k as usize) % bu_nodes.len();
+                    (first.wrapping_add(k), bu_nodes[b])
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub fn kind(&self) -> Kind {
         match self {
             Message::Hello { .. } => Kind::Hello,
@@ -411,6 +459,9 @@ impl Message {
             Message::Heartbeat => Kind::Heartbeat,
             Message::Goodbye => Kind::Goodbye,
             Message::SeenUpTo { .. } => Kind::SeenUpTo,
+            Message::AssignRun { .. } => Kind::AssignRun,
+            Message::ClockProbe { .. } => Kind::ClockProbe,
+            Message::ClockReply { .. } => Kind::ClockReply,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -491,6 +542,21 @@ impl Message {
             Message::HoldingDone { round } | Message::ReleaseHeld { round } => {
                 out.extend_from_slice(&round.to_le_bytes());
             }
+            Message::AssignRun {
+                first,
+                count,
+                first_bu,
+            } => {
+                out.extend_from_slice(&first.to_le_bytes());
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&first_bu.to_le_bytes());
+                out.extend_from_slice(&[0, 0]);
+            }
+            Message::ClockProbe { sent } => out.extend_from_slice(&sent.to_le_bytes()),
+            Message::ClockReply { sent, em_time } => {
+                out.extend_from_slice(&sent.to_le_bytes());
+                out.extend_from_slice(&em_time.to_le_bytes());
+            }
             Message::Heartbeat | Message::Goodbye => {}
         }
     }
@@ -517,6 +583,7 @@ impl Message {
             | Kind::SourceUp
             | Kind::Reassign => &[10, 11],
             Kind::Finished => &[11],
+            Kind::AssignRun => &[14, 15],
             Kind::Fragment => &[28, 29, 30, 31],
             _ => &[],
         };
@@ -604,6 +671,16 @@ impl Message {
                 mep: u64_at(0),
                 bu: u16_at(8),
             },
+            Kind::AssignRun => Message::AssignRun {
+                first: u64_at(0),
+                count: u32_at(8),
+                first_bu: u16_at(12),
+            },
+            Kind::ClockProbe => Message::ClockProbe { sent: u64_at(0) },
+            Kind::ClockReply => Message::ClockReply {
+                sent: u64_at(0),
+                em_time: u64_at(8),
+            },
         })
     }
 }
@@ -684,6 +761,16 @@ mod tests {
             Just(Message::Goodbye),
             (any::<u64>(), any::<bool>())
                 .prop_map(|(next_mep, ended)| Message::SeenUpTo { next_mep, ended }),
+            (any::<u64>(), any::<u32>(), any::<u16>()).prop_map(|(first, count, first_bu)| {
+                Message::AssignRun {
+                    first,
+                    count,
+                    first_bu,
+                }
+            }),
+            any::<u64>().prop_map(|sent| Message::ClockProbe { sent }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(sent, em_time)| Message::ClockReply { sent, em_time }),
         ]
     }
 
@@ -865,8 +952,40 @@ mod tests {
             decode_stream(&buf, 64),
             Err(WireError::NonZeroReserved { kind: "Reassign" })
         );
+        // AssignRun's padding too.
+        let mut buf = Vec::new();
+        Message::AssignRun {
+            first: 7,
+            count: 3,
+            first_bu: 1,
+        }
+        .encode_into(&mut buf);
+        buf[FRAME_HEADER_LEN + 15] = 1;
+        assert_eq!(
+            decode_stream(&buf, 64),
+            Err(WireError::NonZeroReserved { kind: "AssignRun" })
+        );
         // The next kind number is still unknown.
-        buf[3] = 21;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(21)));
+        buf[3] = 24;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(24)));
+    }
+
+    #[test]
+    fn an_assign_run_names_consecutive_bus_and_a_bad_one_names_none() {
+        let run = Message::AssignRun {
+            first: 10,
+            count: 4,
+            first_bu: 2,
+        };
+        assert_eq!(
+            run.assignments(&[5, 6, 7]),
+            vec![(10, 7), (11, 5), (12, 6), (13, 7)]
+        );
+        let bad = Message::AssignRun {
+            first: 10,
+            count: 4,
+            first_bu: 3,
+        };
+        assert!(bad.assignments(&[5, 6, 7]).is_empty());
     }
 }

@@ -405,7 +405,9 @@ fn em_readmits_a_rejoined_node_at_a_mep_boundary() {
             from_mep: 0
         }
     )));
-    assert!(!out.iter().any(|(_, m)| matches!(m, Message::Assign { .. })));
+    assert!(!out
+        .iter()
+        .any(|(_, m)| !m.assignments(&layout.bu_nodes).is_empty()));
     assert_eq!(em.stats.rejoined, vec![2]);
     // A second join of a live node changes nothing.
     out.clear();
@@ -416,9 +418,10 @@ fn em_readmits_a_rejoined_node_at_a_mep_boundary() {
     em.on_finished(0, 0, 0, &mut out);
     let assigns: Vec<_> = out
         .iter()
-        .filter_map(|(to, m)| match m {
-            Message::Assign { mep, bu } => Some((*to, *mep, *bu)),
-            _ => None,
+        .flat_map(|(to, m)| {
+            m.assignments(&layout.bu_nodes)
+                .into_iter()
+                .map(move |(mep, bu)| (*to, mep, bu))
         })
         .collect();
     assert!(assigns.contains(&(2, 8, 2)), "{assigns:?}");

@@ -1,0 +1,375 @@
+//! The slotted barrel shift: every Readout Unit follows one clock.
+//!
+//! Time is cut into slots of `event_builder.slot_us`; slot `S` covers
+//! `[S * slot, (S + 1) * slot)` of the EM's clock. A rotation is `T`
+//! slots, and in slot `S` the RU of source `s` ships to the BU its
+//! [`SlotPlan`] names for `S mod T`. The default plan is the barrel shift:
+//! in slot k of a rotation RU s sends to BU (s + k) mod B, so in every slot
+//! every BU receives from exactly one RU. Folded nodes whose local
+//! fragments stay in memory skip the slot of their own BU (T = B - 1).
+//! A schedule file replaces the plan by any table of partial permutations,
+//! such as the conflict-aware schedule `evb fabric schedule` writes.
+//!
+//! Why a clock and not the RU's own sends: a barrel whose phase advances
+//! with each RU's sends drifts (RUs finish at slightly different times),
+//! and once two RUs aim at the same BU both slow down and the drift grows
+//! into head-of-line blocking. With one clock the RUs stay in step however
+//! long the run; the slot is a little longer than a fragment takes on the
+//! link, which absorbs jitter (the time-window linear shifter of the
+//! reference simulation study).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::bu::Nanos;
+use crate::config::{Config, ConfigError, LocalTraffic, SizeModel};
+use crate::layout::Layout;
+use crate::wire::{FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
+
+/// Per-packet headers of the fabric, as a fraction of the payload: the
+/// auto slot leaves room for them (InfiniBand: 26 B per 4 KiB packet plus
+/// 16 B on a message's first, 0.6 %; Ethernet with RoCE about 1.5 %).
+const HEADER_ALLOWANCE: f64 = 0.015;
+
+/// A schedule read from `event_builder.schedule_file`: per slot of a
+/// rotation, the destination node of every node (or none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotTable {
+    /// Nodes the table was written for.
+    pub nodes: u16,
+    /// `slots[k][n]`: where node `n` sends in slot `k`.
+    pub slots: Vec<Vec<Option<u16>>>,
+}
+
+/// Upper bound on the slots of a schedule file (a rotation of a 4096-node
+/// barrel with every step split in four), so a hostile file cannot make a
+/// node allocate without bound.
+pub const MAX_TABLE_SLOTS: usize = 1 << 14;
+
+impl SlotTable {
+    /// Parses a schedule file: `#` comments, then one line per slot with
+    /// one entry per node, the destination node index or `-` for none.
+    /// Errors name the file and the line.
+    pub fn parse(origin: &str, text: &str) -> Result<SlotTable, String> {
+        let mut nodes: Option<usize> = None;
+        let mut slots = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let at = |m: String| format!("{origin}:{}: {m}", i + 1);
+            // An optional `slot K:` label, as `evb fabric schedule` writes.
+            let entries = match line.split_once(':') {
+                Some((label, rest)) if label.trim_start().starts_with("slot") => rest,
+                Some(_) => return Err(at(format!("expected `slot K: d0 d1 ...`, got `{line}`"))),
+                None => line,
+            };
+            let row: Vec<Option<u16>> = entries
+                .split_whitespace()
+                .map(|e| match e {
+                    "-" => Ok(None),
+                    _ => e
+                        .parse::<u16>()
+                        .map(Some)
+                        .map_err(|_| at(format!("`{e}` is neither a node index nor `-`"))),
+                })
+                .collect::<Result<_, _>>()?;
+            let n = *nodes.get_or_insert(row.len());
+            if row.len() != n {
+                return Err(at(format!(
+                    "{} entries, but the first slot has {n} (one per node)",
+                    row.len()
+                )));
+            }
+            if let Some(bad) = row.iter().flatten().find(|&&d| usize::from(d) >= n) {
+                return Err(at(format!("node {bad} does not exist ({n} nodes)")));
+            }
+            let mut seen = vec![false; n];
+            for &d in row.iter().flatten() {
+                if std::mem::replace(&mut seen[usize::from(d)], true) {
+                    return Err(at(format!(
+                        "node {d} receives twice in one slot (a slot is a partial permutation)"
+                    )));
+                }
+            }
+            if slots.len() == MAX_TABLE_SLOTS {
+                return Err(at(format!("more than {MAX_TABLE_SLOTS} slots")));
+            }
+            slots.push(row);
+        }
+        let Some(nodes) = nodes.filter(|&n| n > 0) else {
+            return Err(format!("{origin}: no slots (one line per slot)"));
+        };
+        Ok(SlotTable {
+            nodes: u16::try_from(nodes).map_err(|_| format!("{origin}: too many nodes"))?,
+            slots,
+        })
+    }
+
+    /// Reads and parses a schedule file.
+    pub fn load(path: &Path) -> Result<SlotTable, String> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: {e}"))?;
+        SlotTable::parse(&origin, &text)
+    }
+
+    /// The table as a schedule file (what [`SlotTable::parse`] reads).
+    pub fn to_text(&self, comment: &str) -> String {
+        let mut out = String::new();
+        for line in comment.lines() {
+            out.push_str("# ");
+            out.push_str(line);
+            out.push('\n');
+        }
+        for (k, row) in self.slots.iter().enumerate() {
+            out.push_str(&format!("slot {k}:"));
+            for d in row {
+                match d {
+                    Some(d) => out.push_str(&format!(" {d}")),
+                    None => out.push_str(" -"),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Checks the table against the run: the node count matches, and every
+    /// RU reaches every BU it must ship to (else their MEPs could never be
+    /// built). Returns a message for `event_builder.schedule_file`.
+    pub fn check(&self, layout: &Layout, local: LocalTraffic) -> Result<(), String> {
+        if self.nodes != layout.nodes {
+            return Err(format!(
+                "the schedule is for {} nodes, the run has {}",
+                self.nodes, layout.nodes
+            ));
+        }
+        for &ru in &layout.ru_nodes {
+            for &bu in &layout.bu_nodes {
+                if ru == bu && local == LocalTraffic::Memory {
+                    continue;
+                }
+                if !self.slots.iter().any(|row| row[ru as usize] == Some(bu)) {
+                    return Err(format!(
+                        "node {ru} never sends to node {bu} (its fragments for that BU could never be shipped)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one RU does in each slot of a rotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotPlan {
+    /// Slot length.
+    pub slot_ns: Nanos,
+    /// How late into its slot a fragment may still start.
+    pub late_ns: Nanos,
+    /// Per slot of the rotation: the BU index this RU ships to, if any.
+    pub dest: Vec<Option<u16>>,
+}
+
+impl SlotPlan {
+    /// The plan of the RU of `source`, from the schedule file if there is
+    /// one, else the barrel shift.
+    pub fn for_source(config: &Config, layout: &Layout, source: u16) -> SlotPlan {
+        let slot_ns = config.slot_ns();
+        let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
+        let node = layout.ru_nodes[source as usize];
+        if let Some(table) = &config.slot_table {
+            let dest = table
+                .slots
+                .iter()
+                .map(|row| row[node as usize].and_then(|d| layout.bu_of[d as usize]))
+                .collect();
+            return SlotPlan {
+                slot_ns,
+                late_ns,
+                dest,
+            };
+        }
+        let b = layout.bus();
+        let own_bu = layout.bu_of[node as usize];
+        // The rotation skips the local slot only if every RU has one to
+        // skip: all RUs must agree on the rotation length.
+        let skip_local = config.event_builder.local == LocalTraffic::Memory
+            && layout
+                .ru_nodes
+                .iter()
+                .all(|&n| layout.bu_of[n as usize].is_some());
+        let start = own_bu.map_or(source as usize % b.max(1), usize::from);
+        let dest = if skip_local {
+            (1..b).map(|k| Some(((start + k) % b) as u16)).collect()
+        } else {
+            (0..b).map(|k| Some(((start + k) % b) as u16)).collect()
+        };
+        SlotPlan {
+            slot_ns,
+            late_ns,
+            dest,
+        }
+    }
+
+    /// Slots in a rotation.
+    pub fn rotation(&self) -> u64 {
+        self.dest.len().max(1) as u64
+    }
+
+    /// The BU this RU ships to in (absolute) slot `slot`.
+    pub fn dest_of(&self, slot: u64) -> Option<u16> {
+        self.dest
+            .get((slot % self.rotation()) as usize)
+            .copied()
+            .flatten()
+    }
+}
+
+/// Mean and standard deviation of one event's fragment size under the
+/// source model, bytes (the size table's 4 bytes included).
+fn event_size_moments(config: &Config) -> (f64, f64) {
+    let s = &config.source;
+    let (mean, std) = match s.size {
+        SizeModel::Fixed => (f64::from(s.mean_bytes), 0.0),
+        SizeModel::Normal => (f64::from(s.mean_bytes), f64::from(s.std_bytes)),
+        SizeModel::Histogram => {
+            let total: f64 = config.histogram_bins.iter().map(|b| b.1).sum();
+            if total <= 0.0 {
+                (0.0, 0.0)
+            } else {
+                let mean = config
+                    .histogram_bins
+                    .iter()
+                    .map(|b| f64::from(b.0) * b.1)
+                    .sum::<f64>()
+                    / total;
+                let var = config
+                    .histogram_bins
+                    .iter()
+                    .map(|b| (f64::from(b.0) - mean).powi(2) * b.1)
+                    .sum::<f64>()
+                    / total;
+                (mean, var.sqrt())
+            }
+        }
+    };
+    (mean + 4.0, std)
+}
+
+/// The slot length `slot_us = 0` stands for: the time a MEP fragment three
+/// standard deviations above the mean takes at `link_gbps`, with room for
+/// per-packet headers, plus the grace `slot_grace_us`.
+pub fn auto_slot_ns(config: &Config, link_gbps: f64) -> Nanos {
+    let (mean, std) = event_size_moments(config);
+    let events = f64::from(config.source.events_per_mep);
+    let bytes =
+        events * mean + 3.0 * std * events.sqrt() + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as f64;
+    let wire_ns = bytes * (1.0 + HEADER_ALLOWANCE) * 8.0 / link_gbps.max(1e-9);
+    (wire_ns + config.event_builder.slot_grace_us * 1000.0).ceil() as Nanos
+}
+
+/// Loads `event_builder.schedule_file` (relative to the configuration
+/// file) into the configuration.
+pub(crate) fn load_schedule(
+    config: &mut Config,
+    base_dir: &Path,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    config.slot_table = None;
+    if config.event_builder.schedule_file.is_empty() {
+        return Ok(());
+    }
+    let path = base_dir.join(&config.event_builder.schedule_file);
+    let table = SlotTable::load(&path).map_err(|e| err("event_builder.schedule_file", e))?;
+    let layout = Layout::from_config(config);
+    table
+        .check(&layout, config.event_builder.local)
+        .map_err(|e| {
+            err(
+                "event_builder.schedule_file",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+    config.slot_table = Some(Arc::new(table));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(n: u16) -> (Config, Layout) {
+        let mut config = Config::default();
+        config.nodes.count = n;
+        let layout = Layout::from_config(&config);
+        (config, layout)
+    }
+
+    #[test]
+    fn the_barrel_is_a_permutation_in_every_slot_and_skips_the_local_bu() {
+        let (config, layout) = layout(5);
+        let plans: Vec<SlotPlan> = (0..5)
+            .map(|s| SlotPlan::for_source(&config, &layout, s))
+            .collect();
+        assert_eq!(plans[0].rotation(), 4);
+        for k in 0..4u64 {
+            let mut dests: Vec<u16> = plans.iter().map(|p| p.dest_of(k).unwrap()).collect();
+            assert!(plans
+                .iter()
+                .enumerate()
+                .all(|(s, p)| p.dest_of(k) != Some(s as u16)));
+            dests.sort_unstable();
+            dests.dedup();
+            assert_eq!(dests.len(), 5, "slot {k}: every BU from one RU");
+        }
+    }
+
+    #[test]
+    fn through_the_nic_the_rotation_includes_the_local_slot() {
+        let (mut config, _) = layout(4);
+        config.event_builder.local = LocalTraffic::Nic;
+        let layout = Layout::from_config(&config);
+        let plan = SlotPlan::for_source(&config, &layout, 2);
+        assert_eq!(plan.dest, vec![Some(2), Some(3), Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn schedule_files_are_checked_line_by_line() {
+        let ok = "# two slots\nslot 0: 1 2 0\n2 0 1\n";
+        let t = SlotTable::parse("s.txt", ok).unwrap();
+        assert_eq!(t.nodes, 3);
+        assert_eq!(SlotTable::parse("s.txt", &t.to_text("again")).unwrap(), t);
+        let e = SlotTable::parse("s.txt", "1 2 0\n1 1 -\n").unwrap_err();
+        assert_eq!(
+            e,
+            "s.txt:2: node 1 receives twice in one slot (a slot is a partial permutation)"
+        );
+        let e = SlotTable::parse("s.txt", "1 2 0\n1 2\n").unwrap_err();
+        assert!(e.starts_with("s.txt:2: 2 entries"), "{e}");
+        let e = SlotTable::parse("s.txt", "1 x 0\n").unwrap_err();
+        assert!(e.starts_with("s.txt:1: `x`"), "{e}");
+        let e = SlotTable::parse("s.txt", "1 3 0\n").unwrap_err();
+        assert!(e.contains("node 3 does not exist"), "{e}");
+        assert!(SlotTable::parse("s.txt", "# nothing\n").is_err());
+        // Node 0 never reaches node 2.
+        let (config, layout) = layout(3);
+        let t = SlotTable::parse("s.txt", "1 2 0\n1 0 -\n").unwrap();
+        let e = t.check(&layout, config.event_builder.local).unwrap_err();
+        assert!(e.contains("node 0 never sends to node 2"), "{e}");
+    }
+
+    #[test]
+    fn the_auto_slot_covers_a_large_fragment_at_the_link_rate() {
+        let config = Config::default();
+        // 4096 events of 256 +- 64 bytes and a 4-byte size each: 1.065 MB,
+        // 85.2 us at 100 Gb/s; the slot adds 3 sigma, headers and grace.
+        let ns = auto_slot_ns(&config, 100.0);
+        let bare = 4096.0 * 260.0 * 8.0 / 100.0;
+        assert!(
+            ns as f64 > bare * 1.015 && (ns as f64) < bare * 1.04,
+            "{ns}"
+        );
+    }
+}
