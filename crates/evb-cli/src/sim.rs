@@ -157,12 +157,22 @@ pub fn run(args: SimArgs) -> Result<()> {
     );
     if let Some(eb) = &s.eb {
         println!(
-            "event builder: {} events built, {} batches incomplete, {:.2} Gb/s built per node; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
-            eb.events_built, eb.batches_incomplete, eb.built_gbps_per_node, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+            "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+        );
+        println!(
+            "steady state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%",
+            eb.warmup_us,
+            eb.batch_means,
+            eb.built_gbps_per_node,
+            eb.built_ci95_gbps,
+            eb.network_gbps_per_node,
+            eb.network_fraction_of_link * 100.0,
+            eb.drift * 100.0
         );
         if let Some(c) = &eb.crash {
             println!(
-                "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before ((N-1)/N = {:.3})",
+                "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before (expected {:.3})",
                 c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
             );
         }

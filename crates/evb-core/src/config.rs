@@ -450,6 +450,10 @@ pub struct SimSection {
     pub host_latency: String,
     /// Simulated time, microseconds.
     pub duration_us: f64,
+    /// Start of the run left out of the steady-state figures, microseconds
+    /// (0: a fifth of the run, or two rotations of a slotted barrel if
+    /// that is longer, at most half the run).
+    pub warmup_us: f64,
     /// Traffic: eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
     pub traffic: String,
     /// Message size of the synthetic traffic, bytes.
@@ -501,7 +505,8 @@ impl Default for SimSection {
             vl_buffer_bytes: 65536,
             vl_weights: Vec::new(),
             host_latency: String::new(),
-            duration_us: 1000.0,
+            duration_us: 20000.0,
+            warmup_us: 0.0,
             traffic: "eb".into(),
             message_bytes: 1 << 20,
             window_ns: 100_000,
@@ -864,6 +869,12 @@ impl Config {
         }
         if !(sim.duration_us.is_finite() && sim.duration_us > 0.0) {
             return Err(err("sim.duration_us", "must be a positive number".into()));
+        }
+        if !(sim.warmup_us.is_finite() && sim.warmup_us >= 0.0 && sim.warmup_us < sim.duration_us) {
+            return Err(err(
+                "sim.warmup_us",
+                "must be from 0 (auto) to less than sim.duration_us".into(),
+            ));
         }
         if !(sim.sample_us.is_finite() && sim.sample_us > 0.0) {
             return Err(err("sim.sample_us", "must be a positive number".into()));

@@ -16,14 +16,14 @@
 //!
 //! Time is in picoseconds.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 use rand::distributions::{Distribution, WeightedIndex};
 use rand::SeedableRng;
 use rand_pcg::Pcg64Mcg;
 
 use crate::fabric::{Peer, SimFabric};
+use crate::queue::EventQueue;
 
 pub type Ps = u64;
 pub const PS_PER_NS: u64 = 1000;
@@ -126,6 +126,12 @@ struct OutPort {
     bytes: u64,
     xmit_wait_ps: Ps,
     blocked_since: Option<Ps>,
+    /// Credits on their way back: (time they arrive, VL, blocks). Taken in
+    /// when the port next looks at its credits; only a port that waits for
+    /// them has an event set for the earliest (`credit_wake`). Most credits
+    /// thus cost no event at all.
+    incoming: Vec<(Ps, u8, u32)>,
+    credit_wake: Option<Ps>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,28 +152,18 @@ struct InPort {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Ev {
-    /// A packet's head reaches a switch input.
+    /// A packet's head reached a switch input a switch latency ago: it
+    /// joins its VL's FIFO, ready to be forwarded once at the front.
     SwitchHead {
         inp: u32,
         pkt: u32,
     },
-    /// A packet's head reaches a host.
-    HostHead {
-        host: u32,
-        pkt: u32,
-    },
-    /// The head packet of an input VL may be forwarded.
-    Ready {
-        inp: u32,
-        vl: u8,
-    },
     OutFree {
         out: u32,
     },
+    /// An output that waits for credits may have them now.
     Credit {
         out: u32,
-        vl: u8,
-        blocks: u32,
     },
     Delivered {
         host: u32,
@@ -197,8 +193,7 @@ pub struct Net {
     pub params: Params,
     pub fabric: SimFabric,
     now: Ps,
-    seq: u64,
-    queue: BinaryHeap<Reverse<(Ps, u64, Ev)>>,
+    queue: EventQueue<Ev>,
     outs: Vec<OutPort>,
     ins: Vec<InPort>,
     /// Global port id of (switch, port 0).
@@ -215,11 +210,19 @@ pub struct Net {
     rng: Pcg64Mcg,
     latency_index: WeightedIndex<f64>,
     pub events_processed: u64,
-    /// Payload received per host in the current sample interval.
+    /// Payload received per host in the current sample interval, and in
+    /// the next (a packet is counted when its last hop starts, in the
+    /// interval its head arrives in).
     sample_rx: Vec<u64>,
+    sample_rx_next: Vec<u64>,
+    /// When the current sample interval ends.
+    sample_end: Ps,
     /// Payload injected per host in the current sample interval.
     sample_tx: Vec<u64>,
     pub samples: Vec<Sample>,
+    /// `params.tx_ps` of every packet size up to the largest (a float
+    /// multiply and round per hop was a few percent of the run).
+    tx_table: Vec<Ps>,
     /// Per sample, per host: (sent, received) payload Gb/s.
     pub host_samples: Vec<Vec<(f32, f32)>>,
     pub sample_ps: Ps,
@@ -299,11 +302,12 @@ impl Net {
         let latency_index = WeightedIndex::new(params.host_latency.iter().map(|b| b.1))
             .expect("validated histogram");
         let rng = Pcg64Mcg::seed_from_u64(params.seed ^ 0x51_u64);
+        let largest = params.mtu + LRH + BTH + ICRC + VCRC + RETH;
+        let tx_table = (0..=largest).map(|b| params.tx_ps(b)).collect();
         let mut net = Net {
             fabric,
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::new(),
             outs,
             ins,
             switch_base,
@@ -318,8 +322,11 @@ impl Net {
             latency_index,
             events_processed: 0,
             sample_rx: vec![0; hosts as usize],
+            sample_rx_next: vec![0; hosts as usize],
+            sample_end: sample_ps,
             sample_tx: vec![0; hosts as usize],
             samples: Vec::new(),
+            tx_table,
             host_samples: Vec::new(),
             sample_ps,
             params,
@@ -337,8 +344,7 @@ impl Net {
     }
 
     fn at(&mut self, t: Ps, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse((t, self.seq, ev)));
+        self.queue.push(t, ev);
     }
 
     /// Posts a message from `src` to `dst` on virtual lane `vl`.
@@ -378,6 +384,14 @@ impl Net {
         id
     }
 
+    /// Time to put a packet of `wire` bytes on a link.
+    fn tx(&self, wire: u32) -> Ps {
+        match self.tx_table.get(wire as usize) {
+            Some(&t) => t,
+            None => self.params.tx_ps(wire),
+        }
+    }
+
     /// Calls the traffic's `timer(host, token)` at time `t`.
     pub fn set_timer(&mut self, host: u32, t: Ps, token: u64) {
         self.at(t.max(self.now), Ev::Timer { host, token });
@@ -393,7 +407,7 @@ impl Net {
     pub fn run(&mut self, traffic: &mut dyn Traffic, end: Ps, mut progress: impl FnMut(Ps)) {
         traffic.start(self);
         let mut next_progress = 0;
-        while let Some(Reverse((t, _, ev))) = self.queue.pop() {
+        while let Some((t, ev)) = self.queue.pop() {
             if t > end {
                 break;
             }
@@ -416,58 +430,20 @@ impl Net {
     fn handle(&mut self, ev: Ev, traffic: &mut dyn Traffic) {
         match ev {
             Ev::SwitchHead { inp, pkt } => {
-                let vl = self.packets[pkt as usize].vl as usize;
-                let q = &mut self.ins[inp as usize].queues[vl];
+                let vl = self.packets[pkt as usize].vl;
+                let q = &mut self.ins[inp as usize].queues[vl as usize];
                 q.push_back(pkt);
                 if q.len() == 1 {
-                    let t = self.now + self.params.switch_latency_ps;
-                    self.at(t, Ev::Ready { inp, vl: vl as u8 });
+                    self.head_ready(inp, vl);
                 }
-            }
-            Ev::Ready { inp, vl } => {
-                let port = &self.ins[inp as usize];
-                let Some(&pkt) = port.queues[vl as usize].front() else {
-                    return;
-                };
-                let s = port.switch;
-                let dst = self.packets[pkt as usize].dst;
-                let out = self.switch_base[s as usize]
-                    + u32::from(self.fabric.routes[s as usize][dst as usize]);
-                self.outs[out as usize].waiting.push_back((inp, vl));
-                self.try_forward(out);
             }
             Ev::OutFree { out } => {
                 self.outs[out as usize].busy = false;
-                if out < self.host_count() {
-                    self.try_inject(out);
-                } else {
-                    self.try_forward(out);
-                }
+                self.serve(out);
             }
-            Ev::Credit { out, vl, blocks } => {
-                self.outs[out as usize].credits[vl as usize] += blocks;
-                if out < self.host_count() {
-                    self.try_inject(out);
-                } else {
-                    self.try_forward(out);
-                }
-            }
-            Ev::HostHead { host, pkt } => {
-                let p = self.packets[pkt as usize];
-                let tx = self.params.tx_ps(p.wire);
-                let tail = self.now + tx;
-                // The sink always drains: credits go back as the tail arrives.
-                let (s, port) = self.fabric.host_attach[host as usize];
-                let feeding = self.switch_base[s as usize] + u32::from(port);
-                let head = self.now;
-                self.return_credits(feeding, p, head);
-                self.hosts[host as usize].payload_received += u64::from(p.payload);
-                self.sample_rx[host as usize] += u64::from(p.payload);
-                if p.last {
-                    let lat = self.host_latency();
-                    self.at(tail + lat, Ev::Delivered { host, msg: p.msg });
-                }
-                self.free_packets.push(pkt);
+            Ev::Credit { out } => {
+                self.outs[out as usize].credit_wake = None;
+                self.serve(out);
             }
             Ev::Delivered { msg, .. } => {
                 let m = self.msgs[msg as usize].clone().expect("delivered once");
@@ -503,12 +479,68 @@ impl Net {
                         .map(|(&tx, &rx)| (gbps(tx), gbps(rx)))
                         .collect(),
                 );
-                self.sample_rx.iter_mut().for_each(|b| *b = 0);
+                std::mem::swap(&mut self.sample_rx, &mut self.sample_rx_next);
+                self.sample_rx_next.iter_mut().for_each(|b| *b = 0);
                 self.sample_tx.iter_mut().for_each(|b| *b = 0);
                 traffic.sample(self.now, self.sample_ps);
                 let t = self.now + self.sample_ps;
+                self.sample_end = t;
                 self.at(t, Ev::Sample);
             }
+        }
+    }
+
+    /// Output `out` is free or may have credits: a host injects, a switch
+    /// port forwards.
+    fn serve(&mut self, out: u32) {
+        if out < self.host_count() {
+            self.try_inject(out);
+        } else {
+            self.try_forward(out);
+        }
+    }
+
+    /// The front packet of input `inp`, VL `vl`, is ready: it asks for its
+    /// output.
+    fn head_ready(&mut self, inp: u32, vl: u8) {
+        let port = &self.ins[inp as usize];
+        let pkt = port.queues[vl as usize][0];
+        let s = port.switch;
+        let dst = self.packets[pkt as usize].dst;
+        let out =
+            self.switch_base[s as usize] + u32::from(self.fabric.routes[s as usize][dst as usize]);
+        self.outs[out as usize].waiting.push_back((inp, vl));
+        self.try_forward(out);
+    }
+
+    /// Takes in the credits of `out` that have come back by now.
+    fn absorb_credits(&mut self, out: u32) {
+        let now = self.now;
+        let o = &mut self.outs[out as usize];
+        if o.incoming.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < o.incoming.len() {
+            let (t, vl, blocks) = o.incoming[i];
+            if t <= now {
+                o.credits[vl as usize] += blocks;
+                o.incoming.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// `out` waits for credits: wake it when the next ones come back.
+    fn wait_for_credits(&mut self, out: u32) {
+        let o = &mut self.outs[out as usize];
+        let Some(next) = o.incoming.iter().map(|c| c.0).min() else {
+            return; // None on their way: whatever frees a buffer will come.
+        };
+        if o.credit_wake.is_none_or(|w| w > next) {
+            o.credit_wake = Some(next);
+            self.at(next, Ev::Credit { out });
         }
     }
 
@@ -518,26 +550,18 @@ impl Net {
         let lat = self.params.link_latency_ps;
         if self.params.flit {
             for i in 1..=p.blocks {
-                let drained = self.params.tx_ps((i * CREDIT_BLOCK).min(p.wire));
-                self.at(
-                    start + drained + lat,
-                    Ev::Credit {
-                        out: to,
-                        vl: p.vl,
-                        blocks: 1,
-                    },
-                );
+                let drained = self.tx((i * CREDIT_BLOCK).min(p.wire));
+                self.outs[to as usize]
+                    .incoming
+                    .push((start + drained + lat, p.vl, 1));
             }
         } else {
-            let t = start + self.params.tx_ps(p.wire) + lat;
-            self.at(
-                t,
-                Ev::Credit {
-                    out: to,
-                    vl: p.vl,
-                    blocks: p.blocks,
-                },
-            );
+            let t = start + self.tx(p.wire) + lat;
+            self.outs[to as usize].incoming.push((t, p.vl, p.blocks));
+        }
+        // The sender may be waiting for exactly these.
+        if self.outs[to as usize].blocked_since.is_some() {
+            self.wait_for_credits(to);
         }
     }
 
@@ -567,7 +591,7 @@ impl Net {
     /// latency, output free after the transmission time.
     fn transmit(&mut self, out: u32, pkt: u32) {
         let p = self.packets[pkt as usize];
-        let tx = self.params.tx_ps(p.wire);
+        let tx = self.tx(p.wire);
         let o = &mut self.outs[out as usize];
         o.busy = true;
         o.credits[p.vl as usize] -= p.blocks;
@@ -578,11 +602,35 @@ impl Net {
         let head = self.now + self.params.link_latency_ps;
         self.packets[pkt as usize].head_at = head;
         match o.to {
-            Target::SwitchIn(inp) => self.at(head, Ev::SwitchHead { inp, pkt }),
-            Target::Host(host) => self.at(head, Ev::HostHead { host, pkt }),
+            Target::SwitchIn(inp) => {
+                let ready = head + self.params.switch_latency_ps;
+                self.at(ready, Ev::SwitchHead { inp, pkt });
+            }
+            Target::Host(host) => self.arrive_at_host(out, host, pkt, head),
             Target::Nowhere => unreachable!("routes are validated"),
         }
         self.at(self.now + tx, Ev::OutFree { out });
+    }
+
+    /// The packet on its last hop, from output `from`, reaches `host` at
+    /// `head`: the sink always drains, so everything about its arrival is
+    /// known now (credits back as its tail arrives, the delivery of a
+    /// message's last packet a host latency after its tail).
+    fn arrive_at_host(&mut self, from: u32, host: u32, pkt: u32, head: Ps) {
+        let p = self.packets[pkt as usize];
+        let tail = head + self.tx(p.wire);
+        self.return_credits(from, p, head);
+        self.hosts[host as usize].payload_received += u64::from(p.payload);
+        if head < self.sample_end {
+            self.sample_rx[host as usize] += u64::from(p.payload);
+        } else {
+            self.sample_rx_next[host as usize] += u64::from(p.payload);
+        }
+        if p.last {
+            let lat = self.host_latency();
+            self.at(tail + lat, Ev::Delivered { host, msg: p.msg });
+        }
+        self.free_packets.push(pkt);
     }
 
     /// A host's injection: the next packet of the next queue pair in turn.
@@ -618,11 +666,16 @@ impl Net {
             let wire = payload + LRH + BTH + ICRC + VCRC + if first { RETH } else { 0 };
             let blocks = wire.div_ceil(CREDIT_BLOCK);
             let vl = m.vl;
-            let o = &mut self.outs[host as usize];
-            if o.credits[vl as usize] < blocks {
-                o.blocked_since.get_or_insert(self.now);
-                return;
+            if self.outs[host as usize].credits[vl as usize] < blocks {
+                self.absorb_credits(host);
+                let o = &mut self.outs[host as usize];
+                if o.credits[vl as usize] < blocks {
+                    o.blocked_since.get_or_insert(self.now);
+                    self.wait_for_credits(host);
+                    return;
+                }
             }
+            let m = self.msgs[id as usize].as_mut().expect("active");
             m.sent += u64::from(payload);
             let last = m.sent >= m.bytes;
             let dst = m.dst;
@@ -641,7 +694,7 @@ impl Net {
             let q = &mut self.active[host as usize];
             q.pop_front();
             if last {
-                let done = self.now + self.params.tx_ps(wire) + self.host_latency();
+                let done = self.now + self.tx(wire) + self.host_latency();
                 self.at(done, Ev::SendDone { host, msg: id });
             } else {
                 q.push_back(id);
@@ -658,6 +711,8 @@ impl Net {
         if o.busy || o.waiting.is_empty() {
             return;
         }
+        self.absorb_credits(out);
+        let o = &self.outs[out as usize];
         // Weighted round robin among VLs; within a VL, inputs in arrival order.
         let mut chosen = None;
         let mut vl = o.vl_turn;
@@ -677,6 +732,7 @@ impl Net {
         let Some(pos) = chosen else {
             let now = self.now;
             self.outs[out as usize].blocked_since.get_or_insert(now);
+            self.wait_for_credits(out);
             return;
         };
         let weights = &self.params.vl_weights;
@@ -699,12 +755,13 @@ impl Net {
         let upstream = self.ins[inp as usize].upstream;
         let start = self.now;
         self.return_credits(upstream, p, start);
-        if let Some(&next) = self.ins[inp as usize].queues[v as usize].front() {
-            let ready =
-                (self.packets[next as usize].head_at + self.params.switch_latency_ps).max(self.now);
-            self.at(ready, Ev::Ready { inp, vl: v });
-        }
         self.transmit(out, pkt);
+        // The next packet of this FIFO is in it only once ready (its
+        // `SwitchHead` came a switch latency after its head): it asks for
+        // its output at once.
+        if !self.ins[inp as usize].queues[v as usize].is_empty() {
+            self.head_ready(inp, v);
+        }
     }
 
     /// Per output port: (name, bytes sent, PortXmitWait ps).
@@ -740,6 +797,8 @@ impl OutPort {
             bytes: 0,
             xmit_wait_ps: 0,
             blocked_since: None,
+            incoming: Vec::new(),
+            credit_wake: None,
         }
     }
 }

@@ -11,7 +11,9 @@
 
 pub mod engine;
 pub mod fabric;
+pub mod queue;
 pub mod scan;
+pub mod stats;
 pub mod traffic;
 
 use std::time::Instant;
@@ -52,8 +54,29 @@ pub struct SimSummary {
 pub struct EbSummary {
     pub events_built: u64,
     pub batches_incomplete: u64,
-    /// Payload of built events per node, Gb/s.
+    /// Payload of built events per BU, Gb/s, in steady state: the mean
+    /// over the run after `warmup_us`, by batch means ([`stats`]), the
+    /// local fragment included (it never crosses a link).
     pub built_gbps_per_node: f64,
+    /// Half width of its 95 % confidence interval, and the batches.
+    #[serde(default)]
+    pub built_ci95_gbps: f64,
+    #[serde(default)]
+    pub batch_means: usize,
+    /// Start of the run left out, microseconds.
+    #[serde(default)]
+    pub warmup_us: f64,
+    /// (last quarter - second quarter) / second quarter of the built
+    /// series: a steady state has none.
+    #[serde(default)]
+    pub drift: f64,
+    /// The part of `built_gbps_per_node` that crossed the network (all of
+    /// it with `event_builder.local = "nic"`), and that as a fraction of
+    /// the link rate: never more than 1.
+    #[serde(default)]
+    pub network_gbps_per_node: f64,
+    #[serde(default)]
+    pub network_fraction_of_link: f64,
     pub latency_p50_us: f64,
     pub latency_p99_us: f64,
     pub latency_max_us: f64,
@@ -82,7 +105,8 @@ pub struct CrashSummary {
     /// the others learnt of it (the transient left out).
     pub built_gbps_before: f64,
     pub built_gbps_after: f64,
-    /// `after / before`, and what losing one of N nodes leaves: (N-1)/N.
+    /// `after / before`, and what losing one of N nodes leaves: (N-1)/N,
+    /// or ((N-1)/N)^2 with the slotted barrel (its slots stay).
     pub ratio: f64,
     pub expected_ratio: f64,
 }
@@ -91,6 +115,7 @@ pub struct CrashSummary {
 fn crash_summary(
     e: &traffic::EventBuilder,
     nodes: u16,
+    slotted: bool,
     sample: Ps,
     end: Ps,
 ) -> Option<CrashSummary> {
@@ -115,7 +140,17 @@ fn crash_summary(
         built_gbps_before: before,
         built_gbps_after: after,
         ratio: if before > 0.0 { after / before } else { 0.0 },
-        expected_ratio: f64::from(nodes.saturating_sub(1)) / f64::from(nodes.max(1)),
+        expected_ratio: {
+            let f = f64::from(nodes.saturating_sub(1)) / f64::from(nodes.max(1));
+            // A slotted barrel keeps the dead node's slots: every RU idles
+            // in the slot of the dead BU and every BU in the slot of the
+            // dead RU, on top of the smaller events.
+            if slotted {
+                f * f
+            } else {
+                f
+            }
+        },
     })
 }
 
@@ -204,6 +239,25 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
     })
 }
 
+/// The warm-up left out of the steady-state figures: `sim.warmup_us`, or
+/// a fifth of the run, or two rotations of a slotted barrel if that is
+/// longer, at most half the run.
+pub fn warmup_ps(config: &Config) -> Ps {
+    let end = (config.sim.duration_us * 1e6) as Ps;
+    if config.sim.warmup_us > 0.0 {
+        return (config.sim.warmup_us * 1e6) as Ps;
+    }
+    let mut warmup = end / 5;
+    if config.event_builder.schedule == evb_core::config::Schedule::Slotted {
+        let layout = evb_core::Layout::from_config(config);
+        if layout.rus() > 0 {
+            let plan = evb_core::slots::SlotPlan::for_source(config, &layout, 0);
+            warmup = warmup.max(2 * plan.rotation() * plan.slot_ns * PS_PER_NS);
+        }
+    }
+    warmup.min(end / 2)
+}
+
 /// Runs the simulation the configuration describes on `fabric`.
 /// `progress` is called with the fraction of simulated time done.
 pub fn simulate(
@@ -271,7 +325,13 @@ pub fn simulate(
             xmit_wait_s: wait as f64 * 1e-12,
         })
         .collect();
+    let warmup = warmup_ps(config);
+    let first_steady = (warmup.div_ceil(sample)) as usize;
     let eb_summary = eb.as_ref().map(|e| {
+        let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
+        let built = stats::batch_means(&e.built_series, first_steady);
+        let network = stats::batch_means(&e.network_series, first_steady);
+        let network_per_node = network.mean / bus;
         let mut hist = hdr_merge(e);
         if hist.is_empty() {
             hist.push(0);
@@ -289,11 +349,23 @@ pub fn simulate(
             }),
             events_built: e.events_built,
             batches_incomplete: e.batches_incomplete,
-            built_gbps_per_node: gbps(e.built_bytes) / f64::from(config.nodes.count.max(1)),
+            built_gbps_per_node: built.mean / bus,
+            built_ci95_gbps: built.ci95 / bus,
+            batch_means: built.batches,
+            warmup_us: first_steady as f64 * sample as f64 * 1e-6,
+            drift: stats::drift(&e.built_series),
+            network_gbps_per_node: network_per_node,
+            network_fraction_of_link: network_per_node / net.params.link_gbps,
             latency_p50_us: q(0.5),
             latency_p99_us: q(0.99),
             latency_max_us: q(1.0),
-            crash: crash_summary(e, config.nodes.count, sample, end),
+            crash: crash_summary(
+                e,
+                config.nodes.count,
+                config.event_builder.schedule == evb_core::config::Schedule::Slotted,
+                sample,
+                end,
+            ),
             built_gbps_series: e.built_series.clone(),
         }
     });

@@ -247,9 +247,19 @@ pub struct EventBuilder {
     pub consumer_series: Vec<ConsumerSample>,
     /// Delivered bytes, consumed bytes, busy ns at the last sample.
     last_output: (u64, u64, u64),
-    /// Built payload, Gb/s, per time-series interval.
+    /// Built payload, Gb/s, per time-series interval: payload of batches
+    /// counted as their fragments reach the BU (through the network or
+    /// handed over in memory), a batch that ends unbuilt taken back out
+    /// when it ends. Completed batches come in bursts (a slotted barrel
+    /// finishes every BU's batch in the same slot), so counting them only
+    /// at completion makes a series that steps once a rotation.
     pub built_series: Vec<f64>,
-    last_built: u64,
+    /// Of that, what crossed the network, Gb/s per interval.
+    pub network_series: Vec<f64>,
+    /// Bytes of the current interval: built (may go below zero when a
+    /// batch is taken back out) and through the network.
+    interval_built: i64,
+    interval_network: u64,
     /// `sim.crash`: the node that dies, when, and when the others learn
     /// of it (ps).
     pub crash: Option<(u16, Ps, Ps)>,
@@ -303,7 +313,9 @@ impl EventBuilder {
             consumer_series: Vec::new(),
             last_output: (0, 0, 0),
             built_series: Vec::new(),
-            last_built: 0,
+            network_series: Vec::new(),
+            interval_built: 0,
+            interval_network: 0,
             crash,
             dead: vec![false; hosts],
             layout,
@@ -370,6 +382,7 @@ impl EventBuilder {
                     net.post(host, u32::from(to), bytes, 0, tag, None);
                 }
                 Action::HandOver { header } => {
+                    self.interval_built += i64::from(header.payload_len);
                     self.nodes[h].on_local_fragment(now, &header, header.crc32c)
                 }
                 Action::Finish {
@@ -382,7 +395,10 @@ impl EventBuilder {
                         self.built_bytes += bytes;
                         self.events_built += events;
                     }
-                    _ => self.batches_incomplete += 1,
+                    _ => {
+                        self.batches_incomplete += 1;
+                        self.interval_built -= bytes as i64;
+                    }
                 },
                 Action::Deliver {
                     to,
@@ -461,6 +477,10 @@ impl Traffic for EventBuilder {
             Carried::Fragment(h) => {
                 // No bytes are simulated: the CRC is taken as correct.
                 if self.nodes[to].admit_fragment(now, from, &h) == Admit::Keep {
+                    if h.flags & FLAG_BATCH == 0 {
+                        self.interval_built += i64::from(h.payload_len);
+                        self.interval_network += u64::from(h.payload_len);
+                    }
                     self.nodes[to].on_fragment(now, &h, h.crc32c);
                 }
             }
@@ -488,8 +508,9 @@ impl Traffic for EventBuilder {
     fn sample(&mut self, now: Ps, interval: Ps) {
         let secs = interval as f64 * 1e-12;
         self.built_series
-            .push((self.built_bytes - self.last_built) as f64 * 8.0 / secs / 1e9);
-        self.last_built = self.built_bytes;
+            .push(std::mem::take(&mut self.interval_built) as f64 * 8.0 / secs / 1e9);
+        self.network_series
+            .push(std::mem::take(&mut self.interval_network) as f64 * 8.0 / secs / 1e9);
         if self.layout.fus() == 0 {
             return;
         }

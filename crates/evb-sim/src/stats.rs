@@ -1,0 +1,137 @@
+//! Steady-state figures from a time series: what a simulated throughput
+//! is worth.
+//!
+//! A run starts empty and takes a while to fill (credits, first batches,
+//! the first rotation of the barrel): that warm-up is left out. What
+//! remains is cut into `k` consecutive batches; their means are close to
+//! independent when a batch is much longer than the system's memory (a few
+//! rotations), so the mean of the batch means comes with a Student-t
+//! confidence interval (the method of batch means). The drift compares the
+//! second quarter of the run with the last: a figure that still moves
+//! between them is not a steady state.
+
+use serde::{Deserialize, Serialize};
+
+/// A steady-state mean with its 95 % confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Steady {
+    pub mean: f64,
+    /// Half width of the 95 % confidence interval of `mean`.
+    pub ci95: f64,
+    /// Batches the interval rests on (0: too few samples for one).
+    pub batches: usize,
+}
+
+/// Batch means wanted over a steady window.
+pub const BATCHES: usize = 10;
+
+/// Two-sided 95 % quantile of Student's t with `df` degrees of freedom.
+pub fn t975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=30 => T[df - 1],
+        _ => 1.96,
+    }
+}
+
+/// Mean and 95 % interval of independent values (replications, or batch
+/// means).
+pub fn mean_ci(values: &[f64]) -> Steady {
+    let n = values.len();
+    if n == 0 {
+        return Steady {
+            mean: 0.0,
+            ci95: 0.0,
+            batches: 0,
+        };
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    let ci95 = if n < 2 {
+        f64::INFINITY
+    } else {
+        let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+        t975(n - 1) * (var / n as f64).sqrt()
+    };
+    Steady {
+        mean,
+        ci95,
+        batches: n,
+    }
+}
+
+/// The steady-state mean of `series[first..]` by the method of batch
+/// means: at most [`BATCHES`] batches of equal length (the samples left
+/// over at the start of the window are dropped with the warm-up).
+pub fn batch_means(series: &[f64], first: usize) -> Steady {
+    let window = series.get(first..).unwrap_or(&[]);
+    let k = BATCHES.min(window.len());
+    if k == 0 {
+        return mean_ci(&[]);
+    }
+    let len = window.len() / k;
+    let skip = window.len() - k * len;
+    let means: Vec<f64> = window[skip..]
+        .chunks(len)
+        .map(|c| c.iter().sum::<f64>() / c.len() as f64)
+        .collect();
+    mean_ci(&means)
+}
+
+/// Relative change of the mean from the second quarter of `series` to
+/// its last: (Q4 - Q2) / Q2. Zero when the series is too short or Q2 is 0.
+pub fn drift(series: &[f64]) -> f64 {
+    let n = series.len();
+    if n < 4 {
+        return 0.0;
+    }
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len().max(1) as f64;
+    let q2 = mean(&series[n / 4..n / 2]);
+    let q4 = mean(&series[n - n / 4..]);
+    if q2 == 0.0 {
+        0.0
+    } else {
+        (q4 - q2) / q2
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_means_of_a_constant_have_no_spread() {
+        let s = vec![5.0; 103];
+        let st = batch_means(&s, 20);
+        assert_eq!(st.mean, 5.0);
+        assert_eq!(st.ci95, 0.0);
+        assert_eq!(st.batches, 10);
+    }
+
+    #[test]
+    fn the_interval_covers_the_mean_of_a_noisy_series() {
+        // A deterministic, zero-mean wiggle around 10.
+        let s: Vec<f64> = (0..1000)
+            .map(|i| 10.0 + ((i * 7919) % 101) as f64 / 50.0 - 1.0)
+            .collect();
+        let st = batch_means(&s, 100);
+        assert!((st.mean - 10.0).abs() <= st.ci95 + 0.02, "{st:?}");
+        assert!(st.ci95 > 0.0 && st.ci95 < 0.5, "{st:?}");
+    }
+
+    #[test]
+    fn drift_compares_the_second_and_last_quarters() {
+        let mut s = vec![0.0; 10];
+        s.extend(vec![100.0; 10]);
+        s.extend(vec![100.0; 10]);
+        s.extend(vec![90.0; 10]);
+        assert!((drift(&s) + 0.10).abs() < 1e-12);
+        assert_eq!(drift(&[1.0, 2.0]), 0.0);
+        assert_eq!(t975(1), 12.706);
+        assert_eq!(t975(100), 1.96);
+    }
+}
