@@ -9,7 +9,13 @@
 //! Switch: an input FIFO per port per VL (head-of-line blocking as in real
 //! switches), a switch latency before the head packet may be forwarded, and
 //! per output port an arbiter that serves waiting inputs in turn and picks
-//! among VLs by weighted round robin. Host: queue pairs (one per message in
+//! among VLs by weighted round robin. An input port reads one packet at a
+//! time into the crossbar, at link rate (no internal speedup): while one of
+//! its packets crosses, its other heads wait. Without that rule an input
+//! could feed every free output at once, which made the input buffers act
+//! as output buffers and put saturated uniform traffic at 0.73-0.76 of the
+//! link instead of the input-queued limit (Karol et al.: 0.586 for large
+//! N; docs/sim.md). Host: queue pairs (one per message in
 //! flight) served packet by packet in turn at link rate, MTU segmentation
 //! with InfiniBand header overheads, a sink that always drains, and a
 //! host-side latency (PCIe + software) drawn from a histogram.
@@ -132,6 +138,9 @@ struct OutPort {
     /// thus cost no event at all.
     incoming: Vec<(Ps, u8, u32)>,
     credit_wake: Option<Ps>,
+    /// Switch outputs: the input whose packet is on the wire (it reads one
+    /// packet at a time and is free again when this output is).
+    fed_by: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +157,11 @@ struct InPort {
     queues: Vec<VecDeque<u32>>,
     /// The output that feeds this input (for credit return).
     upstream: u32,
+    /// A packet of this input is crossing to an output: the input reads
+    /// one packet at a time, at link rate, so its other heads wait.
+    busy: bool,
+    /// Per VL (bit): its head packet is in its output's `waiting` list.
+    requested: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -274,11 +288,7 @@ impl Net {
         let mut ins = Vec::with_capacity(total as usize);
         // Hosts have no input port of ours; keep ids aligned with `outs`.
         for _ in 0..hosts {
-            ins.push(InPort {
-                switch: u32::MAX,
-                queues: Vec::new(),
-                upstream: u32::MAX,
-            });
+            ins.push(InPort::new(u32::MAX, 0, u32::MAX));
         }
         for (s, ports) in fabric.ports.iter().enumerate() {
             for (p, peer) in ports.iter().enumerate() {
@@ -291,11 +301,7 @@ impl Net {
                     Peer::None => (Target::Nowhere, u32::MAX),
                 };
                 outs.push(OutPort::new(to, vls, buffer_blocks));
-                ins.push(InPort {
-                    switch: s as u32,
-                    queues: vec![VecDeque::new(); vls],
-                    upstream,
-                });
+                ins.push(InPort::new(s as u32, vls, upstream));
                 let _ = p;
             }
         }
@@ -438,8 +444,13 @@ impl Net {
                 }
             }
             Ev::OutFree { out } => {
-                self.outs[out as usize].busy = false;
+                let o = &mut self.outs[out as usize];
+                o.busy = false;
+                let fed_by = std::mem::replace(&mut o.fed_by, u32::MAX);
                 self.serve(out);
+                if fed_by != u32::MAX {
+                    self.input_free(fed_by);
+                }
             }
             Ev::Credit { out } => {
                 self.outs[out as usize].credit_wake = None;
@@ -500,17 +511,52 @@ impl Net {
         }
     }
 
-    /// The front packet of input `inp`, VL `vl`, is ready: it asks for its
-    /// output.
-    fn head_ready(&mut self, inp: u32, vl: u8) {
+    /// The output the front packet of input `inp`, VL `vl`, is routed to.
+    fn route_of_head(&self, inp: u32, vl: u8) -> u32 {
         let port = &self.ins[inp as usize];
         let pkt = port.queues[vl as usize][0];
         let s = port.switch;
         let dst = self.packets[pkt as usize].dst;
-        let out =
-            self.switch_base[s as usize] + u32::from(self.fabric.routes[s as usize][dst as usize]);
+        self.switch_base[s as usize] + u32::from(self.fabric.routes[s as usize][dst as usize])
+    }
+
+    /// The front packet of input `inp`, VL `vl`, is ready: it asks for its
+    /// output.
+    fn head_ready(&mut self, inp: u32, vl: u8) {
+        let out = self.route_of_head(inp, vl);
+        self.ins[inp as usize].requested |= 1 << vl;
         self.outs[out as usize].waiting.push_back((inp, vl));
         self.try_forward(out);
+    }
+
+    /// Input `inp` has finished reading a packet out: the next packet of
+    /// that VL asks for its output, and the outputs the heads of its other
+    /// VLs wait for may take them now.
+    fn input_free(&mut self, inp: u32) {
+        self.ins[inp as usize].busy = false;
+        // First every head asks (only the VL just read from can have a new
+        // one), then their outputs look: one of them takes the input.
+        let mut outs = [u32::MAX; 16];
+        for vl in 0..self.params.vls {
+            let port = &self.ins[inp as usize];
+            if port.queues[vl as usize].is_empty() {
+                continue;
+            }
+            let out = self.route_of_head(inp, vl);
+            outs[vl as usize] = out;
+            if port.requested & (1 << vl) == 0 {
+                self.ins[inp as usize].requested |= 1 << vl;
+                self.outs[out as usize].waiting.push_back((inp, vl));
+            }
+        }
+        for &out in &outs[..usize::from(self.params.vls)] {
+            if self.ins[inp as usize].busy {
+                return;
+            }
+            if out != u32::MAX {
+                self.try_forward(out);
+            }
+        }
     }
 
     /// Takes in the credits of `out` that have come back by now.
@@ -719,8 +765,9 @@ impl Net {
         for _ in 0..vls {
             let pos = o.waiting.iter().position(|&(inp, v)| {
                 v == vl && {
-                    let pkt = self.ins[inp as usize].queues[v as usize][0];
-                    o.credits[v as usize] >= self.packets[pkt as usize].blocks
+                    let port = &self.ins[inp as usize];
+                    let pkt = port.queues[v as usize][0];
+                    !port.busy && o.credits[v as usize] >= self.packets[pkt as usize].blocks
                 }
             });
             if let Some(pos) = pos {
@@ -747,21 +794,19 @@ impl Net {
             o.vl_turn = (v + 1) % vls;
             o.vl_left = weights.get(o.vl_turn as usize).copied().unwrap_or(1);
         }
-        let pkt = self.ins[inp as usize].queues[v as usize]
-            .pop_front()
-            .expect("a head packet");
+        o.fed_by = inp;
+        let port = &mut self.ins[inp as usize];
+        let pkt = port.queues[v as usize].pop_front().expect("a head packet");
+        port.busy = true;
+        port.requested &= !(1 << v);
         let p = self.packets[pkt as usize];
         // The buffer space is free as the packet leaves: tell the sender.
-        let upstream = self.ins[inp as usize].upstream;
+        let upstream = port.upstream;
         let start = self.now;
         self.return_credits(upstream, p, start);
+        // The input is busy until the packet has crossed (`input_free` at
+        // this output's `OutFree`): the next head asks for its output then.
         self.transmit(out, pkt);
-        // The next packet of this FIFO is in it only once ready (its
-        // `SwitchHead` came a switch latency after its head): it asks for
-        // its output at once.
-        if !self.ins[inp as usize].queues[v as usize].is_empty() {
-            self.head_ready(inp, v);
-        }
     }
 
     /// Per output port: (name, bytes sent, PortXmitWait ps).
@@ -799,6 +844,19 @@ impl OutPort {
             blocked_since: None,
             incoming: Vec::new(),
             credit_wake: None,
+            fed_by: u32::MAX,
+        }
+    }
+}
+
+impl InPort {
+    fn new(switch: u32, vls: usize, upstream: u32) -> InPort {
+        InPort {
+            switch,
+            queues: vec![VecDeque::new(); vls],
+            upstream,
+            busy: false,
+            requested: 0,
         }
     }
 }
