@@ -116,11 +116,16 @@ pub fn run(args: SimArgs) -> Result<()> {
         overrides.push(format!("sim.load={l}"));
     }
     // The event builder has one node per host unless the file says
-    // otherwise; consumers take the last hosts.
+    // otherwise; consumers are on the output network, or (with
+    // sim.output.network = "fabric") take the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
         let first = Config::load(args.config.as_deref(), &overrides)?;
-        let consumers = usize::from(first.output.consumers);
+        let consumers = if evb_sim::separate_output(&first) {
+            0
+        } else {
+            usize::from(first.output.consumers)
+        };
         if consumers + 1 > fabric.hosts() {
             bail!(
                 "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
@@ -183,6 +188,26 @@ pub fn run(args: SimArgs) -> Result<()> {
                 eb.events_vetoed
             );
         }
+    }
+    if let Some(o) = &s.consumers {
+        println!(
+            "distribution ({}, {} producers at {} Gb/s -> {} consumers at {} Gb/s, steady state): {:.2} +- {:.2} Gb/s per producer, {:.2} +- {:.2} Gb/s per consumer ({:.1} / {:.1} Gb/s in all); consumers busy {:.0}%; pause frames {}, drops {}, resent {:.1} MB",
+            o.network,
+            o.producers,
+            o.producer_link_gbps,
+            o.consumers,
+            o.consumer_link_gbps,
+            o.producer_gbps_per_producer,
+            o.producer_ci95_gbps,
+            o.consumer_gbps_per_consumer,
+            o.consumer_ci95_gbps,
+            o.producer_gbps_total,
+            o.consumer_gbps_total,
+            o.busy_fraction_mean * 100.0,
+            o.pause_frames,
+            o.drops,
+            o.retransmitted_bytes as f64 * 1e-6
+        );
     }
     if let Some(c) = &result.consumers {
         println!(

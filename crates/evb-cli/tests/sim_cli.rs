@@ -358,3 +358,58 @@ fn scan_over_rank_orders_and_per_host_series() {
     let sent: f64 = [r[3], r[5], r[7]].iter().sum();
     assert!((sent - r[2]).abs() < 10.0, "{r:?}");
 }
+
+/// Consumers sit on an output network of their own by default; the JSON
+/// reports the distribution per producer and per consumer.
+#[test]
+fn sim_reports_the_distribution_to_consumers_on_the_output_network() {
+    let json = tmp("dist.json");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=4",
+        "--set",
+        "output.consumers=3",
+        "--set",
+        "sim.output.consumer_gbps=25",
+        "--set",
+        "source.events_per_mep=256",
+        "--duration-us",
+        "3000",
+        "--json",
+        &json,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let c = &v["summary"]["consumers"];
+    assert_eq!(c["network"], "ethernet pfc", "{c}");
+    assert_eq!(c["producers"], 4, "every node's BU: {c}");
+    assert_eq!(c["consumers"], 3, "{c}");
+    let per_consumer = c["consumer_gbps_per_consumer"].as_f64().unwrap();
+    let per_producer = c["producer_gbps_per_producer"].as_f64().unwrap();
+    assert!(per_consumer > 5.0 && per_consumer <= 25.0, "{c}");
+    // Aggregates: what the 4 producers sent, the 3 consumers received.
+    let total = c["consumer_gbps_total"].as_f64().unwrap();
+    assert!(
+        (total - 3.0 * per_consumer).abs() < 1e-6 * total.max(1.0),
+        "{c}"
+    );
+    assert!((per_producer * 4.0 - total).abs() < 0.1 * total, "{c}");
+    // The event-building fabric has the 4 nodes only.
+    assert_eq!(v["summary"]["hosts"], 4);
+    assert!(out.contains("per producer"), "{out}");
+    // The shared-fabric model needs the consumers among the fabric's hosts.
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=5",
+        "--set",
+        "output.consumers=2",
+        "--set",
+        "sim.output.network=fabric",
+        "--duration-us",
+        "500",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("distribution (fabric, 3 producers"), "{out}");
+}

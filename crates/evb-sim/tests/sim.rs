@@ -458,3 +458,130 @@ fn uniform_saturation_matches_the_input_queued_switch_theory() {
         );
     }
 }
+
+/// The event builder with consumers, nodes on one switch, the output
+/// network as `[sim.output]` says.
+fn eb_with_consumers(nodes: usize, consumers: u16, duration_us: f64, sets: &[&str]) -> SimResult {
+    let mut ov = vec![
+        format!("nodes.count={nodes}"),
+        format!("output.consumers={consumers}"),
+        format!("sim.duration_us={duration_us}"),
+        "source.events_per_mep=256".to_string(),
+    ];
+    ov.extend(sets.iter().map(|s| s.to_string()));
+    let config =
+        Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap();
+    let fabric_hosts = if config.sim.output.network == "fabric" {
+        nodes + usize::from(consumers)
+    } else {
+        nodes
+    };
+    simulate(&config, SimFabric::single_switch(fabric_hosts), |_| {}).unwrap()
+}
+
+/// RoCE v2 payload efficiency of full 4096-byte packets (headers, preamble
+/// and gap).
+const ROCE: f64 = 4096.0 / (4096.0 + evb_sim::engine::ROCE_HEADER_BYTES as f64);
+
+/// Deliveries on the BUs' second NICs leave the event-building links to
+/// the fragments: the builder builds about twice what it builds when its
+/// batches share the BUs' links with the fragments they send as RUs.
+#[test]
+fn a_separate_output_network_frees_the_event_building_links() {
+    let built = |network: &str| {
+        let set = format!("sim.output.network={network}");
+        let r = eb_with_consumers(4, 4, 4000.0, &[&set]);
+        let o = r.summary.consumers.clone().expect("consumers summary");
+        (r.summary.eb.clone().unwrap().built_gbps_per_node, o, r)
+    };
+    let (separate, o, r) = built("ethernet");
+    let (shared, shared_o, _) = built("fabric");
+    assert!(
+        separate > 1.5 * shared,
+        "ethernet {separate} vs fabric {shared}"
+    );
+    assert_eq!(o.network, "ethernet pfc");
+    assert_eq!(shared_o.network, "fabric");
+    assert_eq!(r.summary.hosts, 4, "the summary covers the fabric's hosts");
+    // 4 nodes, their 4 second NICs, 4 consumers.
+    assert_eq!(r.hosts.len(), 12);
+    assert!(r.hosts[4].host.ends_with("/out") && r.hosts[8].host == "consumer0");
+    // What the producers sent the consumers received, in steady state.
+    assert!(
+        (o.producer_gbps_total - o.consumer_gbps_total).abs() < 0.1 * o.producer_gbps_total,
+        "{o:?}"
+    );
+    assert!(o.consumer_gbps_per_consumer > 10.0, "{o:?}");
+}
+
+/// Eight producers at 100 Gb/s onto two consumers at 25 Gb/s: the
+/// consumers' links are full (PFC holds the producers back, losing
+/// nothing), each at the RoCE payload rate of 25 Gb/s.
+#[test]
+fn slow_consumer_links_fill_and_pfc_loses_nothing() {
+    let r = eb_with_consumers(
+        8,
+        2,
+        6000.0,
+        &["sim.output.consumer_gbps=25", "output.consumer_credits=4"],
+    );
+    let o = r.summary.consumers.unwrap();
+    let full = 25.0 * ROCE;
+    assert!(
+        (o.consumer_gbps_per_consumer - full).abs() < 0.04 * full,
+        "{} vs {full}: {o:?}",
+        o.consumer_gbps_per_consumer
+    );
+    assert!(
+        (o.producer_gbps_per_producer - full * 2.0 / 8.0).abs() < 0.06 * full * 2.0 / 8.0,
+        "{o:?}"
+    );
+    assert_eq!(o.drops, 0);
+    assert!(o.pause_frames > 0, "eight into two must pause: {o:?}");
+    assert!(o.producer_paused_fraction > 0.3, "{o:?}");
+    let consumer_links: Vec<_> = r.links.iter().filter(|l| l.gbps == 25.0).collect();
+    assert_eq!(
+        consumer_links.len(),
+        4,
+        "two consumer NICs, two switch ports"
+    );
+}
+
+/// Lossy Ethernet: four producers onto two consumers overflow shallow
+/// output queues; packets are dropped and sent again (go-back-N), batches
+/// still arrive whole and are consumed, and the goodput falls far below
+/// what PFC keeps (no congestion control: the senders keep their rate).
+#[test]
+fn lossy_output_network_drops_and_retransmits() {
+    let sets = [
+        "sim.output.producer_messages=1",
+        "sim.output.buffer_bytes=65536",
+        "sim.output.rto_us=50",
+    ];
+    let lossless = eb_with_consumers(4, 2, 4000.0, &sets);
+    let mut lossy_sets = sets.to_vec();
+    lossy_sets.push("sim.output.flow_control=lossy");
+    let lossy = eb_with_consumers(4, 2, 4000.0, &lossy_sets);
+    let (a, b) = (
+        lossless.summary.consumers.unwrap(),
+        lossy.summary.consumers.clone().unwrap(),
+    );
+    assert_eq!(a.drops, 0);
+    assert!(
+        a.consumer_gbps_per_consumer > 0.95 * 100.0 * ROCE,
+        "PFC keeps the consumers' links full: {a:?}"
+    );
+    assert!(b.drops > 0 && b.retransmitted_bytes > 0, "{b:?}");
+    assert!(b.naks + b.timeouts > 0, "{b:?}");
+    assert_eq!(b.pause_frames, 0);
+    let dropped: u64 = lossy.links.iter().map(|l| l.drops).sum();
+    assert_eq!(dropped, b.drops);
+    assert!(
+        b.consumer_gbps_per_consumer < 0.8 * a.consumer_gbps_per_consumer,
+        "lossy {b:?} vs pfc {a:?}"
+    );
+    // Sent again, so the producers put more on the wire than arrives.
+    assert!(b.producer_gbps_total > 1.2 * b.consumer_gbps_total, "{b:?}");
+    let c = lossy.consumers.unwrap();
+    assert!(c.batches_consumed > 10, "batches still arrive whole");
+}
