@@ -402,6 +402,15 @@ pub struct ScanArgs {
     /// Slurm job array: `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<String>,
+    /// Run every point with R seeds (run.seed, run.seed + 1, ...) and rank
+    /// by their mean, with a 95 % interval.
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    pub replications: usize,
+    /// What to rank by: built (Gb/s per node, or per host for synthetic
+    /// traffic), producer or consumer (Gb/s per producer / per consumer of
+    /// the distribution to consumers).
+    #[arg(long, default_value = "built")]
+    pub figure: String,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -474,8 +483,9 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     if !base.iter().any(|o| o.starts_with("nodes.count")) {
         base.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
-    let total: usize = axes.iter().map(|a| a.values.len()).product();
-    let bar = crate::progress::bar(total as u64, "scan points");
+    let figure = evb_sim::scan::Figure::parse(&args.figure).map_err(anyhow::Error::msg)?;
+    let total: usize = axes.iter().map(|a| a.values.len()).product::<usize>() * args.replications;
+    let bar = crate::progress::bar(total as u64, "scan runs");
     // One fabric per (order, routing) met in the scan.
     let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
     let load = |point: &[(String, String)]| -> Result<(Config, SimFabric), String> {
@@ -502,8 +512,13 @@ pub fn scan(args: ScanArgs) -> Result<()> {
             .map_err(|e| e.to_string())?;
         Ok((config, fabric))
     };
+    let options = evb_sim::scan::ScanOptions {
+        shard,
+        replications: args.replications,
+        figure,
+    };
     let result =
-        evb_sim::scan::run_scan(&axes, load, shard, || bar.inc(1)).map_err(anyhow::Error::msg)?;
+        evb_sim::scan::run_scan(&axes, load, options, || bar.inc(1)).map_err(anyhow::Error::msg)?;
     bar.finish_and_clear();
     print_scan(&result, &fabric.name);
     write_scan(
@@ -545,18 +560,31 @@ fn print_scan(result: &evb_sim::scan::ScanResult, fabric: &str) {
     let shard = result.shard.map_or(String::new(), |[i, n]| {
         format!(" (shard {i}/{n} of {})", result.total_points)
     });
+    let replications = if result.replications > 1 {
+        format!(
+            ", {} seeds each: {} points not told apart from the best at 95 %",
+            result.replications, result.tied_with_best
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "evb scan: {} points{shard} on {fabric} in {:.1} s; {:.0}% of points within 2% of the best",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by {:?} Gb/s; {:.0}% of points within 2% of the best{replications}",
         result.points.len(),
         result.wall_seconds,
+        result.figure,
         result.fraction_within_2pct_of_best * 100.0
     );
-    println!("{:>10}  {:>10}  parameters", "Gb/s", "% of link");
+    println!(
+        "{:>10}  {:>8}  {:>10}  parameters",
+        "Gb/s", "+- 95%", "% of link"
+    );
     for &i in &order {
         let p = &result.points[i];
         let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let ci = p.ci95_gbps.map_or("-".to_string(), |c| format!("{c:.2}"));
         println!(
-            "{:>10.2}  {:>9.1}%  {}",
+            "{:>10.2}  {ci:>8}  {:>9.1}%  {}",
             p.figure_gbps,
             p.figure_gbps / p.summary.link_rate_gbps * 100.0,
             params.join(" ")
@@ -577,14 +605,16 @@ fn write_scan(
     if let Some(path) = csv {
         let mut text = String::from("index,")
             + &result.axes.join(",")
-            + ",figure_gbps,throughput_per_host_gbps\n";
+            + ",figure_gbps,ci95_gbps,replications,throughput_per_host_gbps\n";
         for p in &result.points {
             let vals: Vec<&str> = p.params.iter().map(|(_, v)| v.as_str()).collect();
             text += &format!(
-                "{},{},{:.4},{:.4}\n",
+                "{},{},{:.4},{},{},{:.4}\n",
                 p.index,
                 vals.join(","),
                 p.figure_gbps,
+                p.ci95_gbps.map_or(String::new(), |c| format!("{c:.4}")),
+                p.replicates.len().max(1),
                 p.summary.throughput_per_host_gbps
             );
         }

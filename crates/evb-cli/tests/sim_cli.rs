@@ -413,3 +413,65 @@ fn sim_reports_the_distribution_to_consumers_on_the_output_network() {
     assert!(ok, "{out}{err}");
     assert!(out.contains("distribution (fabric, 3 producers"), "{out}");
 }
+
+/// `--replications R`: every point runs with R seeds, its figure is their
+/// mean with a 95 % interval, and the ranking uses the mean.
+#[test]
+fn scan_replications_rank_by_the_mean_over_seeds() {
+    let json = tmp("scan-reps.json");
+    let csv = tmp("scan-reps.csv");
+    let (ok, out, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=6",
+        "--traffic",
+        "uniform",
+        "--duration-us",
+        "100",
+        "--param",
+        "sim.load=0.5,1.0",
+        "--replications",
+        "3",
+        "--json",
+        &json,
+        "--csv",
+        &csv,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["replications"], 3);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for p in points {
+        let reps: Vec<f64> = p["replicates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(reps.len(), 3, "{p}");
+        // Seeds differ, so do the runs.
+        assert!(reps[0] != reps[1] || reps[1] != reps[2], "{reps:?}");
+        let mean = reps.iter().sum::<f64>() / 3.0;
+        assert!((p["figure_gbps"].as_f64().unwrap() - mean).abs() < 1e-9);
+        let ci = p["ci95_gbps"].as_f64().unwrap();
+        assert!(ci > 0.0 && ci < mean, "{p}");
+    }
+    // Saturated uniform traffic delivers more than half load.
+    assert_eq!(v["best"], 1, "{out}");
+    assert!(out.contains("3 seeds each"), "{out}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("index,sim.load,figure_gbps,ci95_gbps,replications,"));
+    // Seeds are what replications vary: scanning them too is refused.
+    let (ok, _, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=4",
+        "--param",
+        "run.seed=1,2",
+        "--replications",
+        "2",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("run.seed"), "{err}");
+}
