@@ -2,6 +2,8 @@
 //! fat-tree InfiniBand fabric.
 //!
 //! - [`topo`]: topology model, fat-tree generators, what-if edits;
+//! - [`names`]: unique node names, GUID-to-name maps;
+//! - [`rate`]: link width and speed, degraded links;
 //! - [`io`]: `ibnetdiscover`, LFT dumps (both forms), hostfiles, OpenSM's
 //!   ftree CA order, ibsim net files, Slurm `topology.conf`;
 //! - [`ftree`] and [`routing`]: routing engines (`ftree` matching OpenSM's
@@ -19,8 +21,10 @@ pub mod error;
 pub mod ftree;
 pub mod io;
 pub mod lft;
+pub mod names;
 pub mod optimize;
 pub mod plot;
+pub mod rate;
 pub mod routing;
 pub mod topo;
 

@@ -100,7 +100,8 @@ impl Sim {
             .stderr(log)
             .spawn()
             .expect("start ibsim");
-        let sim_host = topo.nodes[topo.hosts()[0]].name.clone();
+        // The SM attaches to the first host, named by its net-file id.
+        let sim_host = evb_fabric::io::ibsim_node_id(topo, topo.hosts()[0]);
         let mut sim = Sim {
             dir: dir.to_path_buf(),
             child,
