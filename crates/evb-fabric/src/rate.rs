@@ -127,7 +127,7 @@ impl LinkRate {
                     "{s} Gb/s is not the rate of a 4x link ({}); give WIDTHxSPEED for other widths",
                     SPEEDS
                         .iter()
-                        .map(|e| format!("{}", fmt_gbps(4.0 * e.2)))
+                        .map(|e| fmt_gbps(4.0 * e.2))
                         .collect::<Vec<_>>()
                         .join(", ")
                 )
@@ -213,7 +213,9 @@ pub fn degraded_links(topo: &Topology) -> Vec<DegradedLink> {
             0
         }
     };
-    let mut tiers: BTreeMap<(u32, u32), Vec<(usize, u8, LinkRate)>> = BTreeMap::new();
+    // (lower level, upper level) -> cables as (node, port, rate).
+    type Cables = Vec<(usize, u8, LinkRate)>;
+    let mut tiers: BTreeMap<(u32, u32), Cables> = BTreeMap::new();
     for_each_cable(topo, |i, p, rate| {
         let Some(rate) = rate else { return };
         let r = topo.nodes[i].ports[p as usize].expect("cabled");
