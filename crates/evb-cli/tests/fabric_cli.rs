@@ -549,7 +549,8 @@ fn production_dump_hostfile_and_slurm_topology() {
         "{out}"
     );
     assert!(
-        err.contains("14 hosts share the description \"MT25408"),
+        err.contains("14 hosts are named by GUID (H-0002c903")
+            && err.contains("14 nodes' descriptions begin with 'MT25408'"),
         "{err}"
     );
     let hosts: Vec<String> = std::fs::read_to_string(f("guid.hosts"))
@@ -661,6 +662,38 @@ fn production_dump_hostfile_and_slurm_topology() {
     }
     assert_eq!((leaves, topo.len()), (4, 8), "{topo:?}");
     assert!(topo.iter().any(|t| t.0 == "spine-a"));
+
+    // evb's hostlists expand, in Slurm, to exactly the names given:
+    // padded and natural numbers, runs across digit counts, long numbers.
+    let tricky: Vec<String> = [
+        "n9",
+        "n10",
+        "n11",
+        "n01",
+        "n02",
+        "n007",
+        "n099",
+        "n100",
+        "rack2-n3",
+        "rack2-n4",
+        "solo",
+        "H-0002c90300080d28",
+        "x1",
+        "x1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let compressed = evb_fabric::io::hostlist(&tricky);
+    assert_eq!(
+        expand(&cluster, &compressed),
+        tricky.iter().cloned().collect::<BTreeSet<_>>(),
+        "{compressed}"
+    );
+    assert!(
+        compressed.contains("n[01-02,007,9-11,099-100]"),
+        "{compressed}"
+    );
 
     // GUID names are valid Slurm names but not slurm.conf's nodes: Slurm
     // reads the file and says so.

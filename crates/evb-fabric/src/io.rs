@@ -697,54 +697,97 @@ pub fn write_slurm_topology(topo: &Topology) -> String {
 }
 
 /// Names in Slurm's hostlist form: names that differ only in a trailing
-/// number of the same digit count share brackets (`node[001-004,007]`);
-/// others are listed as they are. Duplicates are dropped; the order is
-/// natural.
+/// number share one bracket (`node[1-4,7,10-12]`). Slurm reads each
+/// element with the width it is written in, so zero-padded numbers
+/// (`node[001-004]`) only join runs of their own width; names without a
+/// trailing number (or with more than 9 digits, as GUID names have) are
+/// listed as they are. Duplicates are dropped; the order is natural.
 pub fn hostlist(names: &[String]) -> String {
-    // (prefix, digit count) -> numbers; names without a trailing number alone.
-    let mut groups: std::collections::BTreeMap<(String, usize), Vec<u64>> = Default::default();
+    // prefix -> (number, written digits, zero-padded)
+    let mut groups: std::collections::BTreeMap<String, Vec<(u64, usize, bool)>> =
+        Default::default();
     let mut plain: Vec<String> = vec![];
     for n in names {
         let digits = n.bytes().rev().take_while(u8::is_ascii_digit).count();
-        // Long numbers (GUID tails) stay literal: Slurm caps range widths.
         if digits == 0 || digits > 9 || n.contains(['[', ']', ',']) {
             plain.push(n.clone());
             continue;
         }
         let (prefix, num) = n.split_at(n.len() - digits);
-        groups
-            .entry((prefix.to_string(), digits))
-            .or_default()
-            .push(num.parse().expect("ASCII digits"));
+        groups.entry(prefix.to_string()).or_default().push((
+            num.parse().expect("ASCII digits"),
+            num.len(),
+            num.len() > 1 && num.starts_with('0'),
+        ));
+    }
+    /// A run of consecutive numbers: written with a fixed width once a
+    /// zero-padded number is in it, else as they are.
+    struct Run {
+        lo: u64,
+        hi: u64,
+        pad: Option<usize>,
+        /// The digit count all numbers share, if they do.
+        len: Option<usize>,
     }
     let mut parts: Vec<String> = vec![];
-    for ((prefix, width), mut nums) in groups {
+    for (prefix, mut nums) in groups {
         nums.sort_unstable();
         nums.dedup();
-        if nums.len() == 1 {
-            parts.push(format!("{prefix}{:0width$}", nums[0]));
-            continue;
-        }
-        let mut ranges: Vec<String> = vec![];
-        let mut i = 0;
-        while i < nums.len() {
-            let mut j = i;
-            while j + 1 < nums.len() && nums[j + 1] == nums[j] + 1 {
-                j += 1;
+        let mut runs: Vec<Run> = vec![];
+        for &(n, len, padded) in &nums {
+            let joined = match runs.last_mut() {
+                Some(r) if r.hi + 1 == n => {
+                    let fits = match (r.pad, padded) {
+                        (Some(w), _) => len == w,
+                        (None, true) => r.len == Some(len),
+                        (None, false) => true,
+                    };
+                    if fits {
+                        r.hi = n;
+                        if padded {
+                            r.pad = Some(len);
+                        }
+                        if r.len != Some(len) {
+                            r.len = None;
+                        }
+                    }
+                    fits
+                }
+                _ => false,
+            };
+            if !joined {
+                runs.push(Run {
+                    lo: n,
+                    hi: n,
+                    pad: padded.then_some(len),
+                    len: Some(len),
+                });
             }
-            ranges.push(if i == j {
-                format!("{:0width$}", nums[i])
-            } else {
-                format!("{:0width$}-{:0width$}", nums[i], nums[j])
-            });
-            i = j + 1;
         }
-        parts.push(format!("{prefix}[{}]", ranges.join(",")));
+        let fmt = |n: u64, pad: Option<usize>| format!("{n:0w$}", w = pad.unwrap_or(0));
+        let elems: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                if r.lo == r.hi {
+                    fmt(r.lo, r.pad)
+                } else {
+                    format!("{}-{}", fmt(r.lo, r.pad), fmt(r.hi, r.pad))
+                }
+            })
+            .collect();
+        if let [one] = &elems[..] {
+            if !one.contains('-') {
+                parts.push(format!("{prefix}{one}"));
+                continue;
+            }
+        }
+        parts.push(format!("{prefix}[{}]", elems.join(",")));
     }
     plain.sort();
     plain.dedup();
-    parts.extend(plain);
+    // Named hosts first, in natural order; GUID names after, as they sort.
     parts.sort_by(|a, b| crate::topo::natural_cmp(a, b));
+    parts.extend(plain);
     parts.join(",")
 }
 

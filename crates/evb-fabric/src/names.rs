@@ -371,39 +371,42 @@ fn kind_word(k: NodeKind) -> &'static str {
 }
 
 /// Notes on nodes named by GUID because their description was shared or
-/// unusable, one per description: what a user should know before using a
-/// hostfile or a Slurm file.
+/// unusable, one per first word of the descriptions: what a user should
+/// know before using a hostfile or a Slurm file.
 pub fn naming_notes(topo: &Topology) -> Vec<String> {
-    let mut groups: Vec<(NodeKind, String, Vec<&str>)> = vec![];
+    // (kind, first word) -> GUID-named nodes, and one of their descriptions.
+    let mut groups: Vec<(NodeKind, String, Vec<&str>, &str)> = vec![];
     for n in &topo.nodes {
-        if n.name != guid_name(n.kind, n.guid) || n.desc.trim().is_empty() {
-            continue;
-        }
         let w = first_word(&n.desc);
-        if w == n.name {
+        if n.name != guid_name(n.kind, n.guid) || w.is_empty() || w == n.name {
             continue;
         }
-        match groups.iter_mut().find(|g| g.0 == n.kind && g.1 == n.desc) {
+        match groups.iter_mut().find(|g| g.0 == n.kind && g.1 == w) {
             Some(g) => g.2.push(&n.name),
-            None => groups.push((n.kind, n.desc.clone(), vec![&n.name])),
+            None => groups.push((n.kind, w.to_string(), vec![&n.name], &n.desc)),
         }
     }
     groups
         .into_iter()
-        .map(|(kind, desc, names)| {
+        .map(|(kind, word, names, desc)| {
             let what = match (kind, names.len()) {
-                (NodeKind::Host, 1) => "1 host".to_string(),
-                (NodeKind::Host, k) => format!("{k} hosts"),
-                (NodeKind::Switch, 1) => "1 switch".to_string(),
-                (NodeKind::Switch, k) => format!("{k} switches"),
+                (NodeKind::Host, 1) => "1 host is".to_string(),
+                (NodeKind::Host, k) => format!("{k} hosts are"),
+                (NodeKind::Switch, 1) => "1 switch is".to_string(),
+                (NodeKind::Switch, k) => format!("{k} switches are"),
             };
-            let why = if is_safe_name(first_word(&desc)) {
-                "share"
+            let why = if is_safe_name(&word) {
+                let shared = topo
+                    .nodes
+                    .iter()
+                    .filter(|n| first_word(&n.desc) == word)
+                    .count();
+                format!("{shared} nodes' descriptions begin with '{word}'")
             } else {
-                "have the unusable"
+                format!("'{word}' has characters a name cannot take")
             };
             format!(
-                "{what} {why} the description \"{desc}\": named by GUID ({}{}){}",
+                "{what} named by GUID ({}{}): {why} (e.g. \"{desc}\"){}",
                 names[0],
                 if names.len() > 1 { ", ..." } else { "" },
                 if kind == NodeKind::Host {
