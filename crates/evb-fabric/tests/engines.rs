@@ -266,3 +266,8 @@ fn ring_updn_without_roots_falls_back_like_opensm() {
     let ours = route(&real, &Engine::Dfsssp).unwrap();
     compare(&sim, &real, "dfsssp", "dfsssp", &ours, "ring");
 }
+
+#[test]
+fn engines_648_hosts_radix36() {
+    engines_match("fat-tree:radix=36,hosts=648", "eng648");
+}
