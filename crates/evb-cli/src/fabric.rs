@@ -34,17 +34,13 @@ enum FabricCmd {
     Export(ExportArgs),
 }
 
-/// Options every subcommand that reads a fabric takes.
+/// How nodes are named: every subcommand that reads a fabric takes it.
 #[derive(Debug, Args)]
 struct Naming {
     /// GUID-to-host-name map: `H-0002c90300080d28 r510gluster4` lines (also
     /// OpenSM's node-name-map form `0x0002c90300080d28 "r510gluster4"`).
     #[arg(long = "names")]
     names: Option<PathBuf>,
-    /// Refuse a fabric the routing engine cannot route instead of falling
-    /// back to minhop as OpenSM does.
-    #[arg(long)]
-    strict: bool,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +56,10 @@ struct FabricInput {
     /// Routing engine when no --lfts: ftree, minhop, updn, dfsssp, dmodk, random:SEED (default ftree; ftree, updn and dfsssp fall back to minhop where OpenSM does, unless --strict).
     #[arg(long)]
     routing: Option<String>,
+    /// Refuse a fabric the routing engine cannot route instead of falling
+    /// back to minhop as OpenSM does.
+    #[arg(long)]
+    strict: bool,
     /// What-if: remove a host or switch by name (repeatable).
     #[arg(long = "remove")]
     remove: Vec<String>,
@@ -164,6 +164,9 @@ struct ExportArgs {
     /// Routing engine for --lfts-out (default ftree).
     #[arg(long)]
     routing: Option<String>,
+    /// Refuse a fabric the routing engine cannot route (no fallback to minhop).
+    #[arg(long)]
+    strict: bool,
     /// ibsim net file.
     #[arg(long)]
     ibsim: Option<PathBuf>,
@@ -382,7 +385,7 @@ fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)>
                 None,
             )
         }
-        None => route_like_opensm(&topo, input.routing.as_deref(), input.naming.strict)?,
+        None => route_like_opensm(&topo, input.routing.as_deref(), input.strict)?,
     };
     Ok((topo, lfts, what, fallback))
 }
@@ -653,7 +656,7 @@ fn export(a: ExportArgs) -> Result<()> {
         wrote += 1;
     }
     if let Some(p) = &a.lfts_out {
-        let (lfts, _, _) = route_like_opensm(&topo, a.routing.as_deref(), a.naming.strict)?;
+        let (lfts, _, _) = route_like_opensm(&topo, a.routing.as_deref(), a.strict)?;
         io::write_text(p, &io::write_opensm_lfts(&topo, &lfts))?;
         wrote += 1;
     }
