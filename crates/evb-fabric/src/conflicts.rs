@@ -125,8 +125,8 @@ impl StepConvention {
     /// evb's (send) step for step `s` of this convention among `n` ranks.
     pub fn to_send(self, s: usize, n: usize) -> usize {
         match self {
-            StepConvention::Send => s,
-            StepConvention::Receive => (n - s % n) % n,
+            StepConvention::Receive if n > 0 => (n - s % n) % n,
+            _ => s,
         }
     }
     /// `to_send` over a list.
