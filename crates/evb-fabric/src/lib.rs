@@ -2,11 +2,14 @@
 //! fat-tree InfiniBand fabric.
 //!
 //! - [`topo`]: topology model, fat-tree generators, what-if edits;
+//! - [`names`]: unique node names, GUID-to-name maps;
+//! - [`rate`]: link width and speed, degraded links;
 //! - [`io`]: `ibnetdiscover`, LFT dumps (both forms), hostfiles, OpenSM's
 //!   ftree CA order, ibsim net files, Slurm `topology.conf`;
-//! - [`ftree`] and [`routing`]: routing engines (`ftree` matching OpenSM's
-//!   for host destinations, `minhop`, `dmodk`, seeded `random`, and
-//!   per-destination routes chosen for a shift);
+//! - [`ftree`], [`osm`] and [`routing`]: routing engines (`ftree`
+//!   matching OpenSM's for host destinations; OpenSM's `minhop`, `updn`
+//!   and `dfsssp`; OpenSM's fallback to minhop; `dmodk`, seeded `random`,
+//!   and per-destination routes chosen for a shift);
 //! - [`conflicts`]: traces every flow of every shift step through the LFTs
 //!   and counts conflicts (see [`conflicts`] for the definition);
 //! - [`optimize`]: rank orders and routes that remove conflicts;
@@ -19,8 +22,11 @@ pub mod error;
 pub mod ftree;
 pub mod io;
 pub mod lft;
+pub mod names;
 pub mod optimize;
+pub mod osm;
 pub mod plot;
+pub mod rate;
 pub mod routing;
 pub mod topo;
 
