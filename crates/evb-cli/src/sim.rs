@@ -91,7 +91,14 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
     let lfts = match &args.lfts {
         Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
         None => {
-            evb_fabric::routing::route(&topo, &evb_fabric::routing::Engine::parse(&args.routing)?)?
+            // As OpenSM does: an engine that cannot route the fabric falls
+            // back to minhop, and says why.
+            let engine = evb_fabric::routing::Engine::parse(&args.routing)?;
+            let routed = evb_fabric::routing::route_or_fallback(&topo, &engine, false)?;
+            if let Some(why) = &routed.fallback {
+                eprintln!("evb sim: {why}");
+            }
+            routed.lfts
         }
     };
     let order = evb_fabric::optimize::order_from_spec(&args.order, &topo)?;
