@@ -126,7 +126,11 @@ pub fn run(args: SimArgs) -> Result<()> {
     // otherwise; consumers take the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
-        let first = Config::load(args.config.as_deref(), &overrides)?;
+        // A first look for the consumers only: without the schedule file,
+        // which is checked against the node count this decides.
+        let mut probe = overrides.clone();
+        probe.push("event_builder.schedule_file=\"\"".into());
+        let first = Config::load(args.config.as_deref(), &probe)?;
         let consumers = usize::from(first.output.consumers);
         if consumers + 1 > fabric.hosts() {
             bail!(

@@ -13,6 +13,8 @@
 //! - [`conflicts`]: traces every flow of every shift step through the LFTs
 //!   and counts conflicts (see [`conflicts`] for the definition);
 //! - [`optimize`]: rank orders and routes that remove conflicts;
+//! - [`schedule`]: slot schedules for the slotted barrel, conflicts moved
+//!   to extra slots;
 //! - [`plot`]: SVG/PNG plots of per-step link load.
 //!
 //! The crate depends on no other evb crate.
@@ -28,6 +30,7 @@ pub mod osm;
 pub mod plot;
 pub mod rate;
 pub mod routing;
+pub mod schedule;
 pub mod topo;
 
 pub use error::{FabricError, Result};
