@@ -2,11 +2,14 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use evb_fabric::conflicts::{analyze, analyze_with_loads, load_cells, shift_steps, Analysis};
+use evb_fabric::conflicts::{
+    analyze, analyze_with_loads, load_cells, shift_steps, Analysis, StepConvention,
+};
 use evb_fabric::io;
 use evb_fabric::lft::Lfts;
 use evb_fabric::optimize;
-use evb_fabric::routing::{route, Engine};
+use evb_fabric::rate::{degraded_links, fmt_gbps, rate_census};
+use evb_fabric::routing::{route_or_fallback, Engine};
 use evb_fabric::Topology;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -29,19 +32,56 @@ enum FabricCmd {
     /// Write a fabric (generated or read) in other formats.
     #[command(alias = "generate")]
     Export(ExportArgs),
+    /// Write a slot schedule for the slotted barrel (`event_builder.schedule_file`): conflicting flows moved to extra slots.
+    Schedule(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+struct ScheduleArgs {
+    #[command(flatten)]
+    input: FabricInput,
+    /// Rank order (rank i = node i of the event builder): name, lid, random:SEED, ftree, or a file.
+    #[arg(long, default_value = "ftree")]
+    order: String,
+    /// Where local fragments go (`event_builder.local`): memory (no slot for a rank's own BU) or nic.
+    #[arg(long, default_value = "memory")]
+    local: String,
+    /// The plain barrel in this order instead (one slot per shift step).
+    #[arg(long)]
+    plain: bool,
+    /// Schedule file to write.
+    #[arg(long)]
+    out: PathBuf,
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// How nodes are named: every subcommand that reads a fabric takes it.
+#[derive(Debug, Args)]
+struct Naming {
+    /// GUID-to-host-name map: `H-0002c90300080d28 r510gluster4` lines (also
+    /// OpenSM's node-name-map form `0x0002c90300080d28 "r510gluster4"`).
+    #[arg(long = "names")]
+    names: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 struct FabricInput {
-    /// ibnetdiscover output, or a generator: fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,spread]
+    /// ibnetdiscover output, or a generator: fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,spread][,gbps=100][,uplink_gbps=200]
     #[arg(long)]
     topology: String,
+    #[command(flatten)]
+    naming: Naming,
     /// LFT dump (opensm-lfts.dump, or dump_lfts / ibroute output).
     #[arg(long, conflicts_with = "routing")]
     lfts: Option<PathBuf>,
-    /// Routing engine when no --lfts: ftree, minhop, dmodk, random:SEED (default ftree).
+    /// Routing engine when no --lfts: ftree, minhop, updn, dfsssp, dmodk, random:SEED (default ftree; ftree, updn and dfsssp fall back to minhop where OpenSM does, unless --strict).
     #[arg(long)]
     routing: Option<String>,
+    /// Refuse a fabric the routing engine cannot route instead of falling
+    /// back to minhop as OpenSM does.
+    #[arg(long)]
+    strict: bool,
     /// What-if: remove a host or switch by name (repeatable).
     #[arg(long = "remove")]
     remove: Vec<String>,
@@ -54,6 +94,10 @@ struct FabricInput {
     /// Shift steps to analyse, e.g. 1,2,5 or 1-10 (default all 1..N-1).
     #[arg(long)]
     steps: Option<String>,
+    /// What step s means: send (rank i sends to i+s, evb's) or receive
+    /// (rank i receives from i+s).
+    #[arg(long, default_value = "send")]
+    step_convention: String,
 }
 
 #[derive(Debug, Args)]
@@ -113,6 +157,8 @@ struct RouteArgs {
     /// ibnetdiscover output or a fat-tree: generator.
     #[arg(long)]
     topology: String,
+    #[command(flatten)]
+    naming: Naming,
     /// Rank order: name, lid, random:SEED, ftree, or a file.
     #[arg(long, default_value = "name")]
     order: String,
@@ -123,6 +169,9 @@ struct RouteArgs {
     json: Option<PathBuf>,
     #[arg(long)]
     steps: Option<String>,
+    /// What step s means: send (i -> i+s) or receive (i <- i+s).
+    #[arg(long, default_value = "send")]
+    step_convention: String,
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
 }
@@ -132,9 +181,14 @@ struct ExportArgs {
     /// ibnetdiscover output or a fat-tree: generator.
     #[arg(long)]
     topology: String,
+    #[command(flatten)]
+    naming: Naming,
     /// Routing engine for --lfts-out (default ftree).
     #[arg(long)]
     routing: Option<String>,
+    /// Refuse a fabric the routing engine cannot route (no fallback to minhop).
+    #[arg(long)]
+    strict: bool,
     /// ibsim net file.
     #[arg(long)]
     ibsim: Option<PathBuf>,
@@ -150,7 +204,7 @@ struct ExportArgs {
     /// Rank order for --hostfile.
     #[arg(long, default_value = "name")]
     order: String,
-    /// Slurm topology.conf.
+    /// Slurm topology.conf (topology/tree plugin).
     #[arg(long)]
     slurm: Option<PathBuf>,
 }
@@ -162,7 +216,82 @@ pub fn run(args: FabricArgs) -> Result<()> {
         FabricCmd::Order(a) => order(a),
         FabricCmd::Route(a) => route_cmd(a),
         FabricCmd::Export(a) => export(a),
+        FabricCmd::Schedule(a) => schedule(a),
     }
+}
+
+fn schedule(a: ScheduleArgs) -> Result<()> {
+    let local = match a.local.as_str() {
+        "memory" => false,
+        "nic" => true,
+        other => bail!("--local: `{other}` is neither memory nor nic"),
+    };
+    let (topo, lfts, what, _) = load(&a.input)?;
+    let order = optimize::order_from_spec(&a.order, &topo)?;
+    let n = order.len();
+    if n < 2 {
+        bail!("a schedule needs at least 2 ranks, the order has {n}");
+    }
+    let plain = evb_fabric::schedule::SlotSchedule::plain(n, local);
+    let conflicts = analyze(&topo, &lfts, &order, &shift_steps(n), 0)?;
+    let s = if a.plain {
+        plain
+    } else {
+        evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, local)?
+    };
+    let names: Vec<&str> = order.iter().map(|&h| topo.nodes[h].name.as_str()).collect();
+    let header = format!(
+        "evb slot schedule: {n} ranks, {} slots ({} for the plain barrel); {} on {}\n\
+         order {}: rank i is host i of: {}\n\
+         use with the same order (evb sim --order, or mpirun's hostfile) and\n\
+         event_builder.local = \"{}\"; slot K: destination rank of ranks 0..{}",
+        s.slots.len(),
+        s.plain_slots,
+        what,
+        a.input.topology,
+        a.order,
+        names.join(" "),
+        a.local,
+        n - 1
+    );
+    io::write_text(&a.out, &s.to_text(&header))?;
+    println!(
+        "{what}; {n} ranks in order {}: the plain barrel has {} conflicts in {} of {} steps",
+        a.order, conflicts.total.conflicts, conflicts.total.steps_with_conflicts, s.plain_slots
+    );
+    if a.plain {
+        println!(
+            "plain barrel, {} slots, written to {}",
+            s.slots.len(),
+            a.out.display()
+        );
+    } else {
+        println!(
+            "conflict-aware: {} flows of {} steps moved to {} extra slots; {} slots a rotation, {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
+            s.flows_moved,
+            s.steps_split,
+            s.slots.len() - s.plain_slots,
+            s.slots.len(),
+            s.efficiency() * 100.0,
+            a.out.display()
+        );
+    }
+    if let Some(j) = &a.json {
+        let v = serde_json::json!({
+            "ranks": n, "order": a.order, "routing": what, "local": a.local,
+            "plain_slots": s.plain_slots, "slots": s.slots.len(),
+            "steps_split": s.steps_split, "flows_moved": s.flows_moved,
+            "efficiency": s.efficiency(),
+            "plain_conflicts": conflicts.total.conflicts,
+        });
+        io::write_text(j, &serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}
+
+/// The steps asked for, as evb's send steps (what the analysis traces).
+fn send_steps(s: &Option<String>, n: usize, conv: StepConvention) -> Result<Vec<usize>> {
+    Ok(conv.to_send_steps(&parse_steps(s, n)?, n))
 }
 
 fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
@@ -207,9 +336,123 @@ fn split_port(s: &str) -> Result<(String, u8)> {
     ))
 }
 
+/// Reads the fabric and names its nodes (`--names`), saying on stderr
+/// which nodes are named by GUID and what the map did not cover.
+fn load_named(spec: &str, naming: &Naming) -> Result<Topology> {
+    let (topo, rep) = io::load_topology_named(spec, naming.names.as_deref())?;
+    for n in evb_fabric::names::naming_notes(&topo) {
+        eprintln!("note: {n}");
+    }
+    if let (Some(r), Some(f)) = (rep, &naming.names) {
+        if r.not_in_fabric > 0 || r.hosts_unnamed > 0 {
+            eprintln!(
+                "note: {}: {} node(s) named; {} GUID(s) not in this fabric; {} host(s) not in the map keep their own names",
+                f.display(),
+                r.named,
+                r.not_in_fabric,
+                r.hosts_unnamed
+            );
+        }
+    }
+    Ok(topo)
+}
+
+/// Routes with `engine` (default ftree) as OpenSM would: where ftree, updn
+/// or dfsssp cannot route the fabric, minhop does and a note says why
+/// (`--strict` refuses). Returns the tables and how they were made.
+fn route_like_opensm(
+    topo: &Topology,
+    engine: Option<&str>,
+    strict: bool,
+) -> Result<(Lfts, String, Option<String>)> {
+    let e = Engine::parse(engine.unwrap_or("ftree"))?;
+    let r = route_or_fallback(topo, &e, strict)?;
+    let what = match &r.fallback {
+        None => format!("{} routing by evb", r.engine.name()),
+        Some(_) => format!(
+            "minhop routing by evb ({} fell back to minhop, as OpenSM does)",
+            e.name()
+        ),
+    };
+    if let Some(why) = &r.fallback {
+        eprintln!(
+            "note: {why}\nnote: routed with minhop instead, as OpenSM falls back from {} (--strict refuses)",
+            e.name()
+        );
+    }
+    Ok((r.lfts, what, r.fallback))
+}
+
+/// Link rates and degraded links, for people (stdout) and the JSON.
+fn link_summary(topo: &Topology) -> (Vec<String>, serde_json::Value) {
+    let (census, unknown) = rate_census(topo);
+    let degraded = degraded_links(topo);
+    let mut lines = vec![];
+    if !census.is_empty() {
+        let parts: Vec<String> = census
+            .iter()
+            .map(|(r, n)| format!("{n} x {r} ({} Gb/s)", fmt_gbps(r.gbps())))
+            .collect();
+        let unk = if unknown > 0 {
+            format!(", {unknown} of unknown rate")
+        } else {
+            String::new()
+        };
+        lines.push(format!("links: {}{unk}", parts.join(", ")));
+    }
+    // One line per tier and rate: a slow leaf can have dozens.
+    let mut shown: Vec<(&str, &str)> = vec![];
+    for d in &degraded {
+        if shown.contains(&(d.tier.as_str(), d.rate.as_str())) {
+            continue;
+        }
+        shown.push((&d.tier, &d.rate));
+        let same: Vec<&evb_fabric::rate::DegradedLink> = degraded
+            .iter()
+            .filter(|x| x.tier == d.tier && x.rate == d.rate)
+            .collect();
+        if same.len() == 1 {
+            lines.push(format!("degraded link: {}", d.describe()));
+            continue;
+        }
+        let ends: Vec<String> = same
+            .iter()
+            .take(4)
+            .map(|x| format!("{} port {} -> {} port {}", x.node, x.port, x.to, x.to_port))
+            .collect();
+        lines.push(format!(
+            "degraded links: {} of {} {} run {} ({} Gb/s) where {} run {} ({} Gb/s): {}{}",
+            same.len(),
+            d.tier_links,
+            d.tier,
+            d.rate,
+            fmt_gbps(d.gbps),
+            d.tier_usual,
+            d.usual_rate,
+            fmt_gbps(d.usual_gbps),
+            ends.join(", "),
+            if same.len() > ends.len() {
+                format!(
+                    ", ... ({} more; the JSON lists all)",
+                    same.len() - ends.len()
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let json = serde_json::json!({
+        "link_rates": census.iter().map(|(r, n)| serde_json::json!({
+            "rate": r.to_string(), "gbps": r.gbps(), "cables": n})).collect::<Vec<_>>(),
+        "links_of_unknown_rate": unknown,
+        "degraded_links": degraded,
+    });
+    (lines, json)
+}
+
 /// Loads topology and LFTs, applying what-if edits.
-fn load(input: &FabricInput) -> Result<(Topology, Lfts, String)> {
-    let orig = io::load_topology(&input.topology)?;
+fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)> {
+    let orig = load_named(&input.topology, &input.naming)?;
     let mut topo = orig.clone();
     for n in &input.remove {
         topo.remove_node(n)?;
@@ -225,20 +468,18 @@ fn load(input: &FabricInput) -> Result<(Topology, Lfts, String)> {
         let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
         topo.swap_cables(&na, pa, &nb, pb)?;
     }
-    let (lfts, what) = match &input.lfts {
+    let (lfts, what, fallback) = match &input.lfts {
         Some(f) => {
             let l = io::parse_lfts(f, &orig)?;
-            (remap(&orig, &topo, l), format!("LFTs from {}", f.display()))
-        }
-        None => {
-            let e = Engine::parse(input.routing.as_deref().unwrap_or("ftree"))?;
             (
-                route(&topo, &e)?,
-                format!("{e:?} routing by evb").to_lowercase(),
+                remap(&orig, &topo, l),
+                format!("LFTs from {}", f.display()),
+                None,
             )
         }
+        None => route_like_opensm(&topo, input.routing.as_deref(), input.strict)?,
     };
-    Ok((topo, lfts, what))
+    Ok((topo, lfts, what, fallback))
 }
 
 /// Moves LFTs read for `orig` onto the edited `topo` (matched by GUID).
@@ -283,9 +524,10 @@ fn resolve_order(
 }
 
 fn conflicts(a: ConflictsArgs) -> Result<()> {
-    let (topo, lfts, what) = load(&a.input)?;
+    let conv = StepConvention::parse(&a.input.step_convention)?;
+    let (topo, lfts, what, fallback) = load(&a.input)?;
     let nh = topo.hosts().len();
-    let steps = parse_steps(&a.input.steps, nh)?;
+    let steps = send_steps(&a.input.steps, nh, conv)?;
     let (order, search) =
         resolve_order(&a.order, &topo, Some(&lfts), &steps, a.time_limit, a.seed)?;
     if order.len() != nh {
@@ -296,7 +538,7 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
         );
     }
     let steps = if order.len() != nh {
-        parse_steps(&a.input.steps, order.len())?
+        send_steps(&a.input.steps, order.len(), conv)?
     } else {
         steps
     };
@@ -307,7 +549,8 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
     } else {
         0
     };
-    let an = analyze_with_loads(&topo, &lfts, &order, &steps, a.top, max_cells)?;
+    let mut an = analyze_with_loads(&topo, &lfts, &order, &steps, a.top, max_cells)?;
+    an.relabel_steps(conv);
     if a.json.is_some() && an.link_loads.is_none() && max_cells > 0 {
         eprintln!(
             "note: per-link loads left out of the JSON: {} directed links x steps is over \
@@ -323,14 +566,29 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
         topo.switches().len(),
         a.order
     );
+    if conv == StepConvention::Receive {
+        println!("steps numbered by the rank received from: in step s rank i receives from i+s");
+    }
     print!("{}", an.summary());
+    let (links, link_json) = link_summary(&topo);
+    for l in &links {
+        println!("{l}");
+    }
     println!("analysis time {:.3} s", secs);
     if let Some(r) = &search {
         for x in &r.reasons {
             println!("  {x}");
         }
     }
-    write_outputs(&an, &a, &what, secs, search)?;
+    let extra = serde_json::json!({
+        "routing_fallback": fallback,
+        "step_convention": match conv {
+            StepConvention::Send => "send: in step s rank i sends to rank i+s",
+            StepConvention::Receive => "receive: in step s rank i receives from rank i+s",
+        },
+        "links": link_json,
+    });
+    write_outputs(&an, &a, &what, secs, search, extra)?;
     Ok(())
 }
 
@@ -340,11 +598,17 @@ fn write_outputs(
     what: &str,
     secs: f64,
     search: Option<optimize::SearchReport>,
+    extra: serde_json::Value,
 ) -> Result<()> {
     if let Some(j) = &a.json {
         let v = serde_json::json!({
             "topology": a.input.topology,
             "routing": what,
+            "routing_fallback": extra["routing_fallback"],
+            "step_convention": extra["step_convention"],
+            "link_rates": extra["links"]["link_rates"],
+            "links_of_unknown_rate": extra["links"]["links_of_unknown_rate"],
+            "degraded_links": extra["links"]["degraded_links"],
             "order": a.order,
             "hosts": an.hosts,
             "analysis_seconds": secs,
@@ -405,8 +669,9 @@ fn pretty_with_compact_loads(mut v: serde_json::Value) -> Result<String> {
 }
 
 fn order(a: OrderArgs) -> Result<()> {
-    let (topo, lfts, what) = load(&a.input)?;
-    let steps = parse_steps(&a.input.steps, topo.hosts().len())?;
+    let conv = StepConvention::parse(&a.input.step_convention)?;
+    let (topo, lfts, what, _) = load(&a.input)?;
+    let steps = send_steps(&a.input.steps, topo.hosts().len(), conv)?;
     let (order, rep) = optimize::optimize_order(
         &topo,
         &lfts,
@@ -439,9 +704,10 @@ fn order(a: OrderArgs) -> Result<()> {
 
 fn route_cmd(a: RouteArgs) -> Result<()> {
     let _ = a.for_shift;
-    let topo = io::load_topology(&a.topology)?;
+    let conv = StepConvention::parse(&a.step_convention)?;
+    let topo = load_named(&a.topology, &a.naming)?;
     let nh = topo.hosts().len();
-    let steps = parse_steps(&a.steps, nh)?;
+    let steps = send_steps(&a.steps, nh, conv)?;
     let (order, _) = resolve_order(&a.order, &topo, None, &steps, 0.0, 1)?;
     let (lfts, rep) =
         optimize::route_for_shift(&topo, &order, &steps, Duration::from_secs_f64(a.time_limit))?;
@@ -471,7 +737,7 @@ fn route_cmd(a: RouteArgs) -> Result<()> {
 }
 
 fn export(a: ExportArgs) -> Result<()> {
-    let topo = io::load_topology(&a.topology)?;
+    let topo = load_named(&a.topology, &a.naming)?;
     let mut wrote = 0;
     if let Some(p) = &a.ibsim {
         io::write_text(p, &io::write_ibsim_net(&topo))?;
@@ -482,8 +748,8 @@ fn export(a: ExportArgs) -> Result<()> {
         wrote += 1;
     }
     if let Some(p) = &a.lfts_out {
-        let e = Engine::parse(a.routing.as_deref().unwrap_or("ftree"))?;
-        io::write_text(p, &io::write_opensm_lfts(&topo, &route(&topo, &e)?))?;
+        let (lfts, _, _) = route_like_opensm(&topo, a.routing.as_deref(), a.strict)?;
+        io::write_text(p, &io::write_opensm_lfts(&topo, &lfts))?;
         wrote += 1;
     }
     if let Some(p) = &a.hostfile {
@@ -506,5 +772,22 @@ fn export(a: ExportArgs) -> Result<()> {
         topo.hosts().len(),
         topo.switches().len()
     );
+    for l in link_summary(&topo).0 {
+        println!("{l}");
+    }
+    let by_guid = topo
+        .hosts()
+        .iter()
+        .filter(|&&h| {
+            let n = &topo.nodes[h];
+            n.name == evb_fabric::names::guid_name(n.kind, n.guid)
+        })
+        .count();
+    if by_guid > 0 && (a.hostfile.is_some() || a.slurm.is_some()) {
+        println!(
+            "note: {by_guid} host(s) are named by GUID in the hostfile / topology.conf: \
+             give --names FILE so that they carry the names mpirun and slurm.conf use"
+        );
+    }
     Ok(())
 }

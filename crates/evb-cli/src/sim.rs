@@ -91,7 +91,14 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
     let lfts = match &args.lfts {
         Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
         None => {
-            evb_fabric::routing::route(&topo, &evb_fabric::routing::Engine::parse(&args.routing)?)?
+            // As OpenSM does: an engine that cannot route the fabric falls
+            // back to minhop, and says why.
+            let engine = evb_fabric::routing::Engine::parse(&args.routing)?;
+            let routed = evb_fabric::routing::route_or_fallback(&topo, &engine, false)?;
+            if let Some(why) = &routed.fallback {
+                eprintln!("evb sim: {why}");
+            }
+            routed.lfts
         }
     };
     let order = evb_fabric::optimize::order_from_spec(&args.order, &topo)?;
@@ -120,7 +127,11 @@ pub fn run(args: SimArgs) -> Result<()> {
     // sim.output.network = "fabric") take the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
-        let first = Config::load(args.config.as_deref(), &overrides)?;
+        // A first look for the consumers only: without the schedule file,
+        // which is checked against the node count this decides.
+        let mut probe = overrides.clone();
+        probe.push("event_builder.schedule_file=\"\"".into());
+        let first = Config::load(args.config.as_deref(), &probe)?;
         let consumers = if evb_sim::separate_output(&first) {
             0
         } else {

@@ -171,8 +171,9 @@ pub struct EventBuilderSection {
     /// clock again (after a burst of probes at the start), milliseconds.
     pub clock_probe_ms: u64,
     /// MEP assignments the EM collects before it tells the RUs, as runs
-    /// (0: one per 16 BUs, at least 1): its messages per MEP fall as the
-    /// event builder grows.
+    /// (0: one per BU, so about one message to each RU per rotation of the
+    /// barrel): its messages per MEP do not grow with the event builder,
+    /// and come as one burst a rotation rather than many.
     pub assign_batch: u32,
     /// Longest an assignment waits in the EM for its batch to fill,
     /// microseconds.
@@ -685,7 +686,7 @@ impl Config {
     /// MEPs the EM collects before it sends them as runs.
     pub fn assign_batch(&self) -> u32 {
         match self.event_builder.assign_batch {
-            0 => (self.unit_counts().1 as u32).div_ceil(16).max(1),
+            0 => (self.unit_counts().1 as u32).max(1),
             n => n,
         }
     }

@@ -158,11 +158,11 @@ pub struct EventManager {
     /// until when.
     resync_wait: Nanos,
     resync_deadline: Option<Nanos>,
-    /// New assignments not yet told, as (MEP, BU index), in MEP order;
-    /// sent as runs ([`Message::AssignRun`]) once `assign_batch` of them
-    /// are collected, the oldest has waited `assign_flush_ns`, or the EM
-    /// has anything else to say (so every message keeps its order).
+    /// New assignments of the current step, as (MEP, BU index), in MEP
+    /// order; sent as runs ([`Message::AssignRun`]) at the end of the step,
+    /// or before anything else the EM says (every message keeps its order).
     pending: Vec<(MepId, u16)>,
+    /// Since when free credits wait for a batch ([`Self::hold_for_batch`]).
     pending_since: Option<Nanos>,
     assign_batch: usize,
     assign_flush_ns: Nanos,
@@ -228,7 +228,6 @@ impl EventManager {
         if self.pending.is_empty() {
             return;
         }
-        self.pending_since = None;
         let b = self.bu_nodes.len() as u16;
         let mut runs: Vec<Message> = Vec::new();
         let mut start = 0;
@@ -388,7 +387,7 @@ impl EventManager {
             .pending_since
             .is_some_and(|t| now >= t + self.assign_flush_ns)
         {
-            self.flush_assignments(out);
+            self.assign(out);
         }
         if self.resync.is_some() && self.resync_deadline.is_some_and(|d| now >= d) {
             // Who has not answered by now is gone for this EM.
@@ -827,14 +826,46 @@ impl EventManager {
         }
     }
 
+    /// New MEPs wait for the batch: fewer free credits than
+    /// `assign_batch` (or than there are live BUs) and the oldest has not
+    /// waited `assign_flush_ns`. Choosing the BUs of a whole batch at once,
+    /// round robin, makes consecutive runs: one `AssignRun` for the batch
+    /// rather than a message per MEP when credits come back in any order.
+    fn hold_for_batch(&mut self) -> bool {
+        if self.assign_batch <= 1 || self.stop_requested {
+            return false;
+        }
+        let live = self.bu_lost.iter().filter(|&&l| !l).count();
+        let free: usize = self.credits.iter().map(|&c| c as usize).sum();
+        let due = self
+            .pending_since
+            .is_some_and(|t| self.now >= t + self.assign_flush_ns);
+        if free == 0 || free >= self.assign_batch.min(live) || due {
+            self.pending_since = None;
+            return false;
+        }
+        self.pending_since.get_or_insert(self.now);
+        true
+    }
+
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {
         if self.resync.is_some() {
             return;
         }
+        if self.stopped {
+            self.pending_since = None;
+        }
+        self.assign_new(out);
+        self.flush_assignments(out);
+    }
+
+    fn assign_new(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        // Once released, a batch takes every free credit.
+        let held = self.rounds.iter().all(|r| r.to_place.is_empty()) && self.hold_for_batch();
         while !self.stopped {
             // A lost BU's MEPs the RUs still hold go first.
             let again = self.rounds.iter().position(|r| !r.to_place.is_empty());
-            if again.is_none() && !self.new_mep_allowed(out) {
+            if again.is_none() && (held || !self.new_mep_allowed(out)) {
                 return;
             }
             let n = self.credits.len();
@@ -872,10 +903,6 @@ impl EventManager {
             let Some(holders) = holders else {
                 // A new MEP: told with the others of its batch.
                 self.pending.push((mep, bu as u16));
-                self.pending_since.get_or_insert(self.now);
-                if self.pending.len() >= self.assign_batch {
-                    self.flush_assignments(out);
-                }
                 continue;
             };
             // A re-assignment: to the BU, then only to the RUs that kept

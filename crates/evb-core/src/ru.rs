@@ -685,12 +685,12 @@ impl ReadoutUnit {
     /// A fragment starts within `slot_grace_us` of its slot's start or
     /// waits a rotation; slots that pass while the RU has nothing to send
     /// are never served late (a late fragment collides with the next
-    /// slot's at its BU). An RU held back by its own transfers for more
-    /// than a whole slot (the transport is slower than the slots) catches
-    /// up in slot order, and one a whole rotation behind starts again from
-    /// the current slot.
+    /// slot's at its BU). An RU held back by its own transfers, or woken
+    /// by its driver, more than a whole slot late (the transport or the
+    /// timers are slower than the slots) catches up in slot order, and one
+    /// a whole rotation behind starts again from the current slot.
     fn pick_slotted(&mut self) -> Option<usize> {
-        self.slot_wake = None;
+        let wake = self.slot_wake.take();
         if let Some(l) = self.local_bu.filter(|&l| !self.queues[l].is_empty()) {
             return Some(l);
         }
@@ -699,18 +699,25 @@ impl ReadoutUnit {
         }
         let plan = self.slots.as_ref().expect("slotted RUs have a plan");
         let rotation = plan.rotation();
+        let slot_ns = plan.slot_ns;
         let now_slot = self.slot_at(self.now);
         let into_slot = self.now.saturating_sub(self.slot_start(now_slot));
-        let owed = std::mem::take(&mut self.slot_blocked);
+        // Behind the clock by more than a whole slot, because the RU was
+        // held back by its own transfers or woken more than a slot late by
+        // its driver: the transport (or the timers) are slower than the
+        // slots. The slots missed are served in order (a self-clocked
+        // barrel) rather than left to starve their BUs; a whole rotation
+        // behind, it starts again from the current slot.
+        let blocked = std::mem::take(&mut self.slot_blocked);
+        let woke_late = wake.is_some_and(|w| self.now > w.saturating_add(slot_ns));
+        let behind = self.cursor.is_some_and(|c| c + 1 < now_slot);
+        let catching_up = (blocked || woke_late) && behind;
         let mut cursor = match self.cursor {
-            // Held back by its own transfers for more than a whole slot:
-            // the transport is slower than the slots. The slots missed are
-            // served in order (a self-clocked barrel) rather than left to
-            // starve their BUs.
-            Some(c) if owed && c + 1 < now_slot && c + rotation >= now_slot => c,
+            Some(c) if catching_up && c + rotation >= now_slot => c,
             Some(c) => c.max(now_slot),
             None => now_slot,
         };
+        let woken_for = |slot: u64| wake == Some(self.slot_start(slot)) && wake <= Some(self.now);
         let picked = loop {
             if cursor > now_slot {
                 break None;
@@ -720,7 +727,9 @@ impl ReadoutUnit {
             // A fragment starts at most `late_ns` into its slot: later, it
             // would overlap the next slot's fragment at its BU, and the
             // overlap would spread from BU to RU to BU. It waits a rotation.
-            if slot == now_slot && into_slot > plan.late_ns {
+            // Unless the RU was waiting for this very slot and its driver
+            // woke it late (timers are not exact): the slot is its own.
+            if slot == now_slot && into_slot > plan.late_ns && !catching_up && !woken_for(slot) {
                 continue;
             }
             let dest = plan.dest_of(slot).map(usize::from);

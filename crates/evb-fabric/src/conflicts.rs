@@ -52,6 +52,9 @@ pub struct LinkReport {
     pub conflicts: u64,
     pub steps_shared: u64,
     pub max_load: u32,
+    /// Width and speed (`4xEDR`) and data rate of the link, when known.
+    pub rate: Option<String>,
+    pub gbps: Option<f64>,
 }
 
 /// One directed link's load in every analysed step.
@@ -96,6 +99,68 @@ pub struct Analysis {
 /// The full shift schedule for `n` ranks.
 pub fn shift_steps(n: usize) -> Vec<usize> {
     (1..n).collect()
+}
+
+/// What "step s" means. evb's own convention is [`StepConvention::Send`]:
+/// in step s rank i sends to rank i + s. Papers that number steps by the
+/// rank received from ([`StepConvention::Receive`]: rank i receives from
+/// rank i + s, i.e. sends to i - s) call evb's step N - s their step s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StepConvention {
+    #[default]
+    Send,
+    Receive,
+}
+
+impl StepConvention {
+    pub fn parse(s: &str) -> Result<StepConvention> {
+        match s {
+            "send" => Ok(StepConvention::Send),
+            "receive" | "recv" => Ok(StepConvention::Receive),
+            _ => Err(crate::FabricError::Invalid(format!(
+                "step convention '{s}': send (i -> i+s) or receive (i <- i+s)"
+            ))),
+        }
+    }
+    /// evb's (send) step for step `s` of this convention among `n` ranks.
+    pub fn to_send(self, s: usize, n: usize) -> usize {
+        match self {
+            StepConvention::Receive if n > 0 => (n - s % n) % n,
+            _ => s,
+        }
+    }
+    /// `to_send` over a list.
+    pub fn to_send_steps(self, steps: &[usize], n: usize) -> Vec<usize> {
+        steps.iter().map(|&s| self.to_send(s, n)).collect()
+    }
+}
+
+impl Analysis {
+    /// Renumbers the steps of an analysis of send steps in `conv` (the map
+    /// is its own inverse), per-step lists and load columns in the new order.
+    pub fn relabel_steps(&mut self, conv: StepConvention) {
+        if conv == StepConvention::Send {
+            return;
+        }
+        let n = self.hosts;
+        for st in &mut self.per_step {
+            st.step = conv.to_send(st.step, n);
+        }
+        self.per_step.sort_by_key(|s| s.step);
+        if let Some(ll) = &mut self.link_loads {
+            let mut cols: Vec<(usize, usize)> = ll
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(k, &s)| (conv.to_send(s, n), k))
+                .collect();
+            cols.sort();
+            ll.steps = cols.iter().map(|c| c.0).collect();
+            for l in &mut ll.links {
+                l.loads = cols.iter().map(|c| l.loads[c.1]).collect();
+            }
+        }
+    }
 }
 
 struct Partial {
@@ -372,6 +437,8 @@ pub fn analyze_with_loads(
                 conflicts: link_conf[l],
                 steps_shared: link_steps[l],
                 max_load: link_max[l],
+                rate: topo.link_rate(node, port).map(|r| r.to_string()),
+                gbps: topo.link_gbps(node, port),
             }
         })
         .collect();
@@ -413,8 +480,13 @@ impl Analysis {
         if !self.worst_links.is_empty() {
             s.push_str("worst links (conflicts summed over steps):\n");
             for l in &self.worst_links {
+                let rate = l
+                    .rate
+                    .as_ref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
                 s.push_str(&format!(
-                    "  {} port {} -> {} port {}: {} conflicts in {} steps, max load {}\n",
+                    "  {} port {} -> {} port {}{rate}: {} conflicts in {} steps, max load {}\n",
                     l.node, l.port, l.to, l.to_port, l.conflicts, l.steps_shared, l.max_load
                 ));
             }

@@ -5,6 +5,8 @@
 
 use crate::error::{io_err, parse_err, FabricError, Result};
 use crate::lft::{LftOrigin, Lfts, NO_PATH};
+use crate::names::guid_name;
+use crate::rate::LinkRate;
 use crate::topo::{NodeKind, Topology};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -61,8 +63,31 @@ fn lid_after(comment: &str, key: &str) -> Option<u16> {
     None
 }
 
+/// The link width and speed in a port line's comment (`... lid 5 4xQDR`):
+/// the word after the last quoted text that reads WIDTHxSPEED. A word of
+/// that shape that is not a known width and speed is an error.
+fn link_rate_in(comment: &str) -> std::result::Result<Option<LinkRate>, String> {
+    let tail = comment.rsplit_once('"').map_or(comment, |x| x.1);
+    for w in tail.split_whitespace() {
+        let b = w.as_bytes();
+        let digits = b.iter().take_while(|c| c.is_ascii_digit()).count();
+        let shaped = (1..=3).contains(&digits)
+            && !w.starts_with("0x")
+            && matches!(b.get(digits), Some(b'x' | b'X'))
+            && b.get(digits + 1).is_some_and(u8::is_ascii_alphabetic)
+            && b[digits + 1..].iter().all(u8::is_ascii_alphanumeric);
+        if shaped {
+            return LinkRate::parse(w)
+                .map(Some)
+                .map_err(|e| format!("link {e}"));
+        }
+    }
+    Ok(None)
+}
+
 /// Reads `ibnetdiscover` output (also the ibsim net format it is compatible
-/// with).
+/// with). Nodes are named uniquely (see [`crate::names`]); link widths and
+/// speeds are kept when printed.
 pub fn parse_ibnetdiscover(path: &Path) -> Result<Topology> {
     let text = read_text(path)?;
     parse_ibnetdiscover_str(path, &text)
@@ -71,8 +96,10 @@ pub fn parse_ibnetdiscover(path: &Path) -> Result<Topology> {
 pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
     let mut topo = Topology::default();
     let mut ids: HashMap<String, usize> = HashMap::new();
-    // (line, node, port, remote id, remote port)
-    let mut cables: Vec<(usize, usize, u8, String, u8)> = vec![];
+    // (line, node, port, remote id, remote port, link rate)
+    let mut cables: Vec<(usize, usize, u8, String, u8, Option<LinkRate>)> = vec![];
+    // Line of the first sighting of each cable end, for rate mismatches.
+    let mut seen_at: HashMap<(usize, u8), usize> = HashMap::new();
     let mut cur: Option<usize> = None;
     let mut pending_guid: Option<u64> = None;
     let mut synthetic = 1u64;
@@ -134,17 +161,16 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
                     synthetic += 1;
                     0x00e0_0000_0000_0000 + synthetic * 2
                 });
-            let name = match (kind, desc) {
-                (NodeKind::Host, Some(d)) if !d.trim().is_empty() => {
-                    d.split_whitespace().next().unwrap_or(d).to_string()
-                }
-                (_, Some(d)) if !d.trim().is_empty() => d.to_string(),
-                _ => id.to_string(),
+            // Unique names are given once all nodes are read.
+            let desc = match desc {
+                Some(d) if !d.trim().is_empty() => d.trim(),
+                _ => id,
             };
             if ids.contains_key(id) {
                 return Err(parse_err(path, ln, format!("node '{id}' appears twice")));
             }
-            let n = topo.add_node(kind, &name, guid, nports);
+            let n = topo.add_node(kind, id, guid, nports);
+            topo.nodes[n].desc = desc.to_string();
             if kind == NodeKind::Switch {
                 topo.nodes[n].lid = lid_after(comment, "lid").unwrap_or(0);
             }
@@ -187,7 +213,8 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
                     topo.nodes[n].lid = l;
                 }
             }
-            cables.push((ln, n, port as u8, rid.to_string(), rport as u8));
+            let rate = link_rate_in(comment).map_err(|e| parse_err(path, ln, e))?;
+            cables.push((ln, n, port as u8, rid.to_string(), rport as u8, rate));
             continue;
         }
         if ["vendid", "devid", "sysimgguid"]
@@ -209,7 +236,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             "no Switch or Ca records (empty or not an ibnetdiscover file)",
         ));
     }
-    for (ln, n, p, rid, rp) in cables {
+    for (ln, n, p, rid, rp, rate) in cables {
         let r = *ids.get(&rid).ok_or_else(|| {
             parse_err(
                 path,
@@ -223,8 +250,28 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
         let here = topo.nodes[n].ports[p as usize];
         let there = topo.nodes[r].ports[rp as usize];
         match (here, there) {
-            (None, None) => topo.connect(n, p, r, rp)?,
-            (Some(a), Some(b)) if a.node == r && a.port == rp && b.node == n && b.port == p => {}
+            (None, None) => {
+                topo.connect_rated(n, p, r, rp, rate)?;
+                seen_at.insert((n, p), ln);
+            }
+            (Some(a), Some(b)) if a.node == r && a.port == rp && b.node == n && b.port == p => {
+                // Both ends print the link's rate; they must agree.
+                match (a.rate, rate) {
+                    (Some(x), Some(y)) if x != y => {
+                        let first = seen_at.get(&(r, rp)).copied().unwrap_or(0);
+                        return Err(parse_err(
+                            path,
+                            ln,
+                            format!(
+                                "cable {}[{p}] - {rid}[{rp}] is {y} here but {x} at line {first}",
+                                topo.nodes[n].desc
+                            ),
+                        ));
+                    }
+                    (None, Some(_)) => topo.set_link_rate(n, p, rate)?,
+                    _ => {}
+                }
+            }
             _ => {
                 return Err(parse_err(
                     path,
@@ -237,6 +284,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             }
         }
     }
+    crate::names::assign_unique_names(&mut topo, &[]);
     // Hosts whose LID was not printed keep LID 0 and are unusable: say so.
     for n in &topo.nodes {
         if n.lid == 0 && n.first_port().is_some() {
@@ -253,18 +301,49 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
     Ok(topo)
 }
 
-/// Writes the fabric as an ibsim net file.
+/// The id of a node in the net files evb writes for ibsim: its GUID name
+/// (ibsim's `SIM_HOST` names the node the SM attaches to by this id).
+pub fn ibsim_node_id(topo: &Topology, i: usize) -> String {
+    guid_name(topo.nodes[i].kind, topo.nodes[i].guid)
+}
+
+/// A node description as a net file can quote it.
+fn quotable(desc: &str) -> String {
+    desc.replace('"', "'")
+}
+
+/// Writes the fabric as an ibsim net file: nodes by GUID (`caguid=` /
+/// `switchguid=` before each, so ibsim gives them evb's GUIDs), their
+/// descriptions, and each link's width and speed at both ends (ibsim
+/// negotiates a link to what both ends enable; unset ends run 4xSDR).
 pub fn write_ibsim_net(topo: &Topology) -> String {
     let mut s = String::from("# ibsim net file written by evb fabric\n\n");
     // Hosts first: ibsim attaches the SM to the first node.
     let order: Vec<usize> = topo.hosts().into_iter().chain(topo.switches()).collect();
     for i in order {
         let n = &topo.nodes[i];
-        let kind = if n.is_switch() { "Switch" } else { "Hca" };
-        let _ = writeln!(s, "{kind}\t{} \"{}\"", n.nports(), n.name);
+        let (kind, key) = if n.is_switch() {
+            ("Switch", "switchguid")
+        } else {
+            ("Hca", "caguid")
+        };
+        let _ = writeln!(s, "{key}=0x{:016x}", n.guid);
+        let _ = writeln!(
+            s,
+            "{kind}\t{} \"{}\"\t# \"{}\"",
+            n.nports(),
+            ibsim_node_id(topo, i),
+            quotable(&n.desc)
+        );
         for p in 1..n.ports.len() {
             if let Some(r) = n.ports[p] {
-                let _ = writeln!(s, "[{p}]\t\"{}\"[{}]", topo.nodes[r.node].name, r.port);
+                let rate = r.rate.map(|x| format!("\t# lid 0 {x}")).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "[{p}]\t\"{}\"[{}]{rate}",
+                    ibsim_node_id(topo, r.node),
+                    r.port
+                );
             }
         }
         s.push('\n');
@@ -274,10 +353,8 @@ pub fn write_ibsim_net(topo: &Topology) -> String {
 
 /// Writes `ibnetdiscover`-style text (so evb can re-read a generated fabric).
 pub fn write_ibnetdiscover(topo: &Topology) -> String {
-    let id = |i: usize| {
-        let n = &topo.nodes[i];
-        format!("{}-{:016x}", if n.is_switch() { "S" } else { "H" }, n.guid)
-    };
+    let id = |i: usize| guid_name(topo.nodes[i].kind, topo.nodes[i].guid);
+    let rate = |r: &crate::topo::PortRef| r.rate.map(|x| format!(" {x}")).unwrap_or_default();
     let mut s = String::from("#\n# Topology file: written by evb fabric\n#\n\n");
     for i in 0..topo.nodes.len() {
         let n = &topo.nodes[i];
@@ -288,7 +365,7 @@ pub fn write_ibnetdiscover(topo: &Topology) -> String {
                 "Switch\t{} \"{}\"\t\t# \"{}\" base port 0 lid {} lmc 0",
                 n.nports(),
                 id(i),
-                n.name,
+                quotable(&n.desc),
                 n.lid
             );
             for p in 1..n.ports.len() {
@@ -301,29 +378,37 @@ pub fn write_ibnetdiscover(topo: &Topology) -> String {
                     };
                     let _ = writeln!(
                         s,
-                        "[{p}]\t\"{}\"[{}]{g}\t\t# \"{}\" lid {} 4xEDR",
+                        "[{p}]\t\"{}\"[{}]{g}\t\t# \"{}\" lid {}{}",
                         id(r.node),
                         r.port,
-                        rn.name,
-                        rn.lid
+                        quotable(&rn.desc),
+                        rn.lid,
+                        rate(&r)
                     );
                 }
             }
         } else {
             let _ = writeln!(s, "caguid=0x{:x}", n.guid);
-            let _ = writeln!(s, "Ca\t{} \"{}\"\t\t# \"{}\"", n.nports(), id(i), n.name);
+            let _ = writeln!(
+                s,
+                "Ca\t{} \"{}\"\t\t# \"{}\"",
+                n.nports(),
+                id(i),
+                quotable(&n.desc)
+            );
             for p in 1..n.ports.len() {
                 if let Some(r) = n.ports[p] {
                     let rn = &topo.nodes[r.node];
                     let _ = writeln!(
                         s,
-                        "[{p}]({:x})\t\"{}\"[{}]\t\t# lid {} lmc 0 \"{}\" lid {} 4xEDR",
+                        "[{p}]({:x})\t\"{}\"[{}]\t\t# lid {} lmc 0 \"{}\" lid {}{}",
                         n.port_guid,
                         id(r.node),
                         r.port,
                         n.lid,
-                        rn.name,
-                        rn.lid
+                        quotable(&rn.desc),
+                        rn.lid,
+                        rate(&r)
                     );
                 }
             }
@@ -522,9 +607,14 @@ pub fn parse_order(path: &Path, topo: &Topology) -> Result<Vec<usize>> {
                 .ok_or_else(|| parse_err(path, ln, format!("unknown LID {lid} (0x{lid:04x})")))?
         } else {
             let name = first.split(':').next().unwrap_or(first);
-            *names
-                .get(name)
-                .ok_or_else(|| parse_err(path, ln, format!("unknown host '{name}'")))?
+            match names.get(name) {
+                Some(&h) => h,
+                // GUID names, and why a shared description is not a name.
+                None => topo.resolve(name).map_err(|e| {
+                    let msg = e.to_string().replace("no node named", "unknown host");
+                    parse_err(path, ln, msg)
+                })?,
+            }
         };
         if topo.nodes[host].is_switch() {
             return Err(parse_err(
@@ -569,54 +659,136 @@ pub fn write_ca_order(topo: &Topology, order: &[usize]) -> String {
         .collect()
 }
 
-/// Slurm `topology.conf` (topology/tree plugin).
+/// Slurm `topology.conf` for the topology/tree plugin: one
+/// `SwitchName=... Nodes=...` line per switch with hosts, then one
+/// `SwitchName=... Switches=...` line per switch above them, listing its
+/// neighbours nearer the hosts. Names are the unique names (no spaces, no
+/// duplicates), lists in Slurm's hostlist form (`node[001-016,018]`).
+/// Slurm refuses a switch with both hosts and child switches; a switch with
+/// hosts is always a leaf here (it is at height 0).
 pub fn write_slurm_topology(topo: &Topology) -> String {
     let mut s = String::from("# Slurm topology.conf written by evb fabric\n");
-    for sw in topo.switches() {
+    let height = switch_heights(topo);
+    let mut sws = topo.switches();
+    sws.sort_by(|&a, &b| {
+        height[a]
+            .cmp(&height[b])
+            .then_with(|| crate::topo::natural_cmp(&topo.nodes[a].name, &topo.nodes[b].name))
+    });
+    for sw in sws {
         let n = &topo.nodes[sw];
         let mut hosts = vec![];
-        let mut sws = vec![];
+        let mut kids = vec![];
         for r in n.ports.iter().flatten() {
             let rn = &topo.nodes[r.node];
-            if rn.is_switch() {
-                sws.push(rn.name.clone());
-            } else {
+            if !rn.is_switch() {
                 hosts.push(rn.name.clone());
+            } else if height[r.node] < height[sw] {
+                kids.push(rn.name.clone());
             }
         }
-        sws.dedup();
-        // Slurm's tree: a switch lists nodes or its child switches; the
-        // children of a switch are the neighbours farther from the hosts'
-        // opposite end, i.e. those nearer to hosts.
         if !hosts.is_empty() {
-            let _ = writeln!(s, "SwitchName={} Nodes={}", n.name, hosts.join(","));
-        }
-    }
-    // Upper levels: a switch's children are neighbours with a smaller height.
-    let height = switch_heights(topo);
-    for sw in topo.switches() {
-        if height[sw] == 0 {
-            continue;
-        }
-        let mut kids: Vec<String> = topo.nodes[sw]
-            .ports
-            .iter()
-            .flatten()
-            .filter(|r| topo.nodes[r.node].is_switch() && height[r.node] < height[sw])
-            .map(|r| topo.nodes[r.node].name.clone())
-            .collect();
-        kids.sort();
-        kids.dedup();
-        if !kids.is_empty() {
-            let _ = writeln!(
-                s,
-                "SwitchName={} Switches={}",
-                topo.nodes[sw].name,
-                kids.join(",")
-            );
+            let _ = writeln!(s, "SwitchName={} Nodes={}", n.name, hostlist(&hosts));
+        } else if !kids.is_empty() {
+            let _ = writeln!(s, "SwitchName={} Switches={}", n.name, hostlist(&kids));
         }
     }
     s
+}
+
+/// Names in Slurm's hostlist form: names that differ only in a trailing
+/// number share one bracket (`node[1-4,7,10-12]`). Slurm reads each
+/// element with the width it is written in, so zero-padded numbers
+/// (`node[001-004]`) only join runs of their own width; names without a
+/// trailing number (or with more than 9 digits, as GUID names have) are
+/// listed as they are. Duplicates are dropped; the order is natural.
+pub fn hostlist(names: &[String]) -> String {
+    // prefix -> (number, written digits, zero-padded)
+    let mut groups: std::collections::BTreeMap<String, Vec<(u64, usize, bool)>> =
+        Default::default();
+    let mut plain: Vec<String> = vec![];
+    for n in names {
+        let digits = n.bytes().rev().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 9 || n.contains(['[', ']', ',']) {
+            plain.push(n.clone());
+            continue;
+        }
+        let (prefix, num) = n.split_at(n.len() - digits);
+        groups.entry(prefix.to_string()).or_default().push((
+            num.parse().expect("ASCII digits"),
+            num.len(),
+            num.len() > 1 && num.starts_with('0'),
+        ));
+    }
+    /// A run of consecutive numbers: written with a fixed width once a
+    /// zero-padded number is in it, else as they are.
+    struct Run {
+        lo: u64,
+        hi: u64,
+        pad: Option<usize>,
+        /// The digit count all numbers share, if they do.
+        len: Option<usize>,
+    }
+    let mut parts: Vec<String> = vec![];
+    for (prefix, mut nums) in groups {
+        nums.sort_unstable();
+        nums.dedup();
+        let mut runs: Vec<Run> = vec![];
+        for &(n, len, padded) in &nums {
+            let joined = match runs.last_mut() {
+                Some(r) if r.hi + 1 == n => {
+                    let fits = match (r.pad, padded) {
+                        (Some(w), _) => len == w,
+                        (None, true) => r.len == Some(len),
+                        (None, false) => true,
+                    };
+                    if fits {
+                        r.hi = n;
+                        if padded {
+                            r.pad = Some(len);
+                        }
+                        if r.len != Some(len) {
+                            r.len = None;
+                        }
+                    }
+                    fits
+                }
+                _ => false,
+            };
+            if !joined {
+                runs.push(Run {
+                    lo: n,
+                    hi: n,
+                    pad: padded.then_some(len),
+                    len: Some(len),
+                });
+            }
+        }
+        let fmt = |n: u64, pad: Option<usize>| format!("{n:0w$}", w = pad.unwrap_or(0));
+        let elems: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                if r.lo == r.hi {
+                    fmt(r.lo, r.pad)
+                } else {
+                    format!("{}-{}", fmt(r.lo, r.pad), fmt(r.hi, r.pad))
+                }
+            })
+            .collect();
+        if let [one] = &elems[..] {
+            if !one.contains('-') {
+                parts.push(format!("{prefix}{one}"));
+                continue;
+            }
+        }
+        parts.push(format!("{prefix}[{}]", elems.join(",")));
+    }
+    plain.sort();
+    plain.dedup();
+    // Named hosts first, in natural order; GUID names after, as they sort.
+    parts.sort_by(|a, b| crate::topo::natural_cmp(a, b));
+    parts.extend(plain);
+    parts.join(",")
 }
 
 /// Distance of each switch from the nearest host-carrying switch (hosts: 0).
@@ -648,6 +820,23 @@ pub fn switch_heights(topo: &Topology) -> Vec<u32> {
         }
     }
     h
+}
+
+/// Loads a topology from a file or a `fat-tree:` generator spec, then
+/// names its nodes from a GUID-to-name map if one is given.
+pub fn load_topology_named(
+    spec: &str,
+    names: Option<&Path>,
+) -> Result<(Topology, Option<crate::names::NameMapReport>)> {
+    let mut topo = load_topology(spec)?;
+    let rep = match names {
+        Some(p) => {
+            let map = crate::names::parse_name_map(p)?;
+            Some(crate::names::apply_name_map(&mut topo, &map)?)
+        }
+        None => None,
+    };
+    Ok((topo, rep))
 }
 
 /// Loads a topology from a file or a `fat-tree:` generator spec.

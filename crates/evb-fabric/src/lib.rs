@@ -2,14 +2,19 @@
 //! fat-tree InfiniBand fabric.
 //!
 //! - [`topo`]: topology model, fat-tree generators, what-if edits;
+//! - [`names`]: unique node names, GUID-to-name maps;
+//! - [`rate`]: link width and speed, degraded links;
 //! - [`io`]: `ibnetdiscover`, LFT dumps (both forms), hostfiles, OpenSM's
 //!   ftree CA order, ibsim net files, Slurm `topology.conf`;
-//! - [`ftree`] and [`routing`]: routing engines (`ftree` matching OpenSM's
-//!   for host destinations, `minhop`, `dmodk`, seeded `random`, and
-//!   per-destination routes chosen for a shift);
+//! - [`ftree`], [`osm`] and [`routing`]: routing engines (`ftree`
+//!   matching OpenSM's for host destinations; OpenSM's `minhop`, `updn`
+//!   and `dfsssp`; OpenSM's fallback to minhop; `dmodk`, seeded `random`,
+//!   and per-destination routes chosen for a shift);
 //! - [`conflicts`]: traces every flow of every shift step through the LFTs
 //!   and counts conflicts (see [`conflicts`] for the definition);
 //! - [`optimize`]: rank orders and routes that remove conflicts;
+//! - [`schedule`]: slot schedules for the slotted barrel, conflicts moved
+//!   to extra slots;
 //! - [`plot`]: SVG/PNG plots of per-step link load.
 //!
 //! The crate depends on no other evb crate.
@@ -19,9 +24,13 @@ pub mod error;
 pub mod ftree;
 pub mod io;
 pub mod lft;
+pub mod names;
 pub mod optimize;
+pub mod osm;
 pub mod plot;
+pub mod rate;
 pub mod routing;
+pub mod schedule;
 pub mod topo;
 
 pub use error::{FabricError, Result};

@@ -1,8 +1,15 @@
-//! Routing engines besides ftree: `minhop`, `dmodk`, seeded `random`, and
+//! Routing engines besides ftree: OpenSM's `minhop`, `updn` and `dfsssp`
+//! (in [`crate::osm`]), evb's `dmodk` and seeded `random`, and
 //! per-destination "choice" routing (used by `route --for-shift`).
 //!
-//! All engines route only along shortest paths, which makes them loop-free
-//! by construction: every hop gets one step closer to the destination.
+//! evb's own engines route only along shortest paths, which makes them
+//! loop-free by construction: every hop gets one step closer to the
+//! destination.
+//!
+//! OpenSM falls back to minhop when the engine it was asked for cannot
+//! route a fabric (ftree on a fabric that is not a fat tree, updn without
+//! root switches, dfsssp with detached switches); [`route_or_fallback`]
+//! does the same and says why, [`route`] refuses instead.
 
 use crate::error::{FabricError, Result};
 use crate::io::switch_heights;
@@ -13,8 +20,14 @@ use rand::{Rng, SeedableRng};
 /// A routing engine by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Engine {
+    /// OpenSM's ftree (host routes entry for entry).
     Ftree,
+    /// OpenSM's minhop, its default engine.
     Minhop,
+    /// OpenSM's up*/down* engine.
+    Updn,
+    /// OpenSM's dfsssp (also `sssp`: the same tables without VLs).
+    Dfsssp,
     Dmodk,
     Random(u64),
 }
@@ -24,6 +37,8 @@ impl Engine {
         Ok(match s {
             "ftree" => Engine::Ftree,
             "minhop" => Engine::Minhop,
+            "updn" => Engine::Updn,
+            "dfsssp" | "sssp" => Engine::Dfsssp,
             "dmodk" | "d-mod-k" => Engine::Dmodk,
             "random" => Engine::Random(1),
             _ => match s.strip_prefix("random:") {
@@ -33,32 +48,34 @@ impl Engine {
                 ),
                 None => {
                     return Err(FabricError::Invalid(format!(
-                        "unknown routing engine '{s}' (ftree, minhop, dmodk, random:SEED)"
+                        "unknown routing engine '{s}' (ftree, minhop, updn, dfsssp, dmodk, random:SEED)"
                     )))
                 }
             },
         })
     }
+
+    /// The name `parse` takes.
+    pub fn name(&self) -> String {
+        match self {
+            Engine::Ftree => "ftree".into(),
+            Engine::Minhop => "minhop".into(),
+            Engine::Updn => "updn".into(),
+            Engine::Dfsssp => "dfsssp".into(),
+            Engine::Dmodk => "dmodk".into(),
+            Engine::Random(s) => format!("random:{s}"),
+        }
+    }
 }
 
-/// Runs an engine.
+/// Runs an engine; an engine that cannot route the fabric is an error
+/// (see [`route_or_fallback`] for OpenSM's behaviour).
 pub fn route(topo: &Topology, engine: &Engine) -> Result<Lfts> {
     match engine {
         Engine::Ftree => Ok(crate::ftree::route_ftree(topo)?.lfts),
-        Engine::Minhop => {
-            let g = Graph::new(topo);
-            let mut use_count = vec![0u32; g.offsets_len];
-            g.route_all(topo, |sw, _lid, cands, g| {
-                let mut best = cands[0];
-                for &p in cands {
-                    if use_count[g.off[sw] + p as usize] < use_count[g.off[sw] + best as usize] {
-                        best = p;
-                    }
-                }
-                use_count[g.off[sw] + best as usize] += 1;
-                best
-            })
-        }
+        Engine::Minhop => Ok(crate::osm::route_minhop(topo)),
+        Engine::Updn => crate::osm::route_updn(topo),
+        Engine::Dfsssp => crate::osm::route_dfsssp(topo),
         Engine::Dmodk => {
             let g = Graph::new(topo);
             let strides = g.strides.clone();
@@ -73,6 +90,42 @@ pub fn route(topo: &Topology, engine: &Engine) -> Result<Lfts> {
             let mut rng = rand_pcg::Pcg64::seed_from_u64(*seed);
             g.route_all(topo, |_, _, cands, _| cands[rng.gen_range(0..cands.len())])
         }
+    }
+}
+
+/// Tables, the engine that made them, and why the engine asked for was not
+/// used.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub lfts: Lfts,
+    pub engine: Engine,
+    /// Why the requested engine gave up (then `engine` is minhop).
+    pub fallback: Option<String>,
+}
+
+/// Runs an engine as OpenSM does: when ftree, updn or dfsssp cannot route
+/// the fabric, minhop routes it and `fallback` says why. `strict` refuses
+/// instead.
+pub fn route_or_fallback(topo: &Topology, engine: &Engine, strict: bool) -> Result<Routed> {
+    match route(topo, engine) {
+        Ok(lfts) => Ok(Routed {
+            lfts,
+            engine: engine.clone(),
+            fallback: None,
+        }),
+        Err(e) if matches!(engine, Engine::Ftree | Engine::Updn | Engine::Dfsssp) => {
+            if strict {
+                return Err(FabricError::Invalid(format!(
+                    "{e} (refused: --strict; OpenSM would fall back to minhop)"
+                )));
+            }
+            Ok(Routed {
+                lfts: crate::osm::route_minhop(topo),
+                engine: Engine::Minhop,
+                fallback: Some(e.to_string()),
+            })
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -2,28 +2,37 @@
 //! what-if edits.
 
 use crate::error::{FabricError, Result};
+use crate::rate::LinkRate;
 use std::collections::HashMap;
 
 /// Kind of a fabric node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum NodeKind {
     Host,
     Switch,
 }
 
-/// The far end of a cable.
+/// The far end of a cable, and what the cable carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortRef {
     pub node: usize,
     pub port: u8,
+    /// Width and speed of the link (the same at both ends); `None` when the
+    /// input did not say (ibsim net files, hand-written fabrics).
+    pub rate: Option<LinkRate>,
 }
 
 /// A host (channel adapter) or a switch.
 #[derive(Debug, Clone)]
 pub struct Node {
     pub kind: NodeKind,
-    /// Host name (node description) or switch name.
+    /// Unique name: the first word of the node description when no other
+    /// node has it, else the GUID as `ibnetdiscover` prints it
+    /// (`H-0002c90300080d28`), or the name a `--names` map gives (see
+    /// [`crate::names`]). Every output names nodes by it.
     pub name: String,
+    /// The node description as read (generated fabrics: the name).
+    pub desc: String,
     pub guid: u64,
     /// Port GUID of the (first) connected port; equal to `guid` for switches.
     pub port_guid: u64,
@@ -59,6 +68,7 @@ impl Topology {
         self.nodes.push(Node {
             kind,
             name: name.to_string(),
+            desc: name.to_string(),
             guid,
             port_guid: if kind == NodeKind::Host {
                 guid + 1
@@ -71,8 +81,20 @@ impl Topology {
         self.nodes.len() - 1
     }
 
-    /// Cables port `pa` of `a` to port `pb` of `b`.
+    /// Cables port `pa` of `a` to port `pb` of `b` (rate unknown).
     pub fn connect(&mut self, a: usize, pa: u8, b: usize, pb: u8) -> Result<()> {
+        self.connect_rated(a, pa, b, pb, None)
+    }
+
+    /// Cables port `pa` of `a` to port `pb` of `b` with a link rate.
+    pub fn connect_rated(
+        &mut self,
+        a: usize,
+        pa: u8,
+        b: usize,
+        pb: u8,
+        rate: Option<LinkRate>,
+    ) -> Result<()> {
         for (n, p) in [(a, pa), (b, pb)] {
             let node = &self.nodes[n];
             if p == 0 || p as usize > node.nports() {
@@ -88,8 +110,54 @@ impl Topology {
                 )));
             }
         }
-        self.nodes[a].ports[pa as usize] = Some(PortRef { node: b, port: pb });
-        self.nodes[b].ports[pb as usize] = Some(PortRef { node: a, port: pa });
+        self.nodes[a].ports[pa as usize] = Some(PortRef {
+            node: b,
+            port: pb,
+            rate,
+        });
+        self.nodes[b].ports[pb as usize] = Some(PortRef {
+            node: a,
+            port: pa,
+            rate,
+        });
+        Ok(())
+    }
+
+    /// Width and speed of the link at `node` port `port`, if cabled and known.
+    pub fn link_rate(&self, node: usize, port: u8) -> Option<LinkRate> {
+        self.nodes
+            .get(node)?
+            .ports
+            .get(port as usize)
+            .copied()
+            .flatten()?
+            .rate
+    }
+
+    /// Data rate of the link at `node` port `port` in Gb/s (after encoding:
+    /// 4xEDR 100), if cabled and known.
+    pub fn link_gbps(&self, node: usize, port: u8) -> Option<f64> {
+        self.link_rate(node, port).map(|r| r.gbps())
+    }
+
+    /// Sets the rate of the cable at `node` port `port` (both ends).
+    pub fn set_link_rate(&mut self, node: usize, port: u8, rate: Option<LinkRate>) -> Result<()> {
+        let r = self
+            .nodes
+            .get(node)
+            .and_then(|n| n.ports.get(port as usize).copied().flatten())
+            .ok_or_else(|| {
+                FabricError::Invalid(format!(
+                    "{} port {port} is not cabled",
+                    self.nodes.get(node).map_or("?", |n| n.name.as_str())
+                ))
+            })?;
+        if let Some(p) = self.nodes[node].ports[port as usize].as_mut() {
+            p.rate = rate;
+        }
+        if let Some(p) = self.nodes[r.node].ports[r.port as usize].as_mut() {
+            p.rate = rate;
+        }
         Ok(())
     }
 
@@ -125,6 +193,12 @@ impl Topology {
     }
     pub fn find(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)
+    }
+    /// The node a user means: its unique name, or its GUID (`H-...`,
+    /// `S-...`, `0x...`). A description several nodes share is refused
+    /// with the GUID names to use instead.
+    pub fn resolve(&self, name: &str) -> Result<usize> {
+        crate::names::resolve(self, name)
     }
     /// Switch a host is cabled to.
     pub fn leaf_of(&self, host: usize) -> Option<usize> {
@@ -164,9 +238,7 @@ impl Topology {
     }
     /// Removes a node (host or switch) and its cables.
     pub fn remove_node(&mut self, name: &str) -> Result<()> {
-        let i = self
-            .find(name)
-            .ok_or_else(|| FabricError::Invalid(format!("no node named {name}")))?;
+        let i = self.resolve(name)?;
         for p in 1..self.nodes[i].ports.len() {
             self.unlink_port(i, p as u8);
         }
@@ -182,9 +254,7 @@ impl Topology {
     }
     /// Removes the cable at `name` port `port`.
     pub fn remove_link(&mut self, name: &str, port: u8) -> Result<()> {
-        let i = self
-            .find(name)
-            .ok_or_else(|| FabricError::Invalid(format!("no node named {name}")))?;
+        let i = self.resolve(name)?;
         if port as usize >= self.nodes[i].ports.len()
             || self.nodes[i].ports[port as usize].is_none()
         {
@@ -197,12 +267,8 @@ impl Topology {
     }
     /// Swaps the far ends of two cables (a mis-cabling).
     pub fn swap_cables(&mut self, a: &str, pa: u8, b: &str, pb: u8) -> Result<()> {
-        let ia = self
-            .find(a)
-            .ok_or_else(|| FabricError::Invalid(format!("no node named {a}")))?;
-        let ib = self
-            .find(b)
-            .ok_or_else(|| FabricError::Invalid(format!("no node named {b}")))?;
+        let ia = self.resolve(a)?;
+        let ib = self.resolve(b)?;
         let ra = self.nodes[ia].ports.get(pa as usize).copied().flatten();
         let rb = self.nodes[ib].ports.get(pb as usize).copied().flatten();
         let (Some(ra), Some(rb)) = (ra, rb) else {
@@ -212,8 +278,9 @@ impl Topology {
         };
         self.unlink_port(ia, pa);
         self.unlink_port(ib, pb);
-        self.connect(ia, pa, rb.node, rb.port)?;
-        self.connect(ib, pb, ra.node, ra.port)
+        // A cable keeps its rate: it stays plugged in at its far end.
+        self.connect_rated(ia, pa, rb.node, rb.port, rb.rate)?;
+        self.connect_rated(ib, pb, ra.node, ra.port, ra.rate)
     }
 }
 
@@ -240,10 +307,14 @@ pub struct FatTreeSpec {
     /// Number of leaves (2-level) or pods (3-level); 0 = as few as needed.
     pub groups: usize,
     pub placement: Placement,
+    /// Rate of the host links (default 4xEDR, 100 Gb/s).
+    pub host_rate: LinkRate,
+    /// Rate of the switch-to-switch links (default: the host rate).
+    pub uplink_rate: LinkRate,
 }
 
 impl FatTreeSpec {
-    /// Parses `fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,down=32,up=15][,leaves=N|pods=N][,spread]`.
+    /// Parses `fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,down=32,up=15][,leaves=N|pods=N][,spread][,gbps=100][,uplink_gbps=200]`.
     pub fn parse(s: &str) -> Result<FatTreeSpec> {
         let body = s
             .strip_prefix("fat-tree:")
@@ -257,6 +328,8 @@ impl FatTreeSpec {
         let mut oversub: Option<f64> = None;
         let mut groups = 0;
         let mut placement = Placement::Fill;
+        let mut host_rate = LinkRate::EDR4;
+        let mut uplink_rate = None;
         for kv in body.split(',').filter(|x| !x.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             let num = || -> Result<usize> {
@@ -276,6 +349,15 @@ impl FatTreeSpec {
                         Some(r.parse().map_err(|_| {
                             FabricError::Invalid(format!("bad oversubscription: {kv}"))
                         })?)
+                }
+                "gbps" | "uplink_gbps" => {
+                    let r = LinkRate::parse_gbps_or_name(v)
+                        .map_err(|e| FabricError::Invalid(format!("fat-tree spec {k}: {e}")))?;
+                    if k == "gbps" {
+                        host_rate = r;
+                    } else {
+                        uplink_rate = Some(r);
+                    }
                 }
                 "spread" => placement = Placement::Spread,
                 "fill" => placement = Placement::Fill,
@@ -329,6 +411,8 @@ impl FatTreeSpec {
             up,
             groups,
             placement,
+            host_rate,
+            uplink_rate: uplink_rate.unwrap_or(host_rate),
         })
     }
 
@@ -408,7 +492,7 @@ impl FatTreeSpec {
                     0x0002_c903_0000_0000 + 2 * hostno as u64,
                     1,
                 );
-                t.connect(h, 1, leaf, (p + 1) as u8)?;
+                t.connect_rated(h, 1, leaf, (p + 1) as u8, Some(self.host_rate))?;
             }
         }
         if self.levels == 2 {
@@ -420,7 +504,13 @@ impl FatTreeSpec {
                     k,
                 );
                 for (l, &leaf) in leaf_ids.iter().enumerate() {
-                    t.connect(leaf, (self.down + s + 1) as u8, sp, (l + 1) as u8)?;
+                    t.connect_rated(
+                        leaf,
+                        (self.down + s + 1) as u8,
+                        sp,
+                        (l + 1) as u8,
+                        Some(self.uplink_rate),
+                    )?;
                 }
             }
         } else {
@@ -440,7 +530,13 @@ impl FatTreeSpec {
                     );
                     for j in 0..mid_down {
                         let leaf = leaf_ids[pod * mid_down + j];
-                        t.connect(leaf, (self.down + m + 1) as u8, mid, (j + 1) as u8)?;
+                        t.connect_rated(
+                            leaf,
+                            (self.down + m + 1) as u8,
+                            mid,
+                            (j + 1) as u8,
+                            Some(self.uplink_rate),
+                        )?;
                     }
                     row.push(mid);
                 }
@@ -457,7 +553,13 @@ impl FatTreeSpec {
                         k,
                     );
                     for (pod, row) in mids.iter().enumerate() {
-                        t.connect(row[m], (mid_down + r + 1) as u8, root, (pod + 1) as u8)?;
+                        t.connect_rated(
+                            row[m],
+                            (mid_down + r + 1) as u8,
+                            root,
+                            (pod + 1) as u8,
+                            Some(self.uplink_rate),
+                        )?;
                     }
                 }
             }

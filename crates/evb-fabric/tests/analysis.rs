@@ -331,3 +331,178 @@ fn damaged_fabrics_never_panic() {
     // Damage must show up somewhere (unroutable hosts, refused fabrics).
     assert!(errors > 0);
 }
+
+/// Unique names: a shared or unusable first word gives GUID names, a map
+/// wins over descriptions, a shared description is refused as a name, and
+/// what a user types resolves by name or GUID.
+#[test]
+fn unique_names_and_resolve() {
+    use evb_fabric::names::{apply_name_map, assign_unique_names, guid_name, parse_name_map_str};
+    use evb_fabric::topo::NodeKind;
+    let mut t = ft("fat-tree:radix=4,hosts=4,down=2,up=1");
+    let hosts = t.hosts();
+    for (k, &h) in hosts.iter().enumerate() {
+        t.nodes[h].desc = match k {
+            0 | 1 => "MT25408 ConnectX Mellanox Technologies".into(),
+            2 => "MF0;sw:x/U1 HCA".into(),
+            _ => "r510gluster4 HCA-1".into(),
+        };
+    }
+    assign_unique_names(&mut t, &[]);
+    let guids: Vec<u64> = t.nodes.iter().map(|n| n.guid).collect();
+    let g = |i: usize| guid_name(NodeKind::Host, guids[i]);
+    assert_eq!(t.nodes[hosts[0]].name, g(hosts[0]));
+    assert_eq!(t.nodes[hosts[1]].name, g(hosts[1]));
+    assert_eq!(t.nodes[hosts[2]].name, g(hosts[2]), "unsafe characters");
+    assert_eq!(t.nodes[hosts[3]].name, "r510gluster4");
+    assert_eq!(t.resolve("r510gluster4").unwrap(), hosts[3]);
+    assert_eq!(t.resolve(&g(hosts[1])).unwrap(), hosts[1]);
+    let port_guid = format!("0x{:x}", t.nodes[hosts[1]].port_guid);
+    assert_eq!(t.resolve(&port_guid).unwrap(), hosts[1]);
+    let e = t.resolve("MT25408").unwrap_err().to_string();
+    assert!(
+        e.contains("description of 2 nodes") && e.contains(&g(hosts[0])),
+        "{e}"
+    );
+    assert!(t.resolve("nobody").is_err());
+    let notes = evb_fabric::names::naming_notes(&t);
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("2 hosts are named by GUID"), "{notes:?}");
+    // A map names two hosts; the one it calls r510gluster4 takes that name
+    // and the description-named host gives it up.
+    let text = format!(
+        "H-{:016x} daq01\n0x{:016x} \"r510gluster4 HCA-1\"\n",
+        t.nodes[hosts[0]].guid, t.nodes[hosts[1]].guid
+    );
+    let map = parse_name_map_str(std::path::Path::new("m"), &text).unwrap();
+    let rep = apply_name_map(&mut t, &map).unwrap();
+    assert_eq!((rep.named, rep.not_in_fabric, rep.hosts_unnamed), (2, 0, 2));
+    assert_eq!(t.nodes[hosts[0]].name, "daq01");
+    assert_eq!(t.nodes[hosts[1]].name, "r510gluster4");
+    assert_eq!(t.nodes[hosts[3]].name, g(hosts[3]));
+    // Generated fabrics keep their names.
+    let mut f = ft("fat-tree:radix=8,hosts=32");
+    let before: Vec<String> = f.nodes.iter().map(|n| n.name.clone()).collect();
+    assert_eq!(f.hosts().len(), 32);
+    assign_unique_names(&mut f, &[]);
+    assert_eq!(
+        before,
+        f.nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>()
+    );
+}
+
+/// Slurm hostlists: ranges, padded and natural numbers, duplicates.
+#[test]
+fn hostlist_forms() {
+    use evb_fabric::io::hostlist;
+    let h = |v: &[&str]| hostlist(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+    assert_eq!(
+        h(&["node1", "node2", "node3", "node4", "node7"]),
+        "node[1-4,7]"
+    );
+    assert_eq!(h(&["node001", "node002", "node004"]), "node[001-002,004]");
+    // n9 is not n09: a padded run does not take it.
+    assert_eq!(h(&["n9", "n10", "n08"]), "n[08,9-10]");
+    assert_eq!(h(&["n09", "n10", "n08"]), "n[08-10]");
+    assert_eq!(h(&["n9", "n10", "n8"]), "n[8-10]");
+    assert_eq!(h(&["n1", "n01"]), "n[1,01]");
+    assert_eq!(h(&["a", "b1", "b1"]), "b1,a");
+    assert_eq!(h(&["x5"]), "x5");
+    assert_eq!(h(&["H-0002c90300080d28"]), "H-0002c90300080d28");
+    assert_eq!(
+        h(&["S-0002c90200100000", "S-0002c90200100001"]),
+        "S-0002c90200100000,S-0002c90200100001"
+    );
+    assert_eq!(h(&[]), "");
+}
+
+/// Generated rates, the rate of a link by node and port, and degraded links
+/// found per tier (host links against host links, up-links against
+/// up-links).
+#[test]
+fn link_rates_and_degraded_links() {
+    use evb_fabric::rate::{degraded_links, rate_census, LinkRate};
+    let mut t = ft("fat-tree:radix=8,hosts=32,uplink_gbps=200");
+    let leaf = t.find("leaf001").unwrap();
+    assert_eq!(t.link_gbps(leaf, 1), Some(100.0));
+    assert_eq!(t.link_gbps(leaf, 5), Some(200.0));
+    assert_eq!(t.link_gbps(leaf, 9), None, "no port 9");
+    let (census, unknown) = rate_census(&t);
+    assert_eq!(
+        census,
+        vec![
+            (LinkRate::parse("4xHDR").unwrap(), 32),
+            (LinkRate::EDR4, 32)
+        ]
+    );
+    assert_eq!(unknown, 0);
+    assert!(
+        degraded_links(&t).is_empty(),
+        "faster up-links are not degraded host links"
+    );
+    t.set_link_rate(leaf, 6, Some(LinkRate::EDR4)).unwrap();
+    t.set_link_rate(leaf, 2, Some(LinkRate::parse("1xEDR").unwrap()))
+        .unwrap();
+    let d = degraded_links(&t);
+    assert_eq!(d.len(), 2, "{d:?}");
+    let up = d.iter().find(|x| x.rate == "4xEDR").unwrap();
+    assert_eq!(
+        (up.node.as_str(), up.port, up.usual_rate.as_str()),
+        ("leaf001", 6, "4xHDR")
+    );
+    assert_eq!((up.tier_links, up.tier_usual), (32, 31));
+    let host = d.iter().find(|x| x.rate == "1xEDR").unwrap();
+    assert_eq!(
+        (host.node.as_str(), host.to.as_str(), host.gbps),
+        ("node002", "leaf001", 25.0)
+    );
+    assert_eq!(host.tier, "host links");
+    // Swapped at the leaves, each cable keeps its rate (and its host).
+    t.swap_cables("leaf001", 2, "leaf002", 1).unwrap();
+    let n2 = t.find("node002").unwrap();
+    assert_eq!(t.link_gbps(n2, 1), Some(25.0));
+    assert_eq!(t.leaf_of(n2), t.find("leaf002"));
+    let n5 = t.find("node005").unwrap();
+    assert_eq!(t.link_gbps(n5, 1), Some(100.0));
+}
+
+/// The receive convention is the send convention read backwards: receive
+/// step s is send step N - s, labelled s, loads and all.
+#[test]
+fn step_convention_relabels() {
+    use evb_fabric::conflicts::{analyze_with_loads, StepConvention};
+    let t = ft("fat-tree:radix=8,hosts=27,leaves=8,spread");
+    let l = route(&t, &Engine::Minhop).unwrap();
+    let o = order_random(&t, 4);
+    let send = analyze_with_loads(&t, &l, &o, &shift_steps(27), 5, 1 << 20).unwrap();
+    let conv = StepConvention::Receive;
+    let mut recv = analyze_with_loads(
+        &t,
+        &l,
+        &o,
+        &conv.to_send_steps(&shift_steps(27), 27),
+        5,
+        1 << 20,
+    )
+    .unwrap();
+    recv.relabel_steps(conv);
+    assert_eq!(recv.total, send.total);
+    for s in 1..27 {
+        let r = &recv.per_step[s - 1];
+        let x = &send.per_step[27 - s - 1];
+        assert_eq!(r.step, s);
+        assert_eq!(
+            (r.conflicts, r.max_link_load),
+            (x.conflicts, x.max_link_load)
+        );
+    }
+    let (ls, lr) = (send.link_loads.unwrap(), recv.link_loads.unwrap());
+    assert_eq!(lr.steps, (1..27).collect::<Vec<_>>());
+    for (a, b) in ls.links.iter().zip(&lr.links) {
+        assert_eq!(a.name, b.name);
+        let back: Vec<u32> = b.loads.iter().rev().copied().collect();
+        assert_eq!(a.loads, back);
+    }
+    assert_eq!(StepConvention::parse("receive").unwrap(), conv);
+    assert!(StepConvention::parse("up").is_err());
+}

@@ -267,10 +267,16 @@ fn mangled_files_never_panic() {
     let mut rng = rand_pcg::Pcg64::seed_from_u64(3);
     let p = Path::new("mangled");
     let junk = [
-        " ", "0x", "[", "]", "\"", "#", "99", "0xffff", "\n", "Switch", "Ca", "(", "-",
+        " ", "0x", "[", "]", "\"", "#", "99", "0xffff", "\n", "Switch", "Ca", "(", "-", "4x", "x",
+        "QDR", "H-", "S-",
     ];
+    let names: String = t
+        .hosts()
+        .iter()
+        .map(|&h| format!("H-{:016x} \"host{h} HCA-1\"\n", t.nodes[h].guid))
+        .collect();
     for _ in 0..400 {
-        for (which, text) in [(0, &f.ibnd), (1, &f.lfts)] {
+        for (which, text) in [(0, &f.ibnd), (1, &f.lfts), (2, &names)] {
             let mut b: Vec<char> = text.chars().collect();
             for _ in 0..rng.gen_range(1..8) {
                 match rng.gen_range(0..4) {
@@ -300,10 +306,26 @@ fn mangled_files_never_panic() {
                     for e in [
                         evb_fabric::routing::Engine::Ftree,
                         evb_fabric::routing::Engine::Minhop,
+                        evb_fabric::routing::Engine::Updn,
+                        evb_fabric::routing::Engine::Dfsssp,
                     ] {
-                        if let (Ok(l), true) = (evb_fabric::routing::route(&m, &e), o.len() >= 2) {
-                            let _ = analyze(&m, &l, &o, &shift_steps(o.len()), 2);
+                        let r = evb_fabric::routing::route_or_fallback(&m, &e, false);
+                        if let (Ok(r), true) = (r, o.len() >= 2) {
+                            let _ = analyze(&m, &r.lfts, &o, &shift_steps(o.len()), 2);
                         }
+                    }
+                    let _ = evb_fabric::io::write_slurm_topology(&m);
+                    let _ = evb_fabric::rate::degraded_links(&m);
+                    let _ = evb_fabric::names::naming_notes(&m);
+                }
+            } else if which == 2 {
+                if let Ok(map) = evb_fabric::names::parse_name_map_str(p, &s) {
+                    let mut m = t.clone();
+                    if evb_fabric::names::apply_name_map(&mut m, &map).is_ok() {
+                        let mut seen: Vec<&str> = m.nodes.iter().map(|n| n.name.as_str()).collect();
+                        seen.sort();
+                        seen.dedup();
+                        assert_eq!(seen.len(), m.nodes.len(), "names stay unique");
                     }
                 }
             } else if let Ok(l) = parse_lfts_str(p, &s, &t) {
@@ -311,4 +333,90 @@ fn mangled_files_never_panic() {
             }
         }
     }
+}
+
+/// Names maps: every bad line is named by file and line.
+#[test]
+fn names_map_errors_name_the_line() {
+    use evb_fabric::names::{apply_name_map, parse_name_map_str};
+    let f = setup();
+    let p = Path::new("hosts.map");
+    let host = f.topo.nodes[f.topo.hosts()[0]].guid;
+    let host2 = f.topo.nodes[f.topo.hosts()[1]].guid;
+    let sw = f.topo.nodes[f.topo.switches()[0]].guid;
+    for (text, line, what) in [
+        ("H-zz a\n".to_string(), 1, "is not a guid"),
+        ("H-00000000000000001 a\n".to_string(), 1, "is not a guid"),
+        (format!("\n\nH-{host:016x}\n"), 3, "no name"),
+        (format!("H-{host:016x} a b\n"), 1, "unexpected text"),
+        (format!("H-{host:016x} \"a\" b\n"), 1, "unexpected text"),
+        (
+            format!("H-{host:016x} a/b\n"),
+            1,
+            "cannot go into hostfiles",
+        ),
+        (format!("H-{host:016x} -a\n"), 1, "cannot go into hostfiles"),
+        (
+            format!("H-{host:016x} S-0002c90200100000\n"),
+            1,
+            "looks like a guid",
+        ),
+        (
+            format!("H-{host:016x} a\nH-{host2:016x} a\n"),
+            2,
+            "given to guid",
+        ),
+        (
+            format!("H-{host:016x} a\n# x\nH-{host:016x} b\n"),
+            3,
+            "at line 1 already",
+        ),
+    ] {
+        let e = parse_name_map_str(p, &text).unwrap_err();
+        assert_at(e, p, line, what);
+    }
+    // Same line twice is harmless; a host GUID given as a switch is not.
+    let ok = parse_name_map_str(p, &format!("H-{host:016x} a\nH-{host:016x} a\n")).unwrap();
+    assert_eq!(ok.entries.len(), 1);
+    let map = parse_name_map_str(p, &format!("# c\nS-{host:016x} a\n")).unwrap();
+    let e = apply_name_map(&mut f.topo.clone(), &map).unwrap_err();
+    assert_at(e, p, 2, "is a host in this fabric");
+    let map = parse_name_map_str(p, &format!("H-{sw:016x} a\n")).unwrap();
+    let e = apply_name_map(&mut f.topo.clone(), &map).unwrap_err();
+    assert_at(e, p, 1, "is a switch in this fabric");
+    // Node and port GUID of one host with two names.
+    let map = parse_name_map_str(p, &format!("0x{host:016x} a\n0x{:016x} b\n", host + 1)).unwrap();
+    let e = apply_name_map(&mut f.topo.clone(), &map).unwrap_err();
+    assert_at(e, p, 2, "named 'a' at line 1");
+}
+
+/// Link widths and speeds: unknown ones and ends that disagree name the line.
+#[test]
+fn link_rate_errors_name_the_line() {
+    use evb_fabric::io::parse_ibnetdiscover_str;
+    let f = setup();
+    let p = Path::new("rates.ibnd");
+    let lines: Vec<&str> = f.ibnd.lines().collect();
+    let first = lines.iter().position(|l| l.contains("4xEDR")).unwrap();
+    for (bad, what) in [
+        ("3xEDR", "width '3x'"),
+        ("4xQQR", "speed 'qqr'"),
+        ("12xFOO", "speed 'foo'"),
+    ] {
+        let text = f.ibnd.replacen("4xEDR", bad, 1);
+        let e = parse_ibnetdiscover_str(p, &text).unwrap_err();
+        assert_at(e, p, first + 1, what);
+    }
+    // The far end of the first cable says otherwise.
+    let text = f.ibnd.replacen("4xEDR", "4xHDR", 1);
+    let e = parse_ibnetdiscover_str(p, &text).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!("is 4xEDR here but 4xHDR at line {}", first + 1)),
+        "{e}"
+    );
+    // Without rates the fabric reads, rates unknown.
+    let text: String = f.ibnd.replace(" 4xEDR", "");
+    let t = parse_ibnetdiscover_str(p, &text).unwrap();
+    assert_eq!(t.link_gbps(t.hosts()[0], 1), None);
+    assert!(evb_fabric::rate::degraded_links(&t).is_empty());
 }

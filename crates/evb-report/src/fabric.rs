@@ -180,10 +180,37 @@ fn label(root: &At, key: &str) -> Result<String> {
     })
 }
 
+/// `136 x 4xQDR (32 Gb/s), 23 x 4xDDR (16 Gb/s)` from `link_rates`, if
+/// the file has them (evb before issue 19 did not write them).
+fn link_rates(root: &At) -> Result<Option<String>> {
+    let rates = root.get("link_rates").opt_array()?;
+    if rates.is_empty() {
+        return Ok(None);
+    }
+    let mut parts = Vec::new();
+    for r in &rates {
+        parts.push(format!(
+            "{} x {} ({} Gb/s)",
+            count(r.get("cables").u64()?),
+            r.get("rate").str()?,
+            gbps(r.get("gbps").f64()?)
+        ));
+    }
+    Ok(Some(parts.join(", ")))
+}
+
+fn gbps(g: f64) -> String {
+    if (g - g.round()).abs() < 1e-9 {
+        format!("{}", g.round() as i64)
+    } else {
+        format!("{g:.2}")
+    }
+}
+
 pub(crate) fn section(input: &Input) -> Result<String> {
     let root = &input.root;
     let totals = Totals::read(&root.get("total"))?;
-    let mut out = facts(&[
+    let mut rows = vec![
         ("topology", label(root, "topology")?),
         ("routing", label(root, "routing")?),
         ("rank order", label(root, "order")?),
@@ -204,7 +231,18 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             format!("{} flows", totals.max_link_load),
         ),
         ("definition", label(root, "conflict_definition")?),
-    ]);
+    ];
+    if let Some(why) = root.get("routing_fallback").opt_str()? {
+        rows.push(("why not the engine asked for", why.to_string()));
+    }
+    if let Some(conv) = root.get("step_convention").opt_str()? {
+        rows.push(("step convention", conv.to_string()));
+    }
+    if let Some(rates) = link_rates(root)? {
+        rows.push(("links", rates));
+    }
+    let mut out = facts(&rows);
+    out.push_str(&degraded_links(root)?);
 
     let steps = steps(root)?;
     out.push_str("<h3>Link load per step</h3>\n");
@@ -246,8 +284,13 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             l.get("to_port").u64()?
         );
         let conflicts = l.get("conflicts").u64()?;
+        let rate = match (l.get("rate").opt_str()?, l.get("gbps").opt_f64()?) {
+            (Some(r), Some(g)) => format!("{r} ({} Gb/s)", gbps(g)),
+            _ => "?".into(),
+        };
         rows.push(vec![
             Cell::new(name.clone()),
+            Cell::new(rate),
             Cell::num(count(conflicts)),
             Cell::num(count(l.get("steps_shared").u64()?)),
             Cell::num(l.get("max_load").u64()?.to_string()),
@@ -269,10 +312,55 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             ),
         )?);
         out.push_str(&table(
-            &["directed link", "conflicts", "steps shared", "max load"],
+            &[
+                "directed link",
+                "rate",
+                "conflicts",
+                "steps shared",
+                "max load",
+            ],
             &rows,
         ));
     }
+    Ok(out)
+}
+
+/// Links slower than most of their tier (`degraded_links`), as a table.
+fn degraded_links(root: &At) -> Result<String> {
+    let links = root.get("degraded_links").opt_array()?;
+    if links.is_empty() {
+        return Ok(String::new());
+    }
+    let mut rows = Vec::new();
+    for l in &links {
+        rows.push(vec![
+            Cell::new(format!(
+                "{} port {} -> {} port {}",
+                l.get("node").str()?,
+                l.get("port").u64()?,
+                l.get("to").str()?,
+                l.get("to_port").u64()?
+            )),
+            Cell::new(format!(
+                "{} ({} Gb/s)",
+                l.get("rate").str()?,
+                gbps(l.get("gbps").f64()?)
+            )),
+            Cell::new(format!(
+                "{} ({} Gb/s): {} of {} {}",
+                l.get("usual_rate").str()?,
+                gbps(l.get("usual_gbps").f64()?),
+                count(l.get("tier_usual").u64()?),
+                count(l.get("tier_links").u64()?),
+                l.get("tier").str()?
+            )),
+        ]);
+    }
+    let mut out = format!(
+        "<h3>Degraded links</h3>\n<p class=\"note\">{} link(s) run slower than most links of their tier.</p>\n",
+        count(links.len() as u64)
+    );
+    out.push_str(&table(&["link", "rate", "usual in its tier"], &rows));
     Ok(out)
 }
 
@@ -360,4 +448,41 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
         evb_plot::bar_chart_svg("Conflicts, by analysis", "analysis", "conflicts", &bars),
     )?);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use std::path::PathBuf;
+
+    /// Rates, the fallback and degraded links show when the file has them.
+    #[test]
+    fn rates_fallback_and_degraded_links() {
+        let fabric = json!({"conflict_definition": "d", "hosts": 2,
+            "topology": "t", "routing": "minhop routing by evb (ftree fell back to minhop, as OpenSM does)",
+            "routing_fallback": "ftree: not a fat tree",
+            "step_convention": "receive: in step s rank i receives from rank i+s",
+            "link_rates": [{"rate": "4xQDR", "gbps": 32.0, "cables": 136},
+                           {"rate": "4xFDR", "gbps": 54.54545454, "cables": 2}],
+            "degraded_links": [{"node": "r422node2", "port": 1, "to": "S-0008f10500200b50",
+                "to_port": 4, "rate": "4xDDR", "gbps": 16.0, "usual_rate": "4xQDR",
+                "usual_gbps": 32.0, "tier": "host links", "tier_links": 89, "tier_usual": 66}],
+            "worst_links": [{"node": "a", "port": 1, "to": "b", "to_port": 2, "conflicts": 3,
+                "steps_shared": 2, "max_load": 2, "rate": "4xQDR", "gbps": 32.0}],
+            "per_step": [{"step": 1, "conflicts": 0, "max_link_load": 1}],
+            "total": {"conflicts": 3, "flows": 2, "flows_on_shared_links": 2,
+                "max_link_load": 2, "steps": 1, "steps_with_conflicts": 1}});
+        let html = crate::render(&[(PathBuf::from("f.json"), fabric)]).unwrap();
+        for want in [
+            "136 x 4xQDR (32 Gb/s), 2 x 4xFDR (54.55 Gb/s)",
+            "ftree: not a fat tree",
+            "receive: in step s rank i receives from rank i+s",
+            "<h3>Degraded links</h3>",
+            "r422node2 port 1 -&gt; S-0008f10500200b50 port 4",
+            "4xQDR (32 Gb/s): 66 of 89 host links",
+            "<td>4xQDR (32 Gb/s)</td>",
+        ] {
+            assert!(html.contains(want), "no {want}");
+        }
+    }
 }

@@ -15,7 +15,7 @@ use std::collections::BinaryHeap;
 /// Bucket width: 2^12 ps (4 ns).
 const SHIFT: u32 = 10;
 /// Buckets: 2^14, a horizon of 2^26 ps (67 us).
-const BUCKETS: usize = 1 << 16;
+const BUCKETS: usize = 1 << 11;
 #[cfg(test)]
 const HORIZON: u64 = (BUCKETS as u64) << SHIFT;
 

@@ -440,7 +440,7 @@ impl EventBuilder {
                 Action::Send { to, msg } => self.outbox.entry(to).or_default().push(msg),
                 Action::Produce { mep } => {
                     let source = self.sources[h].as_ref().expect("an RU produces");
-                    let header = source.describe(mep, &mut self.scratch);
+                    let header = source.describe_length(mep, &mut self.scratch);
                     self.nodes[h].on_mep_ready(now, header);
                 }
                 Action::SendFragment { to, header } => {

@@ -3,6 +3,8 @@
 // Each test file is its own crate and uses some of these.
 #![allow(dead_code)]
 
+pub mod slurm;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

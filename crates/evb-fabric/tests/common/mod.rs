@@ -100,7 +100,8 @@ impl Sim {
             .stderr(log)
             .spawn()
             .expect("start ibsim");
-        let sim_host = topo.nodes[topo.hosts()[0]].name.clone();
+        // The SM attaches to the first host, named by its net-file id.
+        let sim_host = evb_fabric::io::ibsim_node_id(topo, topo.hosts()[0]);
         let mut sim = Sim {
             dir: dir.to_path_buf(),
             child,
@@ -150,7 +151,9 @@ impl Sim {
         let out = std::fs::File::create(self.dir.join(format!("opensm-{tag}.out"))).unwrap();
         let child = self
             .cmd("opensm")
-            .args(["--once", "-R", engine, "-D", "0x40", "--dump_files_dir"])
+            // Routing dumps (0x40), errors and info (0x03): the log says
+            // which engine configured the tables, and why one gave up.
+            .args(["--once", "-R", engine, "-D", "0x43", "--dump_files_dir"])
             .arg(&dump)
             .arg("-f")
             .arg(&log)
@@ -171,6 +174,27 @@ impl Sim {
             dump.display()
         );
         dump
+    }
+
+    /// The engine that configured the tables in the run tagged `tag`
+    /// (OpenSM logs "<engine> tables configured on all switches"), and the
+    /// log's error lines.
+    pub fn engine_used(&self, tag: &str) -> (String, Vec<String>) {
+        let log = std::fs::read_to_string(self.dir.join(format!("opensm-{tag}.log")))
+            .expect("opensm log");
+        let used = log
+            .lines()
+            .filter_map(|l| l.split_once(" tables configured on all switches"))
+            .filter_map(|(a, _)| a.rsplit(' ').next())
+            .next_back()
+            .unwrap_or_else(|| panic!("no 'tables configured' line in opensm-{tag}.log"))
+            .to_string();
+        let errors = log
+            .lines()
+            .filter(|l| l.contains(" 0x01 -> "))
+            .map(|l| l.split_once(" 0x01 -> ").unwrap().1.to_string())
+            .collect();
+        (used, errors)
     }
 
     fn capture(&self, prog: &str, args: &[&str], out_name: &str) -> PathBuf {
