@@ -32,8 +32,9 @@
 //! an overloaded lossy network collapses into retransmissions.
 //!
 //! Every link has its own rate. A packet cannot leave a switch faster than
-//! it arrives: on a faster output its transmission ends no sooner than its
-//! tail arrives (store-and-forward in effect).
+//! it arrives: onto a faster output it goes once enough of it is in for its
+//! tail to keep up (store-and-forward in effect), so that the faster link
+//! carries it in its own, shorter time and has room for others.
 //!
 //! Host: queue pairs (one per message in flight) served packet by packet in
 //! turn at link rate, MTU segmentation with the header overheads of the
@@ -289,6 +290,10 @@ enum Ev {
     Credit {
         out: u32,
     },
+    /// Links of different rates: input `inp` has read its packet out.
+    InFree {
+        inp: u32,
+    },
     /// A PAUSE (or its end) reaches output `out` for priority `vl`.
     Pause {
         out: u32,
@@ -384,6 +389,9 @@ pub struct Net {
     host_eth: Vec<bool>,
     /// Some Ethernet switch drops: receivers check sequence.
     lossy: bool,
+    /// Links run at different rates (packets may have to wait for their
+    /// tails before going on).
+    mixed_rates: bool,
     pub hosts: Vec<HostCounters>,
     pub eth_counters: EthCounters,
     rng: Pcg64Mcg,
@@ -522,6 +530,7 @@ impl Net {
                 };
         }
         let lossy = !params.eth.lossless && fabric.ethernet.iter().any(|&e| e);
+        let mixed_rates = rates.len() > 1;
         let mut net = Net {
             fabric,
             now: 0,
@@ -540,6 +549,7 @@ impl Net {
             data_waiting: vec![VecDeque::new(); hosts as usize],
             host_eth,
             lossy,
+            mixed_rates,
             hosts: vec![HostCounters::default(); hosts as usize],
             eth_counters: EthCounters::default(),
             rng,
@@ -702,6 +712,9 @@ impl Net {
     fn handle(&mut self, ev: Ev, traffic: &mut dyn Traffic) {
         match ev {
             Ev::SwitchHead { inp, pkt } => {
+                if self.mixed_rates && self.too_early(inp, pkt) {
+                    return;
+                }
                 if self.ins[inp as usize].eth {
                     self.eth_arrive(inp, pkt);
                     return;
@@ -731,6 +744,7 @@ impl Net {
                 self.outs[out as usize].credit_wake = None;
                 self.serve(out);
             }
+            Ev::InFree { inp } => self.input_free(inp),
             Ev::Pause { out, vl, on } => {
                 let o = &mut self.outs[out as usize];
                 if on {
@@ -812,6 +826,20 @@ impl Net {
         } else {
             self.try_forward(out);
         }
+    }
+
+    /// Links of different rates: a packet is not forwarded onto a faster
+    /// link before enough of it has come in for its tail to keep up
+    /// (store-and-forward in effect); its `SwitchHead` comes again then.
+    fn too_early(&mut self, inp: u32, pkt: u32) -> bool {
+        let p = self.packets[pkt as usize];
+        let out = self.route(self.ins[inp as usize].switch, p.dst);
+        let tx = self.tx(out, p.wire);
+        if self.now + tx >= p.tail_at {
+            return false;
+        }
+        self.at(p.tail_at - tx, Ev::SwitchHead { inp, pkt });
+        true
     }
 
     /// The output of switch `s` towards host `dst`.
@@ -1190,8 +1218,17 @@ impl Net {
         // this output's `OutFree`): the next head asks for its output then.
         let start = self.now;
         let end = self.transmit(out, pkt);
+        let mut left = end;
+        if self.mixed_rates && self.outs[upstream as usize].rate != self.outs[out as usize].rate {
+            // Links of different rates: the input reads the packet out at
+            // its own link's rate (into the output's staging), so it is
+            // free when that is done, not when the output is.
+            left = start + self.tx(upstream, p.wire);
+            self.outs[out as usize].fed_by = u32::MAX;
+            self.at(left, Ev::InFree { inp });
+        }
         // The buffer space is free as the packet leaves: tell the sender.
-        self.return_credits(upstream, p, start, end);
+        self.return_credits(upstream, p, start, left);
     }
 
     /// Ethernet: a packet's head is in the switch (a switch latency ago):

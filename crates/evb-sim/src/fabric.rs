@@ -312,8 +312,25 @@ pub fn from_topology(
             .map(|&s| topo.nodes[s].name.clone())
             .collect(),
         host_attach,
-        host_gbps: vec![0.0; order.len()],
-        port_gbps: ports.iter().map(|ps| vec![0.0; ps.len()]).collect(),
+        // The cables' rates where the topology knows them (ibnetdiscover's
+        // width and speed, a generator's gbps/uplink_gbps); 0: sim.link_gbps.
+        host_gbps: order
+            .iter()
+            .map(|&h| {
+                let node = &topo.nodes[h];
+                node.first_port()
+                    .and_then(|p| topo.link_gbps(h, p))
+                    .unwrap_or(0.0)
+            })
+            .collect(),
+        port_gbps: switches
+            .iter()
+            .map(|&s| {
+                (1..=topo.nodes[s].nports())
+                    .map(|p| topo.link_gbps(s, p as u8).unwrap_or(0.0))
+                    .collect()
+            })
+            .collect(),
         ethernet: vec![false; ports.len()],
         ports,
         routes,

@@ -585,3 +585,112 @@ fn lossy_output_network_drops_and_retransmits() {
     let c = lossy.consumers.unwrap();
     assert!(c.batches_consumed > 10, "batches still arrive whole");
 }
+
+/// Per-link rates from a generator option: a 2:1 tree (4 uplinks for 8
+/// hosts a leaf) runs the synchronised shift at the hosts' rate when its
+/// uplinks are twice as fast, as the rate-weighted conflict analysis says
+/// (its conflicts on 200 Gb/s uplinks weigh nothing), and loses a third
+/// with uplinks as fast as the hosts.
+#[test]
+fn faster_uplinks_lift_an_oversubscribed_tree_as_the_weighted_analysis_says() {
+    let config = Config::from_str_with_overrides(
+        "test",
+        "",
+        &[
+            "sim.traffic=\"shift-window\"".into(),
+            "sim.duration_us=1600".into(),
+            "sim.window_ns=20000".into(),
+            "sim.grace_ns=1000".into(),
+            "nodes.count=32".into(),
+        ],
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    let window_rate = 100.0 * EFFICIENCY * 19.0 / 20.0;
+    let mut results = Vec::new();
+    for uplink in [100, 200] {
+        let spec = format!("fat-tree:radix=12,hosts=32,oversub=2,uplink_gbps={uplink}");
+        let (topo, lfts, order, fabric) = fat_tree(&spec, "ftree");
+        let a = evb_fabric::conflicts::analyze(
+            &topo,
+            &lfts,
+            &order,
+            &evb_fabric::conflicts::shift_steps(32),
+            5,
+        )
+        .unwrap();
+        let r = simulate(&config, fabric, |_| {}).unwrap();
+        let uplinks: Vec<f64> = r
+            .links
+            .iter()
+            .filter(|l| l.gbps != 100.0)
+            .map(|l| l.gbps)
+            .collect();
+        results.push((
+            uplink,
+            a.total.conflicts,
+            a.total.weighted_conflicts,
+            r.summary.throughput_per_host_gbps,
+            uplinks.len(),
+        ));
+    }
+    let (_, c100, w100, g100, n100) = results[0];
+    let (_, c200, w200, g200, n200) = results[1];
+    assert!(c100 > 0 && c200 == c100, "{results:?}");
+    assert!((w100 - c100 as f64).abs() < 1e-9, "same rates: {results:?}");
+    assert_eq!(w200, 0.0, "{results:?}");
+    assert_eq!(n100, 0);
+    assert_eq!(n200, 4 * 4 * 2, "4 leaves x 4 uplinks, both ways");
+    assert!(g200 > 0.97 * window_rate, "{results:?}");
+    assert!(g100 < 0.8 * window_rate, "{results:?}");
+}
+
+/// Per-link rates from an imported topology: a host whose cable trained
+/// to 4xDDR (16 Gb/s of data) in a 4xQDR fabric receives at its link's
+/// rate, and the others at theirs.
+#[test]
+fn a_degraded_host_link_runs_at_its_own_rate() {
+    use evb_fabric::routing::{route, Engine};
+    let mut topo = evb_fabric::io::load_topology("fat-tree:radix=8,hosts=8,gbps=4xQDR").unwrap();
+    let order = evb_fabric::optimize::order_from_spec("name", &topo).unwrap();
+    let h0 = order[0];
+    let port = topo.nodes[h0].first_port().unwrap();
+    topo.set_link_rate(
+        h0,
+        port,
+        Some(evb_fabric::rate::LinkRate::parse("4xDDR").unwrap()),
+    )
+    .unwrap();
+    let lfts = route(&topo, &Engine::Ftree).unwrap();
+    let fabric = evb_sim::fabric::from_topology(&topo, &lfts, &order, "degraded").unwrap();
+    assert_eq!(fabric.host_gbps[0], 16.0);
+    let config = Config::from_str_with_overrides(
+        "test",
+        "",
+        &[
+            "sim.traffic=\"incast\"".into(),
+            "sim.duration_us=1000".into(),
+            "nodes.count=8".into(),
+        ],
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    let r = simulate(&config, fabric, |_| {}).unwrap();
+    let rx0 = r.hosts[0].received_gbps;
+    assert!(
+        (rx0 - 16.0 * EFFICIENCY).abs() < 0.02 * 16.0,
+        "{rx0} vs {}",
+        16.0 * EFFICIENCY
+    );
+    // Lossless: what the others sent and host 0 did not get yet is in the
+    // switches' input buffers (at most 64 KiB a port on the way).
+    let senders: f64 = r.hosts[1..].iter().map(|h| h.sent_gbps).sum();
+    let queued = (senders - rx0) * 1e9 / 8.0 * 1e-3;
+    assert!(
+        (0.0..16.0 * 65536.0).contains(&queued),
+        "{senders} vs {rx0}"
+    );
+    let slow: Vec<_> = r.links.iter().filter(|l| l.gbps == 16.0).collect();
+    assert_eq!(slow.len(), 2, "the host's uplink and its switch port");
+    assert!(slow.iter().any(|l| l.utilisation > 0.97), "{slow:?}");
+}
