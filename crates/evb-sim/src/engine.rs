@@ -265,6 +265,8 @@ struct InPort {
     busy: bool,
     /// Per VL (bit): its head packet is in its output's `waiting` list.
     requested: u16,
+    /// The VL of the packet being read out.
+    reading_vl: u8,
     /// On an Ethernet switch.
     eth: bool,
     /// Ethernet, per priority: bytes in the switch that came in here, the
@@ -867,29 +869,31 @@ impl Net {
     /// that VL asks for its output, and the outputs the heads of its other
     /// VLs wait for may take them now.
     fn input_free(&mut self, inp: u32) {
-        self.ins[inp as usize].busy = false;
-        // First every head asks (only the VL just read from can have a new
-        // one), then their outputs look: one of them takes the input.
-        let mut outs = [u32::MAX; 16];
-        for vl in 0..self.params.vls {
-            let port = &self.ins[inp as usize];
-            if port.queues[vl as usize].is_empty() {
-                continue;
-            }
-            let out = self.route_of_head(inp, vl);
-            outs[vl as usize] = out;
-            if port.requested & (1 << vl) == 0 {
-                self.ins[inp as usize].requested |= 1 << vl;
-                self.outs[out as usize].waiting.push_back((inp, vl));
-            }
+        let port = &mut self.ins[inp as usize];
+        port.busy = false;
+        // Only the VL just read from can have a head that has not asked
+        // yet: it asks first, then the outputs of every waiting head look
+        // (one of them takes the input).
+        let v = port.reading_vl;
+        let mut asked = u32::MAX;
+        if !port.queues[v as usize].is_empty() && port.requested & (1 << v) == 0 {
+            port.requested |= 1 << v;
+            asked = self.route_of_head(inp, v);
+            self.outs[asked as usize].waiting.push_back((inp, v));
         }
-        for &out in &outs[..usize::from(self.params.vls)] {
+        let mut bits = self.ins[inp as usize].requested;
+        while bits != 0 {
             if self.ins[inp as usize].busy {
                 return;
             }
-            if out != u32::MAX {
-                self.try_forward(out);
-            }
+            let vl = bits.trailing_zeros() as u8;
+            bits &= bits - 1;
+            let out = if vl == v && asked != u32::MAX {
+                asked
+            } else {
+                self.route_of_head(inp, vl)
+            };
+            self.try_forward(out);
         }
     }
 
@@ -1045,6 +1049,13 @@ impl Net {
         }
     }
 
+    /// Lossy Ethernet: arms the ACK timeout of `msg` unless it is armed;
+    /// says whether it was.
+    fn rto_armed(&mut self, msg: MsgId) -> bool {
+        let m = self.msgs[msg as usize].as_mut().expect("in flight");
+        std::mem::replace(&mut m.rto_armed, true)
+    }
+
     /// Lossy Ethernet: the sender of `msg` goes back to the first byte the
     /// receiver lacks.
     fn go_back(&mut self, msg: MsgId) {
@@ -1156,9 +1167,7 @@ impl Net {
                     self.data_message_sent(host);
                 }
             }
-            let m = self.msgs[id as usize].as_mut().expect("active");
-            if last && eth && self.lossy && !m.rto_armed {
-                m.rto_armed = true;
+            if last && eth && self.lossy && !self.rto_armed(id) {
                 // The sender's ACK timeout: if the receiver does not have
                 // it all by then (a lost retransmission, or a lost tail
                 // with nothing after it to reveal the gap), go back.
@@ -1211,6 +1220,7 @@ impl Net {
         let port = &mut self.ins[inp as usize];
         let pkt = port.queues[v as usize].pop_front().expect("a head packet");
         port.busy = true;
+        port.reading_vl = v;
         port.requested &= !(1 << v);
         let p = self.packets[pkt as usize];
         let upstream = port.upstream;
@@ -1429,6 +1439,7 @@ impl InPort {
             upstream,
             busy: false,
             requested: 0,
+            reading_vl: 0,
             eth,
             held: vec![0; if eth { vls } else { 0 }],
             xoff: u32::MAX,
