@@ -49,6 +49,10 @@ struct ScheduleArgs {
     /// The plain barrel in this order instead (one slot per shift step).
     #[arg(long)]
     plain: bool,
+    /// Only the first N ranks of the order are event-builder nodes (the
+    /// hosts after them run a separate EM or consumers); default all.
+    #[arg(long)]
+    ranks: Option<usize>,
     /// Schedule file to write.
     #[arg(long)]
     out: PathBuf,
@@ -227,7 +231,13 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         other => bail!("--local: `{other}` is neither memory nor nic"),
     };
     let (topo, lfts, what, _) = load(&a.input)?;
-    let order = optimize::order_from_spec(&a.order, &topo)?;
+    let mut order = optimize::order_from_spec(&a.order, &topo)?;
+    if let Some(r) = a.ranks {
+        if r > order.len() {
+            bail!("--ranks {r}: the order has only {} hosts", order.len());
+        }
+        order.truncate(r);
+    }
     let n = order.len();
     if n < 2 {
         bail!("a schedule needs at least 2 ranks, the order has {n}");

@@ -144,22 +144,29 @@ pub fn run(args: SimArgs) -> Result<()> {
     // says otherwise; a separate EM and the consumers take the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
-        // A first look for the consumers only: without the schedule file,
-        // which is checked against the node count this decides.
+        // A first look, for the consumers and the EM's placement only:
+        // without the schedule file (checked against the node count this
+        // decides), and sized for the fabric (a check such as
+        // parallel_sends against the BUs must not see the default 4 nodes).
         let mut probe = overrides.clone();
         probe.push("event_builder.schedule_file=\"\"".into());
-        let first = Config::load(args.config.as_deref(), &probe)?;
-        let consumers = usize::from(first.output.consumers);
-        let em_host = usize::from(first.nodes.em == evb_core::config::EmPlacement::Separate);
-        if consumers + em_host + 1 > fabric.hosts() {
-            bail!(
-                "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
-                fabric.hosts()
-            );
-        }
-        // A file that sizes the builder for this fabric keeps its count.
-        let fits = usize::from(evb_core::Layout::from_config(&first).endpoints) == fabric.hosts();
+        let as_is = Config::load(args.config.as_deref(), &probe).ok();
+        let fits = as_is.as_ref().is_some_and(|c| {
+            usize::from(evb_core::Layout::from_config(c).endpoints) == fabric.hosts()
+        });
         if !fits {
+            let mut sized = probe.clone();
+            sized.insert(0, format!("nodes.count={}", fabric.hosts()));
+            let first = Config::load(args.config.as_deref(), &sized)?;
+            let consumers = usize::from(first.output.consumers);
+            let em_host = usize::from(first.nodes.em == evb_core::config::EmPlacement::Separate);
+            if consumers + em_host + 1 > fabric.hosts() {
+                bail!(
+                    "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
+                    fabric.hosts()
+                );
+            }
+            // A file that sizes the builder for this fabric keeps its count.
             overrides.insert(
                 0,
                 format!("nodes.count={}", fabric.hosts() - consumers - em_host),
