@@ -49,6 +49,10 @@ struct ScheduleArgs {
     /// The plain barrel in this order instead (one slot per shift step).
     #[arg(long)]
     plain: bool,
+    /// Only the first N ranks of the order are event-builder nodes (the
+    /// hosts after them run a separate EM or consumers); default all.
+    #[arg(long)]
+    ranks: Option<usize>,
     /// Schedule file to write.
     #[arg(long)]
     out: PathBuf,
@@ -227,7 +231,13 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         other => bail!("--local: `{other}` is neither memory nor nic"),
     };
     let (topo, lfts, what, _) = load(&a.input)?;
-    let order = optimize::order_from_spec(&a.order, &topo)?;
+    let mut order = optimize::order_from_spec(&a.order, &topo)?;
+    if let Some(r) = a.ranks {
+        if r > order.len() {
+            bail!("--ranks {r}: the order has only {} hosts", order.len());
+        }
+        order.truncate(r);
+    }
     let n = order.len();
     if n < 2 {
         bail!("a schedule needs at least 2 ranks, the order has {n}");
@@ -326,7 +336,7 @@ fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-fn split_port(s: &str) -> Result<(String, u8)> {
+pub(crate) fn split_port(s: &str) -> Result<(String, u8)> {
     let (n, p) = s
         .rsplit_once(':')
         .with_context(|| format!("expected NAME:PORT, got '{s}'"))?;
@@ -450,24 +460,41 @@ fn link_summary(topo: &Topology) -> (Vec<String>, serde_json::Value) {
     (lines, json)
 }
 
-/// Loads topology and LFTs, applying what-if edits.
-fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)> {
-    let orig = load_named(&input.topology, &input.naming)?;
-    let mut topo = orig.clone();
-    for n in &input.remove {
+/// Applies what-if edits to a fabric: hosts or switches removed, cables
+/// removed, cables swapped (as `evb fabric` and `evb sim` take them).
+pub(crate) fn apply_edits(
+    topo: &mut Topology,
+    remove: &[String],
+    remove_link: &[String],
+    swap_cables: &[String],
+) -> Result<()> {
+    for n in remove {
         topo.remove_node(n)?;
     }
-    for l in &input.remove_link {
+    for l in remove_link {
         let (n, p) = split_port(l)?;
         topo.remove_link(&n, p)?;
     }
-    for s in &input.swap_cables {
+    for s in swap_cables {
         let (a, b) = s
             .split_once(',')
             .with_context(|| format!("expected A:PORT,B:PORT, got '{s}'"))?;
         let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
         topo.swap_cables(&na, pa, &nb, pb)?;
     }
+    Ok(())
+}
+
+/// Loads topology and LFTs, applying what-if edits.
+fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)> {
+    let orig = load_named(&input.topology, &input.naming)?;
+    let mut topo = orig.clone();
+    apply_edits(
+        &mut topo,
+        &input.remove,
+        &input.remove_link,
+        &input.swap_cables,
+    )?;
     let (lfts, what, fallback) = match &input.lfts {
         Some(f) => {
             let l = io::parse_lfts(f, &orig)?;

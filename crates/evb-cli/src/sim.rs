@@ -29,6 +29,15 @@ pub struct SimArgs {
     /// Rank order: name, lid, leaf, random:SEED, ftree, or a hostfile.
     #[arg(long, default_value = "name")]
     pub order: String,
+    /// What-if: remove a host or switch by name (repeatable), as `evb fabric`.
+    #[arg(long = "remove")]
+    pub remove: Vec<String>,
+    /// What-if: remove the cable at NAME:PORT (repeatable).
+    #[arg(long = "remove-link")]
+    pub remove_link: Vec<String>,
+    /// What-if: swap the far ends of two cables, A:PORT,B:PORT (repeatable).
+    #[arg(long = "swap-cables")]
+    pub swap_cables: Vec<String>,
     /// Traffic (sets sim.traffic): eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
     #[arg(long)]
     pub traffic: Option<String>,
@@ -79,6 +88,9 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
                 args.topology
             );
         }
+        if !(args.remove.is_empty() && args.remove_link.is_empty() && args.swap_cables.is_empty()) {
+            bail!("--remove, --remove-link and --swap-cables edit fat trees and ibnetdiscover fabrics, not switch:hosts=N");
+        }
         return Ok(SimFabric::single_switch(hosts));
     }
     if !args.topology.starts_with("fat-tree") && !std::path::Path::new(&args.topology).exists() {
@@ -87,7 +99,13 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
             args.topology
         );
     }
-    let topo = evb_fabric::io::load_topology(&args.topology)?;
+    let mut topo = evb_fabric::io::load_topology(&args.topology)?;
+    crate::fabric::apply_edits(
+        &mut topo,
+        &args.remove,
+        &args.remove_link,
+        &args.swap_cables,
+    )?;
     let lfts = match &args.lfts {
         Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
         None => {
@@ -122,28 +140,55 @@ pub fn run(args: SimArgs) -> Result<()> {
     if let Some(l) = args.load {
         overrides.push(format!("sim.load={l}"));
     }
-    // The event builder has one node per host unless the file says
-    // otherwise; consumers are on the output network, or (with
-    // sim.output.network = "fabric") take the last hosts.
+    // The event builder has one node per host unless the file or --set
+    // says otherwise; a separate EM takes the last host, and the consumers
+    // are on the output network or (sim.output.network = "fabric") take
+    // the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
-        // A first look for the consumers only: without the schedule file,
-        // which is checked against the node count this decides.
+        // A first look, for the consumers and the EM's placement only:
+        // without the schedule file (checked against the node count this
+        // decides), and sized for the fabric (a check such as
+        // parallel_sends against the BUs must not see the default 4 nodes).
         let mut probe = overrides.clone();
         probe.push("event_builder.schedule_file=\"\"".into());
-        let first = Config::load(args.config.as_deref(), &probe)?;
-        let consumers = if evb_sim::separate_output(&first) {
-            0
-        } else {
-            usize::from(first.output.consumers)
+        // The fabric's hosts a configuration needs: its endpoints, less
+        // the consumers when they are on the output network.
+        let on_fabric = |c: &Config| {
+            let layout = evb_core::Layout::from_config(c);
+            let all = usize::from(layout.endpoints);
+            if evb_sim::separate_output(c) {
+                all - layout.fus()
+            } else {
+                all
+            }
         };
-        if consumers + 1 > fabric.hosts() {
-            bail!(
-                "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
-                fabric.hosts()
+        let as_is = Config::load(args.config.as_deref(), &probe).ok();
+        let fits = as_is
+            .as_ref()
+            .is_some_and(|c| on_fabric(c) == fabric.hosts());
+        if !fits {
+            let mut sized = probe.clone();
+            sized.insert(0, format!("nodes.count={}", fabric.hosts()));
+            let first = Config::load(args.config.as_deref(), &sized)?;
+            let consumers = if evb_sim::separate_output(&first) {
+                0
+            } else {
+                usize::from(first.output.consumers)
+            };
+            let em_host = usize::from(first.nodes.em == evb_core::config::EmPlacement::Separate);
+            if consumers + em_host + 1 > fabric.hosts() {
+                bail!(
+                    "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
+                    fabric.hosts()
+                );
+            }
+            // A file that sizes the builder for this fabric keeps its count.
+            overrides.insert(
+                0,
+                format!("nodes.count={}", fabric.hosts() - consumers - em_host),
             );
         }
-        overrides.insert(0, format!("nodes.count={}", fabric.hosts() - consumers));
     }
     let config = Config::load(args.config.as_deref(), &overrides)?;
     let bar = crate::progress::bar(1000, "simulating");

@@ -347,6 +347,8 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
+    summary.slot_clock =
+        crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0);
     if layout.fus() > 0 {
         summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
             &reports,
@@ -850,6 +852,19 @@ pub fn format_summary(result: &RunResult) -> String {
         s.latency_ns.p99 as f64 / 1e6,
         s.latency_ns.max as f64 / 1e6
     );
+    if let Some(c) = &s.slot_clock {
+        let error = c
+            .max_abs_phase_error_ns
+            .map_or("unknown (nodes on other hosts)".to_string(), |e| {
+                format!("{:.1} us", e as f64 / 1e3)
+            });
+        out += &format!(
+            "slot clock: {:.1} us slots; {} nodes measured the EM's clock, phase error at most {error}, uncertainty at most {:.1} us\n",
+            c.slot_us,
+            c.nodes_measured,
+            c.max_uncertainty_ns as f64 / 1e3
+        );
+    }
     if s.fragments_corrupt + s.fragments_duplicate + s.fragments_unexpected > 0 {
         out += &format!(
             "fragments dropped: corrupt {}  duplicate {}  unexpected {}\n",

@@ -441,6 +441,9 @@ enum Slot {
 struct Engine {
     node: Node,
     epoch: Instant,
+    /// CLOCK_MONOTONIC at `epoch`, ns: lets `evb run` compare the clocks
+    /// of its nodes (the slotted barrel's phase error).
+    epoch_monotonic_ns: u64,
     sources: Option<SourceModel>,
     size_scratch: Vec<u32>,
     /// RU data of MEPs not yet released.
@@ -807,6 +810,7 @@ impl Runtime {
             engine: Engine {
                 node,
                 epoch: Instant::now(),
+                epoch_monotonic_ns: 0,
                 sources,
                 size_scratch: Vec::new(),
                 meps: HashMap::new(),
@@ -848,6 +852,7 @@ impl Runtime {
         commands: Option<&mpsc::Receiver<Command>>,
     ) -> Result<()> {
         self.engine.epoch = Instant::now();
+        self.engine.epoch_monotonic_ns = monotonic_ns();
         // Silence is counted from the start of the run, not the setup.
         self.engine.last_rx.fill(Instant::now());
         if self.restarted {
@@ -1457,6 +1462,21 @@ impl Runtime {
             r.em_resumed_at = em.resumed_at;
         }
         r.drain_timed_out = drain_timed_out;
+        let slotted = self.config.event_builder.schedule == evb_core::config::Schedule::Slotted;
+        let is_em = self.layout.em == self.rank;
+        if slotted && (is_em || stats.clock.is_some()) {
+            let c = stats.clock.unwrap_or_default();
+            r.clock = Some(crate::report::ClockReport {
+                host: hostname(),
+                epoch_monotonic_ns: self.engine.epoch_monotonic_ns,
+                offset_ns: c.offset_ns,
+                uncertainty_ns: c.uncertainty_ns,
+                probes: c.probes,
+                replies: c.replies,
+                max_step_ns: c.max_step_ns,
+                em: is_em,
+            });
+        }
         if let Some(m) = &self.metrics {
             let (bu_output, consumer) =
                 crate::metrics::output_gauges(&self.engine.node, &self.layout);
@@ -1699,6 +1719,33 @@ fn slot_bytes(s: &Option<Slot>) -> &[u8] {
         Some(Slot::Local(rc)) => &rc[..],
         None => &[][..],
     }
+}
+
+/// CLOCK_MONOTONIC now, ns: the clock `Instant` reads on Linux, shared by
+/// every process of a host.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// This host's name (for telling which nodes share a clock).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its whole length, which is passed.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
 #[cfg(test)]

@@ -198,6 +198,32 @@ pub struct NodeReport {
     pub store_events: u64,
     #[serde(default)]
     pub store_bytes: u64,
+    /// The slotted barrel's clock on this node: its measured offset to the
+    /// EM's clock, and where this process's clock started (for `evb run`
+    /// to compute the true offsets of nodes on one host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockReport>,
+}
+
+/// What a node knows of its clock against the EM's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClockReport {
+    /// The host the node runs on: true offsets are known only between
+    /// processes of one host (one CLOCK_MONOTONIC).
+    pub host: String,
+    /// CLOCK_MONOTONIC at this node's time 0, ns.
+    pub epoch_monotonic_ns: u64,
+    /// Measured: EM time minus this node's time, ns (0 on the EM's node).
+    pub offset_ns: i64,
+    /// Half the round trip of the answer the offset rests on.
+    pub uncertainty_ns: u64,
+    pub probes: u64,
+    pub replies: u64,
+    /// Largest change of the estimate between answers.
+    pub max_step_ns: u64,
+    /// This node hosts the EM (the reference clock).
+    #[serde(default)]
+    pub em: bool,
 }
 
 impl NodeReport {
@@ -437,9 +463,80 @@ pub struct Summary {
     pub rx_buffer_overflows: u64,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
+    /// The slotted barrel's clock: how well the nodes agree on the slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_clock: Option<SlotClockSummary>,
     /// The output stage, when the run had consumers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumers: Option<ConsumersSummary>,
+}
+
+/// How well the nodes of a slotted run agreed on the EM's clock.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SlotClockSummary {
+    pub slot_us: f64,
+    /// Nodes that measured their offset (the EM's node does not).
+    pub nodes_measured: u16,
+    /// Largest half round trip under an offset: the bound on each node's
+    /// phase error if its paths are symmetric.
+    pub max_uncertainty_ns: u64,
+    /// Nodes on the EM's host: measured minus true offset (the true one
+    /// from the processes' CLOCK_MONOTONIC epochs), largest magnitude.
+    /// `None` when no node shares the EM's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_abs_phase_error_ns: Option<u64>,
+    pub nodes: Vec<SlotClockNode>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SlotClockNode {
+    pub node: u16,
+    pub offset_ns: i64,
+    pub uncertainty_ns: u64,
+    pub replies: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_error_ns: Option<i64>,
+}
+
+impl SlotClockSummary {
+    /// From the nodes' final reports; `None` if no node reported a clock.
+    pub fn from_reports(reports: &[Option<NodeReport>], slot_us: f64) -> Option<SlotClockSummary> {
+        let clocks: Vec<(u16, &ClockReport)> = reports
+            .iter()
+            .flatten()
+            .filter_map(|r| r.clock.as_ref().map(|c| (r.node, c)))
+            .collect();
+        let em = clocks.iter().find(|(_, c)| c.em).map(|(_, c)| *c);
+        let nodes: Vec<SlotClockNode> = clocks
+            .iter()
+            .filter(|(_, c)| !c.em)
+            .map(|&(node, c)| SlotClockNode {
+                node,
+                offset_ns: c.offset_ns,
+                uncertainty_ns: c.uncertainty_ns,
+                replies: c.replies,
+                // EM time - node time = node epoch - EM epoch (one clock).
+                phase_error_ns: em.filter(|e| e.host == c.host && c.replies > 0).map(|e| {
+                    let truth = c.epoch_monotonic_ns as i64 - e.epoch_monotonic_ns as i64;
+                    c.offset_ns - truth
+                }),
+            })
+            .collect();
+        if nodes.is_empty() {
+            return None;
+        }
+        let errors: Vec<u64> = nodes
+            .iter()
+            .filter_map(|n| n.phase_error_ns.map(i64::unsigned_abs))
+            .collect();
+        Some(SlotClockSummary {
+            slot_us,
+            nodes_measured: nodes.iter().filter(|n| n.replies > 0).count() as u16,
+            max_uncertainty_ns: nodes.iter().map(|n| n.uncertainty_ns).max().unwrap_or(0),
+            max_abs_phase_error_ns: errors.iter().copied().max(),
+            nodes,
+        })
+    }
 }
 
 /// The output stage of a run with Filter Unit consumers.

@@ -358,6 +358,19 @@ pub fn warmup_ps(config: &Config) -> Ps {
     warmup.min(end / 2)
 }
 
+/// A slotted barrel's rotation, ps: the steady-state figures are taken
+/// over whole rotations ([`stats::batch_means_periodic`]).
+pub fn rotation_ps(config: &Config) -> Option<Ps> {
+    if config.event_builder.schedule != evb_core::config::Schedule::Slotted {
+        return None;
+    }
+    let layout = evb_core::Layout::from_config(config);
+    (layout.rus() > 0).then(|| {
+        let plan = evb_core::slots::SlotPlan::for_source(config, &layout, 0);
+        plan.rotation() * plan.slot_ns * PS_PER_NS
+    })
+}
+
 /// Runs the simulation the configuration describes on `fabric`.
 /// `progress` is called with the fraction of simulated time done.
 pub fn simulate(
@@ -446,10 +459,21 @@ pub fn simulate(
         .collect();
     let warmup = warmup_ps(config);
     let first_steady = (warmup.div_ceil(sample)) as usize;
+    let rotation = rotation_ps(config);
     let eb_summary = eb.as_ref().map(|e| {
         let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
-        let built = stats::batch_means(&e.built_series, first_steady);
-        let network = stats::batch_means(&e.network_series, first_steady);
+        let (built, network, drift) = match rotation {
+            Some(r) => (
+                stats::batch_means_periodic(&e.built_series, warmup, r, sample),
+                stats::batch_means_periodic(&e.network_series, warmup, r, sample),
+                stats::drift_periodic(&e.built_series, r, sample),
+            ),
+            None => (
+                stats::batch_means(&e.built_series, first_steady),
+                stats::batch_means(&e.network_series, first_steady),
+                stats::drift(&e.built_series),
+            ),
+        };
         let network_per_node = network.mean / bus;
         let mut hist = hdr_merge(e);
         if hist.is_empty() {
@@ -471,8 +495,11 @@ pub fn simulate(
             built_gbps_per_node: built.mean / bus,
             built_ci95_gbps: built.ci95 / bus,
             batch_means: built.batches,
-            warmup_us: first_steady as f64 * sample as f64 * 1e-6,
-            drift: stats::drift(&e.built_series),
+            warmup_us: match rotation {
+                Some(_) => built.from_ps as f64 * 1e-6,
+                None => first_steady as f64 * sample as f64 * 1e-6,
+            },
+            drift,
             network_gbps_per_node: network_per_node,
             network_fraction_of_link: network_per_node / net.params.link_gbps,
             latency_p50_us: q(0.5),

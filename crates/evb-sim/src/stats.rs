@@ -20,6 +20,10 @@ pub struct Steady {
     pub ci95: f64,
     /// Batches the interval rests on (0: too few samples for one).
     pub batches: usize,
+    /// Where the steady window starts (ps), once known (the callers that
+    /// know the sample interval set it).
+    #[serde(default)]
+    pub from_ps: u64,
 }
 
 /// Batch means wanted over a steady window.
@@ -48,6 +52,7 @@ pub fn mean_ci(values: &[f64]) -> Steady {
             mean: 0.0,
             ci95: 0.0,
             batches: 0,
+            from_ps: 0,
         };
     }
     let mean = values.iter().sum::<f64>() / n as f64;
@@ -61,6 +66,7 @@ pub fn mean_ci(values: &[f64]) -> Steady {
         mean,
         ci95,
         batches: n,
+        from_ps: 0,
     }
 }
 
@@ -80,6 +86,72 @@ pub fn batch_means(series: &[f64], first: usize) -> Steady {
         .map(|c| c.iter().sum::<f64>() / c.len() as f64)
         .collect();
     mean_ci(&means)
+}
+
+/// Batch means over whole periods of a periodic schedule (a slotted
+/// barrel's rotation, `period` ps), the series sampled every `sample` ps:
+/// a window that cuts a rotation counts some of its slots and not others,
+/// which for a schedule whose slots are not all alike (extra slots of a
+/// conflict-aware schedule) swings the figure. The window starts at the
+/// first rotation boundary after `warmup` and holds whole rotations, each
+/// batch some of them; with fewer than two rotations, plain batch means.
+pub fn batch_means_periodic(series: &[f64], warmup: u64, period: u64, sample: u64) -> Steady {
+    let at = |t: u64| ((t as f64 / sample.max(1) as f64).round() as usize).min(series.len());
+    let end = series.len() as u64 * sample;
+    let start = warmup.div_ceil(period.max(1)) * period;
+    let k = if period == 0 || start >= end {
+        0
+    } else {
+        ((end - start) / period) as usize
+    };
+    if k < 2 {
+        let first = warmup.div_ceil(sample.max(1));
+        let mut st = batch_means(series, first as usize);
+        st.from_ps = first * sample;
+        return st;
+    }
+    let batches = k.min(BATCHES);
+    let per = k / batches;
+    // Extra rotations go with the warm-up.
+    let first = start + (k - batches * per) as u64 * period;
+    let means: Vec<f64> = (0..batches)
+        .map(|j| {
+            let a = at(first + (j * per) as u64 * period);
+            let b = at(first + ((j + 1) * per) as u64 * period);
+            let s = &series[a..b.max(a + 1).min(series.len())];
+            s.iter().sum::<f64>() / s.len().max(1) as f64
+        })
+        .collect();
+    Steady {
+        from_ps: first,
+        ..mean_ci(&means)
+    }
+}
+
+/// The drift over whole periods: the mean of the rotations that start in
+/// the second quarter of the run against those that start in the last
+/// quarter and end within it; plain [`drift`] if either has none.
+pub fn drift_periodic(series: &[f64], period: u64, sample: u64) -> f64 {
+    let end = series.len() as u64 * sample;
+    let at = |t: u64| ((t as f64 / sample.max(1) as f64).round() as usize).min(series.len());
+    let whole = |from: u64, to: u64| -> Option<f64> {
+        if period == 0 {
+            return None;
+        }
+        let first = from.div_ceil(period) * period;
+        let last = (to / period) * period;
+        (last > first).then(|| {
+            let s = &series[at(first)..at(last)];
+            s.iter().sum::<f64>() / s.len().max(1) as f64
+        })
+    };
+    // Rotations starting in the second quarter (they may end after it).
+    let q2 = whole(end / 4, (end / 2).max(end / 4 + period).min(end));
+    let q4 = whole(end - end / 4, end);
+    match (q2, q4) {
+        (Some(a), Some(b)) if a != 0.0 => (b - a) / a,
+        _ => drift(series),
+    }
 }
 
 /// Relative change of the mean from the second quarter of `series` to
@@ -121,6 +193,23 @@ mod tests {
         let st = batch_means(&s, 100);
         assert!((st.mean - 10.0).abs() <= st.ci95 + 0.02, "{st:?}");
         assert!(st.ci95 > 0.0 && st.ci95 < 0.5, "{st:?}");
+    }
+
+    /// A series that repeats every 7 samples (a busy part and an idle
+    /// part): whole periods give its exact mean, cut ones would not.
+    #[test]
+    fn whole_rotations_give_a_periodic_series_its_mean() {
+        let period = [90.0, 90.0, 90.0, 90.0, 10.0, 10.0, 10.0];
+        let s: Vec<f64> = (0..700).map(|i| period[i % 7]).collect();
+        let exact = 390.0 / 7.0;
+        let st = batch_means_periodic(&s, 100, 7, 1);
+        assert!((st.mean - exact).abs() < 1e-9, "{st:?}");
+        assert!(st.ci95 < 1e-9, "{st:?}");
+        let cut = batch_means(&s, 100);
+        assert!((cut.mean - exact).abs() > 0.1 || cut.ci95 > 1.0, "{cut:?}");
+        assert!(drift_periodic(&s, 7, 1).abs() < 1e-9);
+        // Too short for two periods: plain batch means.
+        assert_eq!(batch_means_periodic(&s[..10], 0, 7, 1).batches, 10);
     }
 
     #[test]

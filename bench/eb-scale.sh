@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): the event builder at LHCb scale in the simulator,
+# configs/lhcb-540.toml (540 folded nodes at 100 Gb/s, a separate EM, the
+# slotted barrel), steady-state figures after the warm-up:
+#  1. 540 nodes on a 2-level fat tree of 36-port switches, evb's ftree
+#     routing and order;
+#  2. the same fabric routed by the real OpenSM (ftree on ibsim), with its
+#     LFT dump and its ftree CA order;
+#  3. 512 nodes placed as on a test cluster whose leaves are not all full
+#     (spread over the 36 leaves, 14 or 15 a leaf), the plain slotted
+#     barrel and the conflict-aware schedule of `evb fabric schedule`.
+# Prints built Gb/s per node with its 95 % interval, the network share,
+# the drift, the wall time against the goal (<= 120 s for 1., 2-core
+# machine) and the EM's link load (goal < 1 %).
+# Usage: bench/eb-scale.sh [duration_us]   (default: the config's)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet --bin evb
+evb=$PWD/target/release/evb
+cfg=$PWD/configs/lhcb-540.toml
+dur=${1:-}
+out=$(mktemp -d /tmp/evb-eb-scale.XXXXXX)
+SIM_PID=""
+cleanup() { [ -n "$SIM_PID" ] && kill "$SIM_PID" 2>/dev/null; rm -rf "$out"; }
+trap cleanup EXIT INT TERM
+extra=()
+[ -n "$dur" ] && extra=(--duration-us "$dur")
+
+run() { # tag, then evb sim arguments
+  local tag=$1
+  shift
+  "$evb" sim --config "$cfg" "${extra[@]}" --json "$out/$tag.json" "$@" >"$out/$tag.txt"
+  python3 - "$out/$tag.json" "$tag" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+s, eb = d["summary"], d["summary"]["eb"]
+em = d["hosts"][-1]  # the separate EM is the last host
+print(f"{sys.argv[2]:<34} {eb['built_gbps_per_node']:7.2f} +- {eb['built_ci95_gbps']:5.2f}"
+      f" {eb['network_gbps_per_node']:8.2f} {eb['network_fraction_of_link']*100:6.1f}%"
+      f" {eb['drift']*100:+6.2f}% {eb['batch_means']:3d} {s['total_xmit_wait_s']*1e3:9.3f}"
+      f" {max(em['sent_gbps'], em['received_gbps'])/s['link_rate_gbps']*100:6.3f}%"
+      f" {s['wall_seconds']:8.1f}")
+PY
+}
+
+printf '%-34s %16s %8s %7s %7s %3s %9s %7s %8s\n' "case" "built Gb/s/node" "network" "of link" "drift" "bm" "xmitwait" "EM link" "wall s"
+
+# 1. evb's ftree on the generated tree: 540 nodes and the EM (541 hosts).
+run "540, evb ftree" --topology fat-tree:radix=36,hosts=541 --order ftree
+
+# 2. The same tree routed by OpenSM on ibsim.
+UMAD=$(dpkg -L libumad2sim0 2>/dev/null | grep 'libumad2sim.so$' | head -1 || true)
+[ -n "$UMAD" ] || UMAD=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so
+"$evb" fabric export --topology fat-tree:radix=36,hosts=541 --ibsim "$out/net" >/dev/null
+export IBSIM_SOCKNAME="evbscale$$"
+SIM_HOST=$(grep -m1 '^Hca' "$out/net" | cut -d'"' -f2)
+ibsim -s -n "$out/net" >"$out/ibsim.log" 2>&1 &
+SIM_PID=$!
+for _ in $(seq 200); do grep -qs "simulator ready" "$out/ibsim.log" && break; sleep 0.05; done
+grep -q "simulator ready" "$out/ibsim.log" || { echo "ibsim did not start"; cat "$out/ibsim.log"; exit 1; }
+mkdir -p "$out/osm"
+SIM_HOST="$SIM_HOST" OSM_CACHE_DIR="$out/osm" OSM_TMP_DIR="$out/osm" LD_PRELOAD="$UMAD" \
+  timeout 300 opensm --once -R ftree -D 0x43 --dump_files_dir "$out/osm" -f "$out/osm/log" >/dev/null 2>&1
+# The fabric as OpenSM configured it (its LIDs), read back by ibnetdiscover.
+SIM_HOST="$SIM_HOST" LD_PRELOAD="$UMAD" timeout 120 ibnetdiscover >"$out/fabric.ibnd" 2>/dev/null
+kill "$SIM_PID" 2>/dev/null || true
+SIM_PID=""
+run "540, OpenSM ftree LFTs and order" --topology "$out/fabric.ibnd" --lfts "$out/osm/opensm-lfts.dump" \
+  --order "$out/osm/opensm-ftree-ca-order.dump"
+
+# 3. 512 nodes spread over the leaves (not every leaf full), the EM last.
+tree512=fat-tree:radix=36,hosts=513,spread
+run "512 spread, plain slotted" --topology "$tree512" --order ftree --set nodes.count=512
+"$evb" fabric schedule --topology "$tree512" --order ftree --ranks 512 --out "$out/s512.txt" | tail -1
+run "512 spread, conflict-aware" --topology "$tree512" --order ftree --set nodes.count=512 \
+  --set "event_builder.schedule_file=\"$out/s512.txt\""
+
+python3 - "$out/540, evb ftree.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+print(f"\n540 nodes: {s['eb']['built_gbps_per_node']:.2f} Gb/s built per node (goal >= 90, published goal 80),"
+      f" drift {s['eb']['drift']*100:+.2f}% (goal within 2%),"
+      f" {s['wall_seconds']:.0f} s of wall time: {s['wall_seconds']/120:.2f}x the goal of 120 s")
+PY
