@@ -625,10 +625,10 @@ fn print_scan(result: &evb_sim::scan::ScanResult, fabric: &str) {
         String::new()
     };
     println!(
-        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by {:?} Gb/s; {:.0}% of points within 2% of the best{replications}",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by Gb/s {}; {:.0}% of points within 2% of the best{replications}",
         result.points.len(),
         result.wall_seconds,
-        result.figure,
+        result.figure.label(),
         result.fraction_within_2pct_of_best * 100.0
     );
     println!(

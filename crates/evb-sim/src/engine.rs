@@ -177,6 +177,8 @@ pub struct Msg {
     nak_at: u64,
     /// Its retransmission timeout is set (one at a time).
     rto_armed: bool,
+    /// Queued again after a NAK or timeout (holding a reference).
+    requeued: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -377,8 +379,9 @@ pub struct Net {
     free_packets: Vec<u32>,
     msgs: Vec<Option<Msg>>,
     /// Events still to come for each message (delivery, send completion,
-    /// NAK, timeout).
-    msg_refs: Vec<u8>,
+    /// NAK, timeout), and on lossy networks its packets on their way (a
+    /// copy sent twice may arrive after the message is complete).
+    msg_refs: Vec<u32>,
     free_msgs: Vec<MsgId>,
     /// Per host: messages with packets left, served in turn.
     active: Vec<VecDeque<MsgId>>,
@@ -623,6 +626,7 @@ impl Net {
             queued: true,
             nak_at: u64::MAX,
             rto_armed: false,
+            requeued: false,
         };
         let id = match self.free_msgs.pop() {
             Some(id) => {
@@ -1030,22 +1034,36 @@ impl Net {
                         tail + 2 * self.params.link_latency_ps + self.params.eth.switch_latency_ps;
                     self.at(back, Ev::Nak { msg: p.msg });
                 }
+                self.release_msg(p.msg);
                 return;
             }
             m.received += u64::from(p.payload);
-            m.received >= m.bytes
+            let complete = m.received >= m.bytes;
+            // Its packet's reference, after the delivery took its own.
+            if complete {
+                let lat = self.host_latency();
+                self.at(tail + lat, Ev::Delivered { host, msg: p.msg });
+            }
+            self.release_msg(p.msg);
+            self.count_received(host, head, p.payload);
+            return;
         } else {
             p.last
         };
-        self.hosts[host as usize].payload_received += u64::from(p.payload);
-        if head < self.sample_end {
-            self.sample_rx[host as usize] += u64::from(p.payload);
-        } else {
-            self.sample_rx_next[host as usize] += u64::from(p.payload);
-        }
+        self.count_received(host, head, p.payload);
         if complete {
             let lat = self.host_latency();
             self.at(tail + lat, Ev::Delivered { host, msg: p.msg });
+        }
+    }
+
+    /// Payload taken in by `host`, its head arriving at `head`.
+    fn count_received(&mut self, host: u32, head: Ps, payload: u32) {
+        self.hosts[host as usize].payload_received += u64::from(payload);
+        if head < self.sample_end {
+            self.sample_rx[host as usize] += u64::from(payload);
+        } else {
+            self.sample_rx_next[host as usize] += u64::from(payload);
         }
     }
 
@@ -1069,10 +1087,24 @@ impl Net {
         m.sent = m.received;
         let src = m.src;
         if !m.queued {
+            // Back in the NIC's queue after its send completion: it holds a
+            // reference of its own, or a delivery of packets still on their
+            // way could free it while queued.
             m.queued = true;
+            m.requeued = true;
+            self.msg_refs[msg as usize] += 1;
             self.active[src as usize].push_back(msg);
         }
         self.try_inject(src);
+    }
+
+    /// A message sent again leaves its NIC's queue: its own reference goes.
+    fn leave_queue(&mut self, id: MsgId) {
+        let m = self.msgs[id as usize].as_mut().expect("queued");
+        m.queued = false;
+        if std::mem::replace(&mut m.requeued, false) {
+            self.release_msg(id);
+        }
     }
 
     /// A host's injection: the next packet of the next queue pair in turn.
@@ -1094,6 +1126,12 @@ impl Net {
             let m = self.msgs[id as usize]
                 .as_mut()
                 .expect("active messages exist");
+            if m.requeued && m.received >= m.bytes {
+                // Sent again, but what was on its way completed it.
+                self.active[host as usize].pop_front();
+                self.leave_queue(id);
+                continue;
+            }
             if m.send_until.is_some_and(|t| self.now >= t) {
                 // Past its window: the rest is never sent.
                 // Its packets already sent are never "last": no delivery
@@ -1139,7 +1177,6 @@ impl Net {
             let announce = last && !m.done_posted;
             if last {
                 m.done_posted = true;
-                m.queued = false;
             }
             self.hosts[host as usize].payload_sent += u64::from(payload);
             self.sample_tx[host as usize] += u64::from(payload);
@@ -1160,6 +1197,11 @@ impl Net {
             if !last {
                 q.push_back(id);
             }
+            if eth && self.lossy {
+                // The packet holds its message until it arrives or is lost.
+                self.msg_refs[id as usize] += 1;
+            }
+            let rto = last && eth && self.lossy && !self.rto_armed(id);
             if announce {
                 let done = self.now + self.tx(host, wire) + self.host_latency();
                 self.at(done, Ev::SendDone { host, msg: id });
@@ -1167,13 +1209,16 @@ impl Net {
                     self.data_message_sent(host);
                 }
             }
-            if last && eth && self.lossy && !self.rto_armed(id) {
+            if rto {
                 // The sender's ACK timeout: if the receiver does not have
                 // it all by then (a lost retransmission, or a lost tail
                 // with nothing after it to reveal the gap), go back.
                 self.msg_refs[id as usize] += 1;
                 let t = self.now + self.params.eth.rto_ps;
                 self.at(t, Ev::Rto { msg: id });
+            }
+            if last {
+                self.leave_queue(id);
             }
             self.transmit(host, pkt);
             return;
@@ -1254,6 +1299,7 @@ impl Net {
             o.dropped_bytes += u64::from(p.wire);
             self.eth_counters.drops += 1;
             self.free_packets.push(pkt);
+            self.release_msg(p.msg);
             return;
         }
         o.egress[p.vl as usize].push_back(pkt);

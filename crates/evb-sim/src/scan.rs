@@ -75,6 +75,15 @@ pub enum Figure {
 }
 
 impl Figure {
+    /// What the figure is, for a table header.
+    pub fn label(self) -> &'static str {
+        match self {
+            Figure::Built => "built per node (eb) or delivered per host",
+            Figure::Producer => "sent per producer",
+            Figure::Consumer => "received per consumer",
+        }
+    }
+
     pub fn parse(s: &str) -> Result<Figure, String> {
         match s {
             "built" => Ok(Figure::Built),
