@@ -529,3 +529,39 @@ fn the_conflict_aware_schedule_builds_more_on_an_imperfect_64_host_tree() {
         "{aware_wait} {plain_wait}"
     );
 }
+
+/// The shipped distribution benches run as documented: their producers and
+/// consumers, at their link rates, and `evb config check` takes them.
+#[test]
+fn the_distribution_bench_configs_run() {
+    for (file, hosts, producers, consumers, consumer_gbps) in [
+        ("distribution-18x14.toml", "18", 18, 14, 100.0),
+        ("distribution-18x14-busy.toml", "18", 18, 14, 100.0),
+        ("distribution-14x72.toml", "14", 14, 72, 25.0),
+    ] {
+        let path = format!("{}/../../configs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let (ok, _, err) = evb(&["config", "check", &path]);
+        assert!(ok, "{file}: {err}");
+        let json = tmp(&format!("{file}.json"));
+        let topology = format!("switch:hosts={hosts}");
+        let (ok, out, err) = evb(&[
+            "sim",
+            "--config",
+            &path,
+            "--topology",
+            &topology,
+            "--duration-us",
+            "2000",
+            "--json",
+            &json,
+        ]);
+        assert!(ok, "{file}: {out}{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let c = &v["summary"]["consumers"];
+        assert_eq!(c["producers"], producers, "{file}: {c}");
+        assert_eq!(c["consumers"], consumers, "{file}: {c}");
+        assert_eq!(c["consumer_link_gbps"].as_f64(), Some(consumer_gbps), "{file}");
+        assert_eq!(c["network"], "ethernet pfc", "{file}");
+        assert!(c["consumer_gbps_per_consumer"].as_f64().unwrap() > 0.0, "{file}: {c}");
+    }
+}
