@@ -560,8 +560,15 @@ fn the_distribution_bench_configs_run() {
         let c = &v["summary"]["consumers"];
         assert_eq!(c["producers"], producers, "{file}: {c}");
         assert_eq!(c["consumers"], consumers, "{file}: {c}");
-        assert_eq!(c["consumer_link_gbps"].as_f64(), Some(consumer_gbps), "{file}");
+        assert_eq!(
+            c["consumer_link_gbps"].as_f64(),
+            Some(consumer_gbps),
+            "{file}"
+        );
         assert_eq!(c["network"], "ethernet pfc", "{file}");
-        assert!(c["consumer_gbps_per_consumer"].as_f64().unwrap() > 0.0, "{file}: {c}");
+        assert!(
+            c["consumer_gbps_per_consumer"].as_f64().unwrap() > 0.0,
+            "{file}: {c}"
+        );
     }
 }
