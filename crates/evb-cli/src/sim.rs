@@ -541,7 +541,7 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     }
     let figure = evb_sim::scan::Figure::parse(&args.figure).map_err(anyhow::Error::msg)?;
     let total: usize = axes.iter().map(|a| a.values.len()).product::<usize>() * args.replications;
-    let bar = crate::progress::bar(total as u64, "scan runs");
+    let bar = crate::progress::bar(total as u64, "scan points");
     // One fabric per (order, routing) met in the scan.
     let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
     let load = |point: &[(String, String)]| -> Result<(Config, SimFabric), String> {
