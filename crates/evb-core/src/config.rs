@@ -469,6 +469,10 @@ pub struct SimSection {
     pub sample_us: f64,
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
     pub granularity: String,
+    /// MTU packets of one message moved as one unit of the model (their
+    /// headers still counted one by one): k times fewer events, the
+    /// interleaving of messages on a link k times coarser. 1: every packet.
+    pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
     /// none), and the others learn of it `crash_detection_us` later.
     pub crash: String,
@@ -572,6 +576,7 @@ impl Default for SimSection {
             load: 1.0,
             sample_us: 10.0,
             granularity: "packet".into(),
+            train_packets: 1,
             crash: String::new(),
             crash_detection_us: 100.0,
             output: SimOutputSection::default(),
@@ -968,6 +973,16 @@ impl Config {
         }
         if !["packet", "flit"].contains(&sim.granularity.as_str()) {
             return Err(err("sim.granularity", "must be `packet` or `flit`".into()));
+        }
+        if !(1..=64).contains(&sim.train_packets)
+            || u64::from(sim.vl_buffer_bytes)
+                < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
+        {
+            return Err(err(
+                "sim.train_packets",
+                "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
+                    .into(),
+            ));
         }
         if sim.message_bytes == 0 {
             return Err(err("sim.message_bytes", "must be at least 1".into()));

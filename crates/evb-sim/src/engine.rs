@@ -82,6 +82,9 @@ pub struct Params {
     /// block at a time as it drains, one event per flit, instead of once
     /// per packet when its tail has left. For validating the fast mode.
     pub flit: bool,
+    /// MTU packets of a message moved as one unit on InfiniBand links
+    /// (`sim.train_packets`): its wire size counts every packet's headers.
+    pub train: u32,
     /// Ethernet switches and the hosts on them.
     pub eth: EthParams,
 }
@@ -517,7 +520,7 @@ impl Net {
         let latency_index = WeightedIndex::new(params.host_latency.iter().map(|b| b.1))
             .expect("validated histogram");
         let rng = Pcg64Mcg::seed_from_u64(params.seed ^ 0x51_u64);
-        let largest = (params.mtu + LRH + BTH + ICRC + VCRC)
+        let largest = (params.train.max(1) * (params.mtu + LRH + BTH + ICRC + VCRC))
             .max(params.eth.mtu + params.eth.header_bytes)
             + RETH;
         let tx_stride = largest + 1;
@@ -1148,9 +1151,13 @@ impl Net {
                 }
                 continue;
             }
-            let payload = (m.bytes - m.sent).min(u64::from(mtu)) as u32;
+            // InfiniBand: a train of up to `train` packets, each with its
+            // headers (the RETH on the message's first only).
+            let train = if eth { 1 } else { self.params.train.max(1) };
+            let payload = (m.bytes - m.sent).min(u64::from(mtu) * u64::from(train)) as u32;
             let first = m.sent == 0;
-            let wire = payload + header + if first { RETH } else { 0 };
+            let wire =
+                payload + payload.div_ceil(mtu).max(1) * header + if first { RETH } else { 0 };
             let blocks = wire.div_ceil(CREDIT_BLOCK);
             let vl = m.vl;
             let o = &self.outs[host as usize];

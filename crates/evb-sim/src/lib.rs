@@ -287,6 +287,7 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         host_latency,
         seed: config.run.seed,
         flit: s.granularity == "flit",
+        train: s.train_packets,
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,

@@ -757,3 +757,25 @@ fn lossy_collapse_keeps_its_accounting() {
         assert!(r.consumers.unwrap().batches_consumed > 0);
     }
 }
+
+/// Trains of packets (`sim.train_packets`) move k back-to-back packets of a
+/// message as one unit, their headers counted one by one: a flow keeps its
+/// payload rate exactly, and the slotted event builder, one flow per link
+/// at a time, builds what it builds packet by packet, with about k times
+/// fewer events.
+#[test]
+fn packet_trains_keep_the_figures_of_single_packets() {
+    let one = sim(2, "incast", 500.0, &[]);
+    let four = sim(2, "incast", 500.0, &["sim.train_packets=4"]);
+    let (a, b) = (one.hosts[0].received_gbps, four.hosts[0].received_gbps);
+    assert!((a - b).abs() < 0.002 * a, "{a} vs {b}");
+    let one = sim(16, "eb", 20_000.0, &[]);
+    let four = sim(16, "eb", 20_000.0, &["sim.train_packets=4"]);
+    let (a, b) = (
+        one.summary.eb.as_ref().unwrap().network_gbps_per_node,
+        four.summary.eb.as_ref().unwrap().network_gbps_per_node,
+    );
+    assert!((a - b).abs() < 0.005 * a, "{a} vs {b}");
+    let ratio = one.summary.events_processed as f64 / four.summary.events_processed as f64;
+    assert!(ratio > 2.5, "events: {ratio}x fewer");
+}
