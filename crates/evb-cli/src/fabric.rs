@@ -46,9 +46,14 @@ struct ScheduleArgs {
     /// Where local fragments go (`event_builder.local`): memory (no slot for a rank's own BU) or nic.
     #[arg(long, default_value = "memory")]
     local: String,
-    /// The plain barrel in this order instead (one slot per shift step).
+    /// The shift itself, conflicts kept (no flows moved).
     #[arg(long)]
     plain: bool,
+    /// With --order ftree (or an OpenSM CA order dump with DUMMY lines):
+    /// shift over the ranks alone, not over the ftree engine's positions
+    /// (a dummy for each host a short leaf lacks).
+    #[arg(long)]
+    compact: bool,
     /// Only the first N ranks of the order are event-builder nodes (the
     /// hosts after them run a separate EM or consumers); default all.
     #[arg(long)]
@@ -242,16 +247,64 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     if n < 2 {
         bail!("a schedule needs at least 2 ranks, the order has {n}");
     }
-    let plain = evb_fabric::schedule::SlotSchedule::plain(n, local);
+    use evb_fabric::schedule::SlotSchedule;
     let conflicts = analyze(&topo, &lfts, &order, &shift_steps(n), 0)?;
-    let s = if a.plain {
-        plain
-    } else {
-        evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, local)?
-    };
+    // The ftree engine balanced its routes for a shift over its positions,
+    // dummies included: on a tree with short leaves (or hosts left out by
+    // --ranks) that shift, with idle slots for the dummies, is free of
+    // conflicts where the shift over the ranks alone is not.
+    let mut positions = None;
+    if !a.compact {
+        if let Some(p) = optimize::positions_from_spec(&a.order, &topo)? {
+            let rank_of: std::collections::HashMap<usize, usize> =
+                order.iter().enumerate().map(|(r, &h)| (h, r)).collect();
+            let at: Vec<Option<usize>> = p
+                .into_iter()
+                .map(|h| h.and_then(|h| rank_of.get(&h).copied()))
+                .collect();
+            // Dummies, or hosts after --ranks: some positions idle.
+            if at.len() > n {
+                positions = Some(at);
+            }
+        }
+    }
+    // Two starting shifts: over the ranks, and over the positions (when
+    // the order has them). The positions' shift idles in the dummies'
+    // slots; it is taken only when it needs fewer slots once conflicts
+    // are moved (on a tree of full leaves the ranks' shift is as free of
+    // conflicts and shorter).
+    let compact = SlotSchedule::plain(n, local);
+    let compact_aware =
+        evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, compact.clone())?;
+    let mut chosen = (
+        compact,
+        compact_aware,
+        format!("the shift over the {n} ranks"),
+    );
+    if let Some(at) = &positions {
+        let base = SlotSchedule::shift_over_positions(at, local);
+        let aware = evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, base.clone())?;
+        let what = format!(
+            "the shift over the order's {} positions ({} of them dummies or hosts outside the ranks)",
+            at.len(),
+            at.len() - n
+        );
+        if aware.slots.len() < chosen.1.slots.len() {
+            chosen = (base, aware, what);
+        } else {
+            println!(
+                "{what} needs {} slots once conflicts are moved, the ranks' shift {}: the ranks' shift it is",
+                aware.slots.len(),
+                chosen.1.slots.len()
+            );
+        }
+    }
+    let (base, aware, shift) = chosen;
+    let s = if a.plain { base } else { aware };
     let names: Vec<&str> = order.iter().map(|&h| topo.nodes[h].name.as_str()).collect();
     let header = format!(
         "evb slot schedule: {n} ranks, {} slots ({} for the plain barrel); {} on {}\n\
+         {shift}\n\
          order {}: rank i is host i of: {}\n\
          use with the same order (evb sim --order, or mpirun's hostfile) and\n\
          event_builder.local = \"{}\"; slot K: destination rank of ranks 0..{}",
@@ -271,13 +324,14 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     );
     if a.plain {
         println!(
-            "plain barrel, {} slots, written to {}",
+            "{shift}: {} slots a rotation, {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
             s.slots.len(),
+            s.efficiency() * 100.0,
             a.out.display()
         );
     } else {
         println!(
-            "conflict-aware: {} flows of {} steps moved, {} extra slots; {} slots a rotation (no schedule on these routes has fewer than {}: the busiest link's flows), {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
+            "conflict-aware, from {shift}: {} flows of {} steps moved, {} extra slots; {} slots a rotation (no schedule on these routes has fewer than {}: the busiest link's flows), {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
             s.flows_moved,
             s.steps_split,
             s.slots.len() - s.plain_slots,
@@ -293,6 +347,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
             "plain_slots": s.plain_slots, "slots": s.slots.len(),
             "steps_split": s.steps_split, "flows_moved": s.flows_moved,
             "lower_bound": s.lower_bound,
+            "positions": positions.as_ref().map_or(n, Vec::len),
             "efficiency": s.efficiency(),
             "plain_conflicts": conflicts.total.conflicts,
         });

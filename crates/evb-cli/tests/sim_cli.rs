@@ -530,6 +530,60 @@ fn the_conflict_aware_schedule_builds_more_on_an_imperfect_64_host_tree() {
     );
 }
 
+/// Leaves not all full (60 hosts spread over 8 leaves of 8 ports): the
+/// slotted barrel over the 60 ranks has conflicts in most steps, the shift
+/// over the ftree engine's 64 positions (a dummy in place of each missing
+/// host, idle slots for its pairs) has none, and `evb fabric schedule`
+/// writes it with no flow moved. It builds more than the plain slotted
+/// barrel, and nothing waits for credits.
+#[test]
+fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
+    let fabric = [
+        "--topology",
+        "fat-tree:radix=16,hosts=60,spread",
+        "--order",
+        "ftree",
+    ];
+    let schedule = tmp("schedule60.txt");
+    let json = tmp("schedule60.json");
+    let mut args = vec!["fabric", "schedule"];
+    args.extend(fabric);
+    args.extend(["--out", &schedule, "--json", &json]);
+    let (ok, out, err) = evb(&args);
+    assert!(ok, "{err}");
+    assert!(out.contains("64 positions"), "{out}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["flows_moved"], 0, "{v}");
+    assert_eq!(v["slots"], 63, "{v}");
+    assert_eq!(v["positions"], 64, "{v}");
+    assert!(v["plain_conflicts"].as_u64().unwrap() > 0, "{v}");
+    let built = |extra: &[&str]| -> (f64, f64) {
+        let json = tmp("short-leaves.json");
+        let mut args = vec!["sim", "--duration-us", "40000", "--json", &json];
+        args.extend(fabric);
+        args.extend(extra);
+        let (ok, _, err) = evb(&args);
+        assert!(ok, "{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let eb = &v["summary"]["eb"];
+        (
+            eb["built_gbps_per_node"].as_f64().unwrap(),
+            v["summary"]["total_xmit_wait_s"].as_f64().unwrap(),
+        )
+    };
+    let (plain, plain_wait) = built(&[]);
+    let set = format!("event_builder.schedule_file={schedule}");
+    let (shift, shift_wait) = built(&["--set", &set]);
+    assert!(
+        shift > 1.2 * plain,
+        "positions' shift {shift} vs plain {plain}"
+    );
+    assert!(
+        shift_wait < 1e-4 && plain_wait > 0.1,
+        "{shift_wait} {plain_wait}"
+    );
+}
+
 /// The shipped distribution benches run as documented: their producers and
 /// consumers, at their link rates, and `evb config check` takes them.
 #[test]

@@ -74,6 +74,11 @@ pub struct FtreeResult {
     /// Host LIDs in the order the engine routed them (OpenSM's
     /// `opensm-ftree-ca-order.dump`).
     pub ca_order: Vec<u16>,
+    /// The engine's destination positions: `ca_order` with a `None` for
+    /// each dummy destination a short leaf routes in place of the hosts
+    /// it lacks. A shift over these positions is what the routing balances
+    /// for: consecutive positions climb through distinct up-links.
+    pub positions: Vec<Option<u16>>,
 }
 
 const UNRANKED: u32 = u32::MAX;
@@ -290,6 +295,7 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
 
     // Route to hosts.
     let mut ca_order = vec![];
+    let mut positions = vec![];
     for &leaf in &leaves {
         let mut routed = 0;
         let downs = ft.sws[leaf].down.clone();
@@ -303,9 +309,11 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
             ft.sws[leaf].hops[lid as usize] = 1;
             ft.down_by_up(leaf, None, lid, true, 1);
             ca_order.push(lid);
+            positions.push(Some(lid));
             routed += 1;
         }
         for _ in routed..max_cn {
+            positions.push(None);
             ft.sws[leaf].hops[0] = 1;
             ft.down_by_up(leaf, None, 0, true, 1);
             for s in ft.sws.iter_mut() {
@@ -328,7 +336,11 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
     for s in &ft.sws {
         lfts.tables[s.node] = s.lft.clone();
     }
-    Ok(FtreeResult { lfts, ca_order })
+    Ok(FtreeResult {
+        lfts,
+        ca_order,
+        positions,
+    })
 }
 
 fn ft_node(sw_nodes: &[usize], s: usize) -> usize {

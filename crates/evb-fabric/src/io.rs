@@ -582,6 +582,16 @@ pub fn write_opensm_lfts(topo: &Topology, lfts: &Lfts) -> String {
 /// Reads a rank order: a hostfile (one host name per line, `slots=` and
 /// comments allowed) or OpenSM's `opensm-ftree-ca-order.dump` (LID, name).
 pub fn parse_order(path: &Path, topo: &Topology) -> Result<Vec<usize>> {
+    Ok(parse_order_positions(path, topo)?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// Reads a rank order keeping OpenSM's dummy positions: each
+/// `0xFFFF DUMMY` line of a CA order dump (a host a short leaf lacks) is a
+/// `None`.
+pub fn parse_order_positions(path: &Path, topo: &Topology) -> Result<Vec<Option<usize>>> {
     let text = read_text(path)?;
     let names = topo.by_name();
     let lids = topo.lid_table();
@@ -596,6 +606,7 @@ pub fn parse_order(path: &Path, topo: &Topology) -> Result<Vec<usize>> {
         let first = line.split_whitespace().next().unwrap_or("");
         // OpenSM pads leaves with fewer hosts with "0xFFFF DUMMY" lines.
         if first.eq_ignore_ascii_case("0xffff") {
+            out.push(None);
             continue;
         }
         let host = if first.starts_with("0x") {
@@ -631,9 +642,9 @@ pub fn parse_order(path: &Path, topo: &Topology) -> Result<Vec<usize>> {
             ));
         }
         seen[host] = true;
-        out.push(host);
+        out.push(Some(host));
     }
-    if out.len() < 2 {
+    if out.iter().flatten().count() < 2 {
         return Err(parse_err(
             path,
             text.lines().count(),

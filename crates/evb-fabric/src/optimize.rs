@@ -47,7 +47,13 @@ pub fn order_from_spec(spec: &str, topo: &Topology) -> Result<Vec<usize>> {
         "name" => order_by_name(topo),
         "lid" => order_by_lid(topo),
         "leaf" => order_by_leaf(topo),
-        "ftree" => order_ftree(topo)?,
+        // The CA order exists only where the ftree engine routes (OpenSM
+        // writes no CA order after falling back to minhop either).
+        "ftree" => order_ftree(topo).map_err(|e| {
+            FabricError::Invalid(format!(
+                "order 'ftree': the ftree engine cannot route this fabric, so it has no CA order ({e}); use name, lid, leaf, random:SEED or a file"
+            ))
+        })?,
         s if s == "random" || s.starts_with("random:") => {
             let seed = match s.strip_prefix("random:") {
                 Some(x) => x
@@ -75,6 +81,32 @@ pub fn order_ftree(topo: &Topology) -> Result<Vec<usize>> {
     Ok(r.ca_order
         .iter()
         .filter_map(|&l| lids.get(l as usize).copied().flatten())
+        .collect())
+}
+
+/// The destination positions an order spec gives: the ftree engine's
+/// (`ftree`), or an order file's (an OpenSM CA order dump's `0xFFFF DUMMY`
+/// lines are `None`). `None` for the other specs, whose positions are the
+/// ranks.
+pub fn positions_from_spec(spec: &str, topo: &Topology) -> Result<Option<Vec<Option<usize>>>> {
+    let positions = if spec == "ftree" {
+        ftree_positions(topo)?
+    } else if std::path::Path::new(spec).is_file() {
+        crate::io::parse_order_positions(std::path::Path::new(spec), topo)?
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(positions))
+}
+
+/// The ftree engine's destination positions as hosts: its CA order with
+/// `None` for each dummy a leaf with fewer hosts than the fullest routes.
+pub fn ftree_positions(topo: &Topology) -> Result<Vec<Option<usize>>> {
+    let r = crate::ftree::route_ftree(topo)?;
+    let lids = topo.lid_table();
+    Ok(r.positions
+        .iter()
+        .map(|p| p.and_then(|l| lids.get(l as usize).copied().flatten()))
         .collect())
 }
 

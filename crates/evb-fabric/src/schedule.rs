@@ -57,6 +57,45 @@ impl SlotSchedule {
         }
     }
 
+    /// The linear shift over positions, some of them empty: `rank_at[p]`
+    /// is the rank at position p or `None` (a dummy). In step s position p
+    /// sends to position p + s; a rank whose destination is a dummy idles
+    /// for that slot. Over the ftree engine's positions (a dummy for each
+    /// host a short leaf lacks) this is the shift the routing was balanced
+    /// for: on a well-formed tree no two flows of a step share a link, and
+    /// a rotation takes positions - 1 slots instead of ranks - 1.
+    pub fn shift_over_positions(rank_at: &[Option<usize>], local: bool) -> SlotSchedule {
+        let v = rank_at.len();
+        let n = rank_at.iter().flatten().count();
+        let steps: Vec<usize> = if local {
+            (0..v).collect()
+        } else {
+            shift_steps(v)
+        };
+        let mut slots = Vec::with_capacity(steps.len());
+        for &s in &steps {
+            let mut row = vec![None; n];
+            for (p, r) in rank_at.iter().enumerate() {
+                if let Some(r) = *r {
+                    row[r] = rank_at[(p + s) % v];
+                }
+            }
+            // A step in which only dummies meet moves nothing: no slot.
+            if row.iter().any(Option::is_some) {
+                slots.push(row);
+            }
+        }
+        let plain_slots = if local { n } else { n.saturating_sub(1) };
+        SlotSchedule {
+            ranks: n,
+            lower_bound: plain_slots,
+            slots,
+            plain_slots,
+            steps_split: 0,
+            flows_moved: 0,
+        }
+    }
+
     /// Slots per rotation the plain barrel needs, over slots this one
     /// needs: the throughput it keeps of a conflict-free fabric.
     pub fn efficiency(&self) -> f64 {
@@ -113,8 +152,8 @@ impl SlotLinks {
 }
 
 /// The conflict-aware schedule of the ranks `order` (rank i is host
-/// `order[i]`) on `topo` routed by `lfts`. `local`: ranks also send to
-/// themselves through their link (`event_builder.local = "nic"`).
+/// `order[i]`) on `topo` routed by `lfts`, from the shift `base`
+/// ([`SlotSchedule::plain`] or [`SlotSchedule::shift_over_positions`]).
 ///
 /// Each step keeps, in rank order, every flow whose links are still free
 /// in its slot; the flows left over are placed first-fit into any slot
@@ -125,11 +164,12 @@ pub fn conflict_aware(
     topo: &Topology,
     lfts: &Lfts,
     order: &[usize],
-    local: bool,
+    base: SlotSchedule,
 ) -> Result<SlotSchedule> {
     let n = order.len();
+    assert_eq!(base.ranks, n, "the base schedule is over the order's ranks");
     let (offsets, nlinks) = topo.port_offsets();
-    let mut plain = SlotSchedule::plain(n, local);
+    let mut plain = base;
     let mut slots = Vec::with_capacity(plain.slots.len());
     let mut moved: Vec<(usize, usize, Vec<u32>)> = Vec::new();
     let mut steps_split = 0;
@@ -139,7 +179,7 @@ pub fn conflict_aware(
         let mut slot = SlotLinks::new(nlinks, n);
         let mut split = false;
         for (i, d) in row.iter().enumerate() {
-            let d = d.expect("the plain barrel sends in every slot");
+            let Some(d) = *d else { continue };
             path.clear();
             trace(topo, lfts, &offsets, order[i], order[d], &mut path)?;
             for &l in &path {
@@ -211,7 +251,7 @@ mod tests {
             .unwrap();
         let lfts = route(&topo, &Engine::Ftree).unwrap();
         let order = crate::optimize::order_ftree(&topo).unwrap();
-        let s = conflict_aware(&topo, &lfts, &order, false).unwrap();
+        let s = conflict_aware(&topo, &lfts, &order, SlotSchedule::plain(32, false)).unwrap();
         assert_eq!(s.slots.len(), 31);
         assert_eq!(s.flows_moved, 0);
         assert_eq!(s.slots, SlotSchedule::plain(32, false).slots);
@@ -229,7 +269,7 @@ mod tests {
             (order_random(&topo, 1), false),
             (order_by_name(&topo), true),
         ] {
-            let s = conflict_aware(&topo, &lfts, &order, local).unwrap();
+            let s = conflict_aware(&topo, &lfts, &order, SlotSchedule::plain(32, local)).unwrap();
             every_pair_once(&s, local);
             // No directed link carries two flows in a slot.
             let (offsets, nlinks) = topo.port_offsets();
@@ -248,5 +288,34 @@ mod tests {
                 assert!(s.flows_moved > 0 && s.slots.len() > 31, "{}", s.slots.len());
             }
         }
+    }
+
+    /// Leaves not all full: the shift over the ranks meets conflicts, the
+    /// shift over the ftree engine's positions (dummies idle) meets none
+    /// and still reaches every pair once.
+    #[test]
+    fn the_shift_over_ftree_positions_is_free_of_conflicts_on_short_leaves() {
+        let topo = FatTreeSpec::parse("fat-tree:radix=8,hosts=27,spread")
+            .unwrap()
+            .build()
+            .unwrap();
+        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let order = crate::optimize::order_ftree(&topo).unwrap();
+        let n = order.len();
+        let positions = crate::optimize::ftree_positions(&topo).unwrap();
+        assert!(positions.len() > n, "some leaf is short");
+        let rank_at: Vec<Option<usize>> = positions
+            .iter()
+            .map(|h| h.map(|h| order.iter().position(|&o| o == h).unwrap()))
+            .collect();
+        let compact = conflict_aware(&topo, &lfts, &order, SlotSchedule::plain(n, false)).unwrap();
+        assert!(compact.flows_moved > 0);
+        let shift = SlotSchedule::shift_over_positions(&rank_at, false);
+        assert_eq!(shift.slots.len(), positions.len() - 1);
+        every_pair_once(&shift, false);
+        let aware = conflict_aware(&topo, &lfts, &order, shift.clone()).unwrap();
+        assert_eq!(aware.flows_moved, 0);
+        assert_eq!(aware.slots, shift.slots);
+        assert!(aware.slots.len() < compact.slots.len());
     }
 }

@@ -49,6 +49,19 @@ fn ftree_matches(spec: &str, tag: &str) {
         evb_fabric::io::parse_order(&dump.join("opensm-ftree-ca-order.dump"), &real).unwrap();
     let osm_lids: Vec<u16> = osm_order.iter().map(|&h| real.nodes[h].lid).collect();
     assert_eq!(osm_lids, ours.ca_order, "{spec}: ftree CA order differs");
+    // And its positions: a DUMMY line where a short leaf routes a dummy
+    // (the shift `evb fabric schedule` runs over).
+    let osm_positions =
+        evb_fabric::io::parse_order_positions(&dump.join("opensm-ftree-ca-order.dump"), &real)
+            .unwrap();
+    let osm_positions: Vec<Option<u16>> = osm_positions
+        .iter()
+        .map(|p| p.map(|h| real.nodes[h].lid))
+        .collect();
+    assert_eq!(
+        osm_positions, ours.positions,
+        "{spec}: ftree positions differ"
+    );
     // The comparison has teeth: D-mod-K tables differ from OpenSM's ftree.
     let dmodk = evb_fabric::routing::route(&real, &evb_fabric::routing::Engine::Dmodk).unwrap();
     let differing = real
