@@ -116,6 +116,64 @@ fn split_roles_with_a_separate_event_manager() {
     assert_eq!(nodes[3]["fragments_sent"].as_u64(), Some(0));
 }
 
+/// The schedule `evb fabric schedule` writes for a fabric drives `evb
+/// run` through the same key as `evb sim`: 7 hosts on leaves of 2 (one
+/// short), the shift over the ftree engine's 8 positions, 7 slots a
+/// rotation with one idle slot per node. Every event is built once, and
+/// the summary says where the slots came from. A table that misses a
+/// pair is refused, naming the key and the file.
+#[test]
+fn a_schedule_from_evb_fabric_drives_evb_run() {
+    let schedule = tmp("fabric7.txt");
+    let out = evb()
+        .args([
+            "fabric",
+            "schedule",
+            "--topology",
+            "fat-tree:radix=4,hosts=7,spread",
+            "--order",
+            "ftree",
+            "--out",
+        ])
+        .arg(&schedule)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(&schedule).unwrap();
+    assert_eq!(table.lines().filter(|l| l.starts_with("slot ")).count(), 7);
+    let set = format!("event_builder.schedule_file=\"{}\"", schedule.display());
+    let (code, v, text) = run("fabric7", &[&set], &["--nodes", "7"]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 120 * 64, "{text}");
+    for key in ["events_incomplete", "events_lost", "fragments_duplicate"] {
+        assert_eq!(u(&v, &format!("summary.{key}")), 0, "{key}");
+    }
+    assert_eq!(u(&v, "summary.slot_clock.rotation_slots"), 7, "{text}");
+    assert_eq!(
+        v["summary"]["slot_clock"]["schedule_file"].as_str(),
+        Some(schedule.to_str().unwrap())
+    );
+    assert!(text.contains("7 a rotation (from "), "{text}");
+    // Drop the last slot: some RU no longer reaches some BU.
+    let short = tmp("fabric7-short.txt");
+    let cut: Vec<&str> = table
+        .lines()
+        .filter(|l| !l.starts_with("slot 6:"))
+        .collect();
+    std::fs::write(&short, cut.join("\n")).unwrap();
+    let set = format!("event_builder.schedule_file=\"{}\"", short.display());
+    let (code, _, text) = run("fabric7-short", &[&set], &["--nodes", "7"]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("schedule_file") && text.contains("fabric7-short.txt"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_corrupted_fragment_is_detected_and_counted() {
     let (code, v, text) = run(

@@ -348,7 +348,15 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     );
     summary.failures = failures;
     summary.slot_clock =
-        crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0);
+        crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
+            .map(|mut c| {
+                c.rotation_slots =
+                    evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
+                if !config.event_builder.schedule_file.is_empty() {
+                    c.schedule_file = Some(config.event_builder.schedule_file.clone());
+                }
+                c
+            });
     if layout.fus() > 0 {
         summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
             &reports,
@@ -858,9 +866,14 @@ pub fn format_summary(result: &RunResult) -> String {
             .map_or("unknown (nodes on other hosts)".to_string(), |e| {
                 format!("{:.1} us", e as f64 / 1e3)
             });
+        let from = c
+            .schedule_file
+            .as_ref()
+            .map_or(String::new(), |f| format!(" (from {f})"));
         out += &format!(
-            "slot clock: {:.1} us slots; {} nodes measured the EM's clock, phase error at most {error}, uncertainty at most {:.1} us\n",
+            "slot clock: {:.1} us slots, {} a rotation{from}; {} nodes measured the EM's clock, phase error at most {error}, uncertainty at most {:.1} us\n",
             c.slot_us,
+            c.rotation_slots,
             c.nodes_measured,
             c.max_uncertainty_ns as f64 / 1e3
         );

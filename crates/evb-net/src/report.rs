@@ -475,6 +475,13 @@ pub struct Summary {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct SlotClockSummary {
     pub slot_us: f64,
+    /// Slots a rotation: the shift's B - 1 (B with local = nic), or the
+    /// schedule file's lines.
+    #[serde(default)]
+    pub rotation_slots: u64,
+    /// `event_builder.schedule_file`, when the slots come from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_file: Option<String>,
     /// Nodes that measured their offset (the EM's node does not).
     pub nodes_measured: u16,
     /// Largest half round trip under an offset: the bound on each node's
@@ -531,6 +538,8 @@ impl SlotClockSummary {
             .collect();
         Some(SlotClockSummary {
             slot_us,
+            rotation_slots: 0,
+            schedule_file: None,
             nodes_measured: nodes.iter().filter(|n| n.replies > 0).count() as u16,
             max_uncertainty_ns: nodes.iter().map(|n| n.uncertainty_ns).max().unwrap_or(0),
             max_abs_phase_error_ns: errors.iter().copied().max(),
