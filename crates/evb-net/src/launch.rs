@@ -163,6 +163,10 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
+    if config.output_network() {
+        // Every node runs here: one look at the address before starting them.
+        crate::transport::outnet::published_ip(&config)?;
+    }
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let config_path = workdir.join("config.toml");

@@ -255,9 +255,9 @@ fn output_listen(
         let addr = outnet::resolve(out, "this node's published output-network address")?;
         return Ok(Some((addr, "the published output-network address".into())));
     }
-    let own = outnet::local_ip(config)?;
     match control {
         Control::Config => {
+            let own = outnet::local_ip(config)?;
             let mine = outnet::config_addresses(config, layout)?[rank as usize];
             Ok(Some(match own {
                 Some((ip, key)) => (SocketAddr::new(ip, mine.port()), key.into()),
@@ -265,18 +265,7 @@ fn output_listen(
             }))
         }
         Control::Stdio | Control::Launcher => {
-            let (ip, key) = own.ok_or_else(|| {
-                anyhow!(
-                    "output.addresses is for evb node with transport.addresses: under evb run or \
-                     a launcher every node publishes its own address; set output.bind or output.interface"
-                )
-            })?;
-            if ip.is_unspecified() {
-                bail!(
-                    "{key}: {ip} is no address a peer can dial: give this host's address on the \
-                     output network (or output.interface)"
-                );
-            }
+            let (ip, key) = outnet::published_ip(config)?;
             Ok(Some((SocketAddr::new(ip, 0), key.into())))
         }
     }

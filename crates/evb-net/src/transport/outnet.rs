@@ -64,6 +64,25 @@ pub fn local_ip(config: &Config) -> Result<Option<(IpAddr, &'static str)>> {
     Ok(None)
 }
 
+/// This host's address on the output network for a node that publishes
+/// it (under `evb run` or a launcher), with the key it came from: it must
+/// be set and be one a peer can dial.
+pub fn published_ip(config: &Config) -> Result<(IpAddr, &'static str)> {
+    let (ip, key) = local_ip(config)?.ok_or_else(|| {
+        anyhow!(
+            "output.addresses is for evb node with transport.addresses: under evb run or a \
+             launcher every node publishes its own address; set output.bind or output.interface"
+        )
+    })?;
+    if ip.is_unspecified() {
+        bail!(
+            "{key}: {ip} is no address a peer can dial: give this host's address on the output \
+             network (or output.interface)"
+        );
+    }
+    Ok((ip, key))
+}
+
 /// Every endpoint's address on the output network for `evb node` without
 /// a launcher: `output.addresses`, or on one host `output.bind` (or the
 /// interface's address) with ports after the event-building ones
