@@ -1177,6 +1177,83 @@ mod tests {
         );
     }
 
+    /// A node (endpoint 0) and a consumer (endpoint 1) with an output
+    /// network on 127.0.0.2: `wrong` tells the node the consumer's
+    /// event-building address in place of its output one. Returns the
+    /// node's transport (or its setup error).
+    fn node_to_consumer(wrong: bool) -> Result<TcpTransport> {
+        let overrides: Vec<String> = [
+            "nodes.count=1",
+            "event_builder.parallel_sends=1",
+            "output.consumers=1",
+            "output.bind=127.0.0.2",
+            "transport.kind=tcp",
+        ]
+        .map(String::from)
+        .to_vec();
+        let config = Config::load(None, &overrides).unwrap();
+        let layout = Layout::from_config(&config);
+        let out = Some((SocketAddr::from(([127, 0, 0, 2], 0)), "output.bind"));
+        // As `evb run` makes them: `127.0.0.1:PORT,OUT`.
+        let addr = |t: &TcpTransport| {
+            let token = t.local_token();
+            let (port, out) = outnet::split_token(&token);
+            format!("127.0.0.1:{port},{}", out.unwrap())
+        };
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (peers_tx, peers_rx) = mpsc::channel::<Vec<String>>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        // The consumer waits for the node, and keeps its end open until the
+        // node is set up; not joined when it is refused (it would wait out
+        // the setup timeout).
+        let consumer = {
+            let (config, layout) = (config.clone(), layout.clone());
+            std::thread::spawn(move || {
+                let mut t1 = TcpTransport::bind(&config, &layout, 1, None, out).unwrap();
+                addr_tx.send(addr(&t1)).unwrap();
+                let r = t1.connect(&peers_rx.recv().unwrap(), &mut Quiet);
+                let _ = done_rx.recv_timeout(Duration::from_secs(10));
+                (r.is_ok(), t1.output_network())
+            })
+        };
+        let mut t0 = TcpTransport::bind(&config, &layout, 0, None, out).unwrap();
+        let peers = vec![addr(&t0), addr_rx.recv().unwrap()];
+        peers_tx.send(peers.clone()).unwrap();
+        let mut told = peers.clone();
+        if wrong {
+            let eb = outnet::split_token(&peers[1]).0.to_string();
+            told[1] = format!("{eb},{eb}");
+        }
+        t0.connect(&told, &mut Quiet)?;
+        done_tx.send(()).unwrap();
+        let (ok, out1) = consumer.join().unwrap();
+        assert!(ok);
+        let out1 = out1.unwrap();
+        assert_eq!(out1.links.len(), 1);
+        assert_eq!(out1.links[0].peer, 0);
+        Ok(t0)
+    }
+
+    #[test]
+    fn a_consumer_link_runs_on_the_output_network() {
+        let t0 = node_to_consumer(false).unwrap();
+        let o = t0.output_network().unwrap();
+        assert!(o.address.starts_with("127.0.0.2:"), "{o:?}");
+        assert_eq!(o.links.len(), 1, "{o:?}");
+        let l = &o.links[0];
+        assert_eq!(l.peer, 1);
+        // Dialed from the node's output address to the consumer's.
+        assert!(l.local.starts_with("127.0.0.2:"), "{l:?}");
+        assert!(l.remote.starts_with("127.0.0.2:"), "{l:?}");
+        assert_ne!(l.local, o.address, "the node dialed: an ephemeral port");
+    }
+
+    #[test]
+    fn a_consumer_link_dialed_on_the_event_building_network_is_refused() {
+        let e = node_to_consumer(true).err().expect("refused");
+        assert!(format!("{e:#}").contains("closed during setup"), "{e:#}");
+    }
+
     /// A close with no goodbye (the process died) stays a bare close.
     #[test]
     fn a_close_without_goodbye_is_not_a_finish() {
