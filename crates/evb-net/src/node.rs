@@ -227,7 +227,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         .filter(|_| opts.control != Control::Stdio)
     {
         stderr_line!(
-            "evb node {rank}: on the output network at {} ({} links to and from consumers)",
+            "evb node {rank}: on the output network at {} ({} links there)",
             out.address,
             out.links.len()
         );
