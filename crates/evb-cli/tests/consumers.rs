@@ -681,20 +681,18 @@ fn check_lab(run: &LabRun, tag: u8) {
     let eb_tx: u64 = run.eb.iter().map(|c| c.1).sum();
     let out_tx: u64 = run.out[..2].iter().map(|c| c.1).sum();
     let out_rx_consumers: u64 = run.out[2..].iter().map(|c| c.0).sum();
-    for i in 0..2 {
-        let delivered = u(&r[i], "bytes_delivered");
+    for (i, (n, (_, tx))) in r.iter().zip(&run.out).enumerate().take(2) {
+        let delivered = u(n, "bytes_delivered");
         assert!(
-            run.out[i].1 >= delivered,
-            "node {i} delivered {delivered} B but sent {} B on out0",
-            run.out[i].1
+            *tx >= delivered,
+            "node {i} delivered {delivered} B but sent {tx} B on out0"
         );
     }
-    for i in 2..4 {
-        let consumed = u(&r[i], "bytes_consumed");
+    for (i, (n, (rx, _))) in r.iter().zip(&run.out).enumerate().skip(2) {
+        let consumed = u(n, "bytes_consumed");
         assert!(
-            run.out[i].0 >= consumed,
-            "consumer {i}: {consumed} B consumed, {:?} on out0",
-            run.out[i]
+            *rx >= consumed,
+            "consumer {i}: {consumed} B consumed, {rx} B received on out0"
         );
     }
     assert!(
