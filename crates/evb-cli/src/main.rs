@@ -280,7 +280,7 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         let endpoints = evb_core::Layout::from_config(&config).endpoints;
         anyhow::ensure!(
             endpoints == size,
-            "{who} started {size} ranks but the configuration has {endpoints} endpoints (nodes.count, nodes.em)"
+            "{who} started {size} ranks but the configuration has {endpoints} endpoints (nodes.count, nodes.em, output.consumers)"
         );
     }
     run_node(NodeOptions {

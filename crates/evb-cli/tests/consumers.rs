@@ -3,11 +3,19 @@
 //! over real TCP, verified and consumed exactly once. Slow consumers must
 //! slow the builder down (the EM stalls for credit), never lose a batch.
 //! `evb sim` must model the same stage with consumers as fabric hosts.
+//! With an output network (`output.bind`, `output.interface`,
+//! `output.addresses`) the deliveries take the second network: on
+//! loopback addresses under `evb run`, and between real hosts (network
+//! namespaces with two links each) under `evb node`, where the interface
+//! counters show which link carried what.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::netns::{dev_bytes, Lab};
 
 use serde_json::Value;
 
@@ -315,4 +323,411 @@ fn sim_models_consumers_as_fabric_hosts() {
     assert!(!series.is_empty());
     assert!(series.iter().any(|b| b.as_f64().unwrap() > 0.0), "{c}");
     assert!(series.iter().all(|b| b.as_f64().unwrap() <= 2.0), "{c}");
+}
+
+/// `evb run` with the output network on a second loopback address: the
+/// event building stays on 127.0.0.1 (transport.bind), every BU's link to
+/// each consumer runs from and to 127.0.0.2, as the reports say, and the
+/// accounting is exact; the summary names the network and gives the
+/// figures per producer and per consumer.
+#[test]
+fn evb_run_delivers_over_the_output_network_address() {
+    let (code, v, output) = run_with_consumers("outnet", &["output.bind=127.0.0.2"]);
+    assert_eq!(code, 0, "{output}");
+    check_exact(&v, &output);
+    assert_eq!(
+        v["config"]["transport"]["kind"], "tcp",
+        "auto is tcp with an output network"
+    );
+    let c = &v["summary"]["consumers"];
+    assert_eq!(c["network"], "output", "{c}");
+    assert_eq!(u(c, "producers"), 4);
+    assert!(
+        output.contains(
+            "deliveries over the output network (producers at 127.0.0.2, consumers at 127.0.0.2)"
+        ),
+        "{output}"
+    );
+    let nodes = v["nodes"].as_array().unwrap();
+    for n in &nodes[..4] {
+        let o = &n["output_network"];
+        assert!(
+            o["address"].as_str().unwrap().starts_with("127.0.0.2:"),
+            "{n}"
+        );
+        let links = o["links"].as_array().unwrap();
+        let peers: Vec<u64> = links.iter().map(|l| u(l, "peer")).collect();
+        assert_eq!(
+            peers,
+            [4, 5],
+            "a node's output links are its consumers: {o}"
+        );
+        for l in links {
+            assert!(
+                l["local"].as_str().unwrap().starts_with("127.0.0.2:"),
+                "{l}"
+            );
+            assert!(
+                l["remote"].as_str().unwrap().starts_with("127.0.0.2:"),
+                "{l}"
+            );
+        }
+    }
+    for n in &nodes[4..] {
+        // A consumer's every link runs on the output network.
+        assert_eq!(
+            n["output_network"]["links"].as_array().unwrap().len(),
+            5,
+            "{n}"
+        );
+    }
+    // Per producer and per consumer: the aggregates over their number,
+    // and each one's own figure adds up to the aggregate.
+    let per_p: f64 = c["per_producer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| f(p, "gbps"))
+        .sum();
+    let per_c: f64 = c["per_consumer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| f(p, "gbps"))
+        .sum();
+    assert!(
+        (per_p - f(c, "producer_gbps")).abs() < 1e-6 * per_p.max(1.0),
+        "{c}"
+    );
+    assert!(
+        (per_c - f(c, "consumer_gbps")).abs() < 1e-6 * per_c.max(1.0),
+        "{c}"
+    );
+    assert!(
+        (f(c, "producer_gbps_per_producer") * 4.0 - f(c, "producer_gbps")).abs() < 1e-9,
+        "{c}"
+    );
+    assert!(
+        (f(c, "consumer_gbps_per_consumer") * 2.0 - f(c, "consumer_gbps")).abs() < 1e-9,
+        "{c}"
+    );
+    let sum_delivered: u64 = c["per_producer"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(p, "batches"))
+        .sum();
+    assert_eq!(sum_delivered, MEPS);
+    // Without the output network, the summary says the deliveries shared
+    // the event-building links.
+    let (code, v, output) = run_with_consumers("no-outnet", &[]);
+    assert_eq!(code, 0, "{output}");
+    assert_eq!(v["summary"]["consumers"]["network"], "event-building");
+    assert!(v["nodes"][0].get("output_network").is_none());
+}
+
+/// Bad output-network settings stop `evb run` before anything runs, with
+/// the key named.
+#[test]
+fn bad_output_network_settings_name_their_key() {
+    for (set, expect) in [
+        (
+            "output.bind=10.0.0.300",
+            "key `output.bind`: `10.0.0.300` is not an IP address",
+        ),
+        (
+            "output.interface=evbnope0",
+            "output.interface: there is no interface `evbnope0`",
+        ),
+        (
+            "output.bind=0.0.0.0",
+            "output.bind: 0.0.0.0 is no address a peer can dial",
+        ),
+        (
+            "output.addresses=[\"10.0.0.1\"]",
+            "key `output.addresses`: entry 0, `10.0.0.1`, is not host:port",
+        ),
+    ] {
+        let (code, output) = evb(
+            &[
+                "run",
+                "-n",
+                "2",
+                "--consumers",
+                "1",
+                "-d",
+                "1",
+                "--progress",
+                "never",
+                "--set",
+                set,
+            ],
+            Duration::from_secs(60),
+        );
+        assert_eq!(code, 2, "{set}: {output}");
+        assert!(output.contains(expect), "{set}: {output}");
+    }
+    let (code, output) = evb(
+        &[
+            "run",
+            "-n",
+            "2",
+            "--consumers",
+            "1",
+            "-t",
+            "shm",
+            "--set",
+            "output.bind=127.0.0.2",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 2, "{output}");
+    assert!(output.contains("key `transport.kind`"), "{output}");
+}
+
+/// How the ranks of the namespace test learn where the others are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Launch {
+    /// As under mpirun (OpenMPI's rank variables, a rendezvous directory),
+    /// with one output setting for every host: `output.interface = "out0"`.
+    LauncherInterface,
+    /// `evb node --rank R` with every address in the configuration:
+    /// `transport.addresses` and `output.addresses`.
+    ConfigAddresses,
+}
+
+const NS_MEPS: u64 = 300;
+
+/// The runs of [`run_in_namespaces`]: each rank's final report and the
+/// byte counters (rx, tx) of its `eb0` (nodes only) and `out0` links
+/// over the run.
+struct LabRun {
+    reports: Vec<Value>,
+    eb: Vec<(u64, u64)>,
+    out: Vec<(u64, u64)>,
+    stderr: String,
+}
+
+/// Two builder nodes (ranks 0 and 1, RU+BU, the EM on 0) and two consumers
+/// (ranks 2 and 3), each in a network namespace of its own. The nodes have
+/// two links: `eb0` to the event-building switch (10.81.T.0/24) and `out0`
+/// to the output switch (10.82.T.0/24); the consumers only `out0`. Every
+/// TCP connection proves a run key.
+fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
+    let mut lab = Lab::new(tag);
+    lab.switch("breb");
+    lab.switch("brout");
+    let eb_ip = |r: usize| format!("10.81.{tag}.{}", r + 1);
+    let out_ip = |r: usize| format!("10.82.{tag}.{}", r + 1);
+    let hosts: Vec<String> = (0..4)
+        .map(|r| {
+            let ns = lab.host(&format!("h{r}"));
+            if r < 2 {
+                lab.link(&ns, "eb0", "breb", &format!("{}/24", eb_ip(r)));
+            }
+            lab.link(&ns, "out0", "brout", &format!("{}/24", out_ip(r)));
+            ns
+        })
+        .collect();
+    let counters = |dev: &str, ranks: std::ops::Range<usize>| -> Vec<(u64, u64)> {
+        ranks.map(|r| dev_bytes(&hosts[r], dev)).collect()
+    };
+    let (eb0, out0) = (counters("eb0", 0..2), counters("out0", 0..4));
+    let rdv = tmp(&format!("rdv-{tag}"));
+    let _ = std::fs::remove_dir_all(&rdv);
+    std::fs::create_dir_all(&rdv).unwrap();
+    let children: Vec<_> = (0..4)
+        .map(|r| {
+            let mut cmd = Command::new("ip");
+            cmd.args([
+                "netns",
+                "exec",
+                &hosts[r],
+                env!("CARGO_BIN_EXE_evb"),
+                "node",
+            ]);
+            let mut sets: Vec<String> = [
+                "transport.kind=tcp",
+                "nodes.count=2",
+                "output.consumers=2",
+                "run.duration_s=0",
+                "source.events_per_mep=1024",
+            ]
+            .map(String::from)
+            .to_vec();
+            sets.push(format!("run.max_meps={NS_MEPS}"));
+            // The consumers have no event-building link: they listen on
+            // loopback for it, and no one dials them there.
+            sets.push(format!(
+                "transport.bind={}",
+                if r < 2 { eb_ip(r) } else { "127.0.0.1".into() }
+            ));
+            match launch {
+                Launch::LauncherInterface => {
+                    cmd.args(["--control", "launcher", "--rendezvous"])
+                        .arg(&rdv)
+                        .env("OMPI_COMM_WORLD_RANK", r.to_string())
+                        .env("OMPI_COMM_WORLD_SIZE", "4");
+                    sets.push("output.interface=out0".into());
+                }
+                Launch::ConfigAddresses => {
+                    cmd.args(["--rank", &r.to_string()]);
+                    let list = |addr: &dyn Fn(usize) -> String| {
+                        let a: Vec<String> = (0..4).map(|p| format!("\"{}\"", addr(p))).collect();
+                        format!("[{}]", a.join(", "))
+                    };
+                    sets.push(format!(
+                        "transport.addresses={}",
+                        list(&|p| if p < 2 {
+                            format!("{}:7100", eb_ip(p))
+                        } else {
+                            "127.0.0.1:7100".into()
+                        })
+                    ));
+                    sets.push(format!(
+                        "output.addresses={}",
+                        list(&|p| format!("{}:7200", out_ip(p)))
+                    ));
+                }
+            }
+            for s in &sets {
+                cmd.args(["--set", s]);
+            }
+            cmd.env(
+                "EVB_RUN_KEY",
+                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let outs = common::wait_all(children, Duration::from_secs(90));
+    let stderr: String = outs
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stderr).to_string())
+        .collect();
+    for (r, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {r} failed: {stderr}");
+    }
+    let delta = |before: Vec<(u64, u64)>, after: Vec<(u64, u64)>| -> Vec<(u64, u64)> {
+        before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| (a.0 - b.0, a.1 - b.1))
+            .collect()
+    };
+    let run = LabRun {
+        reports: outs.iter().map(common::final_report).collect(),
+        eb: delta(eb0, counters("eb0", 0..2)),
+        out: delta(out0, counters("out0", 0..4)),
+        stderr,
+    };
+    let _ = std::fs::remove_dir_all(&rdv);
+    run
+}
+
+/// Every batch consumed exactly once; the deliveries on the output links,
+/// the fragments on the event-building links, by the interface counters.
+fn check_lab(run: &LabRun, tag: u8) {
+    let (r, stderr) = (&run.reports, &run.stderr);
+    let em = &r[0];
+    assert_eq!(u(em, "meps_assigned"), NS_MEPS, "{stderr}");
+    assert_eq!(u(em, "em_meps_built"), NS_MEPS, "{em}");
+    let sum =
+        |ranks: std::ops::Range<usize>, key: &str| -> u64 { ranks.map(|i| u(&r[i], key)).sum() };
+    // Exactly once: every built batch delivered once, consumed once,
+    // confirmed once; nothing unexpected, corrupt or delivered again.
+    assert_eq!(sum(0..2, "batches_built"), NS_MEPS);
+    assert_eq!(sum(0..2, "batches_delivered"), NS_MEPS);
+    assert_eq!(sum(2..4, "batches_consumed"), NS_MEPS);
+    assert_eq!(sum(0..2, "batches_redelivered"), 0);
+    let confirmed: u64 = r[..2]
+        .iter()
+        .flat_map(|n| n["batches_confirmed"].as_array().unwrap().iter())
+        .map(|c| c.as_u64().unwrap())
+        .sum();
+    assert_eq!(confirmed, NS_MEPS);
+    assert_eq!(sum(2..4, "bytes_consumed"), sum(0..2, "bytes_delivered"));
+    for c in &r[2..] {
+        assert_eq!(u(c, "deliveries_unexpected"), 0, "{c}");
+        assert_eq!(u(c, "batches_consumed_corrupt"), 0, "{c}");
+        assert!(u(c, "batches_consumed") > 0, "both consumers get work: {c}");
+    }
+    // The reports: every output link between 10.82.T addresses.
+    let out_net = format!("10.82.{tag}.");
+    for (i, n) in r.iter().enumerate() {
+        let o = &n["output_network"];
+        assert!(o["address"].as_str().unwrap().starts_with(&out_net), "{o}");
+        let links = o["links"].as_array().unwrap();
+        assert_eq!(links.len(), if i < 2 { 2 } else { 3 }, "rank {i}: {o}");
+        for l in links {
+            assert!(l["local"].as_str().unwrap().starts_with(&out_net), "{l}");
+            assert!(l["remote"].as_str().unwrap().starts_with(&out_net), "{l}");
+        }
+    }
+    // The counters. Delivered D and fragments sent S (each RU's, its
+    // own BU's included) are about equal. Half the fragment bytes cross
+    // between the two nodes whatever the balance of the BUs (node 1's BU
+    // takes node 0's fragment of its MEPs and the other way round). With
+    // TCP/IP headers (~5 % at 1500 bytes), ACKs and heartbeats: at most
+    // 10 % and 4 MB more. Had the deliveries taken eb0, it would carry
+    // about 1.5 S.
+    let d = sum(0..2, "bytes_delivered");
+    let s = sum(0..2, "bytes_sent");
+    let mb = 1u64 << 20;
+    let eb_tx: u64 = run.eb.iter().map(|c| c.1).sum();
+    let out_tx: u64 = run.out[..2].iter().map(|c| c.1).sum();
+    let out_rx_consumers: u64 = run.out[2..].iter().map(|c| c.0).sum();
+    for (i, (n, (_, tx))) in r.iter().zip(&run.out).enumerate().take(2) {
+        let delivered = u(n, "bytes_delivered");
+        assert!(
+            *tx >= delivered,
+            "node {i} delivered {delivered} B but sent {tx} B on out0"
+        );
+    }
+    for (i, (n, (rx, _))) in r.iter().zip(&run.out).enumerate().skip(2) {
+        let consumed = u(n, "bytes_consumed");
+        assert!(
+            *rx >= consumed,
+            "consumer {i}: {consumed} B consumed, {rx} B received on out0"
+        );
+    }
+    assert!(
+        out_tx <= d + d / 10 + 4 * mb,
+        "out0 carried more than the deliveries: {out_tx} B for {d} B"
+    );
+    assert!(
+        out_rx_consumers <= d + d / 10 + 4 * mb,
+        "the consumers received {out_rx_consumers} B for {d} B delivered"
+    );
+    assert!(
+        eb_tx >= s * 2 / 5 && eb_tx <= s / 2 + s / 10 + 4 * mb,
+        "eb0 carried {eb_tx} B for {s} B of fragments (half of them cross)"
+    );
+    eprintln!(
+        "namespaces {tag}: delivered {d} B, fragments {s} B; nodes' out0 tx {out_tx} B ({:.3} of D), \
+         consumers' out0 rx {out_rx_consumers} B ({:.3} of D), eb0 tx {eb_tx} B ({:.3} of S)",
+        out_tx as f64 / d as f64,
+        out_rx_consumers as f64 / d as f64,
+        eb_tx as f64 / s as f64
+    );
+}
+
+/// Real hosts launched as under mpirun, one output setting for all:
+/// `output.interface = "out0"`.
+#[test]
+fn namespaces_deliver_over_the_output_interface_under_a_launcher() {
+    let run = run_in_namespaces(1, Launch::LauncherInterface);
+    check_lab(&run, 1);
+}
+
+/// Real hosts started with `evb node --rank`, every address in the
+/// configuration (`transport.addresses`, `output.addresses`).
+#[test]
+fn namespaces_deliver_over_the_output_addresses_given_in_the_config() {
+    let run = run_in_namespaces(2, Launch::ConfigAddresses);
+    check_lab(&run, 2);
 }

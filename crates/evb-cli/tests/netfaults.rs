@@ -15,32 +15,9 @@ use std::time::Duration;
 
 mod common;
 use common::final_report;
+use common::netns::sh;
 
 use serde_json::Value;
-
-fn sh(ns: Option<&str>, args: &[&str]) {
-    let mut cmd = match ns {
-        Some(n) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", n]);
-            c.args(args);
-            c
-        }
-        None => {
-            let mut c = Command::new(args[0]);
-            c.args(&args[1..]);
-            c
-        }
-    };
-    let out = cmd.output().unwrap_or_else(|e| {
-        panic!("{args:?}: {e} (scripts/setup.sh installs iproute2 and nftables)")
-    });
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The event builder both nodes run, whatever the transport.
 const RUN_SETTINGS: [&str; 3] = [

@@ -388,6 +388,17 @@ pub struct OutputSection {
     /// flagged partial (to the consumers, or to the file or store sink),
     /// with what did arrive; they count as incomplete all the same.
     pub deliver_partial: bool,
+    /// The output network (`evb run`, `evb node` over TCP): this host's
+    /// address on it, the BUs' second NIC and the consumers' network. The
+    /// links to and from consumers listen and dial there; the event
+    /// building stays on `transport`. Empty: no output network.
+    pub bind: String,
+    /// The same given as an interface name (its IPv4 address, else its
+    /// first global IPv6 one): one setting for every host of a cluster.
+    pub interface: String,
+    /// `evb node` with `transport.addresses`: every endpoint's `host:port`
+    /// on the output network, by endpoint.
+    pub addresses: Vec<String>,
 }
 
 impl Default for OutputSection {
@@ -405,6 +416,9 @@ impl Default for OutputSection {
             accept_fraction: 1.0,
             bu_output_batches: 4,
             deliver_partial: false,
+            bind: String::new(),
+            interface: String::new(),
+            addresses: Vec::new(),
         }
     }
 }
@@ -694,6 +708,78 @@ impl Config {
             0 => (self.unit_counts().1 as u32).max(1),
             n => n,
         }
+    }
+
+    /// The links to and from the consumers run over the output network
+    /// (`output.bind`, `output.interface` or `output.addresses`, with
+    /// consumers).
+    pub fn output_network(&self) -> bool {
+        let o = &self.output;
+        o.consumers > 0 && !(o.bind.is_empty() && o.interface.is_empty() && o.addresses.is_empty())
+    }
+
+    /// The output network's keys: addresses that parse, an interface name
+    /// that can be one, one address per endpoint, and TCP.
+    fn validate_output_network(&self) -> Result<(), (&'static str, String)> {
+        let o = &self.output;
+        if !o.bind.is_empty() && o.bind.parse::<std::net::IpAddr>().is_err() {
+            return Err((
+                "output.bind",
+                format!(
+                    "`{}` is not an IP address (this host's address on the output network, e.g. 10.1.0.5)",
+                    o.bind
+                ),
+            ));
+        }
+        if !o.interface.is_empty() {
+            let name = &o.interface;
+            if name.len() > 15 || name.contains(['/', ':']) || name.contains(char::is_whitespace) {
+                return Err((
+                    "output.interface",
+                    format!("`{name}` is not an interface name (at most 15 characters, no `/`, `:` or spaces)"),
+                ));
+            }
+            if !o.bind.is_empty() {
+                return Err((
+                    "output.interface",
+                    "set output.bind or output.interface, not both".into(),
+                ));
+            }
+        }
+        for (i, a) in o.addresses.iter().enumerate() {
+            let ok = a
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err((
+                    "output.addresses",
+                    format!("entry {i}, `{a}`, is not host:port"),
+                ));
+            }
+        }
+        if !self.output_network() {
+            return Ok(());
+        }
+        let endpoints = crate::Layout::from_config(self).endpoints as usize;
+        if !o.addresses.is_empty() && o.addresses.len() != endpoints {
+            return Err((
+                "output.addresses",
+                format!(
+                    "{} entries but the run has {endpoints} endpoints (nodes, a separate EM, consumers)",
+                    o.addresses.len()
+                ),
+            ));
+        }
+        if !["auto", "tcp"].contains(&self.transport.kind.as_str()) {
+            return Err((
+                "transport.kind",
+                format!(
+                    "the output network (output.bind, output.interface, output.addresses) runs over tcp, not `{}`: set tcp or auto",
+                    self.transport.kind
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Number of Readout Units and Builder Units.
@@ -1168,6 +1254,8 @@ impl Config {
                 "nodes.count + output.consumers must fit in 65534 endpoints".into(),
             ));
         }
+        self.validate_output_network()
+            .map_err(|(key, m)| err(key, m))?;
         if !["blocking", "busy"].contains(&self.transport.progress.as_str()) {
             return Err(err(
                 "transport.progress",
@@ -1501,6 +1589,56 @@ mod tests {
         // Four parts is no key of ours.
         let e = load("", &["sim.output.x.y=1"]).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("sim.output.x.y"), "{e}");
+    }
+
+    #[test]
+    fn runtime_output_network_keys_are_checked_and_named() {
+        let c = load(
+            "[output]\nconsumers = 2\nbind = \"10.1.0.5\"\n",
+            &["transport.kind=tcp"],
+        )
+        .unwrap();
+        assert!(c.output_network());
+        // Without consumers the keys are unused.
+        let c = load("[output]\nbind = \"10.1.0.5\"\n", &[]).unwrap();
+        assert!(!c.output_network());
+        let e = load("[output]\nconsumers = 2\nbind = \"10.1.0.300\"\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("output.bind")),
+            "{e}"
+        );
+        assert!(e.message.contains("10.1.0.300"), "{e}");
+        // An address that does not parse is an error with or without consumers.
+        let e = load("", &["output.bind=eth1"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.bind"), "{e}");
+        let e = load("", &["output.interface=\"eth 1\""]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.interface"), "{e}");
+        let e = load("", &["output.interface=eth1", "output.bind=10.0.0.1"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.interface"), "{e}");
+        assert!(e.message.contains("not both"), "{e}");
+        let e = load("", &["output.addresses=[\"10.0.0.1\"]"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.addresses"), "{e}");
+        assert!(e.message.contains("`10.0.0.1`"), "{e}");
+        // One address per endpoint: 4 nodes and 2 consumers.
+        let e = load(
+            "",
+            &["output.consumers=2", "output.addresses=[\"10.0.0.1:7000\"]"],
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("output.addresses"), "{e}");
+        assert!(e.message.contains("6 endpoints"), "{e}");
+        // TCP only.
+        let e = load(
+            "",
+            &[
+                "output.consumers=2",
+                "output.bind=10.0.0.1",
+                "transport.kind=ucx",
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.kind"), "{e}");
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl BufferPlan {
 
     /// The plan of every endpoint of a run, and their sum in bytes.
     pub fn for_run(config: &Config, layout: &Layout) -> anyhow::Result<(Vec<BufferPlan>, u64)> {
-        let kind = TransportKind::parse(transport::resolve_auto(&config.transport.kind))?;
+        let kind = TransportKind::parse(transport::resolve_auto(config))?;
         let plans: Vec<BufferPlan> = (0..layout.endpoints)
             .map(|r| BufferPlan::for_node(config, layout, r, &kind))
             .collect();

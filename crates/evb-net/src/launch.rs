@@ -157,11 +157,16 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 .to_string();
         }
     }
-    // `auto` is shm on one machine (restarted nodes rejoin over it too).
-    config.transport.kind = crate::transport::resolve_auto(&config.transport.kind).into();
+    // `auto` is shm on one machine (restarted nodes rejoin over it too),
+    // tcp with an output network.
+    config.transport.kind = crate::transport::resolve_auto(&config).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
+    if config.output_network() {
+        // Every node runs here: one look at the address before starting them.
+        crate::transport::outnet::published_ip(&config)?;
+    }
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let config_path = workdir.join("config.toml");
@@ -360,8 +365,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     if layout.fus() > 0 {
         summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
             &reports,
-            &layout.fu_nodes,
-            layout.em as usize,
+            &layout,
             summary.duration_s,
         ));
     }
@@ -451,10 +455,12 @@ fn supervise(
         }
     }
     let bind = &config.transport.bind;
-    // A TCP node announces its port; other transports an opaque token.
-    let address = |token: String| match token.parse::<u16>() {
-        Ok(port) => format!("{bind}:{port}"),
-        Err(_) => token,
+    // A TCP node announces its port (and with an output network, `,` and
+    // its address there); other transports an opaque token.
+    let address = |token: String| match crate::transport::outnet::split_token(&token) {
+        (port, None) if port.parse::<u16>().is_ok() => format!("{bind}:{port}"),
+        (port, Some(out)) if port.parse::<u16>().is_ok() => format!("{bind}:{port},{out}"),
+        _ => token,
     };
     let mut peers: Vec<String> = ports
         .into_iter()
@@ -904,6 +910,27 @@ pub fn format_summary(result: &RunResult) -> String {
             c.batches_not_consumed,
             c.batches_undelivered,
             c.batches_corrupt
+        );
+        let network = if c.network == "output" {
+            let at = |addrs: Vec<&str>| {
+                let mut a: Vec<&str> = addrs
+                    .into_iter()
+                    .map(|a| a.rsplit_once(':').map_or(a, |(ip, _)| ip))
+                    .collect();
+                a.dedup();
+                a.join(" ")
+            };
+            format!(
+                "over the output network (producers at {}, consumers at {})",
+                at(c.per_producer.iter().map(|p| p.address.as_str()).collect()),
+                at(c.per_consumer.iter().map(|p| p.address.as_str()).collect())
+            )
+        } else {
+            "over the event-building links".into()
+        };
+        out += &format!(
+            "deliveries {network}: {:.2} Gb/s per producer ({} BUs), {:.2} Gb/s per consumer\n",
+            c.producer_gbps_per_producer, c.producers, c.consumer_gbps_per_consumer
         );
         let busy: Vec<String> = c
             .per_consumer

@@ -29,7 +29,7 @@ use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
 use crate::report::NodeReport;
-use crate::transport::{self, LinkEvent, RxHandler, Transport, TransportKind};
+use crate::transport::{self, outnet, LinkEvent, RxHandler, Transport, TransportKind};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,16 +124,20 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     };
     let mut transport = match &early_peers {
         Some(peers) => {
-            let listen = peers[rank as usize]
+            let own = &peers[rank as usize];
+            let listen = outnet::split_token(own)
+                .0
                 .to_socket_addrs()
                 .ok()
                 .and_then(|mut a| a.next())
-                .ok_or_else(|| anyhow!("bad own address `{}`", peers[rank as usize]))?;
+                .ok_or_else(|| anyhow!("bad own address `{own}`"))?;
+            let out_listen = output_listen(&config, &layout, rank, opts.control, Some(own))?;
             Box::new(transport::tcp::TcpTransport::bind(
                 &config,
                 &layout,
                 rank,
                 Some(listen),
+                out_listen.as_ref().map(|(a, k)| (*a, k.as_str())),
             )?)
         }
         None => open_transport(&config, &layout, rank, opts.control)?,
@@ -166,11 +170,16 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
                 .rendezvous
                 .as_deref()
                 .ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))?;
-            let mut token = transport.local_token();
-            if token.parse::<u16>().is_ok() {
-                // A TCP port: others need our address too.
-                token = format!("{}:{token}", config.transport.bind);
-            }
+            let token = transport.local_token();
+            let token = match outnet::split_token(&token) {
+                // A TCP port: others need our address too (and with an
+                // output network, after a comma, our address there).
+                (port, out) if port.parse::<u16>().is_ok() => {
+                    let out = out.map_or(String::new(), |o| format!(",{o}"));
+                    format!("{}:{port}{out}", config.transport.bind)
+                }
+                _ => token.clone(),
+            };
             crate::cluster::exchange_tokens(
                 dir,
                 config.run.run_id,
@@ -212,7 +221,54 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     transport
         .connect(&peers, &mut rt.engine)
         .with_context(|| format!("setting up the {} transport", transport.name()))?;
+    // (`evb run` says it in its summary.)
+    if let Some(out) = transport
+        .output_network()
+        .filter(|_| opts.control != Control::Stdio)
+    {
+        stderr_line!(
+            "evb node {rank}: on the output network at {} ({} links there)",
+            out.address,
+            out.links.len()
+        );
+    }
     rt.run(transport.as_mut(), commands.as_ref())
+}
+
+/// Where a TCP node listens on the output network, and the setting that
+/// says so; `None` without an output network. `published`: the token a
+/// restarted node published at its start (it listens there again).
+fn output_listen(
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+    control: Control,
+    published: Option<&str>,
+) -> Result<Option<(SocketAddr, String)>> {
+    if !config.output_network() {
+        return Ok(None);
+    }
+    if let Some(token) = published {
+        let out = outnet::split_token(token).1.ok_or_else(|| {
+            anyhow!("this node's published address `{token}` has no output-network part")
+        })?;
+        let addr = outnet::resolve(out, "this node's published output-network address")?;
+        return Ok(Some((addr, "the published output-network address".into())));
+    }
+    match control {
+        Control::Config => {
+            let own = outnet::local_ip(config)?;
+            let mine = outnet::config_addresses(config, layout)?[rank as usize];
+            Ok(Some(match own {
+                Some((ip, key)) => (SocketAddr::new(ip, mine.port()), key.into()),
+                None => (mine, format!("output.addresses[{rank}]")),
+            }))
+        }
+        Control::Stdio | Control::Launcher => {
+            let (ip, key) = outnet::published_ip(config)?;
+            Ok(Some((SocketAddr::new(ip, 0), key.into())))
+        }
+    }
 }
 
 /// `event_builder.preallocate_buffers`: this node's fixed MEP and receive
@@ -262,8 +318,13 @@ pub(crate) fn open_transport(
                 Control::Stdio | Control::Launcher => None,
                 Control::Config => Some(config_addresses(config, layout)?[rank as usize]),
             };
+            let out_listen = output_listen(config, layout, rank, control, None)?;
             Ok(Box::new(transport::tcp::TcpTransport::bind(
-                config, layout, rank, listen,
+                config,
+                layout,
+                rank,
+                listen,
+                out_listen.as_ref().map(|(a, k)| (*a, k.as_str())),
             )?))
         }
         TransportKind::Shm => {
@@ -369,9 +430,16 @@ pub(crate) fn rendezvous(
                     config.transport.kind
                 );
             }
-            Ok(config_addresses(config, layout)?
+            let eb = config_addresses(config, layout)?;
+            if !config.output_network() {
+                return Ok(eb.iter().map(|a| a.to_string()).collect());
+            }
+            // Every endpoint's address on both networks.
+            let out = outnet::config_addresses(config, layout)?;
+            Ok(eb
                 .iter()
-                .map(|a| a.to_string())
+                .zip(&out)
+                .map(|(e, o)| format!("{e},{o}"))
                 .collect())
         }
     }
@@ -763,6 +831,8 @@ struct Runtime {
     store: Option<evb_store::StoreWriter>,
     /// What the store wrote, once it is closed.
     store_closed: Option<evb_store::StoreStats>,
+    /// The output network's addresses, for the final report.
+    output_network: Option<crate::report::OutputNetworkReport>,
 }
 
 impl Runtime {
@@ -843,6 +913,7 @@ impl Runtime {
             actions_left: false,
             store,
             store_closed: None,
+            output_network: None,
         })
     }
 
@@ -1000,6 +1071,7 @@ impl Runtime {
             stderr_line!("evb node {}: event store: {stats:?}", self.rank);
             self.store_closed = Some(stats);
         }
+        self.output_network = transport.output_network();
         self.print_report("FINAL", true, drain_timed_out);
         let dropped = self.report_lines.finish();
         if dropped > 0 {
@@ -1462,6 +1534,9 @@ impl Runtime {
             r.em_resumed_at = em.resumed_at;
         }
         r.drain_timed_out = drain_timed_out;
+        if full {
+            r.output_network = self.output_network.clone();
+        }
         let slotted = self.config.event_builder.schedule == evb_core::config::Schedule::Slotted;
         let is_em = self.layout.em == self.rank;
         if slotted && (is_em || stats.clock.is_some()) {

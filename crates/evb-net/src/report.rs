@@ -203,6 +203,29 @@ pub struct NodeReport {
     /// to compute the true offsets of nodes on one host).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<ClockReport>,
+    /// With an output network (`output.bind`, `output.interface`,
+    /// `output.addresses`; final report only): this endpoint's address
+    /// there and the links that ran over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_network: Option<OutputNetworkReport>,
+}
+
+/// An endpoint on the output network.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OutputNetworkReport {
+    /// Where it listened on the output network.
+    pub address: String,
+    /// Its links there (a node's with each consumer, a consumer's with
+    /// every other endpoint), as the connections' socket addresses.
+    pub links: Vec<LinkAddresses>,
+}
+
+/// One connection: its peer, its local and remote socket addresses.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LinkAddresses {
+    pub peer: u16,
+    pub local: String,
+    pub remote: String,
 }
 
 /// What a node knows of its clock against the EM's.
@@ -552,6 +575,14 @@ impl SlotClockSummary {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ConsumersSummary {
     pub consumers: u16,
+    /// The BUs, which deliver (the producers).
+    #[serde(default)]
+    pub producers: u16,
+    /// Where the deliveries ran: `output` (the output network, a second
+    /// address or interface: every BU reported its links to the consumers
+    /// there) or `event-building` (the links the fragments use).
+    #[serde(default)]
+    pub network: String,
     /// Built batches the BUs handed to consumers, and their bytes.
     pub batches_delivered: u64,
     pub bytes_delivered: u64,
@@ -584,15 +615,37 @@ pub struct ConsumersSummary {
     pub batches_partial: u64,
     /// Delivered and never consumed (a consumer died, or the drain ended).
     pub batches_not_consumed: u64,
-    /// Producer (delivered) and consumer throughput over the run, Gb/s.
+    /// Producer (delivered) and consumer throughput over the run, Gb/s:
+    /// aggregates over all BUs / all consumers.
     pub producer_gbps: f64,
     pub consumer_gbps: f64,
+    /// The same per producer and per consumer (the aggregates over their
+    /// number; each one's own figure is in `per_producer` / `per_consumer`).
+    #[serde(default)]
+    pub producer_gbps_per_producer: f64,
+    #[serde(default)]
+    pub consumer_gbps_per_consumer: f64,
     /// Times the EM had a MEP to assign and no BU had credit.
     pub em_credit_stalls: u64,
     /// Time output queues were full, summed over BUs, s.
     pub output_full_s: f64,
     pub max_output_queue: u32,
+    #[serde(default)]
+    pub per_producer: Vec<ProducerFigures>,
     pub per_consumer: Vec<ConsumerFigures>,
+}
+
+/// One producer's (BU's) deliveries.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProducerFigures {
+    pub node: u16,
+    pub batches: u64,
+    pub bytes: u64,
+    /// Its delivered bytes over the run, Gb/s.
+    pub gbps: f64,
+    /// Its address on the output network (empty without one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
 }
 
 /// One consumer's figures.
@@ -604,20 +657,56 @@ pub struct ConsumerFigures {
     #[serde(default)]
     pub confirmed: u64,
     pub bytes: u64,
+    /// Its consumed bytes over the run, Gb/s.
+    #[serde(default)]
+    pub gbps: f64,
     /// Fraction of the run it was busy.
     pub busy_fraction: f64,
+    /// Its address on the output network (empty without one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
 }
 
 impl ConsumersSummary {
-    /// From the node reports; `fu_nodes` are the consumer endpoints.
+    /// From the node reports, by endpoint.
     pub fn from_reports(
         reports: &[Option<NodeReport>],
-        fu_nodes: &[u16],
-        em: usize,
+        layout: &evb_core::Layout,
         duration_s: f64,
     ) -> ConsumersSummary {
+        let (fu_nodes, em) = (&layout.fu_nodes, layout.em as usize);
+        let report = |n: u16| reports.get(n as usize).and_then(Option::as_ref);
+        let address = |r: Option<&NodeReport>| {
+            r.and_then(|r| r.output_network.as_ref())
+                .map_or(String::new(), |o| o.address.clone())
+        };
+        let gbps = |bytes: u64| {
+            if duration_s > 0.0 {
+                bytes as f64 * 8.0 / duration_s / 1e9
+            } else {
+                0.0
+            }
+        };
+        // Over the output network when every BU that reported has its
+        // links to all consumers there.
+        let bus: Vec<&NodeReport> = layout.bu_nodes.iter().filter_map(|&n| report(n)).collect();
+        let on_output = !bus.is_empty()
+            && bus.iter().all(|r| {
+                r.output_network.as_ref().is_some_and(|o| {
+                    fu_nodes
+                        .iter()
+                        .all(|&f| o.links.iter().any(|l| l.peer == f))
+                })
+            });
         let mut c = ConsumersSummary {
             consumers: fu_nodes.len() as u16,
+            producers: layout.bus() as u16,
+            network: if on_output {
+                "output"
+            } else {
+                "event-building"
+            }
+            .into(),
             ..Default::default()
         };
         for r in reports.iter().flatten() {
@@ -642,15 +731,31 @@ impl ConsumersSummary {
             .get(em)
             .and_then(Option::as_ref)
             .map_or(0, |r| r.em_credit_stalls);
-        if duration_s > 0.0 {
-            c.producer_gbps = c.bytes_delivered as f64 * 8.0 / duration_s / 1e9;
-            c.consumer_gbps = c.bytes_consumed as f64 * 8.0 / duration_s / 1e9;
-        }
+        c.producer_gbps = gbps(c.bytes_delivered);
+        c.consumer_gbps = gbps(c.bytes_consumed);
+        c.producer_gbps_per_producer = c.producer_gbps / f64::from(c.producers.max(1));
+        c.consumer_gbps_per_consumer = c.consumer_gbps / f64::from(c.consumers.max(1));
+        c.per_producer = layout
+            .bu_nodes
+            .iter()
+            .map(|&n| {
+                let r = report(n);
+                let bytes = r.map_or(0, |r| r.bytes_delivered);
+                ProducerFigures {
+                    node: n,
+                    batches: r.map_or(0, |r| r.batches_delivered),
+                    bytes,
+                    gbps: gbps(bytes),
+                    address: address(r),
+                }
+            })
+            .collect();
         c.per_consumer = fu_nodes
             .iter()
             .enumerate()
             .map(|(f, &n)| {
-                let r = reports.get(n as usize).and_then(Option::as_ref);
+                let r = report(n);
+                let bytes = r.map_or(0, |r| r.bytes_consumed);
                 ConsumerFigures {
                     node: n,
                     batches: r.map_or(0, |r| r.batches_consumed),
@@ -659,10 +764,12 @@ impl ConsumersSummary {
                         .flatten()
                         .filter_map(|r| r.batches_confirmed.get(f))
                         .sum(),
-                    bytes: r.map_or(0, |r| r.bytes_consumed),
+                    bytes,
+                    gbps: gbps(bytes),
                     busy_fraction: r
                         .filter(|r| r.elapsed_s > 0.0)
                         .map_or(0.0, |r| (r.busy_s / r.elapsed_s).min(1.0)),
+                    address: address(r),
                 }
             })
             .collect();

@@ -28,6 +28,7 @@ pub mod auth;
 pub mod mpi;
 pub mod msg;
 pub mod ofi;
+pub mod outnet;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;
@@ -139,6 +140,11 @@ pub trait Transport {
     fn has_link(&self, _peer: NodeId) -> bool {
         true
     }
+    /// With an output network ([`outnet`]): this endpoint's address on it
+    /// and the links that run over it. `None` without one.
+    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+        None
+    }
 }
 
 /// The transport a config asks for.
@@ -173,12 +179,13 @@ impl TransportKind {
 }
 
 /// The transport `evb run` uses for `transport.kind = "auto"`: its nodes
-/// all run on this machine, where shared memory beats TCP (docs/transports.md).
-pub fn resolve_auto(kind: &str) -> &str {
-    if kind == "auto" {
-        "shm"
-    } else {
-        kind
+/// all run on this machine, where shared memory beats TCP (docs/transports.md);
+/// TCP with an output network (only TCP has one, [`outnet`]).
+pub fn resolve_auto(config: &Config) -> &str {
+    match config.transport.kind.as_str() {
+        "auto" if config.output_network() => "tcp",
+        "auto" => "shm",
+        kind => kind,
     }
 }
 

@@ -17,9 +17,15 @@
 //! itself and waits a while for the lower ones to re-dial it. A new
 //! connection from a peer that still has one replaces it: the old one is
 //! reported closed (a loss) before the new one is reported joined.
+//!
+//! With an output network ([`super::outnet`]) a node has a second
+//! listener there; a pair with a consumer at either end connects to it,
+//! from the dialer's own address on that network, and a connection that
+//! arrives on the other network's listener is rejected. The token a node
+//! publishes is then `EB,OUT`.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream as StdTcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream as StdTcpStream};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -33,6 +39,7 @@ use evb_core::{Layout, MepId, NodeId};
 use mio::{Events, Interest, Poll, Token};
 
 use super::auth::{self, MAC_LEN, NONCE_LEN};
+use super::outnet;
 use super::tcp_conn::{Conn, RxStatus};
 use super::{linked_peers, LinkEvent, RxHandler, Transport};
 
@@ -64,6 +71,10 @@ struct Handshake {
     key: Option<Vec<u8>>,
     /// Our own self-link proves itself with this nonce.
     self_nonce: [u8; NONCE_LEN],
+    /// Per endpoint: its link with us runs over the output network.
+    on_output: Arc<[bool]>,
+    /// Our address on the output network, to dial from (none: any).
+    out_source: Option<IpAddr>,
 }
 
 /// A connection set up off the event loop, waiting to be taken in.
@@ -95,6 +106,12 @@ pub struct TcpTransport {
     stop: Arc<AtomicBool>,
     linked: Vec<NodeId>,
     listener: Option<TcpListener>,
+    /// The output network: our listener there and its address.
+    out_listener: Option<TcpListener>,
+    out_local: Option<SocketAddr>,
+    /// Per endpoint: local and remote address of the connection we send
+    /// on (for the report).
+    link_addrs: Vec<Option<(SocketAddr, SocketAddr)>>,
     poll: Poll,
     events: Events,
     conns: Vec<Conn>,
@@ -114,17 +131,35 @@ pub struct TcpTransport {
 
 impl TcpTransport {
     /// Binds the listening socket: on `listen` if given (a fixed address
-    /// from the config), else on `transport.bind` with a port the OS picks.
+    /// from the config), else on `transport.bind` with a port the OS picks;
+    /// with `out_listen`, a second one on the output network (`key` names
+    /// the setting its address came from).
     pub fn bind(
         config: &Config,
         layout: &Layout,
         rank: NodeId,
         listen: Option<SocketAddr>,
+        out_listen: Option<(SocketAddr, &str)>,
     ) -> Result<TcpTransport> {
         let bind = config.transport.bind.as_str();
         let port = listen.map(|a| a.port()).unwrap_or(0);
         let listener = TcpListener::bind((bind, port))
             .with_context(|| format!("binding to transport.bind = {bind}, port {port}"))?;
+        let out_listener = match out_listen {
+            Some((addr, key)) => Some(TcpListener::bind(addr).with_context(|| {
+                format!(
+                    "{key}: binding the output network's listener to {addr} (an address of this host?)"
+                )
+            })?),
+            None => None,
+        };
+        let out_local = match &out_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        };
+        let on_output: Arc<[bool]> = (0..layout.endpoints)
+            .map(|p| out_local.is_some() && outnet::is_output_link(layout, rank, p))
+            .collect();
         let key = auth::load_key(&config.transport.run_key_file)?;
         let (incoming_tx, incoming_rx) = mpsc::channel();
         Ok(TcpTransport {
@@ -137,6 +172,8 @@ impl TcpTransport {
                 endpoints: layout.endpoints,
                 key: key.clone(),
                 self_nonce: auth::nonce(),
+                on_output,
+                out_source: out_local.map(|a| a.ip()).filter(|ip| !ip.is_unspecified()),
             },
             rejoin: false,
             restarted: false,
@@ -149,6 +186,9 @@ impl TcpTransport {
             stop: Arc::new(AtomicBool::new(false)),
             linked: linked_peers(config, layout, rank),
             listener: Some(listener),
+            out_listener,
+            out_local,
+            link_addrs: vec![None; layout.endpoints as usize],
             poll: Poll::new()?,
             events: Events::with_capacity(256),
             conns: Vec::new(),
@@ -168,6 +208,7 @@ impl TcpTransport {
 
     fn open_links(&mut self, addrs: &[SocketAddr]) -> Result<()> {
         let listener = self.listener.take().expect("connect runs once");
+        let out_listener = self.out_listener.take();
         let deadline = Instant::now() + SETUP_TIMEOUT;
         let me = self.rank;
         let hello = self.hello();
@@ -177,8 +218,13 @@ impl TcpTransport {
         let self_nonce = self.hs.self_nonce;
         for &peer in self.linked.iter().filter(|&&p| p >= me) {
             let addr = addrs[peer as usize];
-            let mut s = connect_retry(addr, deadline)
-                .with_context(|| format!("connecting to endpoint {peer} at {addr}"))?;
+            let mut s =
+                connect_retry(addr, self.hs.source_for(peer), deadline).with_context(|| {
+                    format!(
+                        "connecting to endpoint {peer} at {addr}{}",
+                        self.hs.network_of(peer)
+                    )
+                })?;
             s.write_all(&hello)?;
             if let Some(key) = &self.key {
                 if peer == me {
@@ -198,16 +244,20 @@ impl TcpTransport {
         let outgoing = opened.len();
         let expected_accepts = self.linked.iter().filter(|&&p| p <= me).count();
         listener.set_nonblocking(true)?;
+        if let Some(l) = &out_listener {
+            l.set_nonblocking(true)?;
+        }
         let mut accepted = 0;
         while accepted < expected_accepts {
-            match listener.accept() {
-                Ok((s, _)) => {
+            match accept_either(&listener, out_listener.as_ref()) {
+                Ok((s, on_output)) => {
                     s.set_nonblocking(false)?;
                     let left = deadline.saturating_duration_since(Instant::now());
                     s.set_read_timeout(Some(
                         left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
                     ))?;
                     let checked = read_hello(&s, self.run_id, self.endpoints).and_then(|peer| {
+                        self.hs.check_network(peer, on_output)?;
                         match &self.key {
                             Some(key) => self.hs.check_as_acceptor(&s, key, peer, &hello)?,
                             // The answer: tells the peer we are set up (not
@@ -247,6 +297,7 @@ impl TcpTransport {
         }
         // Kept for connections during the run (rejoin), else closed.
         self.listener = Some(listener);
+        self.out_listener = out_listener;
         Ok(())
     }
 
@@ -255,6 +306,9 @@ impl TcpTransport {
     fn add_conn(&mut self, s: StdTcpStream, peer: Option<NodeId>) -> Result<usize> {
         s.set_read_timeout(None)?;
         s.set_nodelay(true)?;
+        if let Some(p) = peer {
+            self.link_addrs[p as usize] = s.local_addr().ok().zip(s.peer_addr().ok());
+        }
         if self.socket_buffer_bytes > 0 {
             set_socket_buffers(&s, self.socket_buffer_bytes);
         }
@@ -281,6 +335,10 @@ impl TcpTransport {
             return Ok(());
         };
         listener.set_nonblocking(true)?;
+        let out_listener = self.out_listener.take();
+        if let Some(l) = &out_listener {
+            l.set_nonblocking(true)?;
+        }
         let hs = self.hs.clone();
         let tx = self.incoming_tx.clone();
         let stop = self.stop.clone();
@@ -288,13 +346,16 @@ impl TcpTransport {
             .name("evb-accept".into())
             .spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((s, from)) => {
+                    match accept_either(&listener, out_listener.as_ref()) {
+                        Ok((s, on_output)) => {
+                            let from = s
+                                .peer_addr()
+                                .map_or("an unknown address".into(), |a| a.to_string());
                             let hs = hs.clone();
                             let tx = tx.clone();
                             // Off this thread: a silent stranger must not
                             // hold up the next connection.
-                            std::thread::spawn(move || match hs.accept(&s) {
+                            std::thread::spawn(move || match hs.accept(&s, on_output) {
                                 Ok(peer) => {
                                     let _ = tx.send(Incoming { stream: s, peer });
                                 }
@@ -524,7 +585,26 @@ impl Transport for TcpTransport {
     }
 
     fn local_token(&self) -> String {
-        self.local_port.to_string()
+        match self.out_local {
+            Some(out) => format!("{},{out}", self.local_port),
+            None => self.local_port.to_string(),
+        }
+    }
+
+    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+        let address = self.out_local?.to_string();
+        let links = (0..self.endpoints)
+            .filter(|&p| self.hs.on_output[p as usize])
+            .filter_map(|p| {
+                let (local, remote) = self.link_addrs[p as usize]?;
+                Some(crate::report::LinkAddresses {
+                    peer: p,
+                    local: local.to_string(),
+                    remote: remote.to_string(),
+                })
+            })
+            .collect();
+        Some(crate::report::OutputNetworkReport { address, links })
     }
 
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
@@ -542,18 +622,25 @@ impl Transport for TcpTransport {
     }
 
     fn connect(&mut self, peers: &[String], handler: &mut dyn RxHandler) -> Result<()> {
+        if peers.len() != self.endpoints as usize {
+            bail!("{} addresses for {} endpoints", peers.len(), self.endpoints);
+        }
+        // Each peer is dialed on the network its link with us runs over.
+        let me = self.rank;
         let addrs = peers
             .iter()
-            .map(|a| {
-                a.to_socket_addrs()
-                    .with_context(|| format!("cannot resolve endpoint address `{a}`"))?
-                    .next()
-                    .ok_or_else(|| anyhow!("endpoint address `{a}` has no address"))
+            .enumerate()
+            .map(|(p, token)| match outnet::split_token(token) {
+                (_, Some(out)) if self.hs.on_output[p] => {
+                    outnet::resolve(out, &format!("endpoint {p}'s output-network address"))
+                }
+                (_, None) if self.hs.on_output[p] => bail!(
+                    "endpoint {p} has no address on the output network, where its link with \
+                     endpoint {me} runs: set output.bind or output.interface on every endpoint"
+                ),
+                (eb, _) => outnet::resolve(eb, "endpoint address"),
             })
             .collect::<Result<Vec<_>>>()?;
-        if addrs.len() != self.endpoints as usize {
-            bail!("{} addresses for {} endpoints", addrs.len(), self.endpoints);
-        }
         self.addrs = addrs.clone();
         if self.restarted {
             return self.connect_restarted();
@@ -574,6 +661,7 @@ impl Transport for TcpTransport {
                     self.start_acceptor()?;
                 } else {
                     self.listener = None;
+                    self.out_listener = None;
                 }
                 return Ok(());
             }
@@ -749,11 +837,44 @@ impl Handshake {
         hello
     }
 
+    /// The address to dial `peer` from: ours on the output network when
+    /// the link runs there.
+    fn source_for(&self, peer: NodeId) -> Option<IpAddr> {
+        self.out_source.filter(|_| self.on_output[peer as usize])
+    }
+
+    /// For messages: " on the output network" when the link runs there.
+    fn network_of(&self, peer: NodeId) -> &'static str {
+        if self.on_output[peer as usize] {
+            " on the output network"
+        } else {
+            ""
+        }
+    }
+
+    /// A connection from `peer` arrived on the output network's listener
+    /// (`on_output`) or the event-building one: it must be the network
+    /// their link runs over.
+    fn check_network(&self, peer: NodeId, on_output: bool) -> Result<()> {
+        let net = |out: bool| if out { "output" } else { "event-building" };
+        let expected = self.on_output[peer as usize];
+        if expected != on_output {
+            bail!(
+                "endpoint {peer} connected on the {} network, but its link with endpoint {} runs \
+                 over the {} network (check output.bind, output.interface, output.addresses)",
+                net(on_output),
+                self.rank,
+                net(expected)
+            );
+        }
+        Ok(())
+    }
+
     /// Opens a connection to `peer` during the run and goes through the
     /// whole handshake before returning it (the peer answers at once).
     fn dial(&self, addr: SocketAddr, peer: NodeId, timeout: Duration) -> Result<StdTcpStream> {
         let deadline = Instant::now() + timeout;
-        let mut s = StdTcpStream::connect_timeout(&addr, timeout)?;
+        let mut s = outnet::connect_from(addr, self.source_for(peer), timeout)?;
         s.write_all(&self.hello())?;
         match &self.key {
             Some(key) => self.prove_as_connector(&mut s, key, peer, deadline)?,
@@ -771,11 +892,13 @@ impl Handshake {
     }
 
     /// Accepting side during the run: the peer's Hello, our answer, the
-    /// run-key proof. Returns who the peer is.
-    fn accept(&self, s: &StdTcpStream) -> Result<NodeId> {
+    /// run-key proof. Returns who the peer is. `on_output`: it arrived on
+    /// the output network's listener.
+    fn accept(&self, s: &StdTcpStream, on_output: bool) -> Result<NodeId> {
         s.set_nonblocking(false)?;
         s.set_read_timeout(Some(HELLO_TIMEOUT))?;
         let peer = read_hello(s, self.run_id, self.endpoints)?;
+        self.check_network(peer, on_output)?;
         let hello = self.hello();
         match &self.key {
             Some(key) => self.check_as_acceptor(s, key, peer, &hello)?,
@@ -893,10 +1016,29 @@ fn connect_self(hs: &Handshake, addr: SocketAddr) -> Result<StdTcpStream> {
     Ok(s)
 }
 
-fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<StdTcpStream> {
+/// The next connection waiting on the event-building listener or the
+/// output network's (non-blocking both), and whether it came on the latter.
+fn accept_either(
+    listener: &TcpListener,
+    out_listener: Option<&TcpListener>,
+) -> std::io::Result<(StdTcpStream, bool)> {
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && out_listener.is_some() => {
+            let (s, _) = out_listener.expect("checked").accept()?;
+            Ok((s, true))
+        }
+        r => r.map(|(s, _)| (s, false)),
+    }
+}
+
+fn connect_retry(
+    addr: SocketAddr,
+    from: Option<IpAddr>,
+    deadline: Instant,
+) -> Result<StdTcpStream> {
     let mut delay = Duration::from_millis(5);
     loop {
-        match StdTcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+        match outnet::connect_from(addr, from, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
             Err(_) if Instant::now() + delay < deadline => {
                 std::thread::sleep(delay);
@@ -984,7 +1126,7 @@ mod tests {
         let node1 = {
             let (config, layout) = (config.clone(), layout.clone());
             std::thread::spawn(move || {
-                let mut t = TcpTransport::bind(&config, &layout, 1, None).unwrap();
+                let mut t = TcpTransport::bind(&config, &layout, 1, None, None).unwrap();
                 port_tx.send(t.local_token()).unwrap();
                 t.connect(&addr_rx.recv().unwrap(), &mut Quiet).unwrap();
                 let mut events = Vec::new();
@@ -997,7 +1139,7 @@ mod tests {
                 events
             })
         };
-        let mut t = TcpTransport::bind(&config, &layout, 0, None).unwrap();
+        let mut t = TcpTransport::bind(&config, &layout, 0, None, None).unwrap();
         let addrs: Vec<String> = [t.local_token(), port_rx.recv().unwrap()]
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
@@ -1033,6 +1175,83 @@ mod tests {
                 }
             ]
         );
+    }
+
+    /// A node (endpoint 0) and a consumer (endpoint 1) with an output
+    /// network on 127.0.0.2: `wrong` tells the node the consumer's
+    /// event-building address in place of its output one. Returns the
+    /// node's transport (or its setup error).
+    fn node_to_consumer(wrong: bool) -> Result<TcpTransport> {
+        let overrides: Vec<String> = [
+            "nodes.count=1",
+            "event_builder.parallel_sends=1",
+            "output.consumers=1",
+            "output.bind=127.0.0.2",
+            "transport.kind=tcp",
+        ]
+        .map(String::from)
+        .to_vec();
+        let config = Config::load(None, &overrides).unwrap();
+        let layout = Layout::from_config(&config);
+        let out = Some((SocketAddr::from(([127, 0, 0, 2], 0)), "output.bind"));
+        // As `evb run` makes them: `127.0.0.1:PORT,OUT`.
+        let addr = |t: &TcpTransport| {
+            let token = t.local_token();
+            let (port, out) = outnet::split_token(&token);
+            format!("127.0.0.1:{port},{}", out.unwrap())
+        };
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (peers_tx, peers_rx) = mpsc::channel::<Vec<String>>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        // The consumer waits for the node, and keeps its end open until the
+        // node is set up; not joined when it is refused (it would wait out
+        // the setup timeout).
+        let consumer = {
+            let (config, layout) = (config.clone(), layout.clone());
+            std::thread::spawn(move || {
+                let mut t1 = TcpTransport::bind(&config, &layout, 1, None, out).unwrap();
+                addr_tx.send(addr(&t1)).unwrap();
+                let r = t1.connect(&peers_rx.recv().unwrap(), &mut Quiet);
+                let _ = done_rx.recv_timeout(Duration::from_secs(10));
+                (r.is_ok(), t1.output_network())
+            })
+        };
+        let mut t0 = TcpTransport::bind(&config, &layout, 0, None, out).unwrap();
+        let peers = vec![addr(&t0), addr_rx.recv().unwrap()];
+        peers_tx.send(peers.clone()).unwrap();
+        let mut told = peers.clone();
+        if wrong {
+            let eb = outnet::split_token(&peers[1]).0.to_string();
+            told[1] = format!("{eb},{eb}");
+        }
+        t0.connect(&told, &mut Quiet)?;
+        done_tx.send(()).unwrap();
+        let (ok, out1) = consumer.join().unwrap();
+        assert!(ok);
+        let out1 = out1.unwrap();
+        assert_eq!(out1.links.len(), 1);
+        assert_eq!(out1.links[0].peer, 0);
+        Ok(t0)
+    }
+
+    #[test]
+    fn a_consumer_link_runs_on_the_output_network() {
+        let t0 = node_to_consumer(false).unwrap();
+        let o = t0.output_network().unwrap();
+        assert!(o.address.starts_with("127.0.0.2:"), "{o:?}");
+        assert_eq!(o.links.len(), 1, "{o:?}");
+        let l = &o.links[0];
+        assert_eq!(l.peer, 1);
+        // Dialed from the node's output address to the consumer's.
+        assert!(l.local.starts_with("127.0.0.2:"), "{l:?}");
+        assert!(l.remote.starts_with("127.0.0.2:"), "{l:?}");
+        assert_ne!(l.local, o.address, "the node dialed: an ephemeral port");
+    }
+
+    #[test]
+    fn a_consumer_link_dialed_on_the_event_building_network_is_refused() {
+        let e = node_to_consumer(true).err().expect("refused");
+        assert!(format!("{e:#}").contains("closed during setup"), "{e:#}");
     }
 
     /// A close with no goodbye (the process died) stays a bare close.
