@@ -31,8 +31,9 @@ trap 'rm -rf "$work"' EXIT
 
 command -v mpicc >/dev/null || { echo "needs mpicc (apt install libopenmpi-dev openmpi-bin)" >&2; exit 2; }
 mpicc -O2 -o "$work/mpi_alltoall" "$here/peers/mpi_alltoall.c"
-cargo build --release -q -p evb-cli --manifest-path "$root/Cargo.toml"
-evb="$root/target/release/evb"
+# EVB=path runs that binary instead of building this tree's (before/after).
+if [ -z "${EVB:-}" ]; then cargo build --release -q -p evb-cli --manifest-path "$root/Cargo.toml"; fi
+evb="${EVB:-$root/target/release/evb}"
 
 # One fragment per source per MEP of exactly BLOCK bytes: 4-byte size
 # table entry + (BLOCK/EVENTS - 4) bytes per event.

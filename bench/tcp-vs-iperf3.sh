@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 shift || true
 command -v iperf3 >/dev/null || { echo "iperf3 is missing: run scripts/setup.sh" >&2; exit 2; }
-cargo build --release --quiet --bin evb
-evb=target/release/evb
+# EVB=path runs that binary instead of building this tree's (before/after).
+if [ -z "${EVB:-}" ]; then cargo build --release --quiet --bin evb; fi
+evb=${EVB:-target/release/evb}
 out=$(mktemp -d)
 trap 'kill $srv 2>/dev/null || true; rm -rf "$out"' EXIT
 
