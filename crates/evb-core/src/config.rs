@@ -251,13 +251,18 @@ impl EventBuilderSection {
     /// `verify_sample` by a hash of (source, MEP): spread over sources and
     /// MEPs, none skipped for ever.
     pub fn crc_checked(&self, source: u16, mep: u64) -> bool {
-        match self.verify {
-            Verify::Crc => true,
-            Verify::Header => false,
-            Verify::Sample => {
-                let h = crate::source::mix64(mep ^ (u64::from(source) << 48) ^ 0x0c5c_5a3f);
-                h % u64::from(self.verify_sample.max(1)) == 0
-            }
+        crc_checked(self.verify, self.verify_sample, source, mep)
+    }
+}
+
+/// [`EventBuilderSection::crc_checked`] from the two keys alone.
+pub fn crc_checked(verify: Verify, sample: u32, source: u16, mep: u64) -> bool {
+    match verify {
+        Verify::Crc => true,
+        Verify::Header => false,
+        Verify::Sample => {
+            let h = crate::source::mix64(mep ^ (u64::from(source) << 48) ^ 0x0c5c_5a3f);
+            h.is_multiple_of(u64::from(sample.max(1)))
         }
     }
 }

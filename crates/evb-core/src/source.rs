@@ -321,6 +321,20 @@ impl SourceModel {
         fill_pattern(&mut buf[table_len..len], self.ring_pattern_base(), 0);
     }
 
+    /// Ring readout: the header of `mep`'s fragment in a buffer of layout
+    /// `t`, before it is written (the CRC left 0).
+    pub fn ring_describe(&self, mep: MepId, t: &RingTemplate) -> FragmentHeader {
+        FragmentHeader {
+            run_id: self.run_id,
+            source: self.source,
+            flags: 0,
+            mep,
+            event_count: self.events_per_mep,
+            payload_len: t.payload_len,
+            crc32c: 0,
+        }
+    }
+
     /// Ring readout: `buf`, filled by [`Self::ring_fill`] with `t`, becomes
     /// `mep`'s fragment: its event numbers are written, and its CRC-32C
     /// computed if `crc`. Returns the header.
@@ -340,17 +354,12 @@ impl SourceModel {
             buf[at..at + n as usize].copy_from_slice(&number[..n as usize]);
         }
         FragmentHeader {
-            run_id: self.run_id,
-            source: self.source,
-            flags: 0,
-            mep,
-            event_count: self.events_per_mep,
-            payload_len: t.payload_len,
             crc32c: if crc {
                 crate::checksum::crc32c(&buf[..len])
             } else {
                 0
             },
+            ..self.ring_describe(mep, t)
         }
     }
 

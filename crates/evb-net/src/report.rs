@@ -376,6 +376,16 @@ pub fn resident_bytes() -> u64 {
     pages * page.max(0) as u64
 }
 
+/// CPU seconds (user, system) this process has spent, all its threads.
+pub fn cpu_times() -> (f64, f64) {
+    // SAFETY: getrusage fills the struct we pass; a zeroed rusage is valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    (t(u.ru_utime), t(u.ru_stime))
+}
+
 /// Seconds since the Unix epoch (to compare times across processes).
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()

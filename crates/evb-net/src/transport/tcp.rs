@@ -26,6 +26,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::mepbuf::MepBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::config::Config;
 use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN};
@@ -605,7 +606,7 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool {
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<MepBuf>) -> bool {
         match self.tx_conn.get(to as usize).copied().flatten() {
             Some(c) => {
                 self.conns[c].queue_fragment(header, data);
@@ -969,7 +970,15 @@ mod tests {
         fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
             vec![0; min_len]
         }
-        fn on_fragment(&mut self, _: NodeId, _: FragmentHeader, _: u32, _: Vec<u8>, _: usize) {}
+        fn on_fragment(
+            &mut self,
+            _: NodeId,
+            _: FragmentHeader,
+            _: Option<u32>,
+            _: Vec<u8>,
+            _: usize,
+        ) {
+        }
     }
 
     /// Two linked endpoints on loopback; node 0 ends its side with
