@@ -1599,6 +1599,12 @@ impl Runtime {
             r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
         }
         r.rss_bytes = crate::report::resident_bytes();
+        (r.cpu_user_s, r.cpu_system_s) = crate::report::cpu_times();
+        if r.bytes_built > 0 {
+            let gb = r.bytes_built as f64 / 1e9;
+            r.cpu_user_s_per_gb = r.cpu_user_s / gb;
+            r.cpu_system_s_per_gb = r.cpu_system_s / gb;
+        }
         if let Some(st) = self
             .store_closed
             .clone()
