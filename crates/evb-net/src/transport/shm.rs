@@ -2110,6 +2110,162 @@ mod tests {
         assert_eq!(received(&mut a).0, vec![b"b-epoch-2".to_vec()]);
     }
 
+    /// Endpoint 0 of 2 sharing a slot store of two 64 KiB slots.
+    fn sharing(run_id: u32) -> (ShmEndpoint, SlotStore) {
+        let ring_bytes = 1u32 << 16;
+        let store = SlotStore::shared(2, 64 << 10, release_words_bytes(2, 2)).unwrap();
+        let mut a = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        a.share_slots(store.clone()).unwrap();
+        (a, store)
+    }
+
+    /// A 40 KiB fragment from one of `store`'s slots, `fill` throughout.
+    fn slot_message(store: &SlotStore, fill: u8) -> Rc<MepBuf> {
+        let mut b = store.take(40 << 10).unwrap();
+        b.fill(fill);
+        Rc::new(b)
+    }
+
+    fn shared_views(ep: &mut ShmEndpoint) -> Vec<SharedView> {
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        out.into_iter()
+            .filter_map(|c| match c {
+                Completion::ReceivedShared { head, view, .. } => {
+                    assert_eq!(head, b"head");
+                    Some(view)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn sent_ctxs(ep: &mut ShmEndpoint) -> Vec<u64> {
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        out.into_iter()
+            .filter_map(|c| match c {
+                Completion::Sent { ctx } => Some(ctx),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Zero copy: the receiver reads the fragment in the sender's slot;
+    /// the send completes when the record is read, the slot is free again
+    /// only when the reader drops its view.
+    #[test]
+    fn a_shared_slot_is_read_in_place_and_freed_when_released() {
+        let run_id = 0x4400_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 0x3c);
+        let len = msg.len();
+        let body = Some((msg.clone(), 0..len));
+        assert!(a.send(a_to_b, 1, b"head".to_vec(), body, 7).unwrap());
+        // The RU releases its MEP: the endpoint still holds the slot.
+        drop(msg);
+        assert_eq!(store.store().free_slots(), 1);
+        // b has no receive buffer posted: nothing can be copied.
+        assert!(b.recv_buffers.is_empty());
+        let views = shared_views(&mut b);
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].len(), len);
+        assert!(views[0].iter().all(|&x| x == 0x3c));
+        assert_eq!(sent_ctxs(&mut a), vec![7], "read: the send is done");
+        assert_eq!(store.store().free_slots(), 1, "still read in place");
+        drop(views);
+        // The reader rings the sender when it progresses next.
+        assert!(shared_views(&mut b).is_empty());
+        assert!(a.has_work(), "a release is work for the sender");
+        assert!(sent_ctxs(&mut a).is_empty());
+        assert_eq!(store.store().free_slots(), 2);
+    }
+
+    /// Records the reader drops unread (the link is re-established: what
+    /// the old link left in its ring is never read) release their slots.
+    #[test]
+    fn a_relink_releases_the_slots_of_records_left_unread() {
+        let run_id = 0x4500_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        for fill in [1, 2] {
+            let msg = slot_message(&store, fill);
+            let len = msg.len();
+            assert!(a
+                .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 0)
+                .unwrap());
+        }
+        assert_eq!(store.store().free_slots(), 0);
+        // a drops the link and asks for it again; b drops a's old records.
+        a.relink(a_to_b, 1);
+        let _ = received(&mut a);
+        let (msgs, joins) = received(&mut b);
+        assert_eq!(joins.len(), 1);
+        assert!(msgs.is_empty());
+        let _ = received(&mut a);
+        assert_eq!(store.store().free_slots(), 2, "released as discarded");
+    }
+
+    /// A reader whose process is gone releases nothing itself: its views
+    /// died with it, and the sender frees their slots.
+    #[test]
+    fn the_slots_a_dead_reader_held_are_freed() {
+        let run_id = 0x4600_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        // b as a's peer: the pid of a process that exits (not reaped yet,
+        // so its pidfd can be taken and then reads as exited).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut addr = b.local_address();
+        addr[0..4].copy_from_slice(&(child.id() as i32).to_le_bytes());
+        let a_to_b = a.add_peer(&addr).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 9);
+        let len = msg.len();
+        assert!(a
+            .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 3)
+            .unwrap());
+        let views = shared_views(&mut b);
+        assert_eq!(views.len(), 1);
+        assert_eq!(store.store().free_slots(), 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.store().free_slots() < 2 && Instant::now() < deadline {
+            std::thread::sleep(EXIT_CHECK);
+            let _ = received(&mut a);
+        }
+        assert_eq!(store.store().free_slots(), 2, "freed with the reader gone");
+        child.wait().unwrap();
+        drop(views);
+    }
+
+    /// A record naming bytes outside the sender's slots is not read: the
+    /// ring is dropped as corrupt and no view is made.
+    #[test]
+    fn a_shared_record_outside_the_slots_is_refused() {
+        let run_id = 0x4700_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 5);
+        let len = msg.len();
+        assert!(a
+            .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 0)
+            .unwrap());
+        // Damage the record's length in b's ring: past the slot's end.
+        let ring = b.geo.ring(0);
+        let data = b.ring_data(&b.inbox, ring);
+        let huge = (1u64 << 40).to_le_bytes();
+        ShmEndpoint::ring_write(data, b.geo.ring_bytes, 24, &huge);
+        assert!(shared_views(&mut b).is_empty());
+        assert_eq!(b.tails[0], b.inbox.atomic_u64(ring).load(Ordering::Acquire));
+    }
+
     /// A relink with a peer whose process is gone is not asked for: only a
     /// new incarnation can come back.
     #[test]
