@@ -351,7 +351,12 @@ impl SourceModel {
         for &(at, i, n) in &t.stamps {
             let number = first.wrapping_add(u64::from(i)).to_le_bytes();
             let at = at as usize;
-            buf[at..at + n as usize].copy_from_slice(&number[..n as usize]);
+            if n as usize == EVENT_NUMBER_BYTES {
+                // A fixed-size copy is one store; a variable one a call.
+                buf[at..at + EVENT_NUMBER_BYTES].copy_from_slice(&number);
+            } else {
+                buf[at..at + n as usize].copy_from_slice(&number[..n as usize]);
+            }
         }
         FragmentHeader {
             crc32c: if crc {
