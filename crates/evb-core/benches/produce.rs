@@ -70,7 +70,9 @@ fn main() {
         // The ring readout: buffers filled once, then per MEP only the
         // event numbers (no CRC: the default `sample` level checks one
         // fragment in 64).
-        let templates: Vec<_> = (0..BUFFERS as u32).map(|i| source.ring_template(i)).collect();
+        let templates: Vec<_> = (0..BUFFERS as u32)
+            .map(|i| source.ring_template(i))
+            .collect();
         for (b, t) in bufs.iter_mut().zip(&templates) {
             b.resize(t.payload_len as usize, 0);
             source.ring_fill(t, b);
