@@ -196,6 +196,10 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         rt.engine.rx_pool = rx_pool;
     }
     rt.engine.slots = mep_slots;
+    // The ring readout's buffers are written once, before the run, as a
+    // readout board's DMA ring is set up: its memory is resident and
+    // stays where it is.
+    rt.engine.fill_ring();
     rt.metrics = metrics;
     rt.restarted = opts.rejoin;
     if opts.rejoin && rank == rt.layout.em {
@@ -650,6 +654,29 @@ impl SparePool {
 impl Engine {
     fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
+    }
+
+    /// Ring readout: fills every buffer of the ring now (their layouts
+    /// drawn, sizes and pattern written: some 20-50 ms for 14 buffers).
+    fn fill_ring(&mut self) {
+        let (Readout::Ring, Some(store), Some(source)) = (self.readout, &self.slots, &self.sources)
+        else {
+            return;
+        };
+        let mut all = Vec::new();
+        while let Some(buf) = store.take(0) {
+            all.push(buf);
+        }
+        let slots = store.store().slots() as usize;
+        self.ring = vec![None; slots];
+        self.ring_stale = vec![false; slots];
+        for buf in &mut all {
+            let (_, index) = buf.slot().expect("a store's buffers are slots");
+            let t = source.ring_template(index);
+            buf.set_len(t.payload_len as usize);
+            source.ring_fill(&t, buf);
+            self.ring[index as usize] = Some(t);
+        }
     }
 
     /// A buffer for a MEP's fragment: a free slot of the fixed set (none
