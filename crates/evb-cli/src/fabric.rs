@@ -277,11 +277,12 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         );
     } else {
         println!(
-            "conflict-aware: {} flows of {} steps moved to {} extra slots; {} slots a rotation, {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
+            "conflict-aware: {} flows of {} steps moved, {} extra slots; {} slots a rotation (no schedule on these routes has fewer than {}: the busiest link's flows), {:.1}% of the plain barrel's rate on a conflict-free fabric; written to {}",
             s.flows_moved,
             s.steps_split,
             s.slots.len() - s.plain_slots,
             s.slots.len(),
+            s.lower_bound,
             s.efficiency() * 100.0,
             a.out.display()
         );
@@ -291,6 +292,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
             "ranks": n, "order": a.order, "routing": what, "local": a.local,
             "plain_slots": s.plain_slots, "slots": s.slots.len(),
             "steps_split": s.steps_split, "flows_moved": s.flows_moved,
+            "lower_bound": s.lower_bound,
             "efficiency": s.efficiency(),
             "plain_conflicts": conflicts.total.conflicts,
         });

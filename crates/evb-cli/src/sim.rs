@@ -141,7 +141,9 @@ pub fn run(args: SimArgs) -> Result<()> {
         overrides.push(format!("sim.load={l}"));
     }
     // The event builder has one node per host unless the file or --set
-    // says otherwise; a separate EM and the consumers take the last hosts.
+    // says otherwise; a separate EM takes the last host, and the consumers
+    // are on the output network or (sim.output.network = "fabric") take
+    // the last hosts.
     let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
     if !explicit_nodes {
         // A first look, for the consumers and the EM's placement only:
@@ -150,15 +152,30 @@ pub fn run(args: SimArgs) -> Result<()> {
         // parallel_sends against the BUs must not see the default 4 nodes).
         let mut probe = overrides.clone();
         probe.push("event_builder.schedule_file=\"\"".into());
+        // The fabric's hosts a configuration needs: its endpoints, less
+        // the consumers when they are on the output network.
+        let on_fabric = |c: &Config| {
+            let layout = evb_core::Layout::from_config(c);
+            let all = usize::from(layout.endpoints);
+            if evb_sim::separate_output(c) {
+                all - layout.fus()
+            } else {
+                all
+            }
+        };
         let as_is = Config::load(args.config.as_deref(), &probe).ok();
-        let fits = as_is.as_ref().is_some_and(|c| {
-            usize::from(evb_core::Layout::from_config(c).endpoints) == fabric.hosts()
-        });
+        let fits = as_is
+            .as_ref()
+            .is_some_and(|c| on_fabric(c) == fabric.hosts());
         if !fits {
             let mut sized = probe.clone();
             sized.insert(0, format!("nodes.count={}", fabric.hosts()));
             let first = Config::load(args.config.as_deref(), &sized)?;
-            let consumers = usize::from(first.output.consumers);
+            let consumers = if evb_sim::separate_output(&first) {
+                0
+            } else {
+                usize::from(first.output.consumers)
+            };
             let em_host = usize::from(first.nodes.em == evb_core::config::EmPlacement::Separate);
             if consumers + em_host + 1 > fabric.hosts() {
                 bail!(
@@ -227,6 +244,26 @@ pub fn run(args: SimArgs) -> Result<()> {
                 eb.events_vetoed
             );
         }
+    }
+    if let Some(o) = &s.consumers {
+        println!(
+            "distribution ({}, {} producers at {} Gb/s -> {} consumers at {} Gb/s, steady state): {:.2} +- {:.2} Gb/s per producer, {:.2} +- {:.2} Gb/s per consumer ({:.1} / {:.1} Gb/s in all); consumers busy {:.0}%; pause frames {}, drops {}, resent {:.1} MB",
+            o.network,
+            o.producers,
+            o.producer_link_gbps,
+            o.consumers,
+            o.consumer_link_gbps,
+            o.producer_gbps_per_producer,
+            o.producer_ci95_gbps,
+            o.consumer_gbps_per_consumer,
+            o.consumer_ci95_gbps,
+            o.producer_gbps_total,
+            o.consumer_gbps_total,
+            o.busy_fraction_mean * 100.0,
+            o.pause_frames,
+            o.drops,
+            o.retransmitted_bytes as f64 * 1e-6
+        );
     }
     if let Some(c) = &result.consumers {
         println!(
@@ -421,6 +458,15 @@ pub struct ScanArgs {
     /// Slurm job array: `--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`.
     #[arg(long, value_name = "I/N")]
     pub shard: Option<String>,
+    /// Run every point with R seeds (run.seed, run.seed + 1, ...) and rank
+    /// by their mean, with a 95 % interval.
+    #[arg(long, default_value_t = 1, value_name = "R")]
+    pub replications: usize,
+    /// What to rank by: built (Gb/s per node, or per host for synthetic
+    /// traffic), producer or consumer (Gb/s per producer / per consumer of
+    /// the distribution to consumers).
+    #[arg(long, default_value = "built")]
+    pub figure: String,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -493,7 +539,8 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     if !base.iter().any(|o| o.starts_with("nodes.count")) {
         base.insert(0, format!("nodes.count={}", fabric.hosts()));
     }
-    let total: usize = axes.iter().map(|a| a.values.len()).product();
+    let figure = evb_sim::scan::Figure::parse(&args.figure).map_err(anyhow::Error::msg)?;
+    let total: usize = axes.iter().map(|a| a.values.len()).product::<usize>() * args.replications;
     let bar = crate::progress::bar(total as u64, "scan points");
     // One fabric per (order, routing) met in the scan.
     let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
@@ -521,8 +568,13 @@ pub fn scan(args: ScanArgs) -> Result<()> {
             .map_err(|e| e.to_string())?;
         Ok((config, fabric))
     };
+    let options = evb_sim::scan::ScanOptions {
+        shard,
+        replications: args.replications,
+        figure,
+    };
     let result =
-        evb_sim::scan::run_scan(&axes, load, shard, || bar.inc(1)).map_err(anyhow::Error::msg)?;
+        evb_sim::scan::run_scan(&axes, load, options, || bar.inc(1)).map_err(anyhow::Error::msg)?;
     bar.finish_and_clear();
     print_scan(&result, &fabric.name);
     write_scan(
@@ -564,18 +616,31 @@ fn print_scan(result: &evb_sim::scan::ScanResult, fabric: &str) {
     let shard = result.shard.map_or(String::new(), |[i, n]| {
         format!(" (shard {i}/{n} of {})", result.total_points)
     });
+    let replications = if result.replications > 1 {
+        format!(
+            ", {} seeds each: {} points not told apart from the best at 95 %",
+            result.replications, result.tied_with_best
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "evb scan: {} points{shard} on {fabric} in {:.1} s; {:.0}% of points within 2% of the best",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by Gb/s {}; {:.0}% of points within 2% of the best{replications}",
         result.points.len(),
         result.wall_seconds,
+        result.figure.label(),
         result.fraction_within_2pct_of_best * 100.0
     );
-    println!("{:>10}  {:>10}  parameters", "Gb/s", "% of link");
+    println!(
+        "{:>10}  {:>8}  {:>10}  parameters",
+        "Gb/s", "+- 95%", "% of link"
+    );
     for &i in &order {
         let p = &result.points[i];
         let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let ci = p.ci95_gbps.map_or("-".to_string(), |c| format!("{c:.2}"));
         println!(
-            "{:>10.2}  {:>9.1}%  {}",
+            "{:>10.2}  {ci:>8}  {:>9.1}%  {}",
             p.figure_gbps,
             p.figure_gbps / p.summary.link_rate_gbps * 100.0,
             params.join(" ")
@@ -596,14 +661,16 @@ fn write_scan(
     if let Some(path) = csv {
         let mut text = String::from("index,")
             + &result.axes.join(",")
-            + ",figure_gbps,throughput_per_host_gbps\n";
+            + ",figure_gbps,ci95_gbps,replications,throughput_per_host_gbps\n";
         for p in &result.points {
             let vals: Vec<&str> = p.params.iter().map(|(_, v)| v.as_str()).collect();
             text += &format!(
-                "{},{},{:.4},{:.4}\n",
+                "{},{},{:.4},{},{},{:.4}\n",
                 p.index,
                 vals.join(","),
                 p.figure_gbps,
+                p.ci95_gbps.map_or(String::new(), |c| format!("{c:.4}")),
+                p.replicates.len().max(1),
                 p.summary.throughput_per_host_gbps
             );
         }

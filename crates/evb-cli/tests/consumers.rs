@@ -288,6 +288,8 @@ fn sim_models_consumers_as_fabric_hosts() {
             "--set",
             "output.consumers=2",
             "--set",
+            "sim.output.network=fabric",
+            "--set",
             "output.consumer_busy_us=50",
             "--set",
             "source.events_per_mep=256",

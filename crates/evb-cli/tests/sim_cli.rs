@@ -359,6 +359,123 @@ fn scan_over_rank_orders_and_per_host_series() {
     assert!((sent - r[2]).abs() < 10.0, "{r:?}");
 }
 
+/// Consumers sit on an output network of their own by default; the JSON
+/// reports the distribution per producer and per consumer.
+#[test]
+fn sim_reports_the_distribution_to_consumers_on_the_output_network() {
+    let json = tmp("dist.json");
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=4",
+        "--set",
+        "output.consumers=3",
+        "--set",
+        "sim.output.consumer_gbps=25",
+        "--set",
+        "source.events_per_mep=256",
+        "--duration-us",
+        "3000",
+        "--json",
+        &json,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let c = &v["summary"]["consumers"];
+    assert_eq!(c["network"], "ethernet pfc", "{c}");
+    assert_eq!(c["producers"], 4, "every node's BU: {c}");
+    assert_eq!(c["consumers"], 3, "{c}");
+    let per_consumer = c["consumer_gbps_per_consumer"].as_f64().unwrap();
+    let per_producer = c["producer_gbps_per_producer"].as_f64().unwrap();
+    assert!(per_consumer > 5.0 && per_consumer <= 25.0, "{c}");
+    // Aggregates: what the 4 producers sent, the 3 consumers received.
+    let total = c["consumer_gbps_total"].as_f64().unwrap();
+    assert!(
+        (total - 3.0 * per_consumer).abs() < 1e-6 * total.max(1.0),
+        "{c}"
+    );
+    assert!((per_producer * 4.0 - total).abs() < 0.1 * total, "{c}");
+    // The event-building fabric has the 4 nodes only.
+    assert_eq!(v["summary"]["hosts"], 4);
+    assert!(out.contains("per producer"), "{out}");
+    // The shared-fabric model needs the consumers among the fabric's hosts.
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--topology",
+        "switch:hosts=5",
+        "--set",
+        "output.consumers=2",
+        "--set",
+        "sim.output.network=fabric",
+        "--duration-us",
+        "500",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("distribution (fabric, 3 producers"), "{out}");
+}
+
+/// `--replications R`: every point runs with R seeds, its figure is their
+/// mean with a 95 % interval, and the ranking uses the mean.
+#[test]
+fn scan_replications_rank_by_the_mean_over_seeds() {
+    let json = tmp("scan-reps.json");
+    let csv = tmp("scan-reps.csv");
+    let (ok, out, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=6",
+        "--traffic",
+        "uniform",
+        "--duration-us",
+        "100",
+        "--param",
+        "sim.load=0.5,1.0",
+        "--replications",
+        "3",
+        "--json",
+        &json,
+        "--csv",
+        &csv,
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["replications"], 3);
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for p in points {
+        let reps: Vec<f64> = p["replicates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(reps.len(), 3, "{p}");
+        // Seeds differ, so do the runs.
+        assert!(reps[0] != reps[1] || reps[1] != reps[2], "{reps:?}");
+        let mean = reps.iter().sum::<f64>() / 3.0;
+        assert!((p["figure_gbps"].as_f64().unwrap() - mean).abs() < 1e-9);
+        let ci = p["ci95_gbps"].as_f64().unwrap();
+        assert!(ci > 0.0 && ci < mean, "{p}");
+    }
+    // Saturated uniform traffic delivers more than half load.
+    assert_eq!(v["best"], 1, "{out}");
+    assert!(out.contains("3 seeds each"), "{out}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("index,sim.load,figure_gbps,ci95_gbps,replications,"));
+    // Seeds are what replications vary: scanning them too is refused.
+    let (ok, _, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=4",
+        "--param",
+        "run.seed=1,2",
+        "--replications",
+        "2",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("run.seed"), "{err}");
+}
+
 /// On an imperfect 64-host tree (an uplink missing, two cables swapped:
 /// ftree falls back to minhop, and the plain barrel has conflicts in every
 /// step) the conflict-aware schedule of `evb fabric schedule` builds more
@@ -404,9 +521,54 @@ fn the_conflict_aware_schedule_builds_more_on_an_imperfect_64_host_tree() {
         aware > 1.2 * plain,
         "conflict-aware {aware} vs plain {plain}"
     );
-    // Its slots share no link: nothing waits for credits.
+    // Its slots share no link: next to nothing waits for credits (a
+    // switch input reads one packet at a time, so a control packet now and
+    // then holds a data packet back: microseconds over 40 ms).
     assert!(
-        aware_wait < 1e-6 && plain_wait > 0.1,
+        aware_wait < 1e-4 && plain_wait > 0.1,
         "{aware_wait} {plain_wait}"
     );
+}
+
+/// The shipped distribution benches run as documented: their producers and
+/// consumers, at their link rates, and `evb config check` takes them.
+#[test]
+fn the_distribution_bench_configs_run() {
+    for (file, hosts, producers, consumers, consumer_gbps) in [
+        ("distribution-18x14.toml", "18", 18, 14, 100.0),
+        ("distribution-18x14-busy.toml", "18", 18, 14, 100.0),
+        ("distribution-14x72.toml", "14", 14, 72, 25.0),
+    ] {
+        let path = format!("{}/../../configs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let (ok, _, err) = evb(&["config", "check", &path]);
+        assert!(ok, "{file}: {err}");
+        let json = tmp(&format!("{file}.json"));
+        let topology = format!("switch:hosts={hosts}");
+        let (ok, out, err) = evb(&[
+            "sim",
+            "--config",
+            &path,
+            "--topology",
+            &topology,
+            "--duration-us",
+            "2000",
+            "--json",
+            &json,
+        ]);
+        assert!(ok, "{file}: {out}{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let c = &v["summary"]["consumers"];
+        assert_eq!(c["producers"], producers, "{file}: {c}");
+        assert_eq!(c["consumers"], consumers, "{file}: {c}");
+        assert_eq!(
+            c["consumer_link_gbps"].as_f64(),
+            Some(consumer_gbps),
+            "{file}"
+        );
+        assert_eq!(c["network"], "ethernet pfc", "{file}");
+        assert!(
+            c["consumer_gbps_per_consumer"].as_f64().unwrap() > 0.0,
+            "{file}: {c}"
+        );
+    }
 }

@@ -351,7 +351,10 @@ impl BuilderUnit {
                 fu_of: layout.fu_of.clone(),
                 credits: vec![0; layout.fus()],
                 gone: vec![false; layout.fus()],
-                next: 0,
+                // Each BU starts its round robin at its own consumer: all
+                // starting at consumer 0 made every BU's first batches an
+                // incast on one consumer, and they stayed in step.
+                next: layout.bu_of[node as usize].map_or(0, usize::from) % layout.fus().max(1),
                 queue: VecDeque::new(),
                 unconfirmed: vec![VecDeque::new(); layout.fus()],
                 buffer: config.output.bu_output_batches as usize,

@@ -540,10 +540,71 @@ pub struct SimSection {
     pub sample_us: f64,
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
     pub granularity: String,
+    /// MTU packets of one message moved as one unit of the model (their
+    /// headers still counted one by one): k times fewer events, the
+    /// interleaving of messages on a link k times coarser. 1: every packet.
+    pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
     /// none), and the others learn of it `crash_detection_us` later.
     pub crash: String,
     pub crash_detection_us: f64,
+    /// The output network that carries built batches to the consumers.
+    pub output: SimOutputSection,
+}
+
+/// `[sim.output]`: the network between the BUs' second NICs and the
+/// consumers (the filter farm), an Ethernet network with RoCE v2 in the
+/// reference design. Used when `output.consumers > 0`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimOutputSection {
+    /// `ethernet`: a network of its own; `fabric`: the consumers are hosts
+    /// of the event-building fabric and deliveries share the BUs' links.
+    pub network: String,
+    /// `switch` (one switch) or `fat-tree:radix=R[,...]` (an `evb-fabric`
+    /// fat tree without `hosts`, routed by ftree).
+    pub topology: String,
+    /// Link rate of a producer's (BU's) second NIC, Gb/s.
+    pub producer_gbps: f64,
+    /// Link rate of a consumer, Gb/s.
+    pub consumer_gbps: f64,
+    /// Links between switches of a fat tree, Gb/s.
+    pub uplink_gbps: f64,
+    /// `pfc`: lossless, pause frames; `lossy`: a full output queue drops
+    /// (go-back-N retransmission).
+    pub flow_control: String,
+    /// Switch buffer per port per priority, bytes (shallow: a 16 MB switch
+    /// of 32 ports has 512 KiB a port).
+    pub buffer_bytes: u32,
+    /// Switch latency, ns.
+    pub switch_latency_ns: u64,
+    /// RoCE MTU, bytes.
+    pub mtu_bytes: u32,
+    /// `lossy`: retransmission timeout of a message whose last packet was
+    /// lost, microseconds.
+    pub rto_us: f64,
+    /// Batches a producer's NIC sends at once, the others waiting in
+    /// order (0: every delivery the consumers' credits allow, interleaved
+    /// packet by packet).
+    pub producer_messages: u32,
+}
+
+impl Default for SimOutputSection {
+    fn default() -> Self {
+        SimOutputSection {
+            network: "ethernet".into(),
+            topology: "switch".into(),
+            producer_gbps: 100.0,
+            consumer_gbps: 100.0,
+            uplink_gbps: 100.0,
+            flow_control: "pfc".into(),
+            buffer_bytes: 512 * 1024,
+            switch_latency_ns: 400,
+            mtu_bytes: 4096,
+            rto_us: 100.0,
+            producer_messages: 0,
+        }
+    }
 }
 
 impl SimSection {
@@ -586,8 +647,10 @@ impl Default for SimSection {
             load: 1.0,
             sample_us: 10.0,
             granularity: "packet".into(),
+            train_packets: 1,
             crash: String::new(),
             crash_detection_us: 100.0,
+            output: SimOutputSection::default(),
         }
     }
 }
@@ -988,6 +1051,16 @@ impl Config {
         if !["packet", "flit"].contains(&sim.granularity.as_str()) {
             return Err(err("sim.granularity", "must be `packet` or `flit`".into()));
         }
+        if !(1..=64).contains(&sim.train_packets)
+            || u64::from(sim.vl_buffer_bytes)
+                < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
+        {
+            return Err(err(
+                "sim.train_packets",
+                "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
+                    .into(),
+            ));
+        }
         if sim.message_bytes == 0 {
             return Err(err("sim.message_bytes", "must be at least 1".into()));
         }
@@ -1010,6 +1083,79 @@ impl Config {
             return Err(err(
                 "sim.crash_detection_us",
                 "must be a non-negative number".into(),
+            ));
+        }
+        let so = &sim.output;
+        if !["ethernet", "fabric"].contains(&so.network.as_str()) {
+            return Err(err(
+                "sim.output.network",
+                format!("`{}`: must be `ethernet` or `fabric`", so.network),
+            ));
+        }
+        if so.topology != "switch" && !so.topology.starts_with("fat-tree:") {
+            return Err(err(
+                "sim.output.topology",
+                format!(
+                    "`{}`: must be `switch` or `fat-tree:radix=R[,...]`",
+                    so.topology
+                ),
+            ));
+        }
+        if so
+            .topology
+            .split(',')
+            .any(|kv| kv.trim_start_matches("fat-tree:").starts_with("hosts="))
+        {
+            return Err(err(
+                "sim.output.topology",
+                "takes no `hosts`: the producers and consumers are its hosts".into(),
+            ));
+        }
+        for (key, v) in [
+            ("sim.output.producer_gbps", so.producer_gbps),
+            ("sim.output.consumer_gbps", so.consumer_gbps),
+            ("sim.output.uplink_gbps", so.uplink_gbps),
+        ] {
+            if !(v.is_finite() && v > 0.0 && v <= 1e5) {
+                return Err(err(key, "must be a positive number of Gb/s".into()));
+            }
+        }
+        if !["pfc", "lossy"].contains(&so.flow_control.as_str()) {
+            return Err(err(
+                "sim.output.flow_control",
+                format!("`{}`: must be `pfc` or `lossy`", so.flow_control),
+            ));
+        }
+        if so.mtu_bytes < 256 || so.mtu_bytes > 9000 {
+            return Err(err(
+                "sim.output.mtu_bytes",
+                "must be between 256 and 9000".into(),
+            ));
+        }
+        // PFC needs room for a round trip of data after PAUSE is decided.
+        let fastest = so.producer_gbps.max(so.consumer_gbps).max(so.uplink_gbps);
+        let frame = f64::from(so.mtu_bytes + 200);
+        let headroom =
+            fastest / 8.0 * (2 * sim.link_latency_ns + so.switch_latency_ns) as f64 + 2.0 * frame;
+        if f64::from(so.buffer_bytes) < headroom + 2.0 * frame {
+            return Err(err(
+                "sim.output.buffer_bytes",
+                format!(
+                    "{} bytes cannot hold PFC's headroom at {fastest} Gb/s ({headroom:.0} bytes) and two frames more",
+                    so.buffer_bytes
+                ),
+            ));
+        }
+        if so.switch_latency_ns > 1_000_000 {
+            return Err(err(
+                "sim.output.switch_latency_ns",
+                "must be at most 1 ms".into(),
+            ));
+        }
+        if !(so.rto_us.is_finite() && so.rto_us > 0.0 && so.rto_us <= 1e7) {
+            return Err(err(
+                "sim.output.rto_us",
+                "must be a positive number of microseconds, at most 10 s".into(),
             ));
         }
         let kind = self.transport.kind.as_str();
@@ -1223,7 +1369,8 @@ fn apply_override(doc: &mut toml_edit::DocumentMut, ov: &str) -> Result<(), Conf
         .ok_or_else(|| bad(None, format!("`{ov}` is not of the form key=value")))?;
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
-    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+    // section.key, or section.table.key (e.g. sim.output.buffer_bytes).
+    if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.is_empty()) {
         return Err(bad(
             Some(key.into()),
             "keys are written section.key, e.g. event_builder.credits".into(),
@@ -1234,12 +1381,21 @@ fn apply_override(doc: &mut toml_edit::DocumentMut, ov: &str) -> Result<(), Conf
         .trim()
         .parse()
         .unwrap_or_else(|_| toml_edit::Value::from(raw.trim()));
-    let table = doc
-        .entry(parts[0])
-        .or_insert(toml_edit::table())
-        .as_table_like_mut()
-        .ok_or_else(|| bad(Some(key.into()), format!("`{}` is not a section", parts[0])))?;
-    table.insert(parts[1], toml_edit::Item::Value(value));
+    let (last, tables) = parts.split_last().expect("two or three parts");
+    let mut table = doc.as_table_mut() as &mut dyn toml_edit::TableLike;
+    for (i, name) in tables.iter().enumerate() {
+        table = table
+            .entry(name)
+            .or_insert(toml_edit::table())
+            .as_table_like_mut()
+            .ok_or_else(|| {
+                bad(
+                    Some(key.into()),
+                    format!("`{}` is not a section", tables[..=i].join(".")),
+                )
+            })?;
+    }
+    table.insert(last, toml_edit::Item::Value(value));
     Ok(())
 }
 
@@ -1431,6 +1587,37 @@ mod tests {
         );
         let e = load("[transport]\nshm_zero_copy = 1\n", &[]).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("transport.shm_zero_copy"), "{e}");
+    }
+
+    #[test]
+    fn output_network_keys_are_checked_and_named() {
+        let text = "[sim.output]\nconsumer_gbps = 25\nflow_control = \"lossy\"\n";
+        let c = load(text, &["sim.output.buffer_bytes=262144"]).unwrap();
+        assert_eq!(c.sim.output.consumer_gbps, 25.0);
+        assert_eq!(c.sim.output.flow_control, "lossy");
+        assert_eq!(c.sim.output.buffer_bytes, 262144);
+        assert_eq!(c.sim.output.network, "ethernet", "the default");
+        let e = load("[sim.output]\nflow_control = \"xon\"\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("sim.output.flow_control")),
+            "{e}"
+        );
+        let e = load("", &["sim.output.network=shared"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.network"), "{e}");
+        // PFC needs room for a round trip at the fastest link.
+        let e = load("", &["sim.output.buffer_bytes=8192"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.buffer_bytes"), "{e}");
+        assert!(e.message.contains("headroom"), "{e}");
+        let e = load("", &["sim.output.topology=\"fat-tree:radix=8,hosts=4\""]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.topology"), "{e}");
+        let e = load("", &["sim.output.consumer_gbps=0"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.consumer_gbps"), "{e}");
+        let e = load("[sim.output]\nnope = 1\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.nope"), "{e}");
+        // Four parts is no key of ours.
+        let e = load("", &["sim.output.x.y=1"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.output.x.y"), "{e}");
     }
 
     #[test]

@@ -631,7 +631,15 @@ impl ReadoutUnit {
     /// local ones), as the slots could be anywhere.
     pub fn set_clock_offset(&mut self, offset: Option<i64>) {
         self.clock_known = offset.is_some();
-        self.clock_offset = offset.unwrap_or(0);
+        let offset = offset.unwrap_or(0);
+        let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
+        if offset.abs_diff(self.clock_offset) >= slot_ns {
+            // Another clock (a restarted EM starts its own): the slots are
+            // numbered anew, and the next one served is found again.
+            self.cursor = None;
+            self.slot_wake = None;
+        }
+        self.clock_offset = offset;
     }
 
     /// Slotted barrel: the slot plan, if the schedule is slotted.
@@ -714,6 +722,8 @@ impl ReadoutUnit {
         let catching_up = (blocked || woke_late) && behind;
         let mut cursor = match self.cursor {
             Some(c) if catching_up && c + rotation >= now_slot => c,
+            // More than a rotation ahead cannot be: the clock was set back.
+            Some(c) if c > now_slot + rotation => now_slot,
             Some(c) => c.max(now_slot),
             None => now_slot,
         };
@@ -981,6 +991,37 @@ mod tests {
         out.clear();
         r.forget_bu(1, &mut out);
         assert_eq!(releases(&out), vec![8], "7 is with the transport");
+    }
+
+    /// A restarted EM has a clock of its own: the slots are numbered anew
+    /// and the RU serves the next one of the new clock, not the slot it
+    /// had reached on the old one (a second's wait).
+    #[test]
+    fn a_new_clock_numbers_the_slots_anew() {
+        let mut config = Config::default();
+        config.nodes.count = 3;
+        config.event_builder.slot_us = 10.0;
+        let layout = Layout::from_config(&config);
+        let mut r = ReadoutUnit::new(&config, &layout, 0);
+        let mut out = Vec::new();
+        r.set_now(1_000_000_000);
+        r.set_clock_offset(Some(0));
+        // Slot 100000 (even) is BU 1's.
+        r.on_assign(1, 1, &mut out);
+        ready(&mut r, 1, &mut out);
+        assert_eq!(sends(&out), vec![(1, 1)]);
+        r.on_send_complete(1, &mut out);
+        out.clear();
+        // The EM's clock now reads 1 ms: slot 100.
+        r.set_clock_offset(Some(-999_000_000));
+        r.on_assign(2, 2, &mut out);
+        ready(&mut r, 2, &mut out);
+        assert!(sends(&out).is_empty(), "slot 100 is BU 1's");
+        let wake = r.next_deadline().expect("waits for slot 101");
+        assert_eq!(wake, 1_000_010_000);
+        r.set_now(wake);
+        r.on_timeout(&mut out);
+        assert_eq!(sends(&out), vec![(2, 2)]);
     }
 
     #[test]

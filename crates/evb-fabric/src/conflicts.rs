@@ -10,6 +10,13 @@
 //! least one conflict, flows on shared links (flows on links with `f >= 2`)
 //! and the maximum link load (largest `f`).
 //!
+//! Links of different rates: a flow asks for the rate of the slower of its
+//! two host links, and a link of rate `R` carrying flows that ask `D` in
+//! all has `max(0, D / R - 1)` **weighted conflicts** (`weighted_conflicts`):
+//! two flows of 100 Gb/s on a 200 Gb/s uplink have none, three have half
+//! of one. With every link at one rate the weighted count is the count.
+//! Links of unknown rate count at the hosts' rate.
+//!
 //! On request ([`analyze_with_loads`]) the load of every directed link in
 //! every step is kept too (the links x steps matrix of a heat map), bounded
 //! by a cell budget because it grows as links times steps.
@@ -20,21 +27,25 @@ use crate::topo::Topology;
 use serde::Serialize;
 
 /// Per-step figures.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct StepStats {
     pub step: usize,
     pub flows: u64,
     pub conflicts: u64,
+    /// Conflicts weighed by the links' rates (the module's doc).
+    pub weighted_conflicts: f64,
     pub max_link_load: u32,
     pub shared_links: u64,
     pub flows_on_shared_links: u64,
 }
 
 /// Totals over all steps.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct Totals {
     pub flows: u64,
     pub conflicts: u64,
+    /// Conflicts weighed by the links' rates (the module's doc).
+    pub weighted_conflicts: f64,
     pub steps: usize,
     pub steps_with_conflicts: usize,
     pub max_link_load: u32,
@@ -48,8 +59,9 @@ pub struct LinkReport {
     pub port: u8,
     pub to: String,
     pub to_port: u8,
-    /// Conflicts on this link summed over steps.
+    /// Conflicts on this link summed over steps, and weighed by its rate.
     pub conflicts: u64,
+    pub weighted_conflicts: f64,
     pub steps_shared: u64,
     pub max_load: u32,
     /// Width and speed (`4xEDR`) and data rate of the link, when known.
@@ -166,6 +178,7 @@ impl Analysis {
 struct Partial {
     steps: Vec<StepStats>,
     link_conf: Vec<u64>,
+    link_weighted: Vec<f64>,
     link_steps: Vec<u64>,
     link_max: Vec<u32>,
     /// With loads: per step, (link, flows) of every link used.
@@ -216,6 +229,42 @@ pub fn analyze_with_loads(
         first_node[i] = node.ports[p as usize].expect("cabled").node;
     }
     let lids: Vec<u16> = order.iter().map(|&h| topo.nodes[h].lid).collect();
+    // Rates: each host link's, and each directed link's (unknown: the
+    // hosts' most common rate, or 1 when none is known: only ratios count).
+    let host_gbps: Vec<Option<f64>> = order
+        .iter()
+        .map(|&h| {
+            let p = topo.nodes[h].first_port().expect("checked above");
+            topo.link_gbps(h, p)
+        })
+        .collect();
+    let base = {
+        let mut known: Vec<f64> = host_gbps.iter().flatten().copied().collect();
+        known.sort_by(f64::total_cmp);
+        let mut best = (0usize, 1.0);
+        let mut k = 0;
+        while k < known.len() {
+            let run = known[k..].iter().take_while(|&&g| g == known[k]).count();
+            if run > best.0 {
+                best = (run, known[k]);
+            }
+            k += run;
+        }
+        best.1
+    };
+    let host_rate: Vec<f64> = host_gbps.iter().map(|g| g.unwrap_or(base)).collect();
+    let mut link_rate = vec![base; nlinks];
+    for (i, node) in topo.nodes.iter().enumerate() {
+        for p in 0..node.ports.len() {
+            if let Some(g) = topo.link_gbps(i, p as u8) {
+                link_rate[offsets[i] as usize + p] = g;
+            }
+        }
+    }
+    // Every flow asks the same when all hosts run at one rate: the weighted
+    // count then follows from the flow counts; otherwise each link sums
+    // what its flows ask.
+    let uniform = host_rate.iter().all(|&g| g == host_rate[0]);
     // Flat tables for the inner loop: the LFTs one switch after another
     // (consecutive flows of a step have consecutive destinations, so they
     // reuse cache lines of each switch's table) and the far end of every
@@ -253,10 +302,12 @@ pub fn analyze_with_loads(
         .collect();
     let work = |mine: &Vec<usize>| -> Result<Partial> {
         let mut counts = vec![0u32; nlinks];
+        let mut demand = vec![0f64; if uniform { 0 } else { nlinks }];
         let mut touched: Vec<u32> = Vec::with_capacity(n * 6);
         let mut part = Partial {
             steps: vec![],
             link_conf: vec![0; nlinks],
+            link_weighted: vec![0.0; nlinks],
             link_steps: vec![0; nlinks],
             link_max: vec![0; nlinks],
             loads: vec![],
@@ -271,12 +322,20 @@ pub fn analyze_with_loads(
                 let mut link = first_link[i];
                 let mut cur = first_node[i];
                 let mut hops = 0;
+                let asks = if uniform {
+                    0.0
+                } else {
+                    host_rate[i].min(host_rate[j])
+                };
                 loop {
                     let c = &mut counts[link as usize];
                     if *c == 0 {
                         touched.push(link);
                     }
                     *c += 1;
+                    if !uniform {
+                        demand[link as usize] += asks;
+                    }
                     if cur == dst {
                         break;
                     }
@@ -314,6 +373,7 @@ pub fn analyze_with_loads(
                 step: s,
                 flows: n as u64,
                 conflicts: 0,
+                weighted_conflicts: 0.0,
                 max_link_load: 0,
                 shared_links: 0,
                 flows_on_shared_links: 0,
@@ -325,6 +385,17 @@ pub fn analyze_with_loads(
             for &l in &touched {
                 let c = counts[l as usize];
                 counts[l as usize] = 0;
+                let asked = if uniform {
+                    f64::from(c) * host_rate[0]
+                } else {
+                    std::mem::take(&mut demand[l as usize])
+                };
+                // A hair of slack: sums of rates are not exact.
+                let over = (asked / link_rate[l as usize] - 1.0).max(0.0);
+                if over > 1e-9 {
+                    st.weighted_conflicts += over;
+                    part.link_weighted[l as usize] += over;
+                }
                 st.max_link_load = st.max_link_load.max(c);
                 if c > 1 {
                     st.conflicts += (c - 1) as u64;
@@ -351,6 +422,7 @@ pub fn analyze_with_loads(
     };
     let mut per_step = vec![];
     let mut link_conf = vec![0u64; nlinks];
+    let mut link_weighted = vec![0f64; nlinks];
     let mut link_steps = vec![0u64; nlinks];
     let mut link_max = vec![0u32; nlinks];
     let mut step_loads = vec![];
@@ -360,6 +432,7 @@ pub fn analyze_with_loads(
         step_loads.extend(p.loads);
         for l in 0..nlinks {
             link_conf[l] += p.link_conf[l];
+            link_weighted[l] += p.link_weighted[l];
             link_steps[l] += p.link_steps[l];
             link_max[l] = link_max[l].max(p.link_max[l]);
         }
@@ -372,12 +445,22 @@ pub fn analyze_with_loads(
     for s in &per_step {
         total.flows += s.flows;
         total.conflicts += s.conflicts;
+        total.weighted_conflicts += s.weighted_conflicts;
         total.steps_with_conflicts += (s.conflicts > 0) as usize;
         total.max_link_load = total.max_link_load.max(s.max_link_load);
         total.flows_on_shared_links += s.flows_on_shared_links;
     }
-    let mut worst: Vec<usize> = (0..nlinks).filter(|&l| link_conf[l] > 0).collect();
-    worst.sort_by(|&a, &b| link_conf[b].cmp(&link_conf[a]).then(a.cmp(&b)));
+    // Worst first by weighted conflicts (a conflict on a faster link weighs
+    // less), then by count.
+    let mut worst: Vec<usize> = (0..nlinks)
+        .filter(|&l| link_conf[l] > 0 || link_weighted[l] > 0.0)
+        .collect();
+    worst.sort_by(|&a, &b| {
+        link_weighted[b]
+            .total_cmp(&link_weighted[a])
+            .then(link_conf[b].cmp(&link_conf[a]))
+            .then(a.cmp(&b))
+    });
     worst.truncate(top);
     let link_loads = keep_loads.then(|| {
         step_loads.sort_by_key(|s| s.0);
@@ -435,6 +518,7 @@ pub fn analyze_with_loads(
                     .unwrap_or_default(),
                 to_port: r.map(|r| r.port).unwrap_or(0),
                 conflicts: link_conf[l],
+                weighted_conflicts: link_weighted[l],
                 steps_shared: link_steps[l],
                 max_load: link_max[l],
                 rate: topo.link_rate(node, port).map(|r| r.to_string()),
@@ -477,6 +561,12 @@ impl Analysis {
             "hosts {}, steps {}, flows {}\nconflicts {} (flows beyond the first on a directed link, summed over steps)\nsteps with conflicts {} of {}\nflows on shared links {}\nmax link load {}\n",
             self.hosts, t.steps, t.flows, t.conflicts, t.steps_with_conflicts, t.steps, t.flows_on_shared_links, t.max_link_load
         );
+        if (t.weighted_conflicts - t.conflicts as f64).abs() > 1e-6 {
+            s.push_str(&format!(
+                "weighted by link rate: {:.1} conflicts (flows asking more than a link's rate, in links' worth)\n",
+                t.weighted_conflicts
+            ));
+        }
         if !self.worst_links.is_empty() {
             s.push_str("worst links (conflicts summed over steps):\n");
             for l in &self.worst_links {
@@ -485,8 +575,13 @@ impl Analysis {
                     .as_ref()
                     .map(|r| format!(" ({r})"))
                     .unwrap_or_default();
+                let weighted = if (l.weighted_conflicts - l.conflicts as f64).abs() > 1e-6 {
+                    format!(" ({:.1} weighted by rate)", l.weighted_conflicts)
+                } else {
+                    String::new()
+                };
                 s.push_str(&format!(
-                    "  {} port {} -> {} port {}{rate}: {} conflicts in {} steps, max load {}\n",
+                    "  {} port {} -> {} port {}{rate}: {} conflicts{weighted} in {} steps, max load {}\n",
                     l.node, l.port, l.to, l.to_port, l.conflicts, l.steps_shared, l.max_load
                 ));
             }

@@ -506,3 +506,29 @@ fn step_convention_relabels() {
     assert_eq!(StepConvention::parse("receive").unwrap(), conv);
     assert!(StepConvention::parse("up").is_err());
 }
+
+/// Conflicts weighed by link rate: on a 2:1 tree, two 100 Gb/s flows on a
+/// 100 Gb/s uplink are one conflict, on a 200 Gb/s uplink none; three on
+/// 200 Gb/s would be half of one. With one rate everywhere the weighted
+/// count is the count.
+#[test]
+fn conflicts_weigh_less_on_faster_links() {
+    use evb_fabric::conflicts::{analyze, shift_steps};
+    use evb_fabric::routing::{route, Engine};
+    let run = |spec: &str| {
+        let topo = evb_fabric::io::load_topology(spec).unwrap();
+        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let order = evb_fabric::optimize::order_from_spec("ftree", &topo).unwrap();
+        analyze(&topo, &lfts, &order, &shift_steps(order.len()), 3).unwrap()
+    };
+    let slow = run("fat-tree:radix=12,hosts=32,oversub=2");
+    let fast = run("fat-tree:radix=12,hosts=32,oversub=2,uplink_gbps=200");
+    assert!(slow.total.conflicts > 0);
+    assert_eq!(slow.total.weighted_conflicts, slow.total.conflicts as f64);
+    assert_eq!(fast.total.conflicts, slow.total.conflicts);
+    assert_eq!(fast.total.weighted_conflicts, 0.0);
+    assert!(fast.summary().contains("weighted by link rate: 0.0"));
+    // Hosts at 200 Gb/s behind 200 Gb/s uplinks weigh as 100 behind 100.
+    let both = run("fat-tree:radix=12,hosts=32,oversub=2,gbps=200,uplink_gbps=200");
+    assert_eq!(both.total.weighted_conflicts, slow.total.weighted_conflicts);
+}

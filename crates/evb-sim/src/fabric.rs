@@ -2,6 +2,14 @@
 //! hosts attached to switch ports, and per switch a forwarding table from
 //! destination host to output port. Built from `evb-fabric` topologies and
 //! LFTs, or by the small generators here.
+//!
+//! A fabric may hold several disjoint networks: the event-building fabric
+//! and, after it ([`SimFabric::append`]), the output network that carries
+//! built events to the consumers ([`output_network`]). Routes only have to
+//! exist between hosts of the same network. Every link has its own rate
+//! (`host_gbps`, `port_gbps`; 0 stands for `sim.link_gbps`), and every
+//! switch is InfiniBand (input-queued, credits) or Ethernet (`ethernet`:
+//! shared output queues, PFC or drops).
 
 /// What is at the other end of a switch port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,8 +31,17 @@ pub struct SimFabric {
     pub host_attach: Vec<(u32, u16)>,
     /// Per switch, per port: the peer.
     pub ports: Vec<Vec<Peer>>,
-    /// Per switch, per destination host: the output port.
+    /// Per switch, per destination host: the output port (`u16::MAX`:
+    /// none, for a host of another network).
     pub routes: Vec<Vec<u16>>,
+    /// Per host: the data rate of its link, Gb/s (0: `sim.link_gbps`).
+    pub host_gbps: Vec<f64>,
+    /// Per switch, per port: the data rate of the link, Gb/s (0: the
+    /// host's rate on a host port, else `sim.link_gbps`).
+    pub port_gbps: Vec<Vec<f64>>,
+    /// Per switch: Ethernet (shared output queues, PFC or drops) rather
+    /// than InfiniBand (input FIFOs, credits).
+    pub ethernet: Vec<bool>,
 }
 
 impl SimFabric {
@@ -41,7 +58,90 @@ impl SimFabric {
             host_attach: (0..hosts).map(|h| (0, h as u16)).collect(),
             ports: vec![(0..hosts).map(|h| Peer::Host(h as u32)).collect()],
             routes: vec![(0..hosts as u16).collect()],
+            host_gbps: vec![0.0; hosts],
+            port_gbps: vec![vec![0.0; hosts]],
+            ethernet: vec![false],
         }
+    }
+
+    /// The rate of host `h`'s link, Gb/s.
+    pub fn host_link_gbps(&self, h: usize, default: f64) -> f64 {
+        match self.host_gbps.get(h) {
+            Some(&g) if g > 0.0 => g,
+            _ => default,
+        }
+    }
+
+    /// The rate of the link on switch `s` port `p`, Gb/s.
+    pub fn port_link_gbps(&self, s: usize, p: usize, default: f64) -> f64 {
+        match self.port_gbps.get(s).and_then(|ps| ps.get(p)) {
+            Some(&g) if g > 0.0 => g,
+            _ => match self.ports[s][p] {
+                Peer::Host(h) => self.host_link_gbps(h as usize, default),
+                _ => default,
+            },
+        }
+    }
+
+    /// Adds `other` as a separate network: its hosts after ours, its
+    /// switches after ours; no route leads from one network to the other.
+    pub fn append(&mut self, other: SimFabric) {
+        let (h0, s0) = (self.hosts() as u32, self.ports.len() as u32);
+        let theirs = other.hosts();
+        for r in &mut self.routes {
+            r.extend(std::iter::repeat_n(u16::MAX, theirs));
+        }
+        for r in other.routes {
+            let mut full = vec![u16::MAX; h0 as usize];
+            full.extend(r);
+            self.routes.push(full);
+        }
+        self.host_names.extend(other.host_names);
+        self.switch_names.extend(other.switch_names);
+        self.host_attach
+            .extend(other.host_attach.into_iter().map(|(s, p)| (s + s0, p)));
+        self.ports.extend(other.ports.into_iter().map(|ps| {
+            ps.into_iter()
+                .map(|peer| match peer {
+                    Peer::None => Peer::None,
+                    Peer::Host(h) => Peer::Host(h + h0),
+                    Peer::Switch { switch, port } => Peer::Switch {
+                        switch: switch + s0,
+                        port,
+                    },
+                })
+                .collect()
+        }));
+        self.host_gbps.extend(other.host_gbps);
+        self.port_gbps.extend(other.port_gbps);
+        self.ethernet.extend(other.ethernet);
+    }
+
+    /// Per switch: the network it belongs to (its connected component),
+    /// numbered from 0 in order of first switch.
+    pub fn networks(&self) -> Vec<u32> {
+        let n = self.ports.len();
+        let mut net = vec![u32::MAX; n];
+        let mut next = 0;
+        for start in 0..n {
+            if net[start] != u32::MAX {
+                continue;
+            }
+            let mut stack = vec![start];
+            net[start] = next;
+            while let Some(s) = stack.pop() {
+                for peer in &self.ports[s] {
+                    if let Peer::Switch { switch, .. } = *peer {
+                        if net[switch as usize] == u32::MAX {
+                            net[switch as usize] = next;
+                            stack.push(switch as usize);
+                        }
+                    }
+                }
+            }
+            next += 1;
+        }
+        net
     }
 
     /// Checks that every host reaches every other host through the
@@ -51,6 +151,30 @@ impl SimFabric {
         if self.routes.len() != self.ports.len() {
             return Err("a routing table per switch is required".into());
         }
+        if self.host_gbps.len() != n
+            || self.port_gbps.len() != self.ports.len()
+            || self.ethernet.len() != self.ports.len()
+        {
+            return Err(
+                "link rates and switch kinds for every host and switch are required".into(),
+            );
+        }
+        for (s, ports) in self.ports.iter().enumerate() {
+            for peer in ports {
+                if let Peer::Switch { switch, .. } = *peer {
+                    if self.ethernet[switch as usize] != self.ethernet[s] {
+                        return Err(format!(
+                            "switch {} (Ethernet: {}) is cabled to switch {} (Ethernet: {})",
+                            self.switch_names[s],
+                            self.ethernet[s],
+                            self.switch_names[switch as usize],
+                            self.ethernet[switch as usize]
+                        ));
+                    }
+                }
+            }
+        }
+        let network = self.networks();
         for (s, r) in self.routes.iter().enumerate() {
             if r.len() != n {
                 return Err(format!(
@@ -73,6 +197,9 @@ impl SimFabric {
         for src in 0..n {
             for dst in 0..n {
                 let (mut s, _) = self.host_attach[src];
+                if network[s as usize] != network[self.host_attach[dst].0 as usize] {
+                    continue; // Another network: no route wanted.
+                }
                 let mut hops = 0;
                 loop {
                     let port = self.routes[s as usize][dst];
@@ -148,7 +275,7 @@ pub fn from_topology(
         }
         host_attach.push((switch_index[peer.node] as u32, u16::from(peer.port) - 1));
     }
-    let mut ports = Vec::with_capacity(switches.len());
+    let mut ports: Vec<Vec<Peer>> = Vec::with_capacity(switches.len());
     let mut routes = Vec::with_capacity(switches.len());
     for &s in &switches {
         let node = &topo.nodes[s];
@@ -185,9 +312,97 @@ pub fn from_topology(
             .map(|&s| topo.nodes[s].name.clone())
             .collect(),
         host_attach,
+        // The cables' rates where the topology knows them (ibnetdiscover's
+        // width and speed, a generator's gbps/uplink_gbps); 0: sim.link_gbps.
+        host_gbps: order
+            .iter()
+            .map(|&h| {
+                let node = &topo.nodes[h];
+                node.first_port()
+                    .and_then(|p| topo.link_gbps(h, p))
+                    .unwrap_or(0.0)
+            })
+            .collect(),
+        port_gbps: switches
+            .iter()
+            .map(|&s| {
+                (1..=topo.nodes[s].nports())
+                    .map(|p| topo.link_gbps(s, p as u8).unwrap_or(0.0))
+                    .collect()
+            })
+            .collect(),
+        ethernet: vec![false; ports.len()],
         ports,
         routes,
     };
     fabric.validate()?;
     Ok(fabric)
+}
+
+/// The output network (`[sim.output]`): the BUs' second NICs (`producers`,
+/// named after their nodes) and the consumers, on one Ethernet switch
+/// (`topology = "switch"`) or an Ethernet fat tree (`"fat-tree:radix=R"`,
+/// any `evb-fabric` fat-tree option but `hosts`, routed by ftree),
+/// producers first. Producer and consumer links run at their own rates,
+/// links between switches at `uplink_gbps`.
+pub fn output_network(
+    topology: &str,
+    producers: &[String],
+    consumers: usize,
+    producer_gbps: f64,
+    consumer_gbps: f64,
+    uplink_gbps: f64,
+) -> Result<SimFabric, String> {
+    let hosts = producers.len() + consumers;
+    let mut f = if topology == "switch" {
+        let mut f = SimFabric::single_switch(hosts);
+        f.name = format!("ethernet switch:hosts={hosts}");
+        f.switch_names = vec!["eth-switch".into()];
+        f
+    } else if topology.starts_with("fat-tree") {
+        use evb_fabric::routing::{route, Engine};
+        let spec = format!("{topology},hosts={hosts}");
+        let topo = evb_fabric::io::load_topology(&spec)
+            .map_err(|e| format!("sim.output.topology `{topology}`: {e:#}"))?;
+        let lfts = route(&topo, &Engine::Ftree)
+            .map_err(|e| format!("sim.output.topology `{topology}`: {e:#}"))?;
+        let order = evb_fabric::optimize::order_from_spec("name", &topo)
+            .map_err(|e| format!("sim.output.topology `{topology}`: {e:#}"))?;
+        if order.len() != hosts {
+            return Err(format!(
+                "sim.output.topology `{topology}`: {} hosts for {hosts} producers and consumers",
+                order.len()
+            ));
+        }
+        let mut f = from_topology(&topo, &lfts, &order, &format!("ethernet {spec}"))?;
+        for (s, ports) in f.ports.iter().enumerate() {
+            for (p, peer) in ports.iter().enumerate() {
+                if matches!(peer, Peer::Switch { .. }) {
+                    f.port_gbps[s][p] = uplink_gbps;
+                }
+            }
+        }
+        f.switch_names = f.switch_names.iter().map(|n| format!("eth-{n}")).collect();
+        f
+    } else {
+        return Err(format!(
+            "sim.output.topology `{topology}`: `switch` or `fat-tree:radix=R[,...]`"
+        ));
+    };
+    f.ethernet = vec![true; f.ports.len()];
+    f.host_names = producers
+        .iter()
+        .map(|p| format!("{p}/out"))
+        .chain((0..consumers).map(|c| format!("consumer{c}")))
+        .collect();
+    f.host_gbps = (0..hosts)
+        .map(|h| {
+            if h < producers.len() {
+                producer_gbps
+            } else {
+                consumer_gbps
+            }
+        })
+        .collect();
+    Ok(f)
 }

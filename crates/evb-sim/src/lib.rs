@@ -29,8 +29,10 @@ use fabric::SimFabric;
 pub struct SimSummary {
     pub topology: String,
     pub traffic: String,
+    /// Hosts of the event-building fabric (the output network's are in
+    /// `hosts[]` after them, and summarised in `consumers`).
     pub hosts: usize,
-    /// Mean payload delivered per host, Gb/s.
+    /// Mean payload delivered per host of the fabric, Gb/s.
     pub throughput_per_host_gbps: f64,
     pub link_rate_gbps: f64,
     /// throughput_per_host_gbps / link_rate_gbps.
@@ -47,6 +49,45 @@ pub struct SimSummary {
     pub total_xmit_wait_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eb: Option<EbSummary>,
+    /// With `output.consumers`: the distribution to the consumers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consumers: Option<OutputSummary>,
+}
+
+/// The distribution of built batches to the consumers, in steady state
+/// (after the warm-up, batch means with a 95 % interval as for `eb`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputSummary {
+    /// `ethernet pfc`, `ethernet lossy` (a network of its own) or `fabric`
+    /// (the event-building fabric).
+    pub network: String,
+    pub producers: usize,
+    pub consumers: usize,
+    pub producer_link_gbps: f64,
+    pub consumer_link_gbps: f64,
+    /// Per producer (BU): batch payload its output NIC sent, Gb/s
+    /// (retransmissions included); with `fabric`, batches posted.
+    pub producer_gbps_per_producer: f64,
+    pub producer_ci95_gbps: f64,
+    /// Per consumer: batch payload received in sequence, Gb/s.
+    pub consumer_gbps_per_consumer: f64,
+    pub consumer_ci95_gbps: f64,
+    /// The same two as aggregates over all producers / all consumers.
+    pub producer_gbps_total: f64,
+    pub consumer_gbps_total: f64,
+    /// Mean over consumers of the fraction of time busy with a batch.
+    pub busy_fraction_mean: f64,
+    /// Times the EM had a MEP to assign and no BU had credit.
+    pub em_credit_stalls: u64,
+    /// Output network: PAUSE frames sent (pfc), packets dropped, NAKs and
+    /// timeouts, payload sent again (lossy), and the producers' NICs'
+    /// share of time with data and paused.
+    pub pause_frames: u64,
+    pub drops: u64,
+    pub naks: u64,
+    pub timeouts: u64,
+    pub retransmitted_bytes: u64,
+    pub producer_paused_fraction: f64,
 }
 
 /// Event-builder figures of an `eb` simulation.
@@ -164,9 +205,19 @@ pub struct HostResult {
 #[derive(Debug, Clone, Serialize)]
 pub struct LinkResult {
     pub link: String,
+    /// The link's data rate, Gb/s.
+    pub gbps: f64,
     pub utilisation: f64,
-    /// PortXmitWait: time with data to send and no credits, seconds.
+    /// PortXmitWait: time with data to send and no credits (or paused),
+    /// seconds.
     pub xmit_wait_s: f64,
+    /// Packets dropped at this port (lossy Ethernet).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub drops: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// The output stage of an `eb` simulation with consumers.
@@ -236,7 +287,57 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         host_latency,
         seed: config.run.seed,
         flit: s.granularity == "flit",
+        train: s.train_packets,
+        eth: engine::EthParams {
+            mtu: s.output.mtu_bytes,
+            switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,
+            buffer_bytes: s.output.buffer_bytes,
+            lossless: s.output.flow_control == "pfc",
+            rto_ps: (s.output.rto_us * 1e6) as Ps,
+            ..engine::EthParams::default()
+        },
     })
+}
+
+/// Whether the consumers sit on an output network of their own.
+pub fn separate_output(config: &Config) -> bool {
+    config.sim.traffic == "eb"
+        && config.output.consumers > 0
+        && config.sim.output.network == "ethernet"
+}
+
+/// Adds the output network (`[sim.output]`) to the event-building
+/// `fabric`: the BUs' second NICs, named after their hosts, and the
+/// consumers.
+pub fn with_output_network(config: &Config, mut fabric: SimFabric) -> Result<SimFabric, String> {
+    let layout = evb_core::Layout::from_config(config);
+    let core = layout.endpoints as usize - layout.fus();
+    if fabric.hosts() != core {
+        return Err(format!(
+            "the fabric has {} hosts for {core} event-builder endpoints (nodes.count = {}{}); the {} consumers are on the output network (sim.output.network = \"ethernet\")",
+            fabric.hosts(),
+            config.nodes.count,
+            if layout.em >= layout.nodes { ", plus a separate EM" } else { "" },
+            layout.fus()
+        ));
+    }
+    let o = &config.sim.output;
+    let producers: Vec<String> = layout
+        .bu_nodes
+        .iter()
+        .map(|&b| fabric.host_names[b as usize].clone())
+        .collect();
+    let out = fabric::output_network(
+        &o.topology,
+        &producers,
+        layout.fus(),
+        o.producer_gbps,
+        o.consumer_gbps,
+        o.uplink_gbps,
+    )?;
+    fabric.name = format!("{} + {}", fabric.name, out.name);
+    fabric.append(out);
+    Ok(fabric)
 }
 
 /// The warm-up left out of the steady-state figures: `sim.warmup_us`, or
@@ -278,6 +379,11 @@ pub fn simulate(
     fabric: SimFabric,
     mut progress: impl FnMut(f64),
 ) -> Result<SimResult, String> {
+    let fabric = if separate_output(config) {
+        with_output_network(config, fabric)?
+    } else {
+        fabric
+    };
     fabric.validate()?;
     let params = params_from_config(config)?;
     let s = &config.sim;
@@ -305,6 +411,16 @@ pub fn simulate(
     };
     let topology = fabric.name.clone();
     let mut net = Net::new(fabric, params, sample);
+    // The summary's per-host figures are those of the event-building
+    // fabric; the output network's are in `summary.consumers`.
+    let mut fabric_hosts = hosts;
+    if let Some((producers, _)) = eb.as_ref().and_then(|e| e.output_hosts()) {
+        fabric_hosts = producers.start;
+        for h in producers {
+            net.limit_data_messages(h as u32, s.output.producer_messages);
+        }
+    }
+    net.series_hosts = fabric_hosts;
     let wall = Instant::now();
     let report = |t: Ps| progress(t as f64 / end.max(1) as f64);
     match eb.as_mut() {
@@ -324,18 +440,22 @@ pub fn simulate(
             received_gbps: gbps(h.payload_received),
         })
         .collect();
-    let rx: Vec<f64> = host_results.iter().map(|h| h.received_gbps).collect();
+    let rx: Vec<f64> = host_results[..fabric_hosts]
+        .iter()
+        .map(|h| h.received_gbps)
+        .collect();
     let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
-    let link_bytes_per_s = net.params.link_gbps * 1e9 / 8.0;
     let links: Vec<LinkResult> = net
         .link_report()
         .into_iter()
-        .map(|(link, bytes, wait)| LinkResult {
-            link,
+        .map(|r| LinkResult {
+            link: r.name,
+            gbps: r.gbps,
             // Bytes are counted when a packet starts; one still on the wire
             // at the end would push a saturated link a hair over 1.
-            utilisation: (bytes as f64 / (link_bytes_per_s * secs)).min(1.0),
-            xmit_wait_s: wait as f64 * 1e-12,
+            utilisation: (r.bytes as f64 / (r.gbps * 1e9 / 8.0 * secs)).min(1.0),
+            xmit_wait_s: r.xmit_wait_ps as f64 * 1e-12,
+            drops: r.drops,
         })
         .collect();
     let warmup = warmup_ps(config);
@@ -401,13 +521,17 @@ pub fn simulate(
         .as_ref()
         .filter(|_| config.output.consumers > 0)
         .map(|e| consumer_summary(e, end_ns, &gbps));
+    let output_summary = eb
+        .as_ref()
+        .filter(|_| config.output.consumers > 0)
+        .map(|e| output_summary(config, e, &net, &links, first_steady, end_ns));
     Ok(SimResult {
         consumers,
         kind: "evb-sim",
         summary: SimSummary {
             topology,
             traffic: s.traffic.clone(),
-            hosts,
+            hosts: fabric_hosts,
             throughput_per_host_gbps: mean,
             link_rate_gbps: net.params.link_gbps,
             fraction_of_link: mean / net.params.link_gbps,
@@ -420,12 +544,101 @@ pub fn simulate(
             max_link_utilisation: links.iter().map(|l| l.utilisation).fold(0.0, f64::max),
             total_xmit_wait_s: links.iter().map(|l| l.xmit_wait_s).sum(),
             eb: eb_summary,
+            consumers: output_summary,
         },
         hosts: host_results,
         links,
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
     })
+}
+
+/// The steady-state distribution figures of a finished `eb` simulation
+/// with consumers.
+fn output_summary(
+    config: &Config,
+    e: &traffic::EventBuilder,
+    net: &Net,
+    links: &[LinkResult],
+    first_steady: usize,
+    end_ns: u64,
+) -> OutputSummary {
+    let layout = evb_core::Layout::from_config(config);
+    let (p, c) = (layout.bus(), layout.fus());
+    let series = |hosts: &[usize], rx: bool| -> Vec<f64> {
+        net.host_samples
+            .iter()
+            .map(|s| {
+                hosts
+                    .iter()
+                    .map(|&h| f64::from(if rx { s[h].1 } else { s[h].0 }))
+                    .sum()
+            })
+            .collect()
+    };
+    let (network, producer_series, consumer_hosts) = match e.output_hosts() {
+        Some((producers, consumers)) => (
+            format!("ethernet {}", config.sim.output.flow_control),
+            series(&producers.collect::<Vec<_>>(), false),
+            consumers.collect::<Vec<_>>(),
+        ),
+        None => (
+            "fabric".to_string(),
+            // Producers' links carry fragments too: count batches posted.
+            e.consumer_series.iter().map(|s| s.producer_gbps).collect(),
+            layout.fu_nodes.iter().map(|&f| f as usize).collect(),
+        ),
+    };
+    let produced = stats::batch_means(&producer_series, first_steady);
+    let consumed = stats::batch_means(&series(&consumer_hosts, true), first_steady);
+    let fus: Vec<_> = e.nodes.iter().filter_map(evb_core::Node::fu).collect();
+    let busy = fus
+        .iter()
+        .map(|f| f.busy_time(end_ns) as f64 / end_ns.max(1) as f64)
+        .sum::<f64>()
+        / fus.len().max(1) as f64;
+    let producer_links: Vec<&LinkResult> = match e.output_hosts() {
+        Some((producers, _)) => producers.map(|h| &links[h]).collect(),
+        None => Vec::new(),
+    };
+    let secs = end_ns as f64 * 1e-9;
+    let ec = &net.eth_counters;
+    let (pg, cg) = match e.output_hosts() {
+        Some((producers, consumers)) => (
+            net.host_gbps(producers.start as u32),
+            net.host_gbps(consumers.start as u32),
+        ),
+        None => (net.params.link_gbps, net.params.link_gbps),
+    };
+    OutputSummary {
+        network,
+        producers: p,
+        consumers: c,
+        producer_link_gbps: pg,
+        consumer_link_gbps: cg,
+        producer_gbps_per_producer: produced.mean / p.max(1) as f64,
+        producer_ci95_gbps: produced.ci95 / p.max(1) as f64,
+        consumer_gbps_per_consumer: consumed.mean / c.max(1) as f64,
+        consumer_ci95_gbps: consumed.ci95 / c.max(1) as f64,
+        producer_gbps_total: produced.mean,
+        consumer_gbps_total: consumed.mean,
+        busy_fraction_mean: busy,
+        em_credit_stalls: e
+            .nodes
+            .iter()
+            .find_map(evb_core::Node::em)
+            .map_or(0, |em| em.stats.credit_stalls),
+        pause_frames: ec.pause_frames,
+        drops: ec.drops,
+        naks: ec.naks,
+        timeouts: ec.timeouts,
+        retransmitted_bytes: ec.retransmitted_bytes,
+        producer_paused_fraction: producer_links
+            .iter()
+            .map(|l| l.xmit_wait_s / secs.max(1e-12))
+            .sum::<f64>()
+            / producer_links.len().max(1) as f64,
+    }
 }
 
 /// The output-stage figures of a finished `eb` simulation.

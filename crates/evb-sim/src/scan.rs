@@ -1,5 +1,11 @@
 //! Parameter scans: the cartesian product of configuration values, each
 //! point simulated independently and in parallel on all cores.
+//!
+//! With replications, every point runs with R seeds (`run.seed`,
+//! `run.seed + 1`, ...) and is ranked by the mean of its R figures, with a
+//! Student-t 95 % interval over them ([`crate::stats::mean_ci`]): one run's
+//! figure moves by a few percent from seed to seed, more than many points
+//! differ, so a single run cannot rank them.
 
 use evb_core::Config;
 use rayon::prelude::*;
@@ -41,10 +47,95 @@ pub struct ScanPoint {
     pub index: usize,
     /// `key=value` for every axis.
     pub params: Vec<(String, String)>,
+    /// The first replication's summary.
     pub summary: SimSummary,
-    /// The figure the scan ranks by: built Gb/s per node for `eb`,
-    /// delivered Gb/s per host otherwise.
+    /// The figure the scan ranks by ([`Figure`]): the mean over the
+    /// replications.
     pub figure_gbps: f64,
+    /// Half width of its 95 % interval over the replications (`None` with
+    /// one replication).
+    #[serde(default)]
+    pub ci95_gbps: Option<f64>,
+    /// The figure of every replication, by seed.
+    #[serde(default)]
+    pub replicates: Vec<f64>,
+}
+
+/// What a scan ranks points by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Figure {
+    /// `eb`: built Gb/s per node (steady state); other traffic: delivered
+    /// Gb/s per host.
+    Built,
+    /// With consumers: Gb/s sent per producer (steady state).
+    Producer,
+    /// With consumers: Gb/s received per consumer (steady state).
+    Consumer,
+}
+
+impl Figure {
+    /// What the figure is, for a table header.
+    pub fn label(self) -> &'static str {
+        match self {
+            Figure::Built => "built per node (eb) or delivered per host",
+            Figure::Producer => "sent per producer",
+            Figure::Consumer => "received per consumer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Figure, String> {
+        match s {
+            "built" => Ok(Figure::Built),
+            "producer" => Ok(Figure::Producer),
+            "consumer" => Ok(Figure::Consumer),
+            _ => Err(format!("--figure `{s}`: one of built, producer, consumer")),
+        }
+    }
+
+    /// The figure of one simulation.
+    pub fn of(self, s: &SimSummary) -> Result<f64, String> {
+        let consumers = || {
+            s.consumers
+                .as_ref()
+                .ok_or("--figure producer/consumer needs output.consumers > 0")
+        };
+        Ok(match self {
+            Figure::Built => {
+                s.eb.as_ref()
+                    .map_or(s.throughput_per_host_gbps, |e| e.built_gbps_per_node)
+            }
+            Figure::Producer => consumers()?.producer_gbps_per_producer,
+            Figure::Consumer => consumers()?.consumer_gbps_per_consumer,
+        })
+    }
+}
+
+/// How a scan runs its points.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanOptions {
+    pub shard: Option<[usize; 2]>,
+    /// Seeds per point (at least 1).
+    pub replications: usize,
+    pub figure: Figure,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            shard: None,
+            replications: 1,
+            figure: Figure::Built,
+        }
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
+fn built() -> Figure {
+    Figure::Built
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +150,15 @@ pub struct ScanResult {
     pub best: usize,
     /// Fraction of points within 2% of the best figure.
     pub fraction_within_2pct_of_best: f64,
+    /// Seeds per point, and what the points are ranked by.
+    #[serde(default = "one")]
+    pub replications: usize,
+    #[serde(default = "built")]
+    pub figure: Figure,
+    /// With replications: points whose interval overlaps the best's (not
+    /// told apart from it at 95 %), the best included.
+    #[serde(default)]
+    pub tied_with_best: usize,
     pub wall_seconds: f64,
 }
 
@@ -85,9 +185,22 @@ pub fn combinations(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
 pub fn run_scan(
     axes: &[Axis],
     load: impl Fn(&[(String, String)]) -> Result<(Config, SimFabric), String> + Sync,
-    shard: Option<[usize; 2]>,
-    on_point_done: impl Fn() + Sync,
+    options: ScanOptions,
+    on_run_done: impl Fn() + Sync,
 ) -> Result<ScanResult, String> {
+    let ScanOptions {
+        shard,
+        replications,
+        figure,
+    } = options;
+    if replications == 0 {
+        return Err("--replications must be at least 1".into());
+    }
+    if replications > 1 && axes.iter().any(|a| a.key == "run.seed") {
+        return Err(
+            "--replications runs every point with its own seeds: do not also scan run.seed".into(),
+        );
+    }
     let start = std::time::Instant::now();
     let all = combinations(axes);
     let total_points = all.len();
@@ -106,35 +219,57 @@ pub fn run_scan(
         .iter()
         .map(|params| load(params))
         .collect::<Result<_, _>>()?;
-    let points: Vec<ScanPoint> = combos
+    // Every (point, replication) is a job of its own, so that the cores
+    // stay busy however few points there are.
+    let jobs: Vec<(usize, usize)> = (0..configs.len())
+        .flat_map(|p| (0..replications).map(move |r| (p, r)))
+        .collect();
+    let runs: Vec<(usize, SimSummary, f64)> = jobs
         .into_par_iter()
-        .zip(configs.into_par_iter())
-        .zip(indices.into_par_iter())
-        .map(|((params, (config, fabric)), index)| {
-            let r = simulate(&config, fabric, |_| {})?;
-            on_point_done();
-            let figure = r
-                .summary
-                .eb
-                .as_ref()
-                .map_or(r.summary.throughput_per_host_gbps, |e| {
-                    e.built_gbps_per_node
-                });
-            Ok(ScanPoint {
-                index,
-                params,
-                summary: r.summary,
-                figure_gbps: figure,
-            })
+        .map(|(p, r)| {
+            let (config, fabric) = &configs[p];
+            let mut config = config.clone();
+            config.run.seed = config.run.seed.wrapping_add(r as u64);
+            let result = simulate(&config, fabric.clone(), |_| {})?;
+            on_run_done();
+            let value = figure.of(&result.summary)?;
+            Ok((p, result.summary, value))
         })
         .collect::<Result<_, String>>()?;
-    Ok(summarise(
+    let mut per_point: Vec<(Option<SimSummary>, Vec<f64>)> =
+        vec![(None, Vec::new()); configs.len()];
+    for (p, summary, value) in runs {
+        let slot = &mut per_point[p];
+        // Jobs come back in order: the first is the base seed's.
+        slot.0.get_or_insert(summary);
+        slot.1.push(value);
+    }
+    let points = combos
+        .into_iter()
+        .zip(indices)
+        .zip(per_point)
+        .map(|((params, index), (summary, replicates))| {
+            let stats = crate::stats::mean_ci(&replicates);
+            ScanPoint {
+                index,
+                params,
+                summary: summary.expect("every point ran"),
+                figure_gbps: stats.mean,
+                ci95_gbps: (replicates.len() > 1).then_some(stats.ci95),
+                replicates,
+            }
+        })
+        .collect();
+    let mut result = summarise(
         axes.iter().map(|a| a.key.clone()).collect(),
         total_points,
         shard,
         points,
         start.elapsed().as_secs_f64(),
-    ))
+    );
+    result.replications = replications;
+    result.figure = figure;
+    Ok(result)
 }
 
 fn summarise(
@@ -153,6 +288,14 @@ fn summarise(
         .iter()
         .filter(|p| p.figure_gbps >= 0.98 * top)
         .count();
+    let best_low = points
+        .get(best)
+        .map_or(0.0, |p| p.figure_gbps - p.ci95_gbps.unwrap_or(0.0));
+    let tied = points
+        .iter()
+        .filter(|p| p.ci95_gbps.is_some() && p.figure_gbps + p.ci95_gbps.unwrap_or(0.0) >= best_low)
+        .count();
+    let replications = points.first().map_or(1, |p| p.replicates.len().max(1));
     ScanResult {
         kind: "evb-scan".into(),
         axes,
@@ -161,6 +304,9 @@ fn summarise(
         fraction_within_2pct_of_best: within as f64 / points.len().max(1) as f64,
         points,
         best,
+        replications,
+        figure: Figure::Built,
+        tied_with_best: tied,
         wall_seconds,
     }
 }
@@ -169,6 +315,7 @@ fn summarise(
 pub fn merge(shards: Vec<ScanResult>) -> Result<ScanResult, String> {
     let first = shards.first().ok_or("nothing to merge")?;
     let (axes, total) = (first.axes.clone(), first.total_points);
+    let (first_figure, first_replications) = (first.figure, first.replications);
     let mut points = Vec::with_capacity(total);
     let mut wall = 0.0f64;
     for (k, s) in shards.into_iter().enumerate() {
@@ -176,6 +323,12 @@ pub fn merge(shards: Vec<ScanResult>) -> Result<ScanResult, String> {
             return Err(format!(
                 "input {k}: not an evb scan result (kind {})",
                 s.kind
+            ));
+        }
+        if s.figure != first_figure || s.replications != first_replications {
+            return Err(format!(
+                "input {k}: ranked by {:?} over {} replications, the first by {first_figure:?} over {first_replications}",
+                s.figure, s.replications
             ));
         }
         if s.axes != axes || s.total_points != total {
@@ -201,7 +354,10 @@ pub fn merge(shards: Vec<ScanResult>) -> Result<ScanResult, String> {
             "{count} points missing (first: point {missing}): a shard is absent"
         ));
     }
-    Ok(summarise(axes, total, None, points, wall))
+    let figure = first_figure;
+    let mut merged = summarise(axes, total, None, points, wall);
+    merged.figure = figure;
+    Ok(merged)
 }
 
 /// Figures over the first two axes of a scan.

@@ -4,9 +4,11 @@
 //! `eb` runs one `evb_core::Node` per host (the EM in host 0), the very
 //! state machines `evb run` drives over TCP, here driven by simulated time:
 //! control messages and fragments become messages on the fabric. With
-//! `output.consumers`, the Filter Units are hosts after the nodes (and a
-//! separate EM) and every built batch travels to one of them as a message
-//! of the batch's size.
+//! `output.consumers`, every built batch travels from its BU to a Filter
+//! Unit as a message of the batch's size: over the output network (the
+//! BUs' second NICs and the consumers, hosts after the event-building
+//! fabric's, `sim.output.network = "ethernet"`), or over the event-building
+//! fabric itself, the Filter Units its last hosts (`"fabric"`).
 
 use evb_core::bu::Admit;
 use evb_core::source::SourceModel;
@@ -267,6 +269,11 @@ pub struct EventBuilder {
     dead: Vec<bool>,
     layout: Layout,
     run_id: u32,
+    /// Host of each endpoint on the output network (BUs' second NICs and
+    /// the FUs; `u32::MAX` otherwise); empty when FUs share the fabric.
+    out_host: Vec<u32>,
+    /// Endpoint of each host.
+    endpoint_of_host: Vec<u16>,
 }
 
 /// Timer tokens: the node's own deadline, its death, the others learning
@@ -278,7 +285,33 @@ const TIMER_DETECTED: u64 = 2;
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
         let layout = Layout::from_config(config);
-        if layout.endpoints as usize != hosts {
+        let separate = layout.fus() > 0 && config.sim.output.network == "ethernet";
+        let (mut out_host, mut endpoint_of_host) = (Vec::new(), Vec::new());
+        if separate {
+            // The fabric's hosts, then the output network's: the BUs'
+            // second NICs, then the consumers.
+            let core = layout.endpoints as usize - layout.fus();
+            let want = core + layout.bus() + layout.fus();
+            if hosts != want {
+                return Err(format!(
+                    "the event builder has {core} endpoints on the fabric (nodes.count = {}{}) and {} producers and {} consumers on the output network, {want} hosts in all, but the fabric has {hosts}",
+                    config.nodes.count,
+                    if layout.em >= layout.nodes { ", plus a separate EM" } else { "" },
+                    layout.bus(),
+                    layout.fus()
+                ));
+            }
+            out_host = vec![u32::MAX; layout.endpoints as usize];
+            endpoint_of_host = (0..core as u16).collect();
+            for (b, &node) in layout.bu_nodes.iter().enumerate() {
+                out_host[node as usize] = (core + b) as u32;
+                endpoint_of_host.push(node);
+            }
+            for (k, &fu) in layout.fu_nodes.iter().enumerate() {
+                out_host[fu as usize] = (core + layout.bus() + k) as u32;
+                endpoint_of_host.push(fu);
+            }
+        } else if layout.endpoints as usize != hosts {
             return Err(format!(
                 "the event builder has {} endpoints (nodes.count = {}{}) but the fabric has {hosts} hosts{}",
                 layout.endpoints,
@@ -304,7 +337,7 @@ impl EventBuilder {
             carried: Vec::new(),
             refs: Vec::new(),
             free: Vec::new(),
-            timer_at: vec![None; hosts],
+            timer_at: vec![None; layout.endpoints as usize],
             outbox: std::collections::BTreeMap::new(),
             built_bytes: 0,
             events_built: 0,
@@ -317,10 +350,45 @@ impl EventBuilder {
             interval_built: 0,
             interval_network: 0,
             crash,
-            dead: vec![false; hosts],
+            dead: vec![false; layout.endpoints as usize],
             layout,
             run_id: config.run.run_id,
+            out_host,
+            endpoint_of_host,
         })
+    }
+
+    /// The hosts a message from endpoint `from` to endpoint `to` travels
+    /// between: on the output network if one of them is a consumer and the
+    /// output network is separate, else on the fabric.
+    fn hosts_for(&self, from: u16, to: u16) -> (u32, u32) {
+        if !self.out_host.is_empty()
+            && (self.layout.fu_of[from as usize].is_some()
+                || self.layout.fu_of[to as usize].is_some())
+        {
+            (self.out_host[from as usize], self.out_host[to as usize])
+        } else {
+            (u32::from(from), u32::from(to))
+        }
+    }
+
+    /// The endpoint on host `h`.
+    fn endpoint(&self, h: u32) -> u16 {
+        match self.endpoint_of_host.get(h as usize) {
+            Some(&e) => e,
+            None => h as u16,
+        }
+    }
+
+    /// The hosts of the output network that are producers (the BUs'
+    /// second NICs) and consumers; `None` when FUs share the fabric.
+    pub fn output_hosts(&self) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        if self.out_host.is_empty() {
+            return None;
+        }
+        let core = self.layout.endpoints as usize - self.layout.fus();
+        let p = core + self.layout.bus();
+        Some((core..p, p..p + self.layout.fus()))
     }
 
     /// Bytes consumed so far by all consumers, and their busy time up to
@@ -360,7 +428,7 @@ impl EventBuilder {
         net.now() / PS_PER_NS
     }
 
-    /// Carries out what node `host` asked for.
+    /// Carries out what the node on endpoint `host` asked for.
     fn drain(&mut self, net: &mut Net, host: u32) {
         let h = host as usize;
         if self.dead[h] {
@@ -379,7 +447,8 @@ impl EventBuilder {
                     let tag = self.carry(Carried::Fragment(header));
                     let bytes = u64::from(header.payload_len)
                         + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
-                    net.post(host, u32::from(to), bytes, 0, tag, None);
+                    let (src, dst) = self.hosts_for(host as u16, to);
+                    net.post(src, dst, bytes, 0, tag, None);
                 }
                 Action::HandOver { header } => {
                     self.interval_built += i64::from(header.payload_len);
@@ -425,7 +494,8 @@ impl EventBuilder {
                     self.delivered_bytes += payload;
                     let tag = self.carry(Carried::Fragment(header));
                     let wire = payload + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
-                    net.post(host, u32::from(to), wire, 0, tag, None);
+                    let (src, dst) = self.hosts_for(host as u16, to);
+                    net.post(src, dst, wire, 0, tag, None);
                 }
                 Action::Consumed { .. } | Action::Confirmed { .. } => {}
                 Action::Release { .. } | Action::Done => {}
@@ -436,7 +506,8 @@ impl EventBuilder {
         for (to, msgs) in std::mem::take(&mut self.outbox) {
             let bytes = CONTROL_BYTES * msgs.len() as u64;
             let tag = self.carry(Carried::Control(msgs));
-            net.post(host, u32::from(to), bytes, 1, tag, None);
+            let (src, dst) = self.hosts_for(host as u16, to);
+            net.post(src, dst, bytes, 1, tag, None);
         }
         if let Some(d) = self.nodes[h].next_deadline() {
             let t = d * PS_PER_NS;
@@ -464,7 +535,7 @@ impl Traffic for EventBuilder {
         let now = Self::now_ns(net);
         let c = self.carried[msg.tag as usize].clone();
         self.release(msg.tag as usize);
-        let (to, from) = (msg.dst as usize, msg.src as u16);
+        let (to, from) = (self.endpoint(msg.dst) as usize, self.endpoint(msg.src));
         if self.dead[to] {
             return; // The dead take no input.
         }
@@ -485,7 +556,7 @@ impl Traffic for EventBuilder {
                 }
             }
         }
-        self.drain(net, msg.dst);
+        self.drain(net, to as u32);
     }
 
     fn send_done(&mut self, net: &mut Net, msg: &Msg) {
@@ -495,13 +566,14 @@ impl Traffic for EventBuilder {
             Carried::Fragment(_) | Carried::Control(_) => None,
         };
         self.release(msg.tag as usize);
-        if self.dead[msg.src as usize] {
+        let src = self.endpoint(msg.src);
+        if self.dead[src as usize] {
             return;
         }
         if let Some(h) = fragment {
             let now = Self::now_ns(net);
-            self.nodes[msg.src as usize].on_send_complete(now, h.mep);
-            self.drain(net, msg.src);
+            self.nodes[src as usize].on_send_complete(now, h.mep);
+            self.drain(net, u32::from(src));
         }
     }
 
