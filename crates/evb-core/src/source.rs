@@ -473,15 +473,22 @@ impl Stamper {
             let size = sizes[self.event] as usize;
             let n = size.min(EVENT_NUMBER_BYTES);
             let number = self.first.wrapping_add(self.event as u64).to_le_bytes();
-            // The part of [at, at + n) inside [offset, end).
-            let from = self.at.max(offset);
-            let to = (self.at + n).min(end);
-            if from < to {
-                chunk[from - offset..to - offset]
-                    .copy_from_slice(&number[from - self.at..to - self.at]);
-            }
-            if self.at + n > end {
-                return; // The rest of this number is in the next chunk.
+            if n == EVENT_NUMBER_BYTES && self.at >= offset && self.at + n <= end {
+                // The whole number in this chunk (nearly every event): a
+                // fixed-size copy is one store, a variable one a call.
+                let i = self.at - offset;
+                chunk[i..i + EVENT_NUMBER_BYTES].copy_from_slice(&number);
+            } else {
+                // The part of [at, at + n) inside [offset, end).
+                let from = self.at.max(offset);
+                let to = (self.at + n).min(end);
+                if from < to {
+                    chunk[from - offset..to - offset]
+                        .copy_from_slice(&number[from - self.at..to - self.at]);
+                }
+                if self.at + n > end {
+                    return; // The rest of this number is in the next chunk.
+                }
             }
             self.at += size;
             self.event += 1;
