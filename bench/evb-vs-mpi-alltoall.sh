@@ -5,7 +5,15 @@
 # the same block size between the same number of ranks under OpenMPI.
 # Both move fresh data every time. Prints both figures and the ratio.
 #
-#   bench/evb-vs-mpi-alltoall.sh [RANKS=4] [BLOCK=1048576] [SECONDS=5] [TRANSPORT=shm] [ROUNDS=1]
+#   bench/evb-vs-mpi-alltoall.sh [RANKS=4] [BLOCK=1048576] [SECONDS=5] [TRANSPORT=shm] [ROUNDS=1] [evb run options...]
+#
+# evb runs with its defaults (the ring readout: buffers filled once, per
+# MEP only the event numbers written; verify = sample; over shm the BUs
+# read the RUs' buffers in place) unless the options say otherwise; what
+# it ran is printed with its CPU seconds per GB built. The MPI program
+# writes fresh data into its send buffer every iteration and copies: for
+# evb's equivalent pass `--set source.readout=fresh --set
+# event_builder.verify=crc --set transport.shm_zero_copy=false`.
 #
 # With ROUNDS > 1 the two alternate that many times and the median ratio of
 # the rounds is printed last: on a shared machine both figures drift by
@@ -24,6 +32,7 @@ block=${2:-1048576}
 seconds=${3:-5}
 transport=${4:-shm}
 rounds=${5:-1}
+shift $(( $# < 5 ? $# : 5 ))
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 work=$(mktemp -d)
@@ -31,8 +40,9 @@ trap 'rm -rf "$work"' EXIT
 
 command -v mpicc >/dev/null || { echo "needs mpicc (apt install libopenmpi-dev openmpi-bin)" >&2; exit 2; }
 mpicc -O2 -o "$work/mpi_alltoall" "$here/peers/mpi_alltoall.c"
-cargo build --release -q -p evb-cli --manifest-path "$root/Cargo.toml"
-evb="$root/target/release/evb"
+# EVB=path runs that binary instead of building this tree's (before/after).
+if [ -z "${EVB:-}" ]; then cargo build --release -q -p evb-cli --manifest-path "$root/Cargo.toml"; fi
+evb="${EVB:-$root/target/release/evb}"
 
 # One fragment per source per MEP of exactly BLOCK bytes: 4-byte size
 # table entry + (BLOCK/EVENTS - 4) bytes per event.
@@ -45,14 +55,24 @@ for round in $(seq "$rounds"); do
 echo "== evb run: $ranks nodes over $transport, fragments of $block bytes, $seconds s, ${PROGRESS:-blocking} progress"
 "$evb" run --progress never -n "$ranks" -t "$transport" -d "$seconds" --json "$work/evb.json" \
   --set source.size=fixed --set source.mean_bytes="$mean" --set source.events_per_mep="$events" \
-  --set transport.progress="\"${PROGRESS:-blocking}\"" | tail -2
+  --set transport.progress="\"${PROGRESS:-blocking}\"" "$@" > "$work/evb.txt"
+grep -E "^built |^readout " "$work/evb.txt"
 evb_gbps=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['summary']['built_gbps'])" "$work/evb.json")
 
 echo "== MPI_Alltoall: $ranks ranks, blocks of $block bytes, $seconds s (OpenMPI)"
-mpi_line=$(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
+mpi_line=$(/usr/bin/time -f "%U %S" -o "$work/mpi.time" \
+  mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$ranks" \
   -x PEER_HUGEPAGES="${PEER_HUGEPAGES:-0}" \
   "$work/mpi_alltoall" "$block" "$seconds")
 echo "$mpi_line"
+python3 - "$mpi_line" "$work/mpi.time" "$ranks" "$block" <<'PY'
+import sys
+line, times, ranks, block = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+f = dict(kv.split("=") for kv in line.split()[1:])
+gb = int(f["iterations"]) * ranks * ranks * block / 1e9
+user, system = (float(x) for x in open(times).read().split())
+print(f"MPI CPU per GB moved (all blocks, mpirun and its ranks): {user / gb:.3f} s user + {system / gb:.3f} s system")
+PY
 mpi_gbps=$(echo "$mpi_line" | sed -n 's/.* gbps_with_local=\([0-9.]*\).*/\1/p')
 
 ratios+=("$(python3 - "$evb_gbps" "$mpi_gbps" <<'PY'

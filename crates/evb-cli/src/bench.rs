@@ -120,8 +120,11 @@ struct P2pRow {
     mib_per_s: f64,
     latency_p50_us: Option<f64>,
     latency_p99_us: Option<f64>,
-    /// CPU seconds (both processes, user + system) per GB received.
+    /// CPU seconds (both processes, user + system) per GB received, and
+    /// the user and system parts.
     cpu_s_per_gb: f64,
+    cpu_user_s_per_gb: f64,
+    cpu_system_s_per_gb: f64,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
@@ -166,19 +169,21 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
                 if spec.bidir { ", bidirectional" } else { "" }
             );
             println!(
-                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12}",
-                "bytes", "Gb/s", "MiB/s", "p50 us", "p99 us", "CPU s/GB"
+                "{:>10} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>10}",
+                "bytes", "Gb/s", "MiB/s", "p50 us", "p99 us", "CPU s/GB", "user", "system"
             );
             let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
             for r in &rows {
                 println!(
-                    "{:>10} {:>10.3} {:>10.1} {:>10} {:>10} {:>12.3}",
+                    "{:>10} {:>10.3} {:>10.1} {:>10} {:>10} {:>12.3} {:>10.3} {:>10.3}",
                     r.size,
                     r.gbps,
                     r.mib_per_s,
                     opt(r.latency_p50_us),
                     opt(r.latency_p99_us),
-                    r.cpu_s_per_gb
+                    r.cpu_s_per_gb,
+                    r.cpu_user_s_per_gb,
+                    r.cpu_system_s_per_gb
                 );
             }
             if let Some(path) = &a.common.json {
@@ -189,18 +194,20 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             }
             if let Some(path) = &a.csv {
                 let mut text = String::from(
-                    "size,gbps,mib_per_s,latency_p50_us,latency_p99_us,cpu_s_per_gb\n",
+                    "size,gbps,mib_per_s,latency_p50_us,latency_p99_us,cpu_s_per_gb,cpu_user_s_per_gb,cpu_system_s_per_gb\n",
                 );
                 let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
                 for r in &rows {
                     text.push_str(&format!(
-                        "{},{:.4},{:.2},{},{},{:.4}\n",
+                        "{},{:.4},{:.2},{},{},{:.4},{:.4},{:.4}\n",
                         r.size,
                         r.gbps,
                         r.mib_per_s,
                         o(r.latency_p50_us),
                         o(r.latency_p99_us),
-                        r.cpu_s_per_gb
+                        r.cpu_s_per_gb,
+                        r.cpu_user_s_per_gb,
+                        r.cpu_system_s_per_gb
                     ));
                 }
                 std::fs::write(path, text)
@@ -315,17 +322,22 @@ fn p2p_rows(spec: &BenchSpec, results: &[WorkerResult]) -> Vec<P2pRow> {
             let gbps = r1.rx_gbps + if spec.bidir { r0.rx_gbps } else { 0.0 };
             let rx_bytes = r1.rx_bytes + if spec.bidir { r0.rx_bytes } else { 0 };
             let cpu = r0.cpu_s + r1.cpu_s;
+            let per_gb = |s: f64| {
+                if rx_bytes > 0 {
+                    s / (rx_bytes as f64 / 1e9)
+                } else {
+                    0.0
+                }
+            };
             P2pRow {
                 size: r0.size,
                 gbps,
                 mib_per_s: gbps * 1e9 / 8.0 / (1 << 20) as f64,
                 latency_p50_us: r0.latency_p50_us,
                 latency_p99_us: r0.latency_p99_us,
-                cpu_s_per_gb: if rx_bytes > 0 {
-                    cpu / (rx_bytes as f64 / 1e9)
-                } else {
-                    0.0
-                },
+                cpu_s_per_gb: per_gb(cpu),
+                cpu_user_s_per_gb: per_gb(r0.cpu_user_s + r1.cpu_user_s),
+                cpu_system_s_per_gb: per_gb(r0.cpu_system_s + r1.cpu_system_s),
             }
         })
         .collect()

@@ -126,6 +126,20 @@ fn prometheus_scrapes_every_node() {
         body.contains("evb_batch_latency_seconds_bucket{node=\"2\",role=\"RU+BU\",le=\"+Inf\"}")
     );
     assert!(get(base, "/nothing").unwrap().0.contains("404"));
+    // CPU time, and its cost per GB built.
+    for name in [
+        "evb_cpu_user_seconds_total",
+        "evb_cpu_system_seconds_total",
+        "evb_cpu_user_seconds_per_gb_built",
+        "evb_cpu_system_seconds_per_gb_built",
+    ] {
+        let line = body
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{node=\"2\"")))
+            .unwrap_or_else(|| panic!("{name} not served:\n{body}"));
+        let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(value >= 0.0 && value.is_finite(), "{line}");
+    }
 
     // Prometheus stores a growing built-events series for all four nodes.
     let query = "/api/v1/query?query=evb_events_built_total{role!=%22FU%22}";

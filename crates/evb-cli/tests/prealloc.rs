@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use evb_core::{Config, Layout};
 use evb_net::buffers::BufferPlan;
+use evb_net::transport::TransportKind;
 use serde_json::Value;
 
 /// Runs `evb run` with `args` plus `--json`; returns (exit code, output,
@@ -63,10 +64,18 @@ fn preallocated_pools_are_resident_from_the_start_and_memory_stays_flat() {
     config.source.max_fragment_bytes = 512;
     config.event_builder.preallocate_buffers = true;
     config.transport.kind = "shm".into();
-    let (_, planned) = BufferPlan::for_run(&config, &Layout::from_config(&config)).unwrap();
+    let layout = Layout::from_config(&config);
+    let (_, planned) = BufferPlan::for_run(&config, &layout).unwrap();
     let pre = u(&v, "buffers_preallocated_bytes");
     assert_eq!(pre, planned, "{text}");
-    assert!(text.contains("preallocated 10 MEP buffers"), "{text}");
+    // 2 credits x 4 BUs + 2 in flight, + one per BU: over shm the BUs read
+    // the RUs' buffers in place (zero copy).
+    let meps = BufferPlan::for_node(&config, &layout, 1, &TransportKind::Shm).mep_buffers;
+    assert_eq!(meps, 14);
+    assert!(
+        text.contains(&format!("preallocated {meps} MEP buffers")),
+        "{text}"
+    );
     assert_eq!(u(&v, "events_lost"), 0, "{text}");
     assert_eq!(u(&v, "rx_buffer_overflows"), 0, "past the bound:\n{text}");
     // One sample a second; every node reports from its first STATS line
@@ -116,12 +125,13 @@ fn a_pool_short_of_buffers_makes_meps_wait_and_loses_nothing() {
         text.contains("MEPs that waited for a free MEP buffer"),
         "{text}"
     );
-    // Every node still holds just its pools: 2 + 22 buffers of 2 MiB.
+    // Every node still holds just its pools, 2 + 22 buffers of 2 MiB, and
+    // maps its 3 peers' 2 shared MEP buffers.
     let last = v["timeline"].as_array().unwrap().last().unwrap()["rss_bytes"]
         .as_u64()
         .unwrap();
     let per_node = last as f64 / 4.0 / MIB;
-    assert!(per_node < 24.0 * 2.02 + 40.0, "{per_node:.1} MiB a node");
+    assert!(per_node < 30.0 * 2.02 + 40.0, "{per_node:.1} MiB a node");
 }
 
 /// Batches given up after 5 ms return their credits while the RUs still

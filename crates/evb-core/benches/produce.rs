@@ -1,5 +1,7 @@
 //! Source model speed: `SourceModel::produce` (size table, data pattern and
-//! CRC-32C in one pass) against the MPI peer's loop (`send[i] = seed + i`
+//! CRC-32C in one pass, the fresh readout) and `SourceModel::ring_stamp`
+//! (the ring readout's per-MEP work: the event numbers) against the MPI
+//! peer's loop (`send[i] = seed + i`
 //! over u64 words, bench/peers/mpi_alltoall.c) on the same MEP sizes and
 //! the same rotating set of buffers, in one run. Prints GB/s and the ratio.
 //!
@@ -65,8 +67,27 @@ fn main() {
             bytes,
             rounds,
         );
+        // The ring readout: buffers filled once, then per MEP only the
+        // event numbers (no CRC: the default `sample` level checks one
+        // fragment in 64).
+        let templates: Vec<_> = (0..BUFFERS as u32)
+            .map(|i| source.ring_template(i))
+            .collect();
+        for (b, t) in bufs.iter_mut().zip(&templates) {
+            b.resize(t.payload_len as usize, 0);
+            source.ring_fill(t, b);
+        }
+        let ring = gbps(
+            |b, r| {
+                let t = &templates[r as usize % BUFFERS];
+                black_box(source.ring_stamp(r, b, t, false));
+            },
+            &mut bufs,
+            bytes,
+            rounds,
+        );
         println!(
-            "{bytes:>9} B MEPs: produce {ours:6.1} GB/s, MPI peer's fill {peer:6.1} GB/s, ratio {:.2}",
+            "{bytes:>9} B MEPs: produce {ours:6.1} GB/s, MPI peer's fill {peer:6.1} GB/s, ratio {:.2}; ring stamp {ring:6.1} GB/s",
             ours / peer
         );
     }

@@ -92,6 +92,38 @@ pub enum LocalTraffic {
     Nic,
 }
 
+/// What an RU's readout writes for each MEP (`source.readout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Readout {
+    /// As a readout board's DMA ring: the RU's MEP buffers are filled once
+    /// (event sizes and data) and reused; per MEP only the event numbers
+    /// are written (and the CRC computed when the fragment is one the BU
+    /// checks). What the network question needs: the CPU touches little
+    /// of the payload, as on a real node.
+    Ring,
+    /// Every MEP is written in full with fresh sizes and data (and its
+    /// CRC): the memory-bandwidth question, what producing the data costs.
+    Fresh,
+}
+
+/// What a BU checks of each fragment it receives (`event_builder.verify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// Ids, lengths and sequence: the fragment header (run, source, MEP,
+    /// event count, length), the event-size table adding up to the
+    /// length, and the first and last events carrying their numbers. What
+    /// a production builder checks per fragment.
+    Header,
+    /// `header`, and the CRC-32C of one fragment in
+    /// `event_builder.verify_sample` (chosen from source and MEP, so the RU
+    /// computes the CRC only of those).
+    Sample,
+    /// `header`, and the CRC-32C of every fragment.
+    Crc,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SizeModel {
@@ -205,6 +237,34 @@ pub struct EventBuilderSection {
     /// between processes and the TLB to walk, more resident memory. Where the kernel has no
     /// THP they are ordinary pages.
     pub huge_pages: bool,
+    /// What a BU checks of each fragment (and so what the RU computes).
+    pub verify: Verify,
+    /// `verify = "sample"`: the CRC of one fragment in this many is checked.
+    pub verify_sample: u32,
+}
+
+impl EventBuilderSection {
+    /// Whether the CRC-32C of `source`'s fragment of `mep` is checked: the
+    /// RU computes it (else the header's CRC is 0) and the BU compares.
+    /// Both decide alone, from the configuration they share, so an RU
+    /// computes no CRC that nobody checks. `sample` picks one fragment in
+    /// `verify_sample` by a hash of (source, MEP): spread over sources and
+    /// MEPs, none skipped for ever.
+    pub fn crc_checked(&self, source: u16, mep: u64) -> bool {
+        crc_checked(self.verify, self.verify_sample, source, mep)
+    }
+}
+
+/// [`EventBuilderSection::crc_checked`] from the two keys alone.
+pub fn crc_checked(verify: Verify, sample: u32, source: u16, mep: u64) -> bool {
+    match verify {
+        Verify::Crc => true,
+        Verify::Header => false,
+        Verify::Sample => {
+            let h = crate::source::mix64(mep ^ (u64::from(source) << 48) ^ 0x0c5c_5a3f);
+            h.is_multiple_of(u64::from(sample.max(1)))
+        }
+    }
 }
 
 impl Default for EventBuilderSection {
@@ -230,6 +290,8 @@ impl Default for EventBuilderSection {
             ru_buffer_meps: 16,
             preallocate_buffers: false,
             huge_pages: true,
+            verify: Verify::Sample,
+            verify_sample: 64,
         }
     }
 }
@@ -251,6 +313,9 @@ pub struct SourceSection {
     /// MEPs per second the readout delivers whether or not the event builder
     /// keeps up (0: a MEP is made whenever a BU has credit).
     pub mep_rate_hz: f64,
+    /// What the readout writes per MEP: a DMA-like ring (`ring`) or fresh
+    /// data (`fresh`).
+    pub readout: Readout,
 }
 
 impl Default for SourceSection {
@@ -263,6 +328,7 @@ impl Default for SourceSection {
             histogram: String::new(),
             max_fragment_bytes: 4096,
             mep_rate_hz: 0.0,
+            readout: Readout::Ring,
         }
     }
 }
@@ -289,6 +355,10 @@ pub struct TransportSection {
     /// small fragments go through it; large payloads are copied once,
     /// straight from the sender's memory).
     pub shm_ring_bytes: u32,
+    /// `shm`: large fragments are not copied at all: the RUs' MEP buffers
+    /// live in shared memory and a BU builds in place from them (the local
+    /// analogue of an RDMA read). Off: one copy, with process_vm_readv.
+    pub shm_zero_copy: bool,
     /// A file holding the run key connections must prove (HMAC handshake);
     /// empty: the key from EVB_RUN_KEY if set (`evb run` sets a fresh one),
     /// else none.
@@ -306,6 +376,7 @@ impl Default for TransportSection {
             peer_timeout_ms: 800,
             progress: "blocking".into(),
             shm_ring_bytes: 1 << 20,
+            shm_zero_copy: true,
             run_key_file: String::new(),
         }
     }
@@ -950,6 +1021,12 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        if eb.verify_sample == 0 {
+            return Err(err(
+                "event_builder.verify_sample",
+                "must be at least 1 (1: every fragment's CRC, as verify = \"crc\")".into(),
+            ));
+        }
         match self.source.size {
             SizeModel::Histogram => {
                 if self.source.histogram.is_empty() {
@@ -1558,6 +1635,46 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key.as_deref(), Some("sim.nope"), "{e}");
+    }
+
+    #[test]
+    fn readout_and_verification_keys_are_checked() {
+        let d = Config::default();
+        assert_eq!(d.source.readout, Readout::Ring);
+        assert_eq!(d.event_builder.verify, Verify::Sample);
+        assert_eq!(d.event_builder.verify_sample, 64);
+        assert!(d.transport.shm_zero_copy);
+        let c = load(
+            "[source]\nreadout = \"fresh\"\n[event_builder]\nverify = \"crc\"\n",
+            &["transport.shm_zero_copy=false"],
+        )
+        .unwrap();
+        assert_eq!(c.source.readout, Readout::Fresh);
+        assert_eq!(c.event_builder.verify, Verify::Crc);
+        assert!(!c.transport.shm_zero_copy);
+        let e = load("[source]\nmean_bytes = 200\nreadout = \"dma\"\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("source.readout")),
+            "{e}"
+        );
+        let e = load("[event_builder]\nverify = \"md5\"\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("event_builder.verify"))
+        );
+        let e = load("[event_builder]\ncredits = 2\nverify_sample = 0\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(3), Some("event_builder.verify_sample"))
+        );
+        let e = load("", &["event_builder.verify_sample=0"]).unwrap_err();
+        assert_eq!(
+            (e.origin.as_str(), e.key.as_deref()),
+            ("--set", Some("event_builder.verify_sample"))
+        );
+        let e = load("[transport]\nshm_zero_copy = 1\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.shm_zero_copy"), "{e}");
     }
 
     #[test]

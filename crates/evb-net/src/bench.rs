@@ -29,6 +29,7 @@ use evb_core::wire::{FragmentHeader, Message};
 use evb_core::{Layout, NodeId};
 use serde::{Deserialize, Serialize};
 
+use crate::mepbuf::MepBuf;
 use crate::node::{open_transport, rendezvous, Control};
 use crate::transport::{LinkEvent, RxHandler, Transport};
 
@@ -124,8 +125,13 @@ pub struct SizeResult {
     pub rx_seconds: f64,
     pub rx_gbps: f64,
     pub tx_bytes: u64,
-    /// CPU seconds (user + system) this worker spent in the phase.
+    /// CPU seconds (user + system) this worker spent in the phase, and
+    /// the two apart.
     pub cpu_s: f64,
+    #[serde(default)]
+    pub cpu_user_s: f64,
+    #[serde(default)]
+    pub cpu_system_s: f64,
     /// One-way latency from the ping-pong (rank 0 only), microseconds.
     pub latency_p50_us: Option<f64>,
     pub latency_p99_us: Option<f64>,
@@ -203,7 +209,14 @@ impl RxHandler for Rx {
         }
     }
 
-    fn on_fragment(&mut self, peer: NodeId, h: FragmentHeader, crc: u32, buf: Vec<u8>, at: usize) {
+    fn on_fragment(
+        &mut self,
+        peer: NodeId,
+        h: FragmentHeader,
+        crc: Option<u32>,
+        buf: Vec<u8>,
+        at: usize,
+    ) {
         let p = peer as usize;
         let now = Instant::now();
         self.first_rx.get_or_insert(now);
@@ -217,6 +230,7 @@ impl RxHandler for Rx {
         self.next_seq[p] = seq + 1;
         if self.check_content {
             let payload = &buf[at..at + h.payload_len as usize];
+            let crc = crc.unwrap_or_else(|| evb_core::checksum::crc32c(payload));
             if crc != h.crc32c || payload != pattern(peer, seq, payload.len()).as_slice() {
                 self.content_errors += 1;
             }
@@ -252,12 +266,9 @@ fn pattern(rank: NodeId, seq: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we pass.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
-    t(u.ru_utime) + t(u.ru_stime)
+/// CPU seconds (user, system) this process has spent.
+fn cpu_seconds() -> (f64, f64) {
+    crate::report::cpu_times()
 }
 
 struct Worker {
@@ -345,7 +356,7 @@ impl Worker {
     }
 
     /// Sends one fragment of `data` to `to` with the next sequence number.
-    fn send(&mut self, to: NodeId, data: &Rc<Vec<u8>>, crc: u32) -> bool {
+    fn send(&mut self, to: NodeId, data: &Rc<MepBuf>, crc: u32) -> bool {
         let seq = self.seq[to as usize];
         let header = FragmentHeader {
             run_id: 0,
@@ -393,7 +404,7 @@ impl Worker {
         let sending = self.rank == 0 || spec.bidir;
         let mut out = Vec::new();
         for (phase, &size) in spec.sizes.iter().enumerate() {
-            let data = Rc::new(vec![0xa5u8; size]);
+            let data = Rc::new(MepBuf::from_vec(vec![0xa5u8; size]));
             let crc = evb_core::checksum::crc32c(&data);
             self.rx.first_rx = None;
             self.rx.last_rx_data = None;
@@ -426,7 +437,8 @@ impl Worker {
             self.wait_for(Duration::from_secs(60), "the peer's phase marker", |w| {
                 w.rx.markers[peer as usize] > phase as u64
             })?;
-            let cpu = cpu_seconds() - cpu0;
+            let cpu1 = cpu_seconds();
+            let (user, system) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
             let rx_bytes = self.rx.bytes[peer as usize] - bytes_before;
             let rx_count = self.rx.count[peer as usize] - count_before;
             // From the first arrival to the last: n - 1 messages' worth.
@@ -447,7 +459,9 @@ impl Worker {
                 rx_seconds,
                 rx_gbps,
                 tx_bytes,
-                cpu_s: cpu,
+                cpu_s: user + system,
+                cpu_user_s: user,
+                cpu_system_s: system,
                 latency_p50_us: p50,
                 latency_p99_us: p99,
             });
@@ -460,7 +474,7 @@ impl Worker {
         &mut self,
         spec: &BenchSpec,
         peer: NodeId,
-        data: &Rc<Vec<u8>>,
+        data: &Rc<MepBuf>,
         crc: u32,
     ) -> Result<(Option<f64>, Option<f64>)> {
         if spec.pingpong == 0 {
@@ -498,7 +512,7 @@ impl Worker {
     fn alltoall(&mut self, spec: &BenchSpec) -> Result<Vec<SizeResult>> {
         let size = spec.sizes.first().copied().unwrap_or(1 << 20);
         let n = self.ranks;
-        let data = Rc::new(vec![0x3cu8; size]);
+        let data = Rc::new(MepBuf::from_vec(vec![0x3cu8; size]));
         let crc = evb_core::checksum::crc32c(&data);
         let others: Vec<NodeId> = (1..n).map(|k| (self.rank + k) % n).collect();
         let cpu0 = cpu_seconds();
@@ -540,13 +554,17 @@ impl Worker {
         })?;
         let rx_bytes: u64 = self.rx.bytes.iter().sum();
         let rx_seconds = start.elapsed().as_secs_f64();
+        let cpu1 = cpu_seconds();
+        let (user, system) = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
         Ok(vec![SizeResult {
             size,
             rx_bytes,
             rx_seconds,
             rx_gbps: rx_bytes as f64 * 8.0 / rx_seconds / 1e9,
             tx_bytes,
-            cpu_s: cpu_seconds() - cpu0,
+            cpu_s: user + system,
+            cpu_user_s: user,
+            cpu_system_s: system,
             latency_p50_us: None,
             latency_p99_us: None,
         }])
@@ -572,7 +590,7 @@ impl Worker {
                 }
                 let seq = self.seq[pi];
                 let size = sizes[(seq as usize) % sizes.len()];
-                let data = Rc::new(pattern(self.rank, seq, size));
+                let data = Rc::new(MepBuf::from_vec(pattern(self.rank, seq, size)));
                 let crc = evb_core::checksum::crc32c(&data);
                 if self.send(p, &data, crc) {
                     sent[pi] += 1;
@@ -647,7 +665,7 @@ pub fn run_worker(
     } else {
         Control::Stdio
     };
-    let mut t = open_transport(&config, &layout, rank, control)?;
+    let mut t = open_transport(&config, &layout, rank, control, None)?;
     let peers = match launcher_dir {
         None => rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?,
         Some(_)

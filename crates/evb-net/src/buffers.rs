@@ -19,6 +19,10 @@
 //!   Nothing else bounds what an RU holds (a BU that gives a batch up
 //!   returns its credit while the RU may still be queueing that MEP), so a
 //!   `Produce` that finds no free buffer waits for one, and is counted.
+//!   Over shm with zero copy a BU reads each fragment in place until its
+//!   batch is done, which is also when its credit goes back: the EM's next
+//!   assignment can reach an RU before that BU's release does, so each BU
+//!   adds one buffer.
 //! - **Receive buffers.** A message transport keeps a fixed number of
 //!   receives posted, each as large as the largest message
 //!   ([`msg::posted_receives`]); TCP takes a buffer only for a fragment it
@@ -36,6 +40,22 @@ use evb_core::config::{Config, LocalTraffic, Protocol, Schedule};
 use evb_core::{Layout, NodeId};
 
 use crate::transport::{self, TransportKind};
+
+/// Whether an RU's fragments are read in place by its BUs: shm with
+/// `transport.shm_zero_copy`.
+pub fn zero_copy(config: &Config, kind: &TransportKind) -> bool {
+    *kind == TransportKind::Shm && config.transport.shm_zero_copy
+}
+
+/// Whether large buffers go on huge pages: `event_builder.huge_pages`,
+/// unless `EVB_HUGEPAGES=0|1` says otherwise (as the allocator of `evb`).
+pub fn huge_pages(config: &Config) -> bool {
+    match std::env::var("EVB_HUGEPAGES").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => config.event_builder.huge_pages,
+    }
+}
 
 /// The buffers one node preallocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +89,8 @@ impl BufferPlan {
                 // Each BU keeps up to parallel_sends requests in flight.
                 (Protocol::Pull, _) => bus * eb.parallel_sends as usize,
             };
-            assigned + in_flight.min(assigned)
+            let release_race = if zero_copy(config, kind) { bus } else { 0 };
+            assigned + in_flight.min(assigned) + release_race
         } else {
             0
         };
@@ -150,7 +171,12 @@ mod tests {
         let p = BufferPlan::for_node(&config, &layout, 1, &shm);
         let fragment = 4096 * (4 + 4096);
         assert_eq!(p.mep_bytes, fragment);
-        // credits 2 x 4 BUs assigned, + 2 sends in flight.
+        // credits 2 x 4 BUs assigned, + 2 sends in flight, + one per BU
+        // for the zero-copy release race.
+        assert_eq!(p.mep_buffers, 2 * 4 + 2 + 4);
+        let mut copying = config.clone();
+        copying.transport.shm_zero_copy = false;
+        let p = BufferPlan::for_node(&copying, &layout, 1, &shm);
         assert_eq!(p.mep_buffers, 2 * 4 + 2);
         // 10 posted + 2 x credits open batches x 3 remote sources.
         assert_eq!(p.rx_buffers, 10 + 4 * 3);
@@ -159,7 +185,7 @@ mod tests {
         let mut paced = config.clone();
         paced.source.mep_rate_hz = 100.0;
         paced.event_builder.ru_buffer_meps = 3;
-        let p = BufferPlan::for_node(&paced, &layout, 1, &shm);
+        let p = BufferPlan::for_node(&paced, &layout, 1, &TransportKind::Tcp);
         assert_eq!(p.mep_buffers, 3 + 2);
         // TCP posts nothing; it reads a payload per connection.
         let p = BufferPlan::for_node(&config, &layout, 1, &TransportKind::Tcp);
@@ -180,8 +206,9 @@ mod tests {
         let bu = BufferPlan::for_node(&config, &layout, 2, &shm);
         let posted = transport::msg::posted_receives(2);
         assert_eq!(ru.rx_buffers, posted, "an RU only posts receives");
-        // PULL: credits x BUs, + each BU's requests in flight (capped).
-        assert_eq!(ru.mep_buffers, 2 * 2 + 2 * 2);
+        // PULL: credits x BUs, + each BU's requests in flight (capped),
+        // + one per BU (zero copy).
+        assert_eq!(ru.mep_buffers, 2 * 2 + 2 * 2 + 2);
         assert_eq!(bu.mep_buffers, 0);
         // 2 RUs, both remote; PULL opens only assigned batches.
         assert_eq!(bu.rx_buffers, posted + 2 * 2);

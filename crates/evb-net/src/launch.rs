@@ -15,6 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use evb_core::config::{Readout, Verify};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
@@ -352,6 +353,20 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
+    summary.cpu = crate::report::CpuSummary::from_reports(&reports, summary.bytes_built);
+    summary.readout = match config.source.readout {
+        Readout::Ring => "ring".into(),
+        Readout::Fresh => "fresh".into(),
+    };
+    summary.verify = match config.event_builder.verify {
+        Verify::Header => "header".into(),
+        Verify::Crc => "crc".into(),
+        Verify::Sample => format!("sample 1/{}", config.event_builder.verify_sample),
+    };
+    summary.zero_copy = crate::buffers::zero_copy(
+        &config,
+        &crate::transport::TransportKind::parse(crate::transport::resolve_auto(&config))?,
+    );
     summary.slot_clock =
         crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
             .map(|mut c| {
@@ -865,6 +880,16 @@ pub fn format_summary(result: &RunResult) -> String {
         s.latency_ns.p50 as f64 / 1e6,
         s.latency_ns.p99 as f64 / 1e6,
         s.latency_ns.max as f64 / 1e6
+    );
+    out += &format!(
+        "readout {}, verify {}{}; CPU per GB built: {:.3} s user + {:.3} s system (all nodes: {:.2} + {:.2} s)\n",
+        s.readout,
+        s.verify,
+        if s.zero_copy { ", zero copy" } else { "" },
+        s.cpu.user_s_per_gb,
+        s.cpu.system_s_per_gb,
+        s.cpu.user_s,
+        s.cpu.system_s
     );
     if let Some(c) = &s.slot_clock {
         let error = c

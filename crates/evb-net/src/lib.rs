@@ -22,6 +22,7 @@ pub mod bench;
 pub mod buffers;
 pub mod cluster;
 pub mod launch;
+pub mod mepbuf;
 pub mod metrics;
 pub mod node;
 pub mod report;

@@ -359,6 +359,30 @@ pub fn render(r: &NodeReport, g: &Gauges) -> String {
         c(r.rss_bytes),
     );
     metric(
+        "evb_cpu_user_seconds_total",
+        "counter",
+        "User CPU time of the node process (all threads).",
+        r.cpu_user_s,
+    );
+    metric(
+        "evb_cpu_system_seconds_total",
+        "counter",
+        "System CPU time of the node process (all threads).",
+        r.cpu_system_s,
+    );
+    metric(
+        "evb_cpu_user_seconds_per_gb_built",
+        "gauge",
+        "User CPU seconds per GB (1e9 bytes) this node built, since its start (0 before it built anything).",
+        r.cpu_user_s_per_gb,
+    );
+    metric(
+        "evb_cpu_system_seconds_per_gb_built",
+        "gauge",
+        "System CPU seconds per GB (1e9 bytes) this node built, since its start (0 before it built anything).",
+        r.cpu_system_s_per_gb,
+    );
+    metric(
         "evb_store_objects_total",
         "counter",
         "Objects this node wrote to the event store.",

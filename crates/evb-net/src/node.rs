@@ -23,13 +23,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::bu::Admit;
-use evb_core::config::{BusyWait, Config, SinkKind};
-use evb_core::source::{payload_crc, SourceModel};
+use evb_core::config::{BusyWait, Config, Readout, SinkKind};
+use evb_core::source::{payload_crc, RingTemplate, SourceModel};
 use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
+use crate::mepbuf::{MepBuf, SlotStore};
 use crate::report::NodeReport;
-use crate::transport::{self, outnet, LinkEvent, RxHandler, Transport, TransportKind};
+use crate::transport::shm::SharedView;
+use crate::transport::{self, outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +105,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // the run's clock does not count it.
     let pools = preallocate(&config, &layout, rank)?;
     let kind = TransportKind::parse(&config.transport.kind)?;
+    let mep_slots = mep_slots(&config, &layout, rank, &kind)?;
     // A restarted TCP node listens where its peers know it: under `evb
     // run`, the address list comes first. (A restarted shm node announces
     // its new inbox as at the start, and asks the peers to take it back.)
@@ -140,7 +143,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
                 out_listen.as_ref().map(|(a, k)| (*a, k.as_str())),
             )?)
         }
-        None => open_transport(&config, &layout, rank, opts.control)?,
+        None => open_transport(&config, &layout, rank, opts.control, mep_slots.as_ref())?,
     };
     // shm keeps its inbox's name in /dev/shm for restarted peers to find,
     // and only `evb run` removes what a killed node leaves there: rejoin is
@@ -198,9 +201,14 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         base => Some(crate::metrics::serve(&config.metrics.bind, base + rank)?),
     };
     let mut rt = Runtime::new(config, layout, rank)?;
-    if let Some((pool, rx_pool)) = pools {
-        (rt.engine.pool, rt.engine.rx_pool) = (pool, rx_pool);
+    if let Some(rx_pool) = pools {
+        rt.engine.rx_pool = rx_pool;
     }
+    rt.engine.slots = mep_slots;
+    // The ring readout's buffers are written once, before the run, as a
+    // readout board's DMA ring is set up: its memory is resident and
+    // stays where it is.
+    rt.engine.fill_ring();
     rt.metrics = metrics;
     rt.restarted = opts.rejoin;
     if opts.rejoin && rank == rt.layout.em {
@@ -271,37 +279,73 @@ fn output_listen(
     }
 }
 
-/// `event_builder.preallocate_buffers`: this node's fixed MEP and receive
-/// pools (`crate::buffers` derives their bounds), allocated and touched.
-fn preallocate(
-    config: &Config,
-    layout: &Layout,
-    rank: NodeId,
-) -> Result<Option<(SparePool, SparePool)>> {
+/// `event_builder.preallocate_buffers`: this node's fixed receive pool
+/// (`crate::buffers` derives its bounds), allocated and touched; its MEP
+/// buffers are a slot store ([`mep_slots`]), touched there.
+fn preallocate(config: &Config, layout: &Layout, rank: NodeId) -> Result<Option<SparePool>> {
     if !config.event_builder.preallocate_buffers {
         return Ok(None);
     }
     let kind = TransportKind::parse(&config.transport.kind)?;
-    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
+    let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
+    let t = Instant::now();
+    let pool = SparePool::fixed(plan.rx_buffers, plan.rx_bytes);
+    stderr_line!(
+        "evb node {rank}: preallocated {} receive buffers of {:.2} MiB in {:.2} s",
+        plan.rx_buffers,
+        plan.rx_bytes as f64 / f64::from(1u32 << 20),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(Some(pool))
+}
+
+/// The RU's MEP buffers as a fixed set of slots, when they are one: the
+/// readout ring (`source.readout = "ring"`), the fixed pool
+/// (`event_builder.preallocate_buffers`), or shared memory its shm peers
+/// read in place (`transport.shm_zero_copy`). `None`: fresh data in
+/// buffers allocated on demand (or not an RU).
+fn mep_slots(
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+    kind: &TransportKind,
+) -> Result<Option<SlotStore>> {
+    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, kind);
+    if plan.mep_buffers == 0 {
+        return Ok(None);
+    }
+    let zero_copy = crate::buffers::zero_copy(config, kind);
+    let prealloc = config.event_builder.preallocate_buffers;
+    if !(zero_copy || prealloc || config.source.readout == Readout::Ring) {
+        return Ok(None);
+    }
     if let Some(n) = std::env::var("EVB_MEP_BUFFERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|_| plan.mep_buffers > 0)
+        .filter(|&n: &usize| n > 0)
     {
         // Tests: fewer MEP buffers than the bound, to make MEPs wait.
         plan.mep_buffers = n;
     }
+    let slots = u32::try_from(plan.mep_buffers).context("MEP buffers")?;
     let t = Instant::now();
-    let pools = (
-        SparePool::fixed(plan.mep_buffers, plan.mep_bytes),
-        SparePool::fixed(plan.rx_buffers, plan.rx_bytes),
-    );
-    stderr_line!(
-        "evb node {rank}: preallocated {} in {:.2} s",
-        plan.describe(),
-        t.elapsed().as_secs_f64()
-    );
-    Ok(Some(pools))
+    let store = if zero_copy {
+        let control = transport::shm::release_words_bytes(slots, layout.endpoints);
+        SlotStore::shared(slots, plan.mep_bytes, control)
+    } else {
+        SlotStore::private(slots, plan.mep_bytes, crate::buffers::huge_pages(config))
+    }
+    .with_context(|| format!("evb node {rank}: MEP buffers"))?;
+    if prealloc {
+        store.touch_all();
+        stderr_line!(
+            "evb node {rank}: preallocated {slots} MEP buffers of {:.2} MiB{} in {:.2} s",
+            plan.mep_bytes as f64 / f64::from(1u32 << 20),
+            if zero_copy { " (shared)" } else { "" },
+            t.elapsed().as_secs_f64()
+        );
+    }
+    Ok(Some(store))
 }
 
 /// Opens this node's end of the configured transport.
@@ -310,6 +354,7 @@ pub(crate) fn open_transport(
     layout: &Layout,
     rank: NodeId,
     control: Control,
+    mep_slots: Option<&SlotStore>,
 ) -> Result<Box<dyn Transport>> {
     let progress = transport::Progress::from_config(config);
     match TransportKind::parse(&config.transport.kind)? {
@@ -328,13 +373,18 @@ pub(crate) fn open_transport(
             )?))
         }
         TransportKind::Shm => {
-            let ep = transport::shm::ShmEndpoint::open(
+            let mut ep = transport::shm::ShmEndpoint::open(
                 config.run.run_id,
                 rank,
                 layout.endpoints,
                 config.transport.shm_ring_bytes,
                 progress,
             )?;
+            ep.set_crc_policy(CrcPolicy::from_config(config));
+            ep.populate_peer_slots(config.event_builder.preallocate_buffers);
+            if let Some(store) = mep_slots.filter(|s| s.store().fd().is_some()) {
+                ep.share_slots(store.clone())?;
+            }
             Ok(Box::new(transport::msg::MsgTransport::new(
                 ep, config, layout, rank,
             )?))
@@ -501,7 +551,10 @@ enum Slot {
         len: usize,
     },
     /// Handed over in memory from this node's RU.
-    Local(Rc<Vec<u8>>),
+    Local(Rc<MepBuf>),
+    /// Read in place in its RU's shared memory (shm zero copy): released
+    /// to the RU when the batch is done with it.
+    Shared(SharedView),
 }
 
 /// The node's buffers and counters the receive path needs (split from the
@@ -516,9 +569,22 @@ struct Engine {
     size_scratch: Vec<u32>,
     /// RU data of MEPs not yet released.
     /// The flag: its bytes are not written yet ([`Runtime::mep_data`]).
-    meps: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader, bool)>,
-    /// Spare buffers for MEP data.
+    meps: HashMap<MepId, (Rc<MepBuf>, FragmentHeader, bool)>,
+    /// Spare heap buffers: fresh MEP data on demand, delivered batches.
     pool: SparePool,
+    /// The RU's MEP buffers when they are a fixed set ([`mep_slots`]).
+    slots: Option<SlotStore>,
+    /// `source.readout`.
+    readout: Readout,
+    /// Ring readout: each slot's layout once it was filled, and whether
+    /// its content must be written again (a fault damaged more than the
+    /// event numbers).
+    ring: Vec<Option<RingTemplate>>,
+    ring_stale: Vec<bool>,
+    /// MEPs that found no free MEP buffer and waited for one.
+    mep_buffer_waits: u64,
+    /// Which fragments' CRC-32C is checked (`event_builder.verify`).
+    crc_policy: CrcPolicy,
     /// Spare receive buffers. Kept apart from `pool` so that they keep
     /// their length: growing a buffer again would clear it byte by byte.
     rx_pool: SparePool,
@@ -532,7 +598,7 @@ struct Engine {
     last_rx: Vec<Instant>,
     /// BU: copies of delivered batches (and their headers), kept until a
     /// consumer confirms them, to deliver again if their consumer dies.
-    deliveries: HashMap<MepId, (Rc<Vec<u8>>, FragmentHeader)>,
+    deliveries: HashMap<MepId, (Rc<MepBuf>, FragmentHeader)>,
     /// FU: received batches, by (BU endpoint, MEP), until consumed.
     consuming: HashMap<(NodeId, MepId), Delivered>,
 }
@@ -658,8 +724,64 @@ impl Engine {
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
-    fn give_back(&mut self, buf: Vec<u8>) {
-        self.pool.give(buf);
+    /// Ring readout: fills every buffer of the ring now (their layouts
+    /// drawn, sizes and pattern written: some 20-50 ms for 14 buffers).
+    fn fill_ring(&mut self) {
+        let (Readout::Ring, Some(store), Some(source)) = (self.readout, &self.slots, &self.sources)
+        else {
+            return;
+        };
+        let mut all = Vec::new();
+        while let Some(buf) = store.take(0) {
+            all.push(buf);
+        }
+        let slots = store.store().slots() as usize;
+        self.ring = vec![None; slots];
+        self.ring_stale = vec![false; slots];
+        for buf in &mut all {
+            let (_, index) = buf.slot().expect("a store's buffers are slots");
+            let t = source.ring_template(index);
+            buf.set_len(t.payload_len as usize);
+            source.ring_fill(&t, buf);
+            self.ring[index as usize] = Some(t);
+        }
+    }
+
+    /// A buffer for a MEP's fragment: a free slot of the fixed set (none
+    /// free: `None`, the MEP waits), or a heap buffer (fresh data on
+    /// demand).
+    fn take_mep_buffer(&mut self) -> Option<MepBuf> {
+        match &self.slots {
+            Some(store) => store.take(0),
+            None => Some(MepBuf::from_vec(self.pool.take().unwrap_or_default())),
+        }
+    }
+
+    /// The last handle on a MEP buffer, or on a delivered batch: a heap
+    /// buffer goes back to the spares (a store's slot goes back to its
+    /// store by itself, when its last handle is dropped).
+    fn give_back_shared(&mut self, data: Rc<MepBuf>) {
+        if let Some(v) = Rc::try_unwrap(data).ok().and_then(MepBuf::into_vec) {
+            self.pool.give(v);
+        }
+    }
+
+    /// The CRC to hand the BU for a received fragment: the BU counts a
+    /// fragment intact when it is the header's CRC. It is, when the
+    /// fragment passed the checks of `event_builder.verify`: the header
+    /// check always ([`evb_core::source::check_fragment`]), and the CRC-32C
+    /// (`crc`, computed by the transport, or now) where the level wants it.
+    /// Otherwise it is not.
+    fn verdict(&self, header: &FragmentHeader, payload: &[u8], crc: Option<u32>) -> u32 {
+        let mut intact = evb_core::source::check_fragment(header, payload);
+        if intact && self.crc_policy.wanted(header) {
+            intact = crc.unwrap_or_else(|| payload_crc(payload)) == header.crc32c;
+        }
+        if intact {
+            header.crc32c
+        } else {
+            !header.crc32c
+        }
     }
 
     fn give_back_rx(&mut self, buf: Vec<u8>) {
@@ -699,7 +821,7 @@ impl Engine {
             self.batches.len(),
             self.deliveries.len(),
             self.consuming.len(),
-            self.pool.fixed.map_or(0, |f| f.short),
+            self.mep_buffer_waits,
             self.rx_pool.fixed.map_or(0, |f| f.short),
         );
     }
@@ -727,6 +849,20 @@ impl RxHandler for Engine {
     fn admit(&mut self, peer: NodeId, header: &FragmentHeader) -> bool {
         let now = self.now();
         self.node.admit_fragment(now, peer, header) == Admit::Keep
+    }
+
+    fn wants_crc(&mut self, header: &FragmentHeader) -> bool {
+        self.crc_policy.wanted(header)
+    }
+
+    fn on_shared_fragment(&mut self, _peer: NodeId, header: FragmentHeader, view: SharedView) {
+        let now = self.now();
+        let crc = self.verdict(&header, &view, None);
+        let src = header.source as usize;
+        if let Some(slot) = self.batch(header.mep).slots.get_mut(src) {
+            *slot = Some(Slot::Shared(view));
+        }
+        self.node.on_fragment(now, &header, crc);
     }
 
     fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
@@ -759,7 +895,7 @@ impl RxHandler for Engine {
         &mut self,
         peer: NodeId,
         header: FragmentHeader,
-        crc: u32,
+        crc: Option<u32>,
         buf: Vec<u8>,
         offset: usize,
     ) {
@@ -767,6 +903,7 @@ impl RxHandler for Engine {
         let len = header.payload_len as usize;
         if header.flags & FLAG_BATCH != 0 {
             let payload = buf.get(offset..offset + len).unwrap_or(&[]);
+            let crc = crc.unwrap_or_else(|| payload_crc(payload));
             let intact = crc == header.crc32c
                 && payload.len() == len
                 && evb_core::wire::check_batch_payload(payload).is_ok();
@@ -781,6 +918,8 @@ impl RxHandler for Engine {
             self.node.on_delivery(now, &header, intact);
             return;
         }
+        let payload = buf.get(offset..offset + len).unwrap_or(&[]);
+        let crc = self.verdict(&header, payload, crc);
         let src = header.source as usize;
         if let Some(slot) = self.batch(header.mep).slots.get_mut(src) {
             *slot = Some(Slot::Received {
@@ -885,6 +1024,12 @@ impl Runtime {
                 size_scratch: Vec::new(),
                 meps: HashMap::new(),
                 pool: SparePool::default(),
+                slots: None,
+                readout: config.source.readout,
+                ring: Vec::new(),
+                ring_stale: Vec::new(),
+                mep_buffer_waits: 0,
+                crc_policy: CrcPolicy::from_config(&config),
                 rx_pool: SparePool::default(),
                 waiting_for_buffer: std::collections::VecDeque::new(),
                 batches: HashMap::new(),
@@ -1259,17 +1404,18 @@ impl Runtime {
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
                     let buf = if e.waiting_for_buffer.is_empty() {
-                        e.pool.take()
+                        e.take_mep_buffer()
                     } else {
-                        e.pool.note_short();
                         None
                     };
                     match buf {
                         Some(buf) => self.produce(mep, buf),
-                        // A fixed pool with no free buffer: the MEP waits
-                        // for one, in order (counted by the pool).
-                        None if e.pool.fixed.is_some() => e.waiting_for_buffer.push_back(mep),
-                        None => self.produce(mep, Vec::new()),
+                        // A fixed set of MEP buffers with none free: the
+                        // MEP waits for one, in order (counted).
+                        None => {
+                            e.mep_buffer_waits += 1;
+                            e.waiting_for_buffer.push_back(mep);
+                        }
                     }
                 }
                 Action::SendFragment { header, .. } | Action::HandOver { header }
@@ -1295,7 +1441,7 @@ impl Runtime {
                     let now = e.now();
                     if let Some((data, header)) = data {
                         if e.node.admit_fragment(now, self.rank, &header) == Admit::Keep {
-                            let crc = payload_crc(&data[..header.payload_len as usize]);
+                            let crc = e.verdict(&header, &data, None);
                             let src = header.source as usize;
                             e.batch(header.mep).slots[src] = Some(Slot::Local(data));
                             e.node.on_fragment(now, &header, crc);
@@ -1305,9 +1451,7 @@ impl Runtime {
                 }
                 Action::Release { mep } => {
                     if let Some((data, _, _)) = self.engine.meps.remove(&mep) {
-                        if let Ok(buf) = Rc::try_unwrap(data) {
-                            self.engine.give_back(buf);
-                        }
+                        self.engine.give_back_shared(data);
                     } else {
                         // Released before a buffer was free for it.
                         self.engine.waiting_for_buffer.retain(|&m| m != mep);
@@ -1323,9 +1467,7 @@ impl Runtime {
                 Action::Confirmed { mep } => {
                     if let Some((rc, _)) = self.engine.deliveries.remove(&mep) {
                         // Still in the transport's hands: freed when sent.
-                        if let Ok(buf) = Rc::try_unwrap(rc) {
-                            self.engine.give_back(buf);
-                        }
+                        self.engine.give_back_shared(rc);
                     }
                 }
                 Action::Consumed { mep, bu } => {
@@ -1369,11 +1511,9 @@ impl Runtime {
                         for slot in b.slots.into_iter().flatten() {
                             match slot {
                                 Slot::Received { data, .. } => self.engine.give_back_rx(data),
-                                Slot::Local(rc) => {
-                                    if let Ok(buf) = Rc::try_unwrap(rc) {
-                                        self.engine.give_back(buf);
-                                    }
-                                }
+                                Slot::Local(rc) => self.engine.give_back_shared(rc),
+                                // Released to its RU.
+                                Slot::Shared(view) => drop(view),
                             }
                         }
                     }
@@ -1384,52 +1524,103 @@ impl Runtime {
         Ok(())
     }
 
-    /// RU: takes `buf` (a pooled MEP buffer) for `mep` and tells the node
-    /// the MEP is ready. The bytes are written later, just before the
-    /// fragment leaves ([`Runtime::mep_data`]), so that they are still in
-    /// this core's cache when the transport or the receiver copies them.
-    fn produce(&mut self, mep: MepId, buf: Vec<u8>) {
+    /// RU: takes `buf` (a MEP buffer) for `mep` and tells the node the MEP
+    /// is ready. The bytes are written later, just before the fragment
+    /// leaves ([`Runtime::mep_data`]), so that they are still in this
+    /// core's cache when the transport or the receiver reads them. A ring
+    /// buffer used for the first time is filled now, once for the run.
+    fn produce(&mut self, mep: MepId, mut buf: MepBuf) {
         let e = &mut self.engine;
         let source = e.sources.as_ref().expect("only an RU is asked to produce");
-        let header = source.describe(mep, &mut e.size_scratch);
+        let header = match e.readout {
+            Readout::Fresh => {
+                let header = source.describe(mep, &mut e.size_scratch);
+                buf.set_len(header.payload_len as usize);
+                header
+            }
+            Readout::Ring => {
+                let (_, index) = buf.slot().expect("the ring readout's buffers are slots");
+                let i = index as usize;
+                if e.ring.len() <= i {
+                    e.ring.resize(i + 1, None);
+                    e.ring_stale.resize(i + 1, false);
+                }
+                let first_use = e.ring[i].is_none();
+                let t = e.ring[i].get_or_insert_with(|| source.ring_template(index));
+                buf.set_len(t.payload_len as usize);
+                if first_use || std::mem::take(&mut e.ring_stale[i]) {
+                    source.ring_fill(t, &mut buf);
+                }
+                source.ring_describe(mep, t)
+            }
+        };
         e.meps.insert(mep, (Rc::new(buf), header, true));
         let now = e.now();
         e.node.on_mep_ready(now, header);
     }
 
-    /// `faults.corrupt_meps`: damages the fragment after its CRC was taken.
+    /// `faults.corrupt_meps`: damages the fragment after its CRC was
+    /// taken: the first byte of its event data (the first event's number,
+    /// which every verification level checks), or with no event data a
+    /// byte of its size table (a ring buffer is then written again before
+    /// its next use).
     fn corrupt_on_purpose(&mut self, mep: MepId) {
         let faults = &self.config.faults;
-        let Some((data, header, _)) = self.engine.meps.get_mut(&mep) else {
+        let e = &mut self.engine;
+        let Some((data, header, _)) = e.meps.get_mut(&mep) else {
             return;
         };
-        if faults.source == header.source && faults.corrupt_meps.contains(&mep) {
-            if let Some(b) = Rc::get_mut(data).and_then(|d| d.last_mut()) {
-                *b ^= 0x5a;
+        if faults.source != header.source || !faults.corrupt_meps.contains(&mep) {
+            return;
+        }
+        let table = 4 * header.event_count as usize;
+        let at = if (header.payload_len as usize) > table {
+            table
+        } else {
+            0
+        };
+        let Some(buf) = Rc::get_mut(data) else {
+            return;
+        };
+        if let Some(b) = buf.get_mut(at) {
+            *b ^= 0x5a;
+        }
+        if let (Readout::Ring, Some((_, index))) = (e.readout, buf.slot()) {
+            if at < table {
+                e.ring_stale[index as usize] = true;
             }
         }
     }
 
-    /// The data of `mep` and its header (with the CRC), written now if it
-    /// was not yet. `None`: the MEP was released.
-    fn mep_data(&mut self, mep: MepId) -> Option<(Rc<Vec<u8>>, FragmentHeader)> {
+    /// The data of `mep` and its header (with the CRC if it is checked),
+    /// written now if it was not yet: the whole fragment (fresh readout)
+    /// or its event numbers (ring). `None`: the MEP was released.
+    fn mep_data(&mut self, mep: MepId) -> Option<(Rc<MepBuf>, FragmentHeader)> {
         let e = &mut self.engine;
         let (data, header, unwritten) = e.meps.get_mut(&mep)?;
         if *unwritten {
             let source = e.sources.as_ref().expect("an RU holds MEPs");
             let buf = Rc::get_mut(data).expect("an unwritten MEP was never sent");
-            *header = source.produce(mep, buf, &mut e.size_scratch);
+            let crc = e.crc_policy.wanted(header);
+            *header = match e.readout {
+                Readout::Fresh => source.produce_into(mep, buf, &mut e.size_scratch, crc),
+                Readout::Ring => {
+                    let (_, index) = buf.slot().expect("ring buffers are slots");
+                    let t = e.ring[index as usize].as_ref().expect("filled at produce");
+                    source.ring_stamp(mep, buf, t, crc)
+                }
+            };
             *unwritten = false;
             self.corrupt_on_purpose(mep);
         }
         self.engine.meps.get(&mep).map(|(d, h, _)| (d.clone(), *h))
     }
 
-    /// Fixed pool: MEPs that waited for a buffer are produced, in order,
-    /// as buffers come back.
+    /// MEPs that waited for a buffer are produced, in order, as buffers
+    /// come back.
     fn resume_waiting_production(&mut self) {
         while !self.engine.waiting_for_buffer.is_empty() {
-            let Some(buf) = self.engine.pool.spares.pop() else {
+            let Some(buf) = self.engine.take_mep_buffer() else {
                 return;
             };
             let mep = self.engine.waiting_for_buffer.pop_front().expect("checked");
@@ -1476,7 +1667,7 @@ impl Runtime {
             payload_len: buf.len() as u32,
             crc32c: payload_crc(&buf),
         };
-        let data = Rc::new(buf);
+        let data = Rc::new(MepBuf::from_vec(buf));
         // Kept until confirmed, sent or not: a send refused because `to`
         // is gone is followed by its loss, and the batch goes to another.
         transport.send_fragment(to, &header, data.clone());
@@ -1507,6 +1698,12 @@ impl Runtime {
             r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
         }
         r.rss_bytes = crate::report::resident_bytes();
+        (r.cpu_user_s, r.cpu_system_s) = crate::report::cpu_times();
+        if r.bytes_built > 0 {
+            let gb = r.bytes_built as f64 / 1e9;
+            r.cpu_user_s_per_gb = r.cpu_user_s / gb;
+            r.cpu_system_s_per_gb = r.cpu_system_s / gb;
+        }
         if let Some(st) = self
             .store_closed
             .clone()
@@ -1516,15 +1713,18 @@ impl Runtime {
             r.store_events = st.events;
             r.store_bytes = st.bytes;
         }
-        for (pool, short) in [
-            (&self.engine.pool, &mut r.mep_buffer_waits),
-            (&self.engine.rx_pool, &mut r.rx_buffer_overflows),
-        ] {
-            if let Some(f) = pool.fixed {
-                r.buffers_preallocated_bytes += (f.buffers * f.len) as u64;
-                *short = f.short;
-            }
+        if let Some(f) = self.engine.rx_pool.fixed {
+            r.buffers_preallocated_bytes += (f.buffers * f.len) as u64;
+            r.rx_buffer_overflows = f.short;
         }
+        if let (Some(store), true) = (
+            &self.engine.slots,
+            self.config.event_builder.preallocate_buffers,
+        ) {
+            let s = store.store();
+            r.buffers_preallocated_bytes += u64::from(s.slots()) * s.slot_bytes() as u64;
+        }
+        r.mep_buffer_waits = self.engine.mep_buffer_waits;
         if let Some(em) = &stats.em {
             r.em_meps_built = em.meps_built;
             r.em_meps_incomplete = em.meps_incomplete;
@@ -1689,6 +1889,7 @@ fn store_batch(
                 Some((i as u32, &data[*start..*start + *len]))
             }
             Some(Slot::Local(rc)) => Some((i as u32, &rc[..])),
+            Some(Slot::Shared(view)) => Some((i as u32, &view[..])),
             // A source that is down is absent from the object, which
             // records the sources it holds.
             None => None,
@@ -1792,6 +1993,7 @@ fn slot_bytes(s: &Option<Slot>) -> &[u8] {
     match s {
         Some(Slot::Received { data, start, len }) => &data[*start..*start + *len],
         Some(Slot::Local(rc)) => &rc[..],
+        Some(Slot::Shared(view)) => &view[..],
         None => &[][..],
     }
 }

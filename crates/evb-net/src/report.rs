@@ -127,6 +127,17 @@ pub struct NodeReport {
     /// Resident memory of the node process, bytes.
     #[serde(default)]
     pub rss_bytes: u64,
+    /// CPU time of the node process since it started (all its threads),
+    /// user and system, seconds; and per GB (10^9 bytes) it built (a BU;
+    /// 0 before it built anything).
+    #[serde(default)]
+    pub cpu_user_s: f64,
+    #[serde(default)]
+    pub cpu_system_s: f64,
+    #[serde(default)]
+    pub cpu_user_s_per_gb: f64,
+    #[serde(default)]
+    pub cpu_system_s_per_gb: f64,
     /// `event_builder.preallocate_buffers`: bytes of the buffers this node
     /// allocated and touched at start; MEPs that waited for a free MEP
     /// buffer; receive buffers allocated past the pool's bound (the
@@ -399,6 +410,16 @@ pub fn resident_bytes() -> u64 {
     pages * page.max(0) as u64
 }
 
+/// CPU seconds (user, system) this process has spent, all its threads.
+pub fn cpu_times() -> (f64, f64) {
+    // SAFETY: getrusage fills the struct we pass; a zeroed rusage is valid.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    (t(u.ru_utime), t(u.ru_stime))
+}
+
 /// Seconds since the Unix epoch (to compare times across processes).
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()
@@ -484,6 +505,19 @@ pub struct Summary {
     pub mep_buffer_waits: u64,
     #[serde(default)]
     pub rx_buffer_overflows: u64,
+    /// What the readout wrote (`source.readout`: `ring` or `fresh`), what
+    /// the BUs checked of each fragment (`event_builder.verify`, with the
+    /// sample rate: `sample 1/64`), and whether the BUs read the RUs'
+    /// fragments in place (shm zero copy).
+    #[serde(default)]
+    pub readout: String,
+    #[serde(default)]
+    pub verify: String,
+    #[serde(default)]
+    pub zero_copy: bool,
+    /// CPU the nodes spent, and what it cost per GB built.
+    #[serde(default)]
+    pub cpu: CpuSummary,
     /// Injected faults and peers declared lost, in time order.
     pub failures: Vec<FailureEvent>,
     /// The slotted barrel's clock: how well the nodes agree on the slots.
@@ -492,6 +526,58 @@ pub struct Summary {
     /// The output stage, when the run had consumers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumers: Option<ConsumersSummary>,
+}
+
+/// CPU time of a run's nodes (their processes, every thread), and what it
+/// cost per GB (10^9 bytes) of events built.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuSummary {
+    /// Summed over every node, seconds.
+    pub user_s: f64,
+    pub system_s: f64,
+    /// The sums over the bytes built by all BUs: for every GB built, the
+    /// CPU seconds the whole event builder spent (EM and RU work
+    /// included). A node of a folded builder that builds its share spends
+    /// this much per GB it builds.
+    pub user_s_per_gb: f64,
+    pub system_s_per_gb: f64,
+    /// Of the nodes that built anything, the one that spent the most per
+    /// GB it built itself (user + system), and its figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_node: Option<u16>,
+    #[serde(default)]
+    pub max_node_user_s_per_gb: f64,
+    #[serde(default)]
+    pub max_node_system_s_per_gb: f64,
+}
+
+impl CpuSummary {
+    pub fn from_reports(reports: &[Option<NodeReport>], bytes_built: u64) -> CpuSummary {
+        let mut c = CpuSummary::default();
+        for r in reports.iter().flatten() {
+            c.user_s += r.cpu_user_s;
+            c.system_s += r.cpu_system_s;
+        }
+        if bytes_built > 0 {
+            let gb = bytes_built as f64 / 1e9;
+            c.user_s_per_gb = c.user_s / gb;
+            c.system_s_per_gb = c.system_s / gb;
+        }
+        if let Some(r) = reports
+            .iter()
+            .flatten()
+            .filter(|r| r.bytes_built > 0)
+            .max_by(|a, b| {
+                (a.cpu_user_s_per_gb + a.cpu_system_s_per_gb)
+                    .total_cmp(&(b.cpu_user_s_per_gb + b.cpu_system_s_per_gb))
+            })
+        {
+            c.max_node = Some(r.node);
+            c.max_node_user_s_per_gb = r.cpu_user_s_per_gb;
+            c.max_node_system_s_per_gb = r.cpu_system_s_per_gb;
+        }
+        c
+    }
 }
 
 /// How well the nodes of a slotted run agreed on the EM's clock.
@@ -930,6 +1016,30 @@ mod tests {
             events_built: built * 16,
             ..NodeReport::default()
         }
+    }
+
+    #[test]
+    fn cpu_per_gb_is_the_nodes_cpu_over_the_bytes_built() {
+        let mut a = node(0, 1, 1);
+        a.bytes_built = 2_000_000_000;
+        (a.cpu_user_s, a.cpu_system_s) = (1.0, 3.0);
+        (a.cpu_user_s_per_gb, a.cpu_system_s_per_gb) = (0.5, 1.5);
+        let mut b = node(1, 1, 1);
+        b.bytes_built = 2_000_000_000;
+        (b.cpu_user_s, b.cpu_system_s) = (2.0, 2.0);
+        (b.cpu_user_s_per_gb, b.cpu_system_s_per_gb) = (1.0, 0.5);
+        // An EM of its own builds nothing: its CPU counts, it has no figure.
+        let mut em = node(2, 0, 0);
+        (em.cpu_user_s, em.cpu_system_s) = (1.0, 0.0);
+        let c = CpuSummary::from_reports(&[Some(a), Some(b), Some(em), None], 4_000_000_000);
+        assert_eq!((c.user_s, c.system_s), (4.0, 5.0));
+        assert_eq!((c.user_s_per_gb, c.system_s_per_gb), (1.0, 1.25));
+        assert_eq!(c.max_node, Some(0));
+        assert_eq!(
+            (c.max_node_user_s_per_gb, c.max_node_system_s_per_gb),
+            (0.5, 1.5)
+        );
+        assert_eq!(CpuSummary::from_reports(&[], 0), CpuSummary::default());
     }
 
     /// The EM (endpoint 2) was killed: its last STATS said 10 MEPs were

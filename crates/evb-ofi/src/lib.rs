@@ -226,12 +226,15 @@ struct Op {
     regions: Vec<*mut sys::fid_mr>,
 }
 
+/// A send's body: any shared bytes (a `Vec<u8>`, evb's MEP buffers).
+pub type Body = Rc<dyn AsRef<[u8]>>;
+
 enum OpKind {
     Send {
         ctx: u64,
         // Held only to keep the memory alive until the completion.
         _head: Vec<u8>,
-        _body: Option<Rc<Vec<u8>>>,
+        _body: Option<Body>,
     },
     Recv {
         buf: Vec<u8>,
@@ -979,6 +982,19 @@ impl Endpoint {
         body: Option<(Rc<Vec<u8>>, Range<usize>)>,
         ctx: u64,
     ) -> Result<bool, Error> {
+        let body = body.map(|(rc, range)| (rc as Body, range));
+        self.send_bytes(peer, tag, head, body, ctx)
+    }
+
+    /// [`Self::send`] with a body of any shared bytes (evb's MEP buffers).
+    pub fn send_bytes(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        head: Vec<u8>,
+        body: Option<(Body, Range<usize>)>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
         if peer >= self.peers.len() {
             return Err(Error::new(format!(
                 "send to peer {peer}: only {} peers were added",
@@ -987,10 +1003,10 @@ impl Endpoint {
         }
         let (body_rc, range) = match body {
             Some((rc, range)) => {
-                if range.start > range.end || range.end > rc.len() {
+                let len = (*rc).as_ref().len();
+                if range.start > range.end || range.end > len {
                     return Err(Error::new(format!(
-                        "send: body range {range:?} is outside its {}-byte buffer",
-                        rc.len()
+                        "send: body range {range:?} is outside its {len}-byte buffer"
                     )));
                 }
                 (Some(rc), range)
@@ -1018,7 +1034,7 @@ impl Endpoint {
         peer: PeerId,
         wire_tag: u64,
         head: Vec<u8>,
-        body_rc: Option<Rc<Vec<u8>>>,
+        body_rc: Option<Body>,
         range: Range<usize>,
         ctx: u64,
     ) -> Result<bool, Error> {
@@ -1035,7 +1051,7 @@ impl Endpoint {
         let (head, body_rc) = match body_rc {
             Some(rc) if self.iov_limit < 2 && !range.is_empty() => {
                 let mut flat = head;
-                flat.extend_from_slice(&rc[range.clone()]);
+                flat.extend_from_slice(&(*rc).as_ref()[range.clone()]);
                 (flat, None)
             }
             body_rc => (head, body_rc),
@@ -1045,7 +1061,7 @@ impl Endpoint {
         }
         if let Some(rc) = &body_rc {
             if !range.is_empty() {
-                pieces.push((rc[range.clone()].as_ptr(), range.len()));
+                pieces.push(((**rc).as_ref()[range.clone()].as_ptr(), range.len()));
             }
         }
         if pieces.is_empty() {

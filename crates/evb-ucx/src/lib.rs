@@ -377,6 +377,9 @@ unsafe extern "C" fn on_peer_error(
 
 // --- Operation slots -------------------------------------------------------
 
+/// A send's body: any shared bytes (a `Vec<u8>`, evb's MEP buffers).
+pub type Body = Rc<dyn AsRef<[u8]>>;
+
 struct SendOp {
     /// The requests UCX still holds (a split send has two; null: done).
     requests: [*mut c_void; 2],
@@ -385,7 +388,7 @@ struct SendOp {
     ctx: u64,
     // Kept alive (and unmoved on the heap) until UCX is done with them.
     _head: Vec<u8>,
-    _body: Option<Rc<Vec<u8>>>,
+    _body: Option<Body>,
     _iov: Box<[sys::ucp_dt_iov; 2]>,
 }
 
@@ -1055,15 +1058,29 @@ impl Endpoint {
         body: Option<(Rc<Vec<u8>>, std::ops::Range<usize>)>,
         ctx: u64,
     ) -> Result<bool, Error> {
+        let body = body.map(|(rc, range)| (rc as Body, range));
+        self.send_bytes(peer, tag, head, body, ctx)
+    }
+
+    /// [`Self::send`] with a body of any shared bytes (evb's MEP buffers).
+    pub fn send_bytes(
+        &mut self,
+        peer: PeerId,
+        tag: u64,
+        head: Vec<u8>,
+        body: Option<(Body, std::ops::Range<usize>)>,
+        ctx: u64,
+    ) -> Result<bool, Error> {
         let Some(p) = self.peers.get(peer) else {
             return Err(Error::UnknownPeer(peer));
         };
         if let Some((data, range)) = &body {
-            if range.start > range.end || range.end > data.len() {
+            let len = (**data).as_ref().len();
+            if range.start > range.end || range.end > len {
                 return Err(Error::BadRange {
                     start: range.start,
                     end: range.end,
-                    len: data.len(),
+                    len,
                 });
             }
         }
@@ -1093,7 +1110,7 @@ impl Endpoint {
             if !range.is_empty() {
                 // SAFETY: range checked against data.len() above.
                 iov[1] = sys::ucp_dt_iov {
-                    buffer: unsafe { data.as_ptr().add(range.start) } as *mut c_void,
+                    buffer: unsafe { (*data).as_ref().as_ptr().add(range.start) } as *mut c_void,
                     length: range.len(),
                 };
                 iov_count = 2;

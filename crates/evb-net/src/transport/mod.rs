@@ -38,9 +38,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use evb_core::config::Config;
-use evb_core::wire::{FragmentHeader, Message};
+use evb_core::config::{Config, Verify};
+use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH};
 use evb_core::{Layout, MepId, NodeId};
+
+use crate::mepbuf::MepBuf;
 
 /// What a transport hands to the node that owns it.
 pub trait RxHandler {
@@ -49,18 +51,64 @@ pub trait RxHandler {
     fn on_control(&mut self, peer: NodeId, msg: Message);
     /// A fragment header arrived: keep its payload (true) or drop it.
     fn admit(&mut self, peer: NodeId, header: &FragmentHeader) -> bool;
+    /// Whether the payload of an admitted fragment needs its CRC-32C (the
+    /// transport computes it while the bytes arrive, if it can).
+    fn wants_crc(&mut self, _header: &FragmentHeader) -> bool {
+        true
+    }
     /// A buffer to receive into, at least `min_len` bytes long (pooled).
     fn spare_buffer(&mut self, min_len: usize) -> Vec<u8>;
     /// A kept payload is complete in `buf[offset..offset + payload_len]`;
-    /// `crc` is its CRC-32C.
+    /// `crc` is its CRC-32C when the transport computed it.
     fn on_fragment(
         &mut self,
         peer: NodeId,
         header: FragmentHeader,
-        crc: u32,
+        crc: Option<u32>,
         buf: Vec<u8>,
         offset: usize,
     );
+    /// A kept payload that was not copied: `view` reads it in place in the
+    /// sender's memory (shm zero copy) until it is dropped. By default it
+    /// is copied into a spare buffer and handed over as any other.
+    fn on_shared_fragment(&mut self, peer: NodeId, header: FragmentHeader, view: shm::SharedView) {
+        let mut buf = self.spare_buffer(view.len());
+        buf[..view.len()].copy_from_slice(&view);
+        drop(view);
+        self.on_fragment(peer, header, None, buf, 0);
+    }
+}
+
+/// Which fragments' CRC-32C is wanted on receipt: the ones the BUs check
+/// (`event_builder.verify`), and every delivered batch (the consumers
+/// always check theirs). A transport that copies a payload computes the
+/// CRC while the bytes are in its hands only for those.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrcPolicy {
+    verify: Verify,
+    sample: u32,
+}
+
+impl CrcPolicy {
+    pub fn from_config(config: &Config) -> CrcPolicy {
+        CrcPolicy {
+            verify: config.event_builder.verify,
+            sample: config.event_builder.verify_sample,
+        }
+    }
+
+    /// Every payload's CRC.
+    pub fn all() -> CrcPolicy {
+        CrcPolicy {
+            verify: Verify::Crc,
+            sample: 1,
+        }
+    }
+
+    pub fn wanted(&self, h: &FragmentHeader) -> bool {
+        h.flags & FLAG_BATCH != 0
+            || evb_core::config::crc_checked(self.verify, self.sample, h.source, h.mep)
+    }
 }
 
 /// What happened to sends and links during a poll.
@@ -97,7 +145,7 @@ pub trait Transport {
     fn send_control(&mut self, to: NodeId, msg: &Message) -> bool;
     /// Queues a fragment whose payload is `data[..header.payload_len]`;
     /// false when there is no link to `to` (nothing was queued).
-    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool;
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<MepBuf>) -> bool;
     /// Sends not yet handed to the network, to one peer or to any.
     fn has_pending_tx(&self, to: Option<NodeId>) -> bool;
     /// Moves queued sends along and waits up to `timeout` for input,

@@ -33,6 +33,7 @@ use evb_core::wire::{
 use evb_core::{Layout, MepId, NodeId};
 
 use super::{linked_peers, max_message_bytes, LinkEvent, RxHandler, Transport};
+use crate::mepbuf::MepBuf;
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tag bit of the message that says "this peer has finished".
@@ -57,6 +58,14 @@ pub enum Completion {
         crc_from: usize,
         crc: u32,
     },
+    /// A message whose body was not copied (shm zero copy): `head` holds
+    /// its first bytes (the frame and fragment headers), `view` the
+    /// payload in the sender's memory. No receive buffer was used.
+    ReceivedShared {
+        head: Vec<u8>,
+        tag: u64,
+        view: super::shm::SharedView,
+    },
     /// A send failed (peer gone, ...).
     SendFailed { ctx: u64, reason: String },
     /// The engine found the link to a peer (by its index) broken.
@@ -68,7 +77,7 @@ pub enum Completion {
 }
 
 /// The body of a message: a range of a shared buffer.
-pub type Body = Option<(Rc<Vec<u8>>, Range<usize>)>;
+pub type Body = Option<(Rc<MepBuf>, Range<usize>)>;
 
 /// One process's endpoint of a message engine.
 pub trait Endpoint {
@@ -284,9 +293,9 @@ impl<E: Endpoint> MsgTransport<E> {
             // What a joining peer sends waits until the runtime knows of
             // the join (its failure too, to keep the order).
             let from = match &c {
-                Completion::Received { tag, .. } | Completion::ReceivedWithCrc { tag, .. } => {
-                    Some((tag & TAG_RANK_MASK) as usize)
-                }
+                Completion::Received { tag, .. }
+                | Completion::ReceivedWithCrc { tag, .. }
+                | Completion::ReceivedShared { tag, .. } => Some((tag & TAG_RANK_MASK) as usize),
                 Completion::PeerFailed { peer, .. } => self
                     .joins
                     .iter()
@@ -337,6 +346,9 @@ impl<E: Endpoint> MsgTransport<E> {
                         stderr_line!("evb node {}: posting a receive buffer: {e:#}", self.rank);
                     }
                 }
+                Completion::ReceivedShared { head, tag, view } => {
+                    self.on_shared(head, tag, view, handler, events);
+                }
                 Completion::ReceivedWithCrc {
                     buf,
                     len,
@@ -384,8 +396,11 @@ impl<E: Endpoint> MsgTransport<E> {
                     let at = FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN;
                     let end = at + header.payload_len as usize;
                     let crc = match known_crc {
-                        Some((from, crc)) if from == at && end == len => crc,
-                        _ => evb_core::checksum::crc32c(&buf[at..end]),
+                        Some((from, crc)) if from == at && end == len => Some(crc),
+                        _ if handler.wants_crc(&header) => {
+                            Some(evb_core::checksum::crc32c(&buf[at..end]))
+                        }
+                        _ => None,
                     };
                     handler.on_fragment(peer, header, crc, buf, at);
                     return None;
@@ -401,6 +416,60 @@ impl<E: Endpoint> MsgTransport<E> {
             }
         }
         Some(buf)
+    }
+
+    /// A fragment read in place (shm zero copy): `head` is its frame and
+    /// fragment headers, `view` its payload. Dropping the view (not
+    /// admitted, or when the batch is done with it) releases the sender's
+    /// buffer.
+    fn on_shared(
+        &mut self,
+        head: Vec<u8>,
+        tag: u64,
+        view: super::shm::SharedView,
+        handler: &mut dyn RxHandler,
+        events: &mut Vec<LinkEvent>,
+    ) {
+        let peer = (tag & TAG_RANK_MASK) as NodeId;
+        if peer >= self.endpoints || self.dropped[peer as usize] || tag & TAG_BYE != 0 {
+            return;
+        }
+        handler.on_alive(peer);
+        let header = self.decode_shared_head(&head, view.len());
+        match header {
+            Ok(header) => {
+                if handler.admit(peer, &header) {
+                    handler.on_shared_fragment(peer, header, view);
+                }
+            }
+            Err(e) => self.fail_peer(peer, format!("protocol error: {e:#}"), events),
+        }
+    }
+
+    /// The fragment header of a message whose payload (`payload_len`
+    /// bytes) came apart from its head.
+    fn decode_shared_head(&self, head: &[u8], payload_len: usize) -> Result<FragmentHeader> {
+        let frame: &[u8; FRAME_HEADER_LEN] = head
+            .get(..FRAME_HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| anyhow!("a shared fragment's head of {} bytes", head.len()))?;
+        let frame = FrameHeader::decode(frame, self.max_body)?;
+        let body = &head[FRAME_HEADER_LEN..];
+        if frame.kind != Kind::Fragment || body.len() != FRAGMENT_HEADER_LEN {
+            bail!("a shared payload must follow a fragment header");
+        }
+        let Message::Fragment(h) = Message::decode_body(&frame, body)? else {
+            bail!("a shared payload must follow a fragment header");
+        };
+        if frame.body_len as usize != FRAGMENT_HEADER_LEN + payload_len
+            || h.payload_len as usize != payload_len
+        {
+            bail!(
+                "fragment payload_len {} does not match its shared payload of {payload_len} bytes",
+                h.payload_len
+            );
+        }
+        Ok(h)
     }
 
     fn decode(&self, msg: &[u8]) -> Result<Message> {
@@ -664,7 +733,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         })
     }
 
-    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<Vec<u8>>) -> bool {
+    fn send_fragment(&mut self, to: NodeId, header: &FragmentHeader, data: Rc<MepBuf>) -> bool {
         let mut head = Vec::with_capacity(FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN);
         head.extend_from_slice(&header.frame_header().encode());
         head.extend_from_slice(&header.encode());
@@ -846,7 +915,15 @@ mod tests {
         fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
             vec![0; min_len]
         }
-        fn on_fragment(&mut self, _: NodeId, _: FragmentHeader, _: u32, _: Vec<u8>, _: usize) {}
+        fn on_fragment(
+            &mut self,
+            _: NodeId,
+            _: FragmentHeader,
+            _: Option<u32>,
+            _: Vec<u8>,
+            _: usize,
+        ) {
+        }
     }
 
     fn heartbeat_from(rank: u64) -> Completion {

@@ -11,6 +11,23 @@
 //! receiver's tail has moved past the record, which is the send's
 //! completion: no acknowledgement messages.
 //!
+//! Zero copy ([`ShmEndpoint::share_slots`], `transport.shm_zero_copy`): an
+//! RU's MEP buffers are the slots of a memfd ([`crate::mepbuf::SlotStore`])
+//! that its peers map read-only (they take the fd with `pidfd_getfd`,
+//! which needs the same permission as `process_vm_readv`). A fragment in a
+//! slot is described in the ring (slot, offset, length and a send
+//! sequence number) and the receiver reads it where it is: a
+//! [`SharedView`], kept by the BU's batch until the batch is done, the
+//! local analogue of an RDMA read in PULL. Dropping the view releases the
+//! slot: the reader writes the send's sequence number into its word of
+//! the store's control area (one per slot and reader) and rings the
+//! sender. The send completes then, not when the record is read, and the
+//! sender keeps its handle on the buffer until that, so a slot is never
+//! written while a reader may look at it. A reader that dies releases
+//! everything (its views die with it: the sender drops its handles when
+//! the process is gone); records a reader discards unread (a relink drops
+//! what the old link left in a ring) are released as they are discarded.
+//!
 //! Waiting is a futex wait on the doorbell (blocking progress; while
 //! traffic flows it yields the core instead, for [`YIELDS_BEFORE_SLEEP`]
 //! waits that found nothing) or a spin (busy progress). A receiver that consumed records rings the sender's
@@ -55,7 +72,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::msg::{Body, Completion, Endpoint};
-use super::Progress;
+use super::{CrcPolicy, Progress};
+use crate::mepbuf::{MepBuf, SlotStore};
+use evb_core::wire::{FragmentHeader, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
+use std::cell::RefCell;
+use std::rc::Rc;
 
 /// Blocking waits that only yield the core, after progress last completed
 /// something, before a wait sleeps on the doorbell. While traffic flows a
@@ -74,6 +95,28 @@ const RING_CONTROL_BYTES: usize = 256;
 const RECORD_HEADER: usize = 32;
 const KIND_INLINE: u32 = 1;
 const KIND_REMOTE: u32 = 2;
+/// A payload in one of the sender's shared slots, read in place. After the
+/// record header: the send's sequence number (u64) and the slot (u32, 4
+/// bytes of padding), then the inline head.
+const KIND_SHARED: u32 = 3;
+const SHARED_EXTRA: usize = 16;
+/// Where an inbox's header says where its owner's shared slots are (u64
+/// words; `NO_SLOTS` in the first when it has none): the memfd's number in
+/// the owner's process, the mapping's length, where slot 0 starts, the
+/// stride between slots, a slot's size, the number of slots.
+const SLOTS_FD: usize = 16;
+const SLOTS_MAP_LEN: usize = 24;
+const SLOTS_DATA: usize = 32;
+const SLOTS_STRIDE: usize = 40;
+const SLOTS_BYTES: usize = 48;
+const SLOTS_COUNT: usize = 56;
+const NO_SLOTS: u64 = u64::MAX;
+
+/// Bytes of the control area a shared store needs in front of its slots:
+/// one release word (u64) per slot and reader endpoint.
+pub fn release_words_bytes(slots: u32, endpoints: u16) -> usize {
+    slots as usize * endpoints as usize * 8
+}
 
 /// One mapped inbox (ours, or a peer's that we write into).
 struct Mapping {
@@ -285,6 +328,217 @@ struct Peer {
     /// before the next request if it is dropped again soon.
     linked_at: Option<Instant>,
     backoff: Duration,
+    /// The peer's shared slots, mapped read-only (it sends from them).
+    slots: Option<Rc<PeerSlots>>,
+    /// Our sends from our shared slots that this peer reads in place: the
+    /// slot, the send's sequence number and our handle on the buffer, kept
+    /// until the peer releases it (or its process ends). The send itself
+    /// completes as the others do, when the peer has read its record: the
+    /// RU paces its transfers by that, the slot's reuse waits for this.
+    shared_held: Vec<(u32, u64, Rc<MepBuf>)>,
+    /// Its process has exited (seen on its pidfd).
+    exited: bool,
+}
+
+/// A peer's shared slots as mapped here: the whole store read-only, and
+/// its control area (the release words) writable.
+pub struct PeerSlots {
+    data: *const u8,
+    map_len: usize,
+    control: *mut u8,
+    control_len: usize,
+    data_offset: usize,
+    stride: usize,
+    slot_bytes: usize,
+    slots: u32,
+    endpoints: usize,
+}
+
+impl PeerSlots {
+    /// Maps the store whose memfd is `fd` in process `pidfd`'s, as that
+    /// process's inbox header `inbox` describes it.
+    fn map(
+        pidfd: &OwnedFd,
+        inbox: &Mapping,
+        endpoints: usize,
+        populate: bool,
+    ) -> Result<Option<PeerSlots>> {
+        let word = |at: usize| inbox.atomic_u64(at).load(Ordering::Acquire);
+        let fd = word(SLOTS_FD);
+        if fd == NO_SLOTS {
+            return Ok(None);
+        }
+        let (map_len, data_offset, stride, slot_bytes, slots) = (
+            word(SLOTS_MAP_LEN) as usize,
+            word(SLOTS_DATA) as usize,
+            word(SLOTS_STRIDE) as usize,
+            word(SLOTS_BYTES) as usize,
+            word(SLOTS_COUNT),
+        );
+        let control_len = release_words_bytes(slots as u32, endpoints as u16);
+        let fits = slots > 0
+            && slots <= u64::from(u32::MAX)
+            && slot_bytes <= stride
+            && control_len <= data_offset
+            && (slots as usize)
+                .checked_mul(stride)
+                .and_then(|d| d.checked_add(data_offset))
+                == Some(map_len);
+        if !fits || fd > i32::MAX as u64 {
+            bail!("its shared MEP buffers are described inconsistently");
+        }
+        // SAFETY: a plain system call on a pidfd we own; a non-negative
+        // result is a new fd of ours.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd as i32, 0) };
+        if raw < 0 {
+            bail!(
+                "taking its shared MEP buffers (pidfd_getfd): {} (set transport.shm_zero_copy = false to copy instead)",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: raw is a new fd of ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat fills `st`.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as usize) < map_len {
+            bail!("its shared MEP buffers are smaller than announced");
+        }
+        // SAFETY: mappings of the memfd within its size; checked below.
+        let data = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if data == libc::MAP_FAILED {
+            bail!(
+                "mapping its shared MEP buffers: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        if populate {
+            // Its slots are all written already (preallocated): map them
+            // now rather than page by page as fragments first arrive.
+            // Linux >= 5.14; without it they are mapped on first read.
+            // SAFETY: advice on our own mapping; allocates nothing new.
+            unsafe {
+                libc::madvise(data, map_len, libc::MADV_POPULATE_READ);
+            }
+        }
+        let control = if control_len == 0 {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: as above; the control area is the first control_len bytes.
+            let c = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    control_len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if c == libc::MAP_FAILED {
+                // SAFETY: the data mapping made above.
+                unsafe { libc::munmap(data, map_len) };
+                bail!(
+                    "mapping its release words: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            c as *mut u8
+        };
+        Ok(Some(PeerSlots {
+            data: data as *const u8,
+            map_len,
+            control,
+            control_len,
+            data_offset,
+            stride,
+            slot_bytes,
+            slots: slots as u32,
+            endpoints,
+        }))
+    }
+
+    /// Whether `len` bytes at `offset` lie within slot `slot`.
+    fn holds(&self, slot: u32, offset: usize, len: usize) -> bool {
+        let start = self.data_offset + slot as usize * self.stride;
+        slot < self.slots
+            && offset >= start
+            && len <= self.slot_bytes
+            && offset - start <= self.slot_bytes - len
+    }
+
+    /// Reader `reader` is done with the send `seq` from `slot`.
+    fn release(&self, slot: u32, reader: usize, seq: u64) {
+        let at = (slot as usize * self.endpoints + reader) * 8;
+        assert!(at + 8 <= self.control_len);
+        // SAFETY: in bounds (checked), 8-aligned (page-aligned base), the
+        // mapping lives as long as self; shared with the sender, hence
+        // atomic.
+        let word = unsafe { &*(self.control.add(at) as *const AtomicU64) };
+        word.fetch_max(seq, Ordering::AcqRel);
+    }
+}
+
+impl Drop for PeerSlots {
+    fn drop(&mut self) {
+        // SAFETY: the mappings made in PeerSlots::map.
+        unsafe {
+            libc::munmap(self.data as *mut libc::c_void, self.map_len);
+            if !self.control.is_null() {
+                libc::munmap(self.control as *mut libc::c_void, self.control_len);
+            }
+        }
+    }
+}
+
+/// A fragment read in place in a peer's shared slot (zero copy). Reads as
+/// the payload's bytes; dropping it releases the slot to its sender.
+pub struct SharedView {
+    slots: Rc<PeerSlots>,
+    slot: u32,
+    offset: usize,
+    len: usize,
+    seq: u64,
+    reader: usize,
+    /// Whom to ring once released: the sender's rank, on our endpoint's list.
+    sender: usize,
+    wake: Rc<RefCell<Vec<usize>>>,
+}
+
+impl std::fmt::Debug for SharedView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedView")
+            .field("slot", &self.slot)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("seq", &self.seq)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for SharedView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `holds` checked the range against the mapping when the
+        // view was made; the Rc keeps it mapped; the sender does not write
+        // the slot before the release (it holds its buffer until then).
+        unsafe { std::slice::from_raw_parts(self.slots.data.add(self.offset), self.len) }
+    }
+}
+
+impl Drop for SharedView {
+    fn drop(&mut self) {
+        self.slots.release(self.slot, self.reader, self.seq);
+        self.wake.borrow_mut().push(self.sender);
+    }
 }
 
 /// A relink requested within this long of the previous one waits a
@@ -376,6 +630,17 @@ pub struct ShmEndpoint {
     epochs: Vec<u64>,
     /// Blocking waits in a row since progress last completed anything.
     idle_waits: u32,
+    /// Our shared slots (zero copy), if we send from them.
+    slots: Option<SlotStore>,
+    /// Sequence number of our last send from a shared slot.
+    shared_seq: u64,
+    /// Senders whose slots we released since the last progress: rung then.
+    wake: Rc<RefCell<Vec<usize>>>,
+    /// Which received fragments' CRC to compute while copying them.
+    crc: CrcPolicy,
+    /// The peers' shared slots are all written at their start
+    /// (preallocated): map them whole when attaching.
+    populate_slots: bool,
 }
 
 impl ShmEndpoint {
@@ -398,6 +663,10 @@ impl ShmEndpoint {
             (u64::from(endpoints) << 32) | u64::from(ring_bytes),
             Ordering::Release,
         );
+        // No shared slots unless `share_slots` says where they are.
+        inbox
+            .atomic_u64(SLOTS_FD)
+            .store(NO_SLOTS, Ordering::Release);
         // Peers read our memory with process_vm_readv: allow it even under
         // a restrictive Yama ptrace policy.
         // SAFETY: prctl with constant arguments.
@@ -424,7 +693,160 @@ impl ShmEndpoint {
             join_bell_seen: 0,
             epochs: vec![0; endpoints as usize],
             idle_waits: 0,
+            slots: None,
+            shared_seq: 0,
+            wake: Rc::new(RefCell::new(Vec::new())),
+            crc: CrcPolicy::all(),
+            populate_slots: false,
         })
+    }
+
+    /// The peers' shared slots are written whole at their start
+    /// (`event_builder.preallocate_buffers`): map them whole as a peer is
+    /// added, so that this process's resident memory does not creep up as
+    /// their fragments first arrive.
+    pub fn populate_peer_slots(&mut self, yes: bool) {
+        self.populate_slots = yes;
+    }
+
+    /// Zero copy: fragments sent from `store`'s slots are read in place by
+    /// the peers (see the module doc). Before any peer is added: the
+    /// inbox's header tells them where the slots are.
+    pub fn share_slots(&mut self, store: SlotStore) -> Result<()> {
+        let s = store.store();
+        let Some(fd) = s.fd() else {
+            bail!("zero copy needs a shared slot store");
+        };
+        let (_, control_len) = s.control();
+        if control_len < release_words_bytes(s.slots(), self.geo.endpoints as u16) {
+            bail!("the shared slot store has no room for the release words");
+        }
+        assert!(
+            self.peers.is_empty(),
+            "slots are shared before any peer is added"
+        );
+        let h = &self.inbox;
+        h.atomic_u64(SLOTS_MAP_LEN)
+            .store(s.map_len() as u64, Ordering::Release);
+        h.atomic_u64(SLOTS_DATA)
+            .store(s.data_offset() as u64, Ordering::Release);
+        h.atomic_u64(SLOTS_STRIDE)
+            .store(s.stride() as u64, Ordering::Release);
+        h.atomic_u64(SLOTS_BYTES)
+            .store(s.slot_bytes() as u64, Ordering::Release);
+        h.atomic_u64(SLOTS_COUNT)
+            .store(u64::from(s.slots()), Ordering::Release);
+        h.atomic_u64(SLOTS_FD).store(fd as u64, Ordering::Release);
+        self.slots = Some(store);
+        Ok(())
+    }
+
+    /// Which fragments' CRC-32C to compute while copying them in (the
+    /// default: all).
+    pub fn set_crc_policy(&mut self, crc: CrcPolicy) {
+        self.crc = crc;
+    }
+
+    /// Whether the head of a message is a fragment's whose CRC is wanted.
+    fn crc_wanted(&self, head: &[u8]) -> bool {
+        let at = FRAME_HEADER_LEN;
+        match head
+            .get(at..at + FRAGMENT_HEADER_LEN)
+            .and_then(|h| <&[u8; FRAGMENT_HEADER_LEN]>::try_from(h).ok())
+        {
+            Some(h) => self.crc.wanted(&FragmentHeader::decode(h)),
+            None => true,
+        }
+    }
+
+    /// The release word of our slot `slot` for reader `rank`.
+    fn released(&self, slot: u32, rank: usize) -> u64 {
+        let store = self.slots.as_ref().expect("only shared sends are pending");
+        let (control, len) = store.store().control();
+        let at = (slot as usize * self.geo.endpoints + rank) * 8;
+        assert!(at + 8 <= len);
+        // SAFETY: in bounds (checked) and 8-aligned in our own mapping;
+        // readers write it, hence atomic.
+        unsafe { &*(control.add(at) as *const AtomicU64) }.load(Ordering::Acquire)
+    }
+
+    /// Drops our handles on the buffers the readers released, and on those
+    /// lent to peers whose process is gone: their slots are free again.
+    /// Returns whether any was.
+    fn release_shared(&mut self) -> bool {
+        if self.slots.is_none() {
+            return false;
+        }
+        let mut any = false;
+        for i in 0..self.peers.len() {
+            if self.peers[i].shared_held.is_empty() {
+                continue;
+            }
+            let rank = self.peers[i].rank;
+            let gone = self.peers[i].exited;
+            let mut held = std::mem::take(&mut self.peers[i].shared_held);
+            let before = held.len();
+            held.retain(|&(slot, seq, _)| !gone && self.released(slot, rank) < seq);
+            any |= held.len() < before;
+            self.peers[i].shared_held = held;
+        }
+        any
+    }
+
+    /// Any lent buffer released (for `has_work`: a MEP may wait for it).
+    fn shared_released(&self) -> bool {
+        self.peers.iter().any(|p| {
+            p.exited && !p.shared_held.is_empty()
+                || p.shared_held
+                    .iter()
+                    .any(|&(slot, seq, _)| self.released(slot, p.rank) >= seq)
+        })
+    }
+
+    /// Rings the senders whose slots were released here.
+    fn ring_released(&mut self) {
+        let mut wake = std::mem::take(&mut *self.wake.borrow_mut());
+        wake.sort_unstable();
+        wake.dedup();
+        for rank in wake {
+            if let Some(p) = self.peers.iter().find(|p| p.rank == rank) {
+                Self::ring_doorbell(&p.map);
+            }
+        }
+    }
+
+    /// Records of sender `s`'s ring from `from` to `to` are dropped unread
+    /// (a relink): release the shared slots among them.
+    fn release_discarded(&mut self, s: usize, from: u64, to: u64) {
+        let Some(i) = self.sender_peer[s].or_else(|| self.peers.iter().position(|p| p.rank == s))
+        else {
+            return;
+        };
+        let Some(slots) = self.peers[i].slots.clone() else {
+            return;
+        };
+        let cap = self.geo.ring_bytes;
+        let data = self.ring_data(&self.inbox, self.geo.ring(s));
+        let mut pos = from;
+        while pos < to {
+            let mut rec = [0u8; RECORD_HEADER + SHARED_EXTRA];
+            Self::ring_read(data, cap, pos, &mut rec);
+            let kind = u32::from_le_bytes(rec[0..4].try_into().expect("4"));
+            let inline_len = u32::from_le_bytes(rec[4..8].try_into().expect("4")) as usize;
+            let len = record_len(kind, inline_len) as u64;
+            if !matches!(kind, KIND_INLINE | KIND_REMOTE | KIND_SHARED) || pos + len > to {
+                return; // Not a record: nothing more can be read of it.
+            }
+            if kind == KIND_SHARED {
+                let seq = u64::from_le_bytes(rec[32..40].try_into().expect("8"));
+                let slot = u32::from_le_bytes(rec[40..44].try_into().expect("4"));
+                if slot < slots.slots {
+                    slots.release(slot, self.rank, seq);
+                }
+                self.wake.borrow_mut().push(s);
+            }
+            pos += len;
+        }
     }
 
     fn unlink(&mut self) {
@@ -488,6 +910,9 @@ impl ShmEndpoint {
 
     /// Anything to do: a record in one of our rings, or a peer's tail moved.
     fn has_work(&self) -> bool {
+        if !self.wake.borrow().is_empty() || self.shared_released() {
+            return true;
+        }
         for s in 0..self.geo.endpoints {
             if self.sender_peer[s].is_none() {
                 continue;
@@ -527,7 +952,8 @@ impl ShmEndpoint {
     }
 
     /// Reads one record from sender `s`'s ring, if there is one and a
-    /// buffer to put it in. Returns whether it consumed one.
+    /// buffer to put it in (a shared payload needs none). Returns whether
+    /// it consumed one.
     fn receive_one(&mut self, s: usize, out: &mut Vec<Completion>) -> bool {
         let cap = self.geo.ring_bytes;
         let ring = self.geo.ring(s);
@@ -536,7 +962,7 @@ impl ShmEndpoint {
             .atomic_u64(ring + Geometry::HEAD)
             .load(Ordering::Acquire);
         let tail = self.tails[s];
-        if head == tail || self.recv_buffers.is_empty() {
+        if head == tail {
             return false;
         }
         let data = self.ring_data(&self.inbox, ring);
@@ -547,8 +973,14 @@ impl ShmEndpoint {
         let tag = u64::from_le_bytes(rec[8..16].try_into().expect("8"));
         let remote_addr = u64::from_le_bytes(rec[16..24].try_into().expect("8"));
         let remote_len = u64::from_le_bytes(rec[24..32].try_into().expect("8")) as usize;
-        let record_len = record_len(inline_len);
+        let record_len = record_len(kind, inline_len);
         let avail = (head - tail) as usize;
+        if kind == KIND_SHARED && record_len <= avail {
+            return self.receive_shared(s, tail, inline_len, tag, remote_addr, remote_len, out);
+        }
+        if self.recv_buffers.is_empty() {
+            return false;
+        }
         let total = inline_len + if kind == KIND_REMOTE { remote_len } else { 0 };
         let mut buf = self.recv_buffers.pop().expect("checked");
         let valid = (kind == KIND_INLINE || kind == KIND_REMOTE)
@@ -565,7 +997,12 @@ impl ShmEndpoint {
                 Some(None)
             } else {
                 let pid = self.sender_peer[s].map(|i| self.peers[i].pid).unwrap_or(0);
-                read_remote_crc(pid, remote_addr, &mut buf[inline_len..total]).map(Some)
+                let (head, body) = buf[..total].split_at_mut(inline_len);
+                if self.crc_wanted(head) {
+                    read_remote_crc(pid, remote_addr, body).map(Some)
+                } else {
+                    read_remote(pid, remote_addr, body).then_some(None)
+                }
             };
             if let Some(crc) = copied {
                 out.push(match crc {
@@ -589,14 +1026,73 @@ impl ShmEndpoint {
                 self.recv_buffers.push(buf);
             }
         } else {
-            // A corrupt ring cannot be resynchronised: drop its content.
-            stderr_line!("evb shm: ring of endpoint {s} is corrupt (kind {kind}, {total} bytes); discarding it");
+            self.discard_corrupt(s, head, kind, total);
             self.recv_buffers.push(buf);
-            self.tails[s] = head;
-            self.publish_tail(s);
             return true;
         }
         self.tails[s] = tail + record_len as u64;
+        self.publish_tail(s);
+        true
+    }
+
+    /// A corrupt ring cannot be resynchronised: its content is dropped.
+    fn discard_corrupt(&mut self, s: usize, head: u64, kind: u32, total: usize) {
+        stderr_line!(
+            "evb shm: ring of endpoint {s} is corrupt (kind {kind}, {total} bytes); discarding it"
+        );
+        self.tails[s] = head;
+        self.publish_tail(s);
+    }
+
+    /// A record of sender `s` at `tail` describing a payload in one of its
+    /// shared slots: handed over as a view, nothing copied.
+    #[allow(clippy::too_many_arguments)]
+    fn receive_shared(
+        &mut self,
+        s: usize,
+        tail: u64,
+        inline_len: usize,
+        tag: u64,
+        offset: u64,
+        len: usize,
+        out: &mut Vec<Completion>,
+    ) -> bool {
+        let cap = self.geo.ring_bytes;
+        let ring = self.geo.ring(s);
+        let data = self.ring_data(&self.inbox, ring);
+        let mut extra = [0u8; SHARED_EXTRA];
+        Self::ring_read(data, cap, tail + RECORD_HEADER as u64, &mut extra);
+        let seq = u64::from_le_bytes(extra[0..8].try_into().expect("8"));
+        let slot = u32::from_le_bytes(extra[8..12].try_into().expect("4"));
+        let slots = self.sender_peer[s].and_then(|i| self.peers[i].slots.clone());
+        let head_at = tail + (RECORD_HEADER + SHARED_EXTRA) as u64;
+        let Some(slots) = slots.filter(|p| {
+            usize::try_from(offset).is_ok_and(|o| p.holds(slot, o, len)) && inline_len <= INLINE_MAX
+        }) else {
+            let head = self
+                .inbox
+                .atomic_u64(ring + Geometry::HEAD)
+                .load(Ordering::Acquire);
+            self.discard_corrupt(s, head, KIND_SHARED, len);
+            return true;
+        };
+        let mut head = vec![0u8; inline_len];
+        Self::ring_read(data, cap, head_at, &mut head);
+        out.push(Completion::ReceivedShared {
+            head,
+            tag,
+            view: SharedView {
+                slots,
+                slot,
+                offset: offset as usize,
+                len,
+                seq,
+                reader: self.rank,
+                sender: s,
+                wake: self.wake.clone(),
+            },
+        });
+        self.tails[s] = tail + record_len(KIND_SHARED, inline_len) as u64;
         self.publish_tail(s);
         true
     }
@@ -633,6 +1129,8 @@ impl ShmEndpoint {
             if pfd.revents & libc::POLLIN == 0 {
                 continue;
             }
+            // Its views of our slots died with it.
+            self.peers[i].exited = true;
             let rank = self.peers[i].rank;
             let head = self
                 .inbox
@@ -673,7 +1171,20 @@ impl ShmEndpoint {
             self.geo.ring(rank),
             RING_CONTROL_BYTES + self.geo.ring_bytes,
         );
+        let exit_fd = pidfd_open(pid);
+        let slots = match &exit_fd {
+            Some(fd) => PeerSlots::map(fd, &map, self.geo.endpoints, self.populate_slots)
+                .with_context(|| format!("endpoint {rank} (process {pid})"))?
+                .map(Rc::new),
+            None if map.atomic_u64(SLOTS_FD).load(Ordering::Acquire) != NO_SLOTS => {
+                bail!("endpoint {rank} shares its MEP buffers, and this kernel has no pidfd to take them with (set transport.shm_zero_copy = false)")
+            }
+            None => None,
+        };
         Ok(Peer {
+            slots,
+            shared_held: Vec::new(),
+            exited: false,
             map,
             ring,
             pid,
@@ -681,7 +1192,7 @@ impl ShmEndpoint {
             head,
             pending: VecDeque::new(),
             last_tail,
-            exit_fd: pidfd_open(pid),
+            exit_fd,
             exit_reported: false,
             awaiting: None,
             asked_epoch: 0,
@@ -787,6 +1298,10 @@ impl ShmEndpoint {
             let rank = p.rank;
             let pid = p.pid;
             self.epochs[rank] = p.asked_epoch;
+            let old_tail = self.tails[rank];
+            if from > old_tail {
+                self.release_discarded(rank, old_tail, from);
+            }
             self.tails[rank] = from;
             self.publish_tail(rank);
             self.sender_peer[rank] = Some(i);
@@ -931,6 +1446,8 @@ impl ShmEndpoint {
             .inbox
             .atomic_u64(self.geo.ring(r) + Geometry::HEAD)
             .load(Ordering::Acquire);
+        let old_tail = self.tails[r];
+        self.release_discarded(r, old_tail, head);
         self.tails[r] = head;
         self.publish_tail(r);
         let p = &mut self.peers[i];
@@ -968,8 +1485,9 @@ impl ShmEndpoint {
     }
 }
 
-fn record_len(inline_len: usize) -> usize {
-    (RECORD_HEADER + inline_len + 7) & !7
+fn record_len(kind: u32, inline_len: usize) -> usize {
+    let extra = if kind == KIND_SHARED { SHARED_EXTRA } else { 0 };
+    (RECORD_HEADER + extra + inline_len + 7) & !7
 }
 
 /// Bytes copied from the sender per system call before they are
@@ -1063,16 +1581,30 @@ impl Endpoint for ShmEndpoint {
         let cap = self.geo.ring_bytes;
         let body_len = body.as_ref().map_or(0, |(_, r)| r.len());
         let inline = head.len() + body_len <= INLINE_MAX.min(cap / 4);
+        // A body in one of our shared slots is read in place by the peer.
+        let shared = match (&body, &self.slots) {
+            (Some((b, r)), Some(store)) if !inline => b.slot().and_then(|(s, index)| {
+                std::ptr::eq(s, store.store())
+                    .then(|| (index, s.slot_offset(index) + r.start, r.len()))
+            }),
+            _ => None,
+        };
+        let kind = match (inline, shared) {
+            (true, _) => KIND_INLINE,
+            (false, Some(_)) => KIND_SHARED,
+            (false, None) => KIND_REMOTE,
+        };
         let inline_len = if inline {
             head.len() + body_len
         } else {
             head.len()
         };
-        let need = record_len(inline_len) as u64;
+        let need = record_len(kind, inline_len) as u64;
         let data = {
             let p = &self.peers[peer];
             self.ring_data(&p.map, p.ring)
         };
+        let seq = self.shared_seq + 1;
         let p = &mut self.peers[peer];
         if p.awaiting.is_some() || p.relink_at.is_some() {
             return Ok(false);
@@ -1084,18 +1616,28 @@ impl Endpoint for ShmEndpoint {
         if p.head + need - tail > cap as u64 {
             return Ok(false);
         }
-        let mut rec = [0u8; RECORD_HEADER];
-        let kind = if inline { KIND_INLINE } else { KIND_REMOTE };
+        let mut rec = [0u8; RECORD_HEADER + SHARED_EXTRA];
         rec[0..4].copy_from_slice(&kind.to_le_bytes());
         rec[4..8].copy_from_slice(&(inline_len as u32).to_le_bytes());
         rec[8..16].copy_from_slice(&tag.to_le_bytes());
-        if let (false, Some((b, r))) = (inline, &body) {
-            let addr = b[r.clone()].as_ptr() as u64;
-            rec[16..24].copy_from_slice(&addr.to_le_bytes());
-            rec[24..32].copy_from_slice(&(r.len() as u64).to_le_bytes());
+        let mut rec_len = RECORD_HEADER;
+        match (kind, &body, shared) {
+            (KIND_REMOTE, Some((b, r)), _) => {
+                let addr = b[r.clone()].as_ptr() as u64;
+                rec[16..24].copy_from_slice(&addr.to_le_bytes());
+                rec[24..32].copy_from_slice(&(r.len() as u64).to_le_bytes());
+            }
+            (KIND_SHARED, _, Some((slot, offset, len))) => {
+                rec[16..24].copy_from_slice(&(offset as u64).to_le_bytes());
+                rec[24..32].copy_from_slice(&(len as u64).to_le_bytes());
+                rec[32..40].copy_from_slice(&seq.to_le_bytes());
+                rec[40..44].copy_from_slice(&slot.to_le_bytes());
+                rec_len += SHARED_EXTRA;
+            }
+            _ => {}
         }
-        Self::ring_write(data, cap, p.head, &rec);
-        let mut pos = p.head + RECORD_HEADER as u64;
+        Self::ring_write(data, cap, p.head, &rec[..rec_len]);
+        let mut pos = p.head + rec_len as u64;
         Self::ring_write(data, cap, pos, &head);
         pos += head.len() as u64;
         if let (true, Some((b, r))) = (inline, &body) {
@@ -1105,16 +1647,29 @@ impl Endpoint for ShmEndpoint {
         p.map
             .atomic_u64(p.ring + Geometry::HEAD)
             .store(p.head, Ordering::Release);
-        // Inline messages are copied: done. Remote ones wait for the tail.
+        // Inline messages are copied: done. Remote and shared ones wait for
+        // the tail (the reader has the data); a shared one's buffer stays
+        // ours until the reader releases it (our handle keeps the slot
+        // from being written meanwhile).
         let end = p.head;
-        p.pending
-            .push_back((end, ctx, if inline { None } else { body }));
-        Self::ring_doorbell(&p.map);
+        let body = match (shared, body) {
+            (Some((slot, _, _)), Some((b, _))) => {
+                p.shared_held.push((slot, seq, b));
+                self.shared_seq = seq;
+                None
+            }
+            (_, body) if !inline => body,
+            _ => None,
+        };
+        p.pending.push_back((end, ctx, body));
+        Self::ring_doorbell(&self.peers[peer].map);
         Ok(true)
     }
 
     fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
         let before = out.len();
+        // Released slots first: an assignment read below may need one.
+        self.release_shared();
         // Joins first: a reset ring is read only after the join is told.
         self.start_relinks();
         let retry = Instant::now() >= self.next_exit_check;
@@ -1141,6 +1696,10 @@ impl Endpoint for ShmEndpoint {
             }
         }
         self.check_exits(out);
+        if self.release_shared() {
+            self.idle_waits = 0;
+        }
+        self.ring_released();
         // Complete sends the consumers have passed.
         for p in self.peers.iter_mut().filter(|p| p.awaiting.is_none()) {
             let tail = p
@@ -1549,6 +2108,162 @@ mod tests {
         assert!(sent(&mut b, b_to_a, b"b-epoch-2"));
         assert_eq!(received(&mut b).0, vec![b"a-epoch-2".to_vec()]);
         assert_eq!(received(&mut a).0, vec![b"b-epoch-2".to_vec()]);
+    }
+
+    /// Endpoint 0 of 2 sharing a slot store of two 64 KiB slots.
+    fn sharing(run_id: u32) -> (ShmEndpoint, SlotStore) {
+        let ring_bytes = 1u32 << 16;
+        let store = SlotStore::shared(2, 64 << 10, release_words_bytes(2, 2)).unwrap();
+        let mut a = ShmEndpoint::open(run_id, 0, 2, ring_bytes, Progress::Blocking).unwrap();
+        a.share_slots(store.clone()).unwrap();
+        (a, store)
+    }
+
+    /// A 40 KiB fragment from one of `store`'s slots, `fill` throughout.
+    fn slot_message(store: &SlotStore, fill: u8) -> Rc<MepBuf> {
+        let mut b = store.take(40 << 10).unwrap();
+        b.fill(fill);
+        Rc::new(b)
+    }
+
+    fn shared_views(ep: &mut ShmEndpoint) -> Vec<SharedView> {
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        out.into_iter()
+            .filter_map(|c| match c {
+                Completion::ReceivedShared { head, view, .. } => {
+                    assert_eq!(head, b"head");
+                    Some(view)
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn sent_ctxs(ep: &mut ShmEndpoint) -> Vec<u64> {
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        out.into_iter()
+            .filter_map(|c| match c {
+                Completion::Sent { ctx } => Some(ctx),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Zero copy: the receiver reads the fragment in the sender's slot;
+    /// the send completes when the record is read, the slot is free again
+    /// only when the reader drops its view.
+    #[test]
+    fn a_shared_slot_is_read_in_place_and_freed_when_released() {
+        let run_id = 0x4400_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 0x3c);
+        let len = msg.len();
+        let body = Some((msg.clone(), 0..len));
+        assert!(a.send(a_to_b, 1, b"head".to_vec(), body, 7).unwrap());
+        // The RU releases its MEP: the endpoint still holds the slot.
+        drop(msg);
+        assert_eq!(store.store().free_slots(), 1);
+        // b has no receive buffer posted: nothing can be copied.
+        assert!(b.recv_buffers.is_empty());
+        let views = shared_views(&mut b);
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].len(), len);
+        assert!(views[0].iter().all(|&x| x == 0x3c));
+        assert_eq!(sent_ctxs(&mut a), vec![7], "read: the send is done");
+        assert_eq!(store.store().free_slots(), 1, "still read in place");
+        drop(views);
+        // The reader rings the sender when it progresses next.
+        assert!(shared_views(&mut b).is_empty());
+        assert!(a.has_work(), "a release is work for the sender");
+        assert!(sent_ctxs(&mut a).is_empty());
+        assert_eq!(store.store().free_slots(), 2);
+    }
+
+    /// Records the reader drops unread (the link is re-established: what
+    /// the old link left in its ring is never read) release their slots.
+    #[test]
+    fn a_relink_releases_the_slots_of_records_left_unread() {
+        let run_id = 0x4500_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        for fill in [1, 2] {
+            let msg = slot_message(&store, fill);
+            let len = msg.len();
+            assert!(a
+                .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 0)
+                .unwrap());
+        }
+        assert_eq!(store.store().free_slots(), 0);
+        // a drops the link and asks for it again; b drops a's old records.
+        a.relink(a_to_b, 1);
+        let _ = received(&mut a);
+        let (msgs, joins) = received(&mut b);
+        assert_eq!(joins.len(), 1);
+        assert!(msgs.is_empty());
+        let _ = received(&mut a);
+        assert_eq!(store.store().free_slots(), 2, "released as discarded");
+    }
+
+    /// A reader whose process is gone releases nothing itself: its views
+    /// died with it, and the sender frees their slots.
+    #[test]
+    fn the_slots_a_dead_reader_held_are_freed() {
+        let run_id = 0x4600_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        // b as a's peer: the pid of a process that exits (not reaped yet,
+        // so its pidfd can be taken and then reads as exited).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let mut addr = b.local_address();
+        addr[0..4].copy_from_slice(&(child.id() as i32).to_le_bytes());
+        let a_to_b = a.add_peer(&addr).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 9);
+        let len = msg.len();
+        assert!(a
+            .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 3)
+            .unwrap());
+        let views = shared_views(&mut b);
+        assert_eq!(views.len(), 1);
+        assert_eq!(store.store().free_slots(), 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while store.store().free_slots() < 2 && Instant::now() < deadline {
+            std::thread::sleep(EXIT_CHECK);
+            let _ = received(&mut a);
+        }
+        assert_eq!(store.store().free_slots(), 2, "freed with the reader gone");
+        child.wait().unwrap();
+        drop(views);
+    }
+
+    /// A record naming bytes outside the sender's slots is not read: the
+    /// ring is dropped as corrupt and no view is made.
+    #[test]
+    fn a_shared_record_outside_the_slots_is_refused() {
+        let run_id = 0x4700_0000 | (std::process::id() & 0xffff);
+        let (mut a, store) = sharing(run_id);
+        let mut b = ShmEndpoint::open(run_id, 1, 2, 1 << 16, Progress::Blocking).unwrap();
+        let a_to_b = a.add_peer(&b.local_address()).unwrap();
+        b.add_peer(&a.local_address()).unwrap();
+        let msg = slot_message(&store, 5);
+        let len = msg.len();
+        assert!(a
+            .send(a_to_b, 1, b"head".to_vec(), Some((msg, 0..len)), 0)
+            .unwrap());
+        // Damage the record's length in b's ring: past the slot's end.
+        let ring = b.geo.ring(0);
+        let data = b.ring_data(&b.inbox, ring);
+        let huge = (1u64 << 40).to_le_bytes();
+        ShmEndpoint::ring_write(data, b.geo.ring_bytes, 24, &huge);
+        assert!(shared_views(&mut b).is_empty());
+        assert_eq!(b.tails[0], b.inbox.atomic_u64(ring).load(Ordering::Acquire));
     }
 
     /// A relink with a peer whose process is gone is not asked for: only a

@@ -17,6 +17,7 @@ use evb_core::{MepId, NodeId};
 use mio::net::TcpStream;
 
 use super::RxHandler;
+use crate::mepbuf::MepBuf;
 
 enum Rx {
     Frame {
@@ -32,7 +33,8 @@ enum Rx {
         header: FragmentHeader,
         dest: Option<Vec<u8>>,
         got: usize,
-        crc: u32,
+        /// The CRC-32C of what arrived so far, when the handler wants it.
+        crc: Option<u32>,
     },
 }
 
@@ -42,7 +44,7 @@ enum TxItem {
     /// A fragment: frame + fragment header, then the payload from `data`.
     Fragment {
         head: [u8; FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN],
-        data: Rc<Vec<u8>>,
+        data: Rc<MepBuf>,
         mep: MepId,
     },
 }
@@ -132,7 +134,8 @@ impl Conn {
         self.tx.push_back(TxItem::Control(buf));
     }
 
-    pub fn queue_fragment(&mut self, header: &FragmentHeader, data: Rc<Vec<u8>>) {
+    pub fn queue_fragment(&mut self, header: &FragmentHeader, data: Rc<MepBuf>) {
+        debug_assert_eq!(data.len(), header.payload_len as usize);
         let mut head = [0u8; FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN];
         head[..FRAME_HEADER_LEN].copy_from_slice(&header.frame_header().encode());
         head[FRAME_HEADER_LEN..].copy_from_slice(&header.encode());
@@ -172,7 +175,7 @@ impl Conn {
             for item in self.tx.iter().take(8) {
                 let parts: [&[u8]; 2] = match item {
                     TxItem::Control(b) => [b.as_slice(), &[]],
-                    TxItem::Fragment { head, data, .. } => [head.as_slice(), data.as_slice()],
+                    TxItem::Fragment { head, data, .. } => [head.as_slice(), &data[..]],
                 };
                 for part in parts {
                     if skip >= part.len() {
@@ -294,11 +297,12 @@ impl Conn {
                         let dest = handler
                             .admit(peer, &header)
                             .then(|| handler.spare_buffer(total));
+                        let crc = (dest.is_some() && handler.wants_crc(&header)).then_some(0);
                         self.rx = Rx::Payload {
                             header,
                             dest,
                             got: 0,
-                            crc: 0,
+                            crc,
                         };
                         if header.payload_len == 0 {
                             return self.finish_payload(handler).map(|_| true);
@@ -340,7 +344,7 @@ impl Conn {
                     Some(v) => {
                         // Straight into the buffer the batch keeps.
                         let n = read_some(&mut self.stream, &mut v[*got..total], false)?;
-                        if let Some(n) = n {
+                        if let (Some(n), Some(crc)) = (n, crc.as_mut()) {
                             *crc = evb_core::checksum::crc32c_append(*crc, &v[*got..*got + n]);
                         }
                         n

@@ -152,7 +152,8 @@ impl Endpoint for UcxEndpoint {
     }
 
     fn send(&mut self, peer: usize, tag: u64, head: Vec<u8>, body: Body, ctx: u64) -> Result<bool> {
-        Ok(self.ep.send(peer, tag, head, body, ctx)?)
+        let body = body.map(|(data, range)| (data as evb_ucx::Body, range));
+        Ok(self.ep.send_bytes(peer, tag, head, body, ctx)?)
     }
 
     fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
