@@ -328,7 +328,10 @@ impl Node {
         let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
         let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
         let em = self.em.as_ref().and_then(EventManager::next_deadline);
-        let clock = self.clock.as_ref().and_then(ClockSync::next_deadline);
+        let clock = (!self.done)
+            .then_some(self.clock.as_ref())
+            .flatten()
+            .and_then(ClockSync::next_deadline);
         bu.into_iter()
             .chain(ru)
             .chain(fu)
@@ -337,8 +340,13 @@ impl Node {
             .min()
     }
 
-    /// Sends a clock probe to the EM if one is due.
+    /// Sends a clock probe to the EM if one is due. Not once the node is
+    /// done: the EM may be gone, and a probe it never reads would hold
+    /// this node's finish (its transport waits for every send to end).
     fn probe_clock(&mut self, now: Nanos) {
+        if self.done {
+            return;
+        }
         if let Some(sent) = self.clock.as_mut().and_then(|c| c.probe(now)) {
             self.actions.push_back(Action::Send {
                 to: self.layout.em,

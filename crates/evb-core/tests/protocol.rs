@@ -480,3 +480,58 @@ fn bu_expects_a_source_again_after_source_up() {
     bu.on_fragment(0, &h, 7, &mut out);
     assert!(built(&out, 25));
 }
+
+/// A node that is done sends nothing more: its peers may have finished and
+/// gone. (A slotted node kept probing the EM's clock after its Done; a
+/// probe the EM never read, having left, held the node's finish for the
+/// runtime's linger time, 5 s: one `evb run` in ten took twice as long and
+/// reported half its throughput.)
+#[test]
+fn a_done_node_sends_nothing_more() {
+    use evb_core::{Action, Message, Node};
+    let c = config(Protocol::Push, Schedule::Slotted, LocalTraffic::Memory);
+    let layout = Layout::from_config(&c);
+    let id = (0..c.nodes.count as u16).find(|&n| n != layout.em).unwrap();
+    let mut node = Node::new(&c, &layout, id);
+    // Carries out the node's actions, the EM answering its clock probes at
+    // once; returns how many probes there were and whether it said Done.
+    let answer = |node: &mut Node, t: u64| {
+        let (mut probes, mut done) = (0, false);
+        while let Some(a) = node.poll_action() {
+            match a {
+                Action::Send {
+                    msg: Message::ClockProbe { sent },
+                    ..
+                } => {
+                    probes += 1;
+                    let reply = Message::ClockReply {
+                        sent,
+                        em_time: sent,
+                    };
+                    node.on_message(t, layout.em, reply);
+                }
+                Action::Done => done = true,
+                _ => {}
+            }
+        }
+        (probes, done)
+    };
+    node.start(0);
+    let mut probes = answer(&mut node, 0).0;
+    let mut t = 0;
+    while probes < 3 {
+        t = node.next_deadline().expect("the next probe");
+        node.on_timeout(t);
+        probes += answer(&mut node, t).0;
+    }
+    node.on_message(t, layout.em, Message::EndOfRun { meps: 0 });
+    assert!(answer(&mut node, t).1 && node.is_done());
+    // The EM is gone: whatever time passes, nothing is sent to it.
+    for _ in 0..100 {
+        t = node.next_deadline().unwrap_or(t + SECOND / 100).max(t + 1);
+        node.on_timeout(t);
+        if let Some(a) = node.poll_action() {
+            panic!("at {t} ns, after its Done: {a:?}");
+        }
+    }
+}
