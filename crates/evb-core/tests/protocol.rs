@@ -491,7 +491,7 @@ fn a_done_node_sends_nothing_more() {
     use evb_core::{Action, Message, Node};
     let c = config(Protocol::Push, Schedule::Slotted, LocalTraffic::Memory);
     let layout = Layout::from_config(&c);
-    let id = (0..c.nodes.count as u16).find(|&n| n != layout.em).unwrap();
+    let id = (0..c.nodes.count).find(|&n| n != layout.em).unwrap();
     let mut node = Node::new(&c, &layout, id);
     // Carries out the node's actions, the EM answering its clock probes at
     // once; returns how many probes there were and whether it said Done.
