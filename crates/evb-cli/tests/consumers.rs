@@ -383,18 +383,10 @@ fn evb_run_delivers_over_the_output_network_address() {
     }
     // Per producer and per consumer: the aggregates over their number,
     // and each one's own figure adds up to the aggregate.
-    let per_p: f64 = c["per_producer"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| f(p, "gbps"))
-        .sum();
-    let per_c: f64 = c["per_consumer"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| f(p, "gbps"))
-        .sum();
+    let sum = |list: &str, key: &str| -> f64 {
+        c[list].as_array().unwrap().iter().map(|p| f(p, key)).sum()
+    };
+    let (per_p, per_c) = (sum("per_producer", "gbps"), sum("per_consumer", "gbps"));
     assert!(
         (per_p - f(c, "producer_gbps")).abs() < 1e-6 * per_p.max(1.0),
         "{c}"
@@ -411,13 +403,7 @@ fn evb_run_delivers_over_the_output_network_address() {
         (f(c, "consumer_gbps_per_consumer") * 2.0 - f(c, "consumer_gbps")).abs() < 1e-9,
         "{c}"
     );
-    let sum_delivered: u64 = c["per_producer"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| u(p, "batches"))
-        .sum();
-    assert_eq!(sum_delivered, MEPS);
+    assert_eq!(sum("per_producer", "batches"), MEPS as f64);
     // Without the output network, the summary says the deliveries shared
     // the event-building links.
     let (code, v, output) = run_with_consumers("no-outnet", &[]);

@@ -476,6 +476,28 @@ fn scan_replications_rank_by_the_mean_over_seeds() {
     assert!(err.contains("run.seed"), "{err}");
 }
 
+/// `evb sim` of the event builder on `fabric` for 40 ms, first with the
+/// plain slotted barrel, then with `schedule` as its slot table: each
+/// run's (built Gb/s per node, PortXmitWait s).
+fn plain_and_scheduled(fabric: &[&str], schedule: &str, tag: &str) -> ((f64, f64), (f64, f64)) {
+    let built = |extra: &[&str]| -> (f64, f64) {
+        let json = tmp(tag);
+        let mut args = vec!["sim", "--duration-us", "40000", "--json", &json];
+        args.extend(fabric);
+        args.extend(extra);
+        let (ok, _, err) = evb(&args);
+        assert!(ok, "{err}");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let eb = &v["summary"]["eb"];
+        (
+            eb["built_gbps_per_node"].as_f64().unwrap(),
+            v["summary"]["total_xmit_wait_s"].as_f64().unwrap(),
+        )
+    };
+    let set = format!("event_builder.schedule_file={schedule}");
+    (built(&[]), built(&["--set", &set]))
+}
+
 /// On an imperfect 64-host tree (an uplink missing, two cables swapped:
 /// ftree falls back to minhop, and the plain barrel has conflicts in every
 /// step) the conflict-aware schedule of `evb fabric schedule` builds more
@@ -500,23 +522,8 @@ fn the_conflict_aware_schedule_builds_more_on_an_imperfect_64_host_tree() {
     let (ok, out, err) = evb(&args);
     assert!(ok, "{err}");
     assert!(out.contains("extra slots"), "{out}");
-    let built = |extra: &[&str]| -> (f64, f64) {
-        let json = tmp("imperfect.json");
-        let mut args = vec!["sim", "--duration-us", "40000", "--json", &json];
-        args.extend(fabric);
-        args.extend(extra);
-        let (ok, _, err) = evb(&args);
-        assert!(ok, "{err}");
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        let eb = &v["summary"]["eb"];
-        (
-            eb["built_gbps_per_node"].as_f64().unwrap(),
-            v["summary"]["total_xmit_wait_s"].as_f64().unwrap(),
-        )
-    };
-    let (plain, plain_wait) = built(&[]);
-    let set = format!("event_builder.schedule_file={schedule}");
-    let (aware, aware_wait) = built(&["--set", &set]);
+    let ((plain, plain_wait), (aware, aware_wait)) =
+        plain_and_scheduled(&fabric, &schedule, "imperfect.json");
     assert!(
         aware > 1.2 * plain,
         "conflict-aware {aware} vs plain {plain}"
@@ -557,23 +564,8 @@ fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
     assert_eq!(v["slots"], 63, "{v}");
     assert_eq!(v["positions"], 64, "{v}");
     assert!(v["plain_conflicts"].as_u64().unwrap() > 0, "{v}");
-    let built = |extra: &[&str]| -> (f64, f64) {
-        let json = tmp("short-leaves.json");
-        let mut args = vec!["sim", "--duration-us", "40000", "--json", &json];
-        args.extend(fabric);
-        args.extend(extra);
-        let (ok, _, err) = evb(&args);
-        assert!(ok, "{err}");
-        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-        let eb = &v["summary"]["eb"];
-        (
-            eb["built_gbps_per_node"].as_f64().unwrap(),
-            v["summary"]["total_xmit_wait_s"].as_f64().unwrap(),
-        )
-    };
-    let (plain, plain_wait) = built(&[]);
-    let set = format!("event_builder.schedule_file={schedule}");
-    let (shift, shift_wait) = built(&["--set", &set]);
+    let ((plain, plain_wait), (shift, shift_wait)) =
+        plain_and_scheduled(&fabric, &schedule, "short-leaves.json");
     assert!(
         shift > 1.2 * plain,
         "positions' shift {shift} vs plain {plain}"

@@ -243,13 +243,16 @@ mod tests {
         }
     }
 
+    /// A generated tree and its ftree tables.
+    fn ftree_routed(spec: &str) -> (crate::topo::Topology, crate::lft::Lfts) {
+        let topo = FatTreeSpec::parse(spec).unwrap().build().unwrap();
+        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        (topo, lfts)
+    }
+
     #[test]
     fn a_conflict_free_order_keeps_the_plain_barrel() {
-        let topo = FatTreeSpec::parse("fat-tree:radix=8,hosts=32")
-            .unwrap()
-            .build()
-            .unwrap();
-        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let (topo, lfts) = ftree_routed("fat-tree:radix=8,hosts=32");
         let order = crate::optimize::order_ftree(&topo).unwrap();
         let s = conflict_aware(&topo, &lfts, &order, SlotSchedule::plain(32, false)).unwrap();
         assert_eq!(s.slots.len(), 31);
@@ -260,11 +263,7 @@ mod tests {
 
     #[test]
     fn conflicts_move_to_extra_slots_and_every_pair_stays() {
-        let topo = FatTreeSpec::parse("fat-tree:radix=8,hosts=32")
-            .unwrap()
-            .build()
-            .unwrap();
-        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let (topo, lfts) = ftree_routed("fat-tree:radix=8,hosts=32");
         for (order, local) in [
             (order_random(&topo, 1), false),
             (order_by_name(&topo), true),
@@ -295,11 +294,7 @@ mod tests {
     /// and still reaches every pair once.
     #[test]
     fn the_shift_over_ftree_positions_is_free_of_conflicts_on_short_leaves() {
-        let topo = FatTreeSpec::parse("fat-tree:radix=8,hosts=27,spread")
-            .unwrap()
-            .build()
-            .unwrap();
-        let lfts = route(&topo, &Engine::Ftree).unwrap();
+        let (topo, lfts) = ftree_routed("fat-tree:radix=8,hosts=27,spread");
         let order = crate::optimize::order_ftree(&topo).unwrap();
         let n = order.len();
         let positions = crate::optimize::ftree_positions(&topo).unwrap();
