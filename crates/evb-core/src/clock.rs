@@ -4,14 +4,24 @@
 //! The node sends `ClockProbe { sent: t1 }`; the EM answers at once with
 //! `ClockReply { sent: t1, em_time: t2 }`; the reply arrives at t4. If the
 //! two directions take as long, the EM's clock read `t2` at the node's
-//! `(t1 + t4) / 2`: offset = t2 - (t1 + t4) / 2, wrong by at most half the
-//! round trip. Of the last [`WINDOW`] answers the one with the shortest
-//! round trip is kept (queueing only ever adds delay, so the fastest
-//! answer is the least skewed). Probes go out in a quick burst at the
-//! start, then every `interval`, so that clocks that drift apart (tens of
-//! ppm on real hosts) are followed.
-
-use std::collections::VecDeque;
+//! `(t1 + t4) / 2`: offset = t2 - (t1 + t4) / 2.
+//!
+//! An answer is wrong by half the difference of the two directions'
+//! queueing. At line rate one direction may wait behind a whole fragment
+//! (tens of microseconds) while the slot grace is 0.5 us, so which
+//! answer the estimate rests on decides everything. The shortest round
+//! trip seen, `min_rtt`, is the path without queueing; an answer whose
+//! round trip exceeds it by `e` is off by at most `e / 2`. That bound
+//! grows as the answer ages, by [`DRIFT_PPM`] of its age (two hosts'
+//! clocks run at slightly different rates: NTP's dispersion). A new
+//! answer replaces the estimate only if its bound is smaller than the
+//! aged bound of the one in use: a queued answer never displaces a
+//! recent clean one, and a clean answer, however old, is kept until a
+//! better one comes (a window of the last answers lost the clean ones of
+//! the start within about 100 ms of a busy 16-host run, and the slots
+//! slid apart). Probes go out in a quick burst at the start, then every
+//! `interval`; the node sends them when its own link is free
+//! ([`crate::node::Node`]), which is what makes clean answers common.
 
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -23,8 +33,10 @@ use crate::bu::Nanos;
 /// queue at the EM at the same instants.
 const BURST_SPREAD_NS: Nanos = 20_000;
 
-/// Answers kept; the shortest round trip among them wins.
-pub const WINDOW: usize = 8;
+/// How fast an answer's error bound grows with its age, in ns per ms
+/// (parts per million): the rate difference allowed between two hosts'
+/// clocks, NTP's figure (15 ppm) for disciplined clocks.
+pub const DRIFT_PPM: u64 = 15;
 /// Probes sent back to back when the clock is first measured: enough
 /// that some of them find the EM's link quiet (at the start of a run the
 /// EM sends its first assignments to every node at once).
@@ -34,6 +46,16 @@ pub const BURST: u32 = 8;
 struct Sample {
     rtt: Nanos,
     offset: i64,
+    /// When the answer came (this node's clock).
+    at: Nanos,
+}
+
+impl Sample {
+    /// How far this answer may be off at `now`, given the fastest round
+    /// trip seen: half its queueing, plus its age's drift.
+    fn bound(&self, min_rtt: Nanos, now: Nanos) -> Nanos {
+        (self.rtt - min_rtt.min(self.rtt)) / 2 + now.saturating_sub(self.at) * DRIFT_PPM / 1_000_000
+    }
 }
 
 /// What a node knows of its offset to the EM's clock.
@@ -54,7 +76,6 @@ pub struct ClockStats {
 /// The offset measurement of one node.
 #[derive(Debug, Clone)]
 pub struct ClockSync {
-    samples: VecDeque<Sample>,
     interval: Nanos,
     next_probe: Option<Nanos>,
     /// Probes of the starting burst still to send.
@@ -63,6 +84,8 @@ pub struct ClockSync {
     /// round trips would overlap and grow).
     outstanding: bool,
     estimate: Option<Sample>,
+    /// The shortest round trip since the (re)start: the path unqueued.
+    min_rtt: Nanos,
     /// Jitters the probe times (seeded per node: deterministic).
     rng: Pcg64Mcg,
     pub stats: ClockStats,
@@ -73,12 +96,12 @@ impl ClockSync {
     pub fn new(interval: Nanos, seed: u64) -> ClockSync {
         ClockSync {
             rng: Pcg64Mcg::seed_from_u64(seed),
-            samples: VecDeque::with_capacity(WINDOW),
             interval: interval.max(1),
             next_probe: None,
             burst_left: BURST,
             outstanding: false,
             estimate: None,
+            min_rtt: Nanos::MAX,
             stats: ClockStats::default(),
         }
     }
@@ -86,8 +109,8 @@ impl ClockSync {
     /// Starts (or, after the EM came back, restarts) the measurement at
     /// `now`: what was measured against an earlier EM is forgotten.
     pub fn restart(&mut self, now: Nanos) {
-        self.samples.clear();
         self.estimate = None;
+        self.min_rtt = Nanos::MAX;
         self.burst_left = BURST;
         self.outstanding = false;
         self.next_probe = Some(now);
@@ -120,18 +143,16 @@ impl ClockSync {
         let rtt = now - sent;
         let midpoint = i128::from(sent) + i128::from(rtt / 2);
         let offset = (i128::from(em_time) - midpoint).clamp(i64::MIN.into(), i64::MAX.into());
-        if self.samples.len() == WINDOW {
-            self.samples.pop_front();
-        }
-        self.samples.push_back(Sample {
+        self.min_rtt = self.min_rtt.min(rtt);
+        let sample = Sample {
             rtt,
             offset: offset as i64,
-        });
-        let best = *self
-            .samples
-            .iter()
-            .min_by_key(|s| s.rtt)
-            .expect("just pushed one");
+            at: now,
+        };
+        let best = match self.estimate {
+            Some(old) if old.bound(self.min_rtt, now) < sample.bound(self.min_rtt, now) => old,
+            _ => sample,
+        };
         if let Some(old) = self.estimate {
             self.stats.max_step_ns = self.stats.max_step_ns.max(old.offset.abs_diff(best.offset));
         }
@@ -212,5 +233,38 @@ mod tests {
         c.restart(100);
         c.on_reply(0, 10, 200); // answer to a probe before the restart
         assert!(!c.is_measured());
+    }
+
+    /// Answers that queued (in one direction only: the skew) against one
+    /// clean answer, the EM 5 us ahead.
+    #[test]
+    fn a_queued_answer_never_displaces_a_clean_one_until_it_has_aged() {
+        let mut c = ClockSync::new(20_000_000, 7);
+        c.restart(0);
+        let em = |t: Nanos| t + 5000;
+        let answer = |c: &mut ClockSync, at: Nanos, out: Nanos, back: Nanos| {
+            let t1 = c.probe(at).expect("due");
+            c.on_reply(t1, em(t1 + out), t1 + out + back);
+            t1 + out + back
+        };
+        // The clean one: 1 us each way.
+        let t = answer(&mut c, 0, 1000, 1000);
+        assert_eq!(c.offset(), 5000);
+        // 40 us later, one that waited 80 us on its way out (off by 40 us).
+        let t = answer(&mut c, t + 40_000, 81_000, 1000);
+        assert_eq!(c.offset(), 5000, "the queued answer is not used");
+        // 1 ms on, one 0.2 us slower than the clean one: its bound (0.1 us)
+        // is below the clean one's aged bound? Not yet (1 ms x 15 ppm = 15 ns).
+        let t = answer(&mut c, t + 1_000_000, 1100, 1100);
+        assert_eq!(c.offset(), 5000, "the clean one is still the best");
+        // 100 ms on (1.5 us of drift allowed), the same slightly slower
+        // answer, now with its own small skew, replaces it.
+        let t = answer(&mut c, t + 100_000_000, 1200, 1000);
+        assert_eq!(c.offset(), 5000 + 100, "a fresh, nearly clean answer wins");
+        // Whatever the age, an answer that queued 80 us does not come in
+        // while a fresher clean one is there.
+        answer(&mut c, t + 10_000, 1000, 81_000);
+        assert_eq!(c.offset(), 5000 + 100);
+        assert_eq!(c.stats.replies, 5);
     }
 }

@@ -98,6 +98,9 @@ pub struct Node {
     fu: Option<FilterUnit>,
     /// The slotted RU's measurement of the EM's clock.
     clock: Option<ClockSync>,
+    /// How long a due clock probe waits for the RU's fragment to leave
+    /// (see [`Node::probe_time`]).
+    probe_wait: Nanos,
     /// The driver's clock at the last input: time never goes back.
     now: Nanos,
     actions: VecDeque<Action>,
@@ -148,6 +151,7 @@ impl Node {
                         crate::source::mix64(config.run.seed ^ 0xc10c << 16 ^ u64::from(id)),
                     )
                 }),
+            probe_wait: 2 * config.slot_ns(),
             now: 0,
             actions: VecDeque::new(),
             internal: VecDeque::new(),
@@ -319,6 +323,8 @@ impl Node {
         if let Some(ru) = &mut self.ru {
             ru.on_send_complete(mep, &mut self.ru_out);
         }
+        // The link may be free now: a probe that waited for it goes.
+        self.probe_clock(now);
         self.flush(now);
     }
 
@@ -328,10 +334,7 @@ impl Node {
         let ru = self.ru.as_ref().and_then(ReadoutUnit::next_deadline);
         let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
         let em = self.em.as_ref().and_then(EventManager::next_deadline);
-        let clock = (!self.done)
-            .then_some(self.clock.as_ref())
-            .flatten()
-            .and_then(ClockSync::next_deadline);
+        let clock = self.probe_time();
         bu.into_iter()
             .chain(ru)
             .chain(fu)
@@ -344,7 +347,7 @@ impl Node {
     /// done: the EM may be gone, and a probe it never reads would hold
     /// this node's finish (its transport waits for every send to end).
     fn probe_clock(&mut self, now: Nanos) {
-        if self.done {
+        if self.probe_time().is_none_or(|t| now < t) {
             return;
         }
         if let Some(sent) = self.clock.as_mut().and_then(|c| c.probe(now)) {
@@ -353,6 +356,26 @@ impl Node {
                 msg: Message::ClockProbe { sent },
             });
         }
+    }
+
+    /// When the next clock probe goes out. A probe that falls due while
+    /// the RU's fragment is on the link waits for it to leave (at most
+    /// `probe_wait`): then this node's link is free until its next slot,
+    /// and so are the EM's (its RU is in the same phase of its slot), so
+    /// the probe and its answer queue behind no fragment. An answer that
+    /// queued in one direction only is off by half that wait: at line rate
+    /// that would be tens of microseconds, the slot grace is 0.5.
+    fn probe_time(&self) -> Option<Nanos> {
+        if self.done {
+            return None;
+        }
+        let due = self.clock.as_ref()?.next_deadline()?;
+        let sending = self.ru.as_ref().is_some_and(|ru| ru.in_flight() > 0);
+        Some(if sending {
+            due.saturating_add(self.probe_wait)
+        } else {
+            due
+        })
     }
 
     /// The slot clock's measurement, if this node makes one.

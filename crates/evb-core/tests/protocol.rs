@@ -535,3 +535,107 @@ fn a_done_node_sends_nothing_more() {
         }
     }
 }
+
+/// A clock probe that falls due while the RU's fragment is on the link
+/// waits for it to leave: sent behind the fragment, the probe's way out
+/// would be longer than its answer's by the fragment's time, and the
+/// offset off by half of it (at line rate tens of microseconds, against a
+/// slot grace of 0.5).
+#[test]
+fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
+    use evb_core::{Action, Message, Node};
+    let mut c = config(Protocol::Push, Schedule::Slotted, LocalTraffic::Nic);
+    c.event_builder.clock = evb_core::config::ClockSource::Em;
+    let layout = Layout::from_config(&c);
+    let id = (0..c.nodes.count)
+        .find(|&n| n != layout.em && layout.ru_of[n as usize].is_some())
+        .unwrap();
+    let source = layout.ru_of[id as usize].unwrap();
+    let mut node = Node::new(&c, &layout, id);
+    // Carries out the node's actions at `t`: probes answered at once (an
+    // EM whose clock agrees), data produced at once, fragments kept in
+    // flight. Returns the probes sent.
+    let mut in_flight = Vec::new();
+    let step = |node: &mut Node, t: u64, in_flight: &mut Vec<u64>| {
+        let mut probes = 0;
+        while let Some(a) = node.poll_action() {
+            match a {
+                Action::Send {
+                    msg: Message::ClockProbe { sent },
+                    ..
+                } => {
+                    probes += 1;
+                    let reply = Message::ClockReply {
+                        sent,
+                        em_time: sent,
+                    };
+                    node.on_message(t, layout.em, reply);
+                }
+                Action::Produce { mep } => {
+                    let h = FragmentHeader {
+                        run_id: c.run.run_id,
+                        mep,
+                        source,
+                        event_count: 16,
+                        payload_len: 4096,
+                        ..Default::default()
+                    };
+                    node.on_mep_ready(t, h);
+                }
+                Action::SendFragment { header, .. } => in_flight.push(header.mep),
+                _ => {}
+            }
+        }
+        probes
+    };
+    node.start(0);
+    let mut t = 0;
+    step(&mut node, t, &mut in_flight);
+    while !node.clock().unwrap().is_settled() {
+        t = node.next_deadline().expect("the burst's next probe");
+        node.on_timeout(t);
+        step(&mut node, t, &mut in_flight);
+    }
+    let due = node
+        .clock()
+        .unwrap()
+        .next_deadline()
+        .expect("a probe later");
+    assert!(
+        due > t + SECOND / 1000,
+        "the burst is over: the next probe is ms away"
+    );
+    // Just before the probe is due, MEPs are assigned: the RU ships them,
+    // one per slot, and they stay on the link.
+    t = due - 20_000;
+    let assign = Message::AssignRun {
+        first: 0,
+        count: 4,
+        first_bu: 0,
+    };
+    node.on_message(t, layout.em, assign);
+    assert_eq!(step(&mut node, t, &mut in_flight), 0);
+    while t < due {
+        t = node.next_deadline().expect("slots").min(due);
+        node.on_timeout(t);
+        assert_eq!(step(&mut node, t, &mut in_flight), 0, "at {t}, due {due}");
+    }
+    assert!(!in_flight.is_empty(), "a fragment is on the link at {due}");
+    assert!(
+        node.next_deadline().unwrap() > due,
+        "the due probe does not wake the node while the link is busy"
+    );
+    // The fragments leave (the RU may start the next ones as earlier
+    // ones end): the probe goes as soon as none is on the link.
+    let mut probes = 0;
+    while let Some(mep) = in_flight.pop() {
+        t += 100;
+        node.on_send_complete(t, mep);
+        probes += step(&mut node, t, &mut in_flight);
+        assert!(
+            probes == 0 || in_flight.is_empty(),
+            "sent behind a fragment"
+        );
+    }
+    assert_eq!(probes, 1, "the probe went when the link was free");
+}

@@ -727,6 +727,21 @@ fn the_slotted_barrel_holds_line_rate_without_drift_on_16_hosts() {
     assert!(barrel.summary.total_xmit_wait_s > 1e-3);
 }
 
+/// The defaults (`clock = "em"`: each RU measures its offset to the EM's
+/// clock over the loaded network) hold the slots, long after the start's
+/// clean answers. A window of the last eight answers lost those within
+/// 100-350 ms and the slots slid apart (64 Gb/s built per node over
+/// 300 ms, 56-58 over 1 s, against 103 with ideal clocks). Half a second
+/// here; docs/sim.md has the 1 s figures.
+#[test]
+fn the_measured_slot_clock_holds_line_rate_on_16_hosts() {
+    let r = sim(16, "eb", 500_000.0, &["sim.sample_us=100"]);
+    let eb = r.summary.eb.as_ref().unwrap();
+    assert!(eb.network_fraction_of_link >= 0.95, "{eb:?}");
+    assert!(eb.drift.abs() <= 0.02, "{eb:?}");
+    assert!(eb.batch_means >= 10 && eb.built_ci95_gbps < 1.0, "{eb:?}");
+}
+
 /// Lossy Ethernet in collapse (six producers interleaving every delivery
 /// onto four consumers, no congestion control): copies of packets sent
 /// twice still arrive after their message is complete, and the run must
