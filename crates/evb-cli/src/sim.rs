@@ -237,6 +237,12 @@ pub fn run(args: SimArgs) -> Result<()> {
                 c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
             );
         }
+        if let Some(c) = &eb.slot_clock {
+            println!(
+                "slot clock (measured, clock = \"em\"): {} nodes; phase error at the end max {} ns, resting on round trips of at most {} ns; largest step {} ns; {} probes",
+                c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
+            );
+        }
         if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
             println!(
                 "readout throttle: {:.1}% of the time, {} events vetoed at the source",

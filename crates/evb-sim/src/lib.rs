@@ -130,9 +130,30 @@ pub struct EbSummary {
     /// `sim.crash`: the built throughput before and after the death.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crash: Option<CrashSummary>,
+    /// `clock = "em"`: how well the nodes measured the EM's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_clock: Option<SlotClockSummary>,
     /// Built payload of all nodes, Gb/s, per `sim.sample_us` interval.
     #[serde(default)]
     pub built_gbps_series: Vec<f64>,
+}
+
+/// The slot clock measured over the simulated fabric (`clock = "em"`).
+/// Every simulated host reads the same time, so a node's estimate of its
+/// offset to the EM is its phase error.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SlotClockSummary {
+    /// Nodes that measure (the RUs, the EM's host aside).
+    pub nodes: usize,
+    /// Largest |offset estimate| at the end: the phase error, ns.
+    pub max_phase_error_ns: u64,
+    /// Largest half round trip an estimate rests on at the end, ns.
+    pub max_uncertainty_ns: u64,
+    /// Largest change of one node's estimate from one answer to the next.
+    pub max_step_ns: u64,
+    /// Probes sent and answered, all nodes.
+    pub probes: u64,
+    pub replies: u64,
 }
 
 /// What a node's death (`sim.crash`) did to the built throughput.
@@ -150,6 +171,27 @@ pub struct CrashSummary {
     /// or ((N-1)/N)^2 with the slotted barrel (its slots stay).
     pub ratio: f64,
     pub expected_ratio: f64,
+}
+
+/// The slot clock figures from the nodes' measurements, if they made any.
+fn slot_clock_summary(e: &traffic::EventBuilder) -> Option<SlotClockSummary> {
+    let clocks: Vec<_> = e
+        .nodes
+        .iter()
+        .filter_map(|n| n.clock().map(|c| c.stats))
+        .collect();
+    (!clocks.is_empty()).then(|| SlotClockSummary {
+        nodes: clocks.len(),
+        max_phase_error_ns: clocks
+            .iter()
+            .map(|c| c.offset_ns.unsigned_abs())
+            .max()
+            .unwrap_or(0),
+        max_uncertainty_ns: clocks.iter().map(|c| c.uncertainty_ns).max().unwrap_or(0),
+        max_step_ns: clocks.iter().map(|c| c.max_step_ns).max().unwrap_or(0),
+        probes: clocks.iter().map(|c| c.probes).sum(),
+        replies: clocks.iter().map(|c| c.replies).sum(),
+    })
 }
 
 /// The crash figures from the built-throughput series.
@@ -513,6 +555,7 @@ pub fn simulate(
                 sample,
                 end,
             ),
+            slot_clock: slot_clock_summary(e),
             built_gbps_series: e.built_series.clone(),
         }
     });
