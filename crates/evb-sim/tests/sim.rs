@@ -740,6 +740,12 @@ fn the_measured_slot_clock_holds_line_rate_on_16_hosts() {
     assert!(eb.network_fraction_of_link >= 0.95, "{eb:?}");
     assert!(eb.drift.abs() <= 0.02, "{eb:?}");
     assert!(eb.batch_means >= 10 && eb.built_ci95_gbps < 1.0, "{eb:?}");
+    // Every RU but the EM's host measured, kept measuring, and ends within
+    // the slot's slack (0.5 us grace and 3 sigma of the fragment, 1 us).
+    let clock = eb.slot_clock.as_ref().expect("clock = em is measured");
+    assert_eq!(clock.nodes, 15);
+    assert!(clock.replies >= 15 * 20, "{clock:?}");
+    assert!(clock.max_phase_error_ns < 1_500, "{clock:?}");
 }
 
 /// Lossy Ethernet in collapse (six producers interleaving every delivery
