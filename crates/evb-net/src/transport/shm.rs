@@ -256,6 +256,16 @@ impl Drop for Mapping {
     }
 }
 
+/// A ring's data bytes in a mapping: made only by `ShmEndpoint::ring_data`,
+/// which checks they lie within it. Copy: it lives no longer than the
+/// borrow of the endpoint it came from in practice (rings are only
+/// unmapped when the endpoint drops).
+#[derive(Clone, Copy)]
+struct RingBytes {
+    data: *mut u8,
+    cap: usize,
+}
+
 /// Offsets inside an inbox.
 #[derive(Clone, Copy)]
 struct Geometry {
@@ -825,12 +835,11 @@ impl ShmEndpoint {
         let Some(slots) = self.peers[i].slots.clone() else {
             return;
         };
-        let cap = self.geo.ring_bytes;
         let data = self.ring_data(&self.inbox, self.geo.ring(s));
         let mut pos = from;
         while pos < to {
             let mut rec = [0u8; RECORD_HEADER + SHARED_EXTRA];
-            Self::ring_read(data, cap, pos, &mut rec);
+            Self::ring_read(data, pos, &mut rec);
             let kind = u32::from_le_bytes(rec[0..4].try_into().expect("4"));
             let inline_len = u32::from_le_bytes(rec[4..8].try_into().expect("4")) as usize;
             let len = record_len(kind, inline_len) as u64;
@@ -861,31 +870,48 @@ impl ShmEndpoint {
         }
     }
 
-    fn ring_data(&self, map: &Mapping, ring: usize) -> *mut u8 {
-        // SAFETY: the ring lies within the mapping (checked by geometry).
-        unsafe { map.base.add(ring + RING_CONTROL_BYTES) }
-    }
-
-    /// Copies `src` into the ring at position `pos`, wrapping around.
-    fn ring_write(data: *mut u8, cap: usize, pos: u64, src: &[u8]) {
-        let at = (pos as usize) & (cap - 1);
-        let first = src.len().min(cap - at);
-        // SAFETY: both pieces are within the ring's `cap` bytes; the
-        // consumer does not read past head, which we publish after.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(at), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+    /// The data bytes of the ring at offset `ring` of `map`, checked to lie
+    /// within the mapping, their length a power of two (the positions wrap
+    /// with a mask).
+    fn ring_data(&self, map: &Mapping, ring: usize) -> RingBytes {
+        let cap = self.geo.ring_bytes;
+        assert!(cap.is_power_of_two(), "shm ring of {cap} bytes");
+        let start = ring + RING_CONTROL_BYTES;
+        assert!(start + cap <= map.len, "shm ring past its mapping");
+        RingBytes {
+            // SAFETY: within the mapping (just checked).
+            data: unsafe { map.base.add(start) },
+            cap,
         }
     }
 
-    fn ring_read(data: *const u8, cap: usize, pos: u64, dst: &mut [u8]) {
-        let at = (pos as usize) & (cap - 1);
-        let first = dst.len().min(cap - at);
+    /// Copies `src` into the ring at position `pos`, wrapping around.
+    fn ring_write(ring: RingBytes, pos: u64, src: &[u8]) {
+        assert!(src.len() <= ring.cap, "a record larger than its ring");
+        let at = (pos as usize) & (ring.cap - 1);
+        let first = src.len().min(ring.cap - at);
+        // SAFETY: both pieces are within the ring's `cap` bytes (checked
+        // above and in `ring_data`); the consumer does not read past head,
+        // which we publish after.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), ring.data.add(at), first);
+            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), ring.data, src.len() - first);
+        }
+    }
+
+    fn ring_read(ring: RingBytes, pos: u64, dst: &mut [u8]) {
+        assert!(dst.len() <= ring.cap, "a record larger than its ring");
+        let at = (pos as usize) & (ring.cap - 1);
+        let first = dst.len().min(ring.cap - at);
         // SAFETY: as in ring_write; the producer does not overwrite before
         // we publish the tail.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.add(at), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), dst.len() - first);
+            std::ptr::copy_nonoverlapping(ring.data.add(at), dst.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(
+                ring.data,
+                dst.as_mut_ptr().add(first),
+                dst.len() - first,
+            );
         }
     }
 
@@ -955,7 +981,6 @@ impl ShmEndpoint {
     /// buffer to put it in (a shared payload needs none). Returns whether
     /// it consumed one.
     fn receive_one(&mut self, s: usize, out: &mut Vec<Completion>) -> bool {
-        let cap = self.geo.ring_bytes;
         let ring = self.geo.ring(s);
         let head = self
             .inbox
@@ -967,7 +992,7 @@ impl ShmEndpoint {
         }
         let data = self.ring_data(&self.inbox, ring);
         let mut rec = [0u8; RECORD_HEADER];
-        Self::ring_read(data, cap, tail, &mut rec);
+        Self::ring_read(data, tail, &mut rec);
         let kind = u32::from_le_bytes(rec[0..4].try_into().expect("4"));
         let inline_len = u32::from_le_bytes(rec[4..8].try_into().expect("4")) as usize;
         let tag = u64::from_le_bytes(rec[8..16].try_into().expect("8"));
@@ -987,12 +1012,7 @@ impl ShmEndpoint {
             && record_len <= avail
             && total <= buf.len();
         if valid {
-            Self::ring_read(
-                data,
-                cap,
-                tail + RECORD_HEADER as u64,
-                &mut buf[..inline_len],
-            );
+            Self::ring_read(data, tail + RECORD_HEADER as u64, &mut buf[..inline_len]);
             let copied = if kind == KIND_INLINE {
                 Some(None)
             } else {
@@ -1057,11 +1077,10 @@ impl ShmEndpoint {
         len: usize,
         out: &mut Vec<Completion>,
     ) -> bool {
-        let cap = self.geo.ring_bytes;
         let ring = self.geo.ring(s);
         let data = self.ring_data(&self.inbox, ring);
         let mut extra = [0u8; SHARED_EXTRA];
-        Self::ring_read(data, cap, tail + RECORD_HEADER as u64, &mut extra);
+        Self::ring_read(data, tail + RECORD_HEADER as u64, &mut extra);
         let seq = u64::from_le_bytes(extra[0..8].try_into().expect("8"));
         let slot = u32::from_le_bytes(extra[8..12].try_into().expect("4"));
         let slots = self.sender_peer[s].and_then(|i| self.peers[i].slots.clone());
@@ -1077,7 +1096,7 @@ impl ShmEndpoint {
             return true;
         };
         let mut head = vec![0u8; inline_len];
-        Self::ring_read(data, cap, head_at, &mut head);
+        Self::ring_read(data, head_at, &mut head);
         out.push(Completion::ReceivedShared {
             head,
             tag,
@@ -1636,12 +1655,12 @@ impl Endpoint for ShmEndpoint {
             }
             _ => {}
         }
-        Self::ring_write(data, cap, p.head, &rec[..rec_len]);
+        Self::ring_write(data, p.head, &rec[..rec_len]);
         let mut pos = p.head + rec_len as u64;
-        Self::ring_write(data, cap, pos, &head);
+        Self::ring_write(data, pos, &head);
         pos += head.len() as u64;
         if let (true, Some((b, r))) = (inline, &body) {
-            Self::ring_write(data, cap, pos, &b[r.clone()]);
+            Self::ring_write(data, pos, &b[r.clone()]);
         }
         p.head += need;
         p.map
@@ -2261,7 +2280,7 @@ mod tests {
         let ring = b.geo.ring(0);
         let data = b.ring_data(&b.inbox, ring);
         let huge = (1u64 << 40).to_le_bytes();
-        ShmEndpoint::ring_write(data, b.geo.ring_bytes, 24, &huge);
+        ShmEndpoint::ring_write(data, 24, &huge);
         assert!(shared_views(&mut b).is_empty());
         assert_eq!(b.tails[0], b.inbox.atomic_u64(ring).load(Ordering::Acquire));
     }
