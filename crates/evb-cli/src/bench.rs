@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use evb_net::bench::{launch, run_worker, BenchSpec, Scenario, WorkerResult};
+use evb_bench::{launch, run_worker, BenchSpec, Scenario, WorkerResult};
 use serde::Serialize;
 
 #[derive(Debug, Subcommand)]
@@ -138,7 +138,7 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             // Buffers as a node has them (EVB_HUGEPAGES overrides).
             crate::hugepages::choose(evb_core::Config::default().event_builder.huge_pages);
             let spec: BenchSpec = serde_json::from_str(&spec).context("--spec")?;
-            let rank = match (rank, evb_net::cluster::launcher_rank()) {
+            let rank = match (rank, evb_control::cluster::launcher_rank()) {
                 (Some(r), _) => r,
                 (None, Some((r, _, _))) if rendezvous.is_some() => r,
                 _ => bail!("give --rank, or run under a launcher with --rendezvous"),

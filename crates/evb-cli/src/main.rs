@@ -14,8 +14,8 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use evb_core::Config;
-use evb_net::launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
-use evb_net::node::{run_node, Control, NodeOptions};
+use evb_launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
+use evb_node::{run_node, Control, NodeOptions};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -260,7 +260,7 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     if args.rejoin && control == Control::Launcher {
         return rejoin_cluster_job(args, overrides);
     }
-    let launcher = evb_net::cluster::launcher_rank();
+    let launcher = evb_control::cluster::launcher_rank();
     let rank = match (args.rank, launcher, control) {
         (Some(r), _, _) => r,
         (None, Some((r, size, who)), Control::Launcher) => {
@@ -309,7 +309,7 @@ fn rejoin_cluster_job(args: NodeArgs, mut overrides: Vec<String>) -> anyhow::Res
         .ok_or_else(|| anyhow::anyhow!("--control launcher needs --rendezvous DIR"))?;
     let path = args.config.config.as_deref();
     let run_id = Config::load(path, &overrides)?.run.run_id;
-    let size = evb_net::cluster::published_ranks(&dir, run_id)?;
+    let size = evb_control::cluster::published_ranks(&dir, run_id)?;
     overrides.insert(0, format!("nodes.count={size}"));
     let config = Config::load(path, &overrides)?;
     hugepages::choose(config.event_builder.huge_pages);

@@ -8,6 +8,8 @@ use evb_core::NodeStats;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+pub use evb_transport::outnet::{LinkAddresses, OutputNetworkReport};
+
 /// Latency percentiles in nanoseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Latency {
@@ -219,24 +221,6 @@ pub struct NodeReport {
     /// there and the links that ran over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_network: Option<OutputNetworkReport>,
-}
-
-/// An endpoint on the output network.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct OutputNetworkReport {
-    /// Where it listened on the output network.
-    pub address: String,
-    /// Its links there (a node's with each consumer, a consumer's with
-    /// every other endpoint), as the connections' socket addresses.
-    pub links: Vec<LinkAddresses>,
-}
-
-/// One connection: its peer, its local and remote socket addresses.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct LinkAddresses {
-    pub peer: u16,
-    pub local: String,
-    pub remote: String,
 }
 
 /// What a node knows of its clock against the EM's.

@@ -29,9 +29,10 @@ use evb_core::wire::{FragmentHeader, Message};
 use evb_core::{Layout, NodeId};
 use serde::{Deserialize, Serialize};
 
-use crate::mepbuf::MepBuf;
-use crate::node::{open_transport, rendezvous, Control};
-use crate::transport::{LinkEvent, RxHandler, Transport};
+use evb_node::{open_transport, rendezvous, Control};
+use evb_transport::mepbuf::MepBuf;
+use evb_transport::stderr_line;
+use evb_transport::{LinkEvent, RxHandler, Transport};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -268,7 +269,7 @@ fn pattern(rank: NodeId, seq: u64, len: usize) -> Vec<u8> {
 
 /// CPU seconds (user, system) this process has spent.
 fn cpu_seconds() -> (f64, f64) {
-    crate::report::cpu_times()
+    evb_control::report::cpu_times()
 }
 
 struct Worker {
@@ -669,11 +670,11 @@ pub fn run_worker(
     let peers = match launcher_dir {
         None => rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?,
         Some(_)
-            if crate::transport::TransportKind::parse(&spec.transport)?
-                == crate::transport::TransportKind::Mpi =>
+            if evb_transport::TransportKind::parse(&spec.transport)?
+                == evb_transport::TransportKind::Mpi =>
         {
             (0..spec.ranks)
-                .map(|r| crate::transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+                .map(|r| evb_transport::msg::to_hex(&i32::from(r).to_le_bytes()))
                 .collect()
         }
         Some(dir) => {
@@ -681,7 +682,7 @@ pub fn run_worker(
             if token.parse::<u16>().is_ok() {
                 token = format!("{}:{token}", config.transport.bind);
             }
-            crate::cluster::exchange_tokens(
+            evb_control::cluster::exchange_tokens(
                 dir,
                 0,
                 rank,

@@ -1,6 +1,7 @@
-//! The transports a node runs over, behind one interface.
+//! `evb-transport`: the transports a node runs over, behind one interface,
+//! and the buffers they move.
 //!
-//! The runtime ([`crate::node`]) speaks in messages to endpoints: control
+//! The runtime (the `evb-node` crate) speaks in messages to endpoints: control
 //! messages and fragments (a header plus a payload shared with the RU's MEP
 //! buffer). A [`Transport`] moves them and hands what arrives to an
 //! [`RxHandler`]. Two families:
@@ -24,7 +25,20 @@
 //! libfabric the same way over tcp;ofi_rxm ([`ofi`]). MPI and libfabric's
 //! other providers do not: a peer they lost stays lost for the rest of the run.
 
+/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
+/// stderr, and `eprintln!` writes a line in pieces, which interleave
+/// between processes ("evb node 1evb node : drain timed out: 3: ...").
+#[macro_export]
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        let line = format!("{}\n", format_args!($($arg)*));
+        eprint!("{line}");
+    }};
+}
+
 pub mod auth;
+pub mod buffers;
+pub mod mepbuf;
 pub mod mpi;
 pub mod msg;
 pub mod ofi;
@@ -190,7 +204,7 @@ pub trait Transport {
     }
     /// With an output network ([`outnet`]): this endpoint's address on it
     /// and the links that run over it. `None` without one.
-    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+    fn output_network(&self) -> Option<outnet::OutputNetworkReport> {
         None
     }
 }

@@ -19,7 +19,8 @@ use evb_core::config::{Readout, Verify};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
-use crate::report::{NodeReport, Summary};
+use evb_control::report::{NodeReport, Summary};
+use evb_transport::stderr_line;
 
 /// Options of `evb run`.
 #[derive(Debug, Clone, Default)]
@@ -160,13 +161,13 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     }
     // `auto` is shm on one machine (restarted nodes rejoin over it too),
     // tcp with an output network.
-    config.transport.kind = crate::transport::resolve_auto(&config).into();
+    config.transport.kind = evb_transport::resolve_auto(&config).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
     if config.output_network() {
         // Every node runs here: one look at the address before starting them.
-        crate::transport::outnet::published_ip(&config)?;
+        evb_transport::outnet::published_ip(&config)?;
     }
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
@@ -179,9 +180,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     };
     // A fresh run key for this run's nodes (unless the config names one):
     // a stranger on a node port cannot join even with the right run id.
-    let run_key = match std::env::var(crate::transport::auth::KEY_ENV) {
+    let run_key = match std::env::var(evb_transport::auth::KEY_ENV) {
         Ok(k) => k,
-        Err(_) => crate::transport::auth::fresh_key_hex(),
+        Err(_) => evb_transport::auth::fresh_key_hex(),
     };
     for f in opts.faults.iter().chain(&opts.restarts) {
         if f.node as usize >= endpoints {
@@ -225,7 +226,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 r.at_s
             );
         }
-        if !crate::transport::can_rejoin(&config.transport.kind) {
+        if !evb_transport::can_rejoin(&config.transport.kind) {
             bail!(
                 "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
                 config.transport.kind
@@ -249,9 +250,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 "--config",
             ])
             .arg(&config_path)
-            .env(crate::transport::auth::KEY_ENV, &run_key)
+            .env(evb_transport::auth::KEY_ENV, &run_key)
             .env(
-                crate::transport::shm::REJOIN_ENV,
+                evb_transport::shm::REJOIN_ENV,
                 if opts.restarts.is_empty() { "0" } else { "1" },
             )
             .stdin(Stdio::piped())
@@ -303,7 +304,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         // With rejoin, an shm inbox keeps its name until its process ends
         // normally: remove those of the nodes that were killed.
         for &(rank, pid) in spawned.borrow().iter() {
-            let path = crate::transport::shm::inbox_path(config.run.run_id, rank, pid);
+            let path = evb_transport::shm::inbox_path(config.run.run_id, rank, pid);
             let _ = std::fs::remove_file(path);
         }
     }
@@ -327,7 +328,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .collect();
     for r in reports.iter().flatten() {
         for loss in &r.peers_lost {
-            failures.push(crate::report::FailureEvent {
+            failures.push(evb_control::report::FailureEvent {
                 at_s: loss.at_unix_s - started_unix,
                 node: loss.peer,
                 seen_by: format!("node {}", r.node),
@@ -335,7 +336,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
             });
         }
         for back in &r.rejoins {
-            failures.push(crate::report::FailureEvent {
+            failures.push(evb_control::report::FailureEvent {
                 at_s: back.at_unix_s - started_unix,
                 node: back.peer,
                 seen_by: format!("node {}", r.node),
@@ -353,7 +354,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
-    summary.cpu = crate::report::CpuSummary::from_reports(&reports, summary.bytes_built);
+    summary.cpu = evb_control::report::CpuSummary::from_reports(&reports, summary.bytes_built);
     summary.readout = match config.source.readout {
         Readout::Ring => "ring".into(),
         Readout::Fresh => "fresh".into(),
@@ -363,22 +364,23 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Verify::Crc => "crc".into(),
         Verify::Sample => format!("sample 1/{}", config.event_builder.verify_sample),
     };
-    summary.zero_copy = crate::buffers::zero_copy(
+    summary.zero_copy = evb_transport::buffers::zero_copy(
         &config,
-        &crate::transport::TransportKind::parse(crate::transport::resolve_auto(&config))?,
+        &evb_transport::TransportKind::parse(evb_transport::resolve_auto(&config))?,
     );
-    summary.slot_clock =
-        crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
-            .map(|mut c| {
-                c.rotation_slots =
-                    evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
-                if !config.event_builder.schedule_file.is_empty() {
-                    c.schedule_file = Some(config.event_builder.schedule_file.clone());
-                }
-                c
-            });
+    summary.slot_clock = evb_control::report::SlotClockSummary::from_reports(
+        &reports,
+        config.slot_ns() as f64 / 1000.0,
+    )
+    .map(|mut c| {
+        c.rotation_slots = evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
+        if !config.event_builder.schedule_file.is_empty() {
+            c.schedule_file = Some(config.event_builder.schedule_file.clone());
+        }
+        c
+    });
     if layout.fus() > 0 {
-        summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
+        summary.consumers = Some(evb_control::report::ConsumersSummary::from_reports(
             &reports,
             &layout,
             summary.duration_s,
@@ -438,7 +440,7 @@ struct Supervised {
     latest: Vec<NodeReport>,
     earlier_reports: Vec<NodeReport>,
     timeline: Vec<Sample>,
-    failures: Vec<crate::report::FailureEvent>,
+    failures: Vec<evb_control::report::FailureEvent>,
     started_unix: f64,
 }
 
@@ -472,7 +474,7 @@ fn supervise(
     let bind = &config.transport.bind;
     // A TCP node announces its port (and with an output network, `,` and
     // its address there); other transports an opaque token.
-    let address = |token: String| match crate::transport::outnet::split_token(&token) {
+    let address = |token: String| match evb_transport::outnet::split_token(&token) {
         (port, None) if port.parse::<u16>().is_ok() => format!("{bind}:{port}"),
         (port, Some(out)) if port.parse::<u16>().is_ok() => format!("{bind}:{port},{out}"),
         _ => token,
@@ -512,7 +514,7 @@ fn supervise(
     });
     let bar = progress.then(|| progress_bar(config));
     let start = Instant::now();
-    let started_unix = crate::report::unix_now();
+    let started_unix = evb_control::report::unix_now();
     let mut pending_faults = opts.faults.clone();
     let mut failures = Vec::new();
     let run_for = Duration::from_secs_f64(config.run.duration_s);
@@ -578,7 +580,7 @@ fn supervise(
                 unsafe {
                     libc::kill(child.id() as libc::pid_t, f.signal);
                 }
-                failures.push(crate::report::FailureEvent {
+                failures.push(evb_control::report::FailureEvent {
                     at_s: elapsed,
                     node: f.node,
                     seen_by: "launcher".into(),
@@ -617,7 +619,7 @@ fn supervise(
             earlier[rank].0 += latest[rank].events_built;
             earlier[rank].1 += latest[rank].bytes_built;
             earlier_reports.push(std::mem::take(&mut latest[rank]));
-            failures.push(crate::report::FailureEvent {
+            failures.push(evb_control::report::FailureEvent {
                 at_s: elapsed,
                 node: r.node,
                 seen_by: "launcher".into(),
@@ -770,7 +772,7 @@ fn check_memory(config: &Config, machine: Option<u64>) -> Result<()> {
 /// and touch at start, and refuses more than this machine's memory.
 fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
     let layout = Layout::from_config(config);
-    let (plans, total) = crate::buffers::BufferPlan::for_run(config, &layout)?;
+    let (plans, total) = evb_transport::buffers::BufferPlan::for_run(config, &layout)?;
     let largest = plans
         .iter()
         .max_by_key(|p| p.total_bytes())

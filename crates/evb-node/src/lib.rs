@@ -28,10 +28,16 @@ use evb_core::source::{payload_crc, RingTemplate, SourceModel};
 use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
+// The crates a node is made of, under the names its code uses for them.
+use evb_control::{cluster, report};
+use evb_metrics as metrics;
+use evb_transport as transport;
+use evb_transport::{buffers, mepbuf, stderr_line};
+
 use crate::mepbuf::{MepBuf, SlotStore};
 use crate::report::NodeReport;
 use crate::transport::shm::SharedView;
-use crate::transport::{self, outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
+use crate::transport::{outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +355,7 @@ fn mep_slots(
 }
 
 /// Opens this node's end of the configured transport.
-pub(crate) fn open_transport(
+pub fn open_transport(
     config: &Config,
     layout: &Layout,
     rank: NodeId,
@@ -459,7 +465,7 @@ fn config_addresses(config: &Config, layout: &Layout) -> Result<Vec<SocketAddr>>
 }
 
 /// Learns every endpoint's token (address).
-pub(crate) fn rendezvous(
+pub fn rendezvous(
     config: &Config,
     layout: &Layout,
     _rank: NodeId,

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 
 use evb_core::{Layout, Node, NodeId};
 
-use crate::report::NodeReport;
+use evb_control::report::NodeReport;
 
 /// Upper bounds of the latency histogram buckets, seconds.
 const LATENCY_BOUNDS_S: [f64; 14] = [

@@ -671,20 +671,20 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+    fn output_network(&self) -> Option<crate::outnet::OutputNetworkReport> {
         let address = self.out_local?.to_string();
         let links = (0..self.endpoints)
             .filter(|&p| self.hs.on_output[p as usize])
             .filter_map(|p| {
                 let (local, remote) = self.link_addrs[p as usize]?;
-                Some(crate::report::LinkAddresses {
+                Some(crate::outnet::LinkAddresses {
                     peer: p,
                     local: local.to_string(),
                     remote: remote.to_string(),
                 })
             })
             .collect();
-        Some(crate::report::OutputNetworkReport { address, links })
+        Some(crate::outnet::OutputNetworkReport { address, links })
     }
 
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
