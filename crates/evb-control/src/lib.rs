@@ -5,8 +5,7 @@
 //!   from its environment, and the nodes' addresses through a rendezvous
 //!   directory;
 //! - [`report`]: what a node reports (its `STATS` and `FINAL` lines, the
-//!   `final-<rank>.json` files of cluster runs) and how `evb run` adds the
-//!   reports up into the run summary.
+//!   `final-<rank>.json` files of cluster runs).
 //!
 //! Its own crate because both sides use it: the node (`evb-node`) writes
 //! reports and publishes its address, the launcher (`evb-launch`) and the

@@ -7,6 +7,8 @@
 //! node hosting the EM, and adds the nodes' final reports up into the
 //! summary table and the JSON (`docs/run-json.md`).
 
+pub mod summary;
+
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -19,8 +21,10 @@ use evb_core::config::{Readout, Verify};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
-use evb_control::report::{NodeReport, Summary};
+use evb_control::report::NodeReport;
 use evb_transport::stderr_line;
+
+use crate::summary::{ConsumersSummary, CpuSummary, FailureEvent, SlotClockSummary, Summary};
 
 /// Options of `evb run`.
 #[derive(Debug, Clone, Default)]
@@ -328,7 +332,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .collect();
     for r in reports.iter().flatten() {
         for loss in &r.peers_lost {
-            failures.push(evb_control::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: loss.at_unix_s - started_unix,
                 node: loss.peer,
                 seen_by: format!("node {}", r.node),
@@ -336,7 +340,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
             });
         }
         for back in &r.rejoins {
-            failures.push(evb_control::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: back.at_unix_s - started_unix,
                 node: back.peer,
                 seen_by: format!("node {}", r.node),
@@ -354,7 +358,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
-    summary.cpu = evb_control::report::CpuSummary::from_reports(&reports, summary.bytes_built);
+    summary.cpu = CpuSummary::from_reports(&reports, summary.bytes_built);
     summary.readout = match config.source.readout {
         Readout::Ring => "ring".into(),
         Readout::Fresh => "fresh".into(),
@@ -368,19 +372,17 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         &config,
         &evb_transport::TransportKind::parse(evb_transport::resolve_auto(&config))?,
     );
-    summary.slot_clock = evb_control::report::SlotClockSummary::from_reports(
-        &reports,
-        config.slot_ns() as f64 / 1000.0,
-    )
-    .map(|mut c| {
-        c.rotation_slots = evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
-        if !config.event_builder.schedule_file.is_empty() {
-            c.schedule_file = Some(config.event_builder.schedule_file.clone());
-        }
-        c
-    });
+    summary.slot_clock = SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
+        .map(|mut c| {
+            c.rotation_slots =
+                evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
+            if !config.event_builder.schedule_file.is_empty() {
+                c.schedule_file = Some(config.event_builder.schedule_file.clone());
+            }
+            c
+        });
     if layout.fus() > 0 {
-        summary.consumers = Some(evb_control::report::ConsumersSummary::from_reports(
+        summary.consumers = Some(ConsumersSummary::from_reports(
             &reports,
             &layout,
             summary.duration_s,
@@ -440,7 +442,7 @@ struct Supervised {
     latest: Vec<NodeReport>,
     earlier_reports: Vec<NodeReport>,
     timeline: Vec<Sample>,
-    failures: Vec<evb_control::report::FailureEvent>,
+    failures: Vec<FailureEvent>,
     started_unix: f64,
 }
 
@@ -580,7 +582,7 @@ fn supervise(
                 unsafe {
                     libc::kill(child.id() as libc::pid_t, f.signal);
                 }
-                failures.push(evb_control::report::FailureEvent {
+                failures.push(FailureEvent {
                     at_s: elapsed,
                     node: f.node,
                     seen_by: "launcher".into(),
@@ -619,7 +621,7 @@ fn supervise(
             earlier[rank].0 += latest[rank].events_built;
             earlier[rank].1 += latest[rank].bytes_built;
             earlier_reports.push(std::mem::take(&mut latest[rank]));
-            failures.push(evb_control::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: elapsed,
                 node: r.node,
                 seen_by: "launcher".into(),
