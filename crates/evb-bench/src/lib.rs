@@ -29,6 +29,8 @@ use evb_core::wire::{FragmentHeader, Message};
 use evb_core::{Layout, NodeId};
 use serde::{Deserialize, Serialize};
 
+use evb_control::lines::{LineError, ToLauncher, ToNode};
+pub use evb_control::worker::{SizeResult, WorkerResult};
 use evb_node::{open_transport, rendezvous, Control};
 use evb_transport::mepbuf::MepBuf;
 use evb_transport::stderr_line;
@@ -115,48 +117,6 @@ impl BenchSpec {
         ];
         Ok(Config::load(None, &overrides)?)
     }
-}
-
-/// One size's figures from one worker.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SizeResult {
-    pub size: usize,
-    /// Bytes this worker received in the bandwidth phase, and over how long.
-    pub rx_bytes: u64,
-    pub rx_seconds: f64,
-    pub rx_gbps: f64,
-    pub tx_bytes: u64,
-    /// CPU seconds (user + system) this worker spent in the phase, and
-    /// the two apart.
-    pub cpu_s: f64,
-    #[serde(default)]
-    pub cpu_user_s: f64,
-    #[serde(default)]
-    pub cpu_system_s: f64,
-    /// One-way latency from the ping-pong (rank 0 only), microseconds.
-    pub latency_p50_us: Option<f64>,
-    pub latency_p99_us: Option<f64>,
-}
-
-/// What a worker reports.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerResult {
-    pub rank: u16,
-    pub transport: String,
-    pub sizes: Vec<SizeResult>,
-    /// Conformance: messages received from each rank.
-    pub received_from: Vec<u64>,
-    /// Messages out of order or missing, from peers that stayed alive
-    /// (a dead sender's last messages may be lost: not an order error).
-    pub order_errors: u64,
-    pub content_errors: u64,
-    /// Peers this worker found dead, with the seconds it took to notice
-    /// (from the peer's last message).
-    pub lost_peers: Vec<(u16, f64)>,
-    /// Peers finished in an orderly way before this worker exited.
-    pub finished_clean: bool,
-    /// Most sends this worker had queued or in flight to one peer.
-    pub max_outstanding: usize,
 }
 
 const MARKER: Message = Message::EndOfRun { meps: 0 };
@@ -756,12 +716,12 @@ pub fn run_worker(
         finished_clean,
         max_outstanding: w.max_outstanding,
     };
-    let line = serde_json::to_string(&result)?;
     if let Some(dir) = launcher_dir {
+        let line = serde_json::to_string(&result)?;
         let path = dir.join(format!("result-{rank}.json"));
         std::fs::write(&path, &line).with_context(|| format!("writing {}", path.display()))?;
     }
-    println!("RESULT {line}");
+    print!("{}", ToLauncher::Result(Box::new(result)).encode());
     std::io::stdout().flush()?;
     // The transport (MPI in particular) is finalised before the process ends.
     drop(w);
@@ -843,31 +803,36 @@ fn collect(
             }
             continue;
         };
-        if let Some(t) = line.strip_prefix("LISTEN ") {
-            tokens[rank] = Some(t.trim().to_string());
-            if !peers_sent && tokens.iter().all(Option::is_some) {
-                let list: Vec<String> = tokens
-                    .iter()
-                    .map(|t| {
-                        let t = t.clone().expect("all known");
-                        match t.parse::<u16>() {
-                            Ok(port) => format!("127.0.0.1:{port}"),
-                            Err(_) => t,
-                        }
-                    })
-                    .collect();
-                let line = format!("PEERS {}\n", list.join(" "));
-                for c in children.iter_mut() {
-                    let s = c.stdin.as_mut().expect("piped");
-                    s.write_all(line.as_bytes())?;
-                    s.flush()?;
+        match ToLauncher::parse(&line) {
+            Ok(ToLauncher::Listen(t)) => {
+                tokens[rank] = Some(t);
+                if !peers_sent && tokens.iter().all(Option::is_some) {
+                    let list: Vec<String> = tokens
+                        .iter()
+                        .map(|t| {
+                            let t = t.clone().expect("all known");
+                            match t.parse::<u16>() {
+                                Ok(port) => format!("127.0.0.1:{port}"),
+                                Err(_) => t,
+                            }
+                        })
+                        .collect();
+                    let line = ToNode::Peers(list).encode();
+                    for c in children.iter_mut() {
+                        let s = c.stdin.as_mut().expect("piped");
+                        s.write_all(line.as_bytes())?;
+                        s.flush()?;
+                    }
+                    peers_sent = true;
                 }
-                peers_sent = true;
             }
-        } else if let Some(j) = line.strip_prefix("RESULT ") {
-            results[rank] = Some(serde_json::from_str(j).context("a worker's RESULT line")?);
-        } else {
-            stderr_line!("worker {rank}: {line}");
+            Ok(ToLauncher::Result(r)) => results[rank] = Some(*r),
+            Err(e @ LineError::Json { tag: "RESULT", .. }) => {
+                return Err(anyhow::Error::new(e).context("a worker's RESULT line"))
+            }
+            Ok(ToLauncher::Stats(_) | ToLauncher::Final(_)) | Err(_) => {
+                stderr_line!("worker {rank}: {line}")
+            }
         }
     }
     Ok(results)

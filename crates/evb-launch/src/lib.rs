@@ -21,6 +21,7 @@ use evb_core::config::{Readout, Verify};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
+use evb_control::lines::{ToLauncher, ToNode};
 use evb_control::report::NodeReport;
 use evb_transport::stderr_line;
 
@@ -408,25 +409,12 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
 fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Sender<FromNode>) {
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
-        let msg = if let Some(p) = line.strip_prefix("LISTEN ") {
-            let token = p.trim();
-            if token.is_empty() || token.contains(char::is_whitespace) {
-                FromNode::Garbage(rank, line)
-            } else {
-                FromNode::Listen(rank, token.to_string())
-            }
-        } else if let Some(j) = line.strip_prefix("STATS ") {
-            match serde_json::from_str(j) {
-                Ok(r) => FromNode::Stats(rank, r),
-                Err(_) => FromNode::Garbage(rank, line),
-            }
-        } else if let Some(j) = line.strip_prefix("FINAL ") {
-            match serde_json::from_str(j) {
-                Ok(r) => FromNode::Final(rank, r),
-                Err(_) => FromNode::Garbage(rank, line),
-            }
-        } else {
-            FromNode::Garbage(rank, line)
+        // What is not a node's control line is passed on as it is.
+        let msg = match ToLauncher::parse(&line) {
+            Ok(ToLauncher::Listen(token)) => FromNode::Listen(rank, token),
+            Ok(ToLauncher::Stats(r)) => FromNode::Stats(rank, *r),
+            Ok(ToLauncher::Final(r)) => FromNode::Final(rank, *r),
+            Ok(ToLauncher::Result(_)) | Err(_) => FromNode::Garbage(rank, line),
         };
         if tx.send(msg).is_err() {
             return;
@@ -485,7 +473,7 @@ fn supervise(
         .into_iter()
         .map(|p| address(p.expect("all known")))
         .collect();
-    let mut line = format!("PEERS {}\n", peers.join(" "));
+    let mut line = ToNode::Peers(peers.clone()).encode();
     let mut pending_restarts = opts.restarts.clone();
     // Counters of earlier incarnations of restarted nodes, so the timeline
     // does not step back: (events_built, bytes_built) per node.
@@ -562,7 +550,7 @@ fn supervise(
             // it must find that one.
             Ok(FromNode::Listen(rank, token)) => {
                 peers[rank] = address(token);
-                line = format!("PEERS {}\n", peers.join(" "));
+                line = ToNode::Peers(peers.clone()).encode();
             }
             Err(_) => {}
         }
@@ -635,7 +623,9 @@ fn supervise(
                 bar.println("evb run: interrupted, draining (Ctrl-C again to kill)");
             }
             if let Some(s) = stdins[em].as_mut() {
-                let _ = s.write_all(b"STOP\n").and_then(|_| s.flush());
+                let _ = s
+                    .write_all(ToNode::Stop.encode().as_bytes())
+                    .and_then(|_| s.flush());
             }
         }
         if n_int >= 2 || Instant::now() > hard_deadline {

@@ -5,8 +5,10 @@
 //! then the transport's input, then the actions the node asked for.
 //! Under `evb run` (`--control stdio`) the node prints `LISTEN <token>`,
 //! reads `PEERS <token>...` and later `STOP` on stdin, and prints `STATS`
-//! and `FINAL` JSON lines on stdout. Under `mpirun`/`srun`
-//! (`--control mpi`) rank, size and the tokens come from MPI.
+//! and `FINAL` JSON lines on stdout (the lines of [`evb_control::lines`]).
+//! Under `mpirun`/`srun` (`--control launcher`) rank and size come from
+//! the launcher's environment and the tokens through a rendezvous
+//! directory ([`evb_control::cluster`]).
 //!
 //! With consumers, a BU delivers each built batch to a Filter Unit endpoint
 //! as one fragment-kind message flagged as a batch; an FU endpoint verifies
@@ -38,6 +40,7 @@ use crate::mepbuf::{MepBuf, SlotStore};
 use crate::report::NodeReport;
 use crate::transport::shm::SharedView;
 use crate::transport::{outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
+use evb_control::lines::{ToLauncher, ToNode};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,7 +477,7 @@ pub fn rendezvous(
 ) -> Result<Vec<String>> {
     match control {
         Control::Stdio => {
-            println!("LISTEN {}", transport.local_token());
+            print!("{}", ToLauncher::Listen(transport.local_token()).encode());
             std::io::stdout().flush()?;
             read_peers_line(layout)
         }
@@ -507,13 +510,14 @@ fn read_peers_line(layout: &Layout) -> Result<Vec<String>> {
     if std::io::stdin().lock().read_line(&mut line)? == 0 {
         bail!("stdin closed before the PEERS line");
     }
-    let line = line.trim_end();
-    let tokens: Vec<String> = line
-        .strip_prefix("PEERS ")
-        .ok_or_else(|| anyhow!("expected `PEERS token...`, got `{line}`"))?
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
+    let tokens = match ToNode::parse(&line) {
+        Ok(ToNode::Peers(tokens)) => tokens,
+        Ok(other) => bail!(
+            "expected `PEERS token...`, got `{}`",
+            other.encode().trim_end()
+        ),
+        Err(e) => bail!("expected `PEERS token...`: {e}"),
+    };
     if tokens.len() != layout.endpoints as usize {
         bail!(
             "PEERS lists {} addresses for {} endpoints",
@@ -531,7 +535,7 @@ fn spawn_stdin_forwarder() -> mpsc::Receiver<Command> {
         let mut lines = std::io::stdin().lines();
         loop {
             let cmd = match lines.next() {
-                Some(Ok(l)) if l.trim() == "STOP" => Command::Stop,
+                Some(Ok(l)) if ToNode::parse(&l) == Ok(ToNode::Stop) => Command::Stop,
                 Some(Ok(_)) => continue,
                 _ => Command::Eof,
             };
@@ -1164,7 +1168,7 @@ impl Runtime {
             transport.flush(&mut self.events);
             self.handle_link_events(transport)?;
             if now_i >= next_stats {
-                self.print_report("STATS", false, drain_timed_out);
+                self.print_report(false, drain_timed_out);
                 next_stats = now_i + STATS_INTERVAL;
             }
             if self.engine.node.is_done() && done_at.is_none() && !transport.has_pending_tx(None) {
@@ -1223,7 +1227,7 @@ impl Runtime {
             self.store_closed = Some(stats);
         }
         self.output_network = transport.output_network();
-        self.print_report("FINAL", true, drain_timed_out);
+        self.print_report(true, drain_timed_out);
         let dropped = self.report_lines.finish();
         if dropped > 0 {
             stderr_line!(
@@ -1686,7 +1690,8 @@ impl Runtime {
         f.source == h.source && f.drop_meps.contains(&h.mep)
     }
 
-    fn print_report(&self, tag: &str, full: bool, drain_timed_out: bool) {
+    /// `full`: the FINAL report (else a STATS one).
+    fn print_report(&self, full: bool, drain_timed_out: bool) {
         let stats = self.engine.node.stats();
         let elapsed = self.engine.epoch.elapsed().as_secs_f64();
         // Metrics want the latency histogram every time.
@@ -1779,8 +1784,8 @@ impl Runtime {
             r.latency_buckets.clear();
             r.incidents.clear();
         }
-        let line = serde_json::to_string(&r).expect("report serialises");
         if let (Some(path), true) = (&self.report_file, full) {
+            let line = serde_json::to_string(&r).expect("report serialises");
             let written = path
                 .parent()
                 .map_or(Ok(()), std::fs::create_dir_all)
@@ -1792,11 +1797,12 @@ impl Runtime {
         if self.report_file.is_some() && !full && !self.stats_under_launcher {
             return; // No STATS lines on a launcher's shared stdout.
         }
-        let line = format!("{tag} {line}\n");
         if full {
-            self.report_lines.write(line);
+            self.report_lines
+                .write(ToLauncher::Final(Box::new(r)).encode());
         } else {
-            self.report_lines.offer(line);
+            self.report_lines
+                .offer(ToLauncher::Stats(Box::new(r)).encode());
         }
     }
 }
