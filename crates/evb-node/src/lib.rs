@@ -398,39 +398,10 @@ pub fn open_transport(
                 ep, config, layout, rank,
             )?))
         }
-        TransportKind::Ofi(provider) => {
-            let ep = transport::ofi::OfiEndpoint::open(
-                &provider,
-                progress,
-                transport::max_message_bytes(config),
-                rank,
-            )?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
+        TransportKind::Mpi if control != Control::Launcher => {
+            bail!("transport `mpi` runs under mpirun or srun: use `evb node --control launcher`")
         }
-        TransportKind::Ucx(tls) => {
-            let ep = transport::ucx::UcxEndpoint::open(
-                tls.as_deref(),
-                progress,
-                transport::max_message_bytes(config),
-                rank,
-            )?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
-        }
-        TransportKind::Mpi => {
-            if control != Control::Launcher {
-                bail!(
-                    "transport `mpi` runs under mpirun or srun: use `evb node --control launcher`"
-                );
-            }
-            let ep = transport::mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
-        }
+        engine => transport::open_engine(&engine, config, layout, rank),
     }
 }
 

@@ -39,13 +39,16 @@ macro_rules! stderr_line {
 pub mod auth;
 pub mod buffers;
 pub mod mepbuf;
+#[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod msg;
+#[cfg(feature = "ofi")]
 pub mod ofi;
 pub mod outnet;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;
+#[cfg(feature = "ucx")]
 pub mod ucx;
 
 use std::rc::Rc;
@@ -257,8 +260,60 @@ pub fn resolve_auto(config: &Config) -> &str {
 pub fn can_rejoin(kind: &str) -> bool {
     match TransportKind::parse(kind) {
         Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_)) => true,
+        #[cfg(feature = "ofi")]
         Ok(TransportKind::Ofi(provider)) => ofi::can_rejoin(&provider),
         _ => false,
+    }
+}
+
+/// Opens this node's end of a message engine that is a library (libfabric,
+/// UCX, MPI), each behind the cargo feature of its name (`ofi`, `ucx`,
+/// `mpi`; all on by default). An evb built without one says so here.
+pub fn open_engine(
+    kind: &TransportKind,
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+) -> Result<Box<dyn Transport>> {
+    #[cfg(any(feature = "ofi", feature = "ucx", feature = "mpi"))]
+    let progress = Progress::from_config(config);
+    #[cfg(not(any(feature = "ofi", feature = "ucx", feature = "mpi")))]
+    let _ = (layout, rank);
+    match kind {
+        #[cfg(feature = "ofi")]
+        TransportKind::Ofi(provider) => {
+            let ep = ofi::OfiEndpoint::open(provider, progress, max_message_bytes(config), rank)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        #[cfg(feature = "ucx")]
+        TransportKind::Ucx(tls) => {
+            let ep =
+                ucx::UcxEndpoint::open(tls.as_deref(), progress, max_message_bytes(config), rank)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => {
+            let ep = mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        TransportKind::Tcp | TransportKind::Shm => {
+            bail!(
+                "`{}` is not a message engine library",
+                config.transport.kind
+            )
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            let feature = match other {
+                TransportKind::Ofi(_) => "ofi",
+                TransportKind::Ucx(_) => "ucx",
+                _ => "mpi",
+            };
+            bail!(
+                "transport `{}`: this evb was built without it (cargo feature `{feature}`, on by default)",
+                config.transport.kind
+            )
+        }
     }
 }
 
