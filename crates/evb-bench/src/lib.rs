@@ -18,6 +18,8 @@
 //! Between phases a worker sends an `EndOfRun` control message as a marker
 //! (its meaning inside the benchmark only).
 
+pub mod results;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::rc::Rc;

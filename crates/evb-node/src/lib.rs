@@ -15,6 +15,8 @@
 //! it and is busy with it for the time its state machine drew, waiting on
 //! the node's deadline (sleeping or spinning, `output.consumer_wait`).
 
+pub mod start;
+
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::net::{SocketAddr, ToSocketAddrs};

@@ -50,11 +50,7 @@ pub fn zero_copy(config: &Config, kind: &TransportKind) -> bool {
 /// Whether large buffers go on huge pages: `event_builder.huge_pages`,
 /// unless `EVB_HUGEPAGES=0|1` says otherwise (as the allocator of `evb`).
 pub fn huge_pages(config: &Config) -> bool {
-    match std::env::var("EVB_HUGEPAGES").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => config.event_builder.huge_pages,
-    }
+    crate::hugepages::wanted(config.event_builder.huge_pages)
 }
 
 /// The buffers one node preallocates.

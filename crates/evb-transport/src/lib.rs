@@ -38,6 +38,7 @@ macro_rules! stderr_line {
 
 pub mod auth;
 pub mod buffers;
+pub mod hugepages;
 pub mod mepbuf;
 #[cfg(feature = "mpi")]
 pub mod mpi;
