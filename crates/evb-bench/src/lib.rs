@@ -1,4 +1,10 @@
-//! Transport micro-benchmarks and the transport conformance checks.
+//! `evb-bench`: `evb bench`, transport micro-benchmarks and the transport
+//! conformance checks; [`results`] turns the workers' results into the
+//! tables, files and verdicts the command prints.
+//!
+//! A crate of its own: a benchmark is a launcher and workers of its own,
+//! not an event builder; it uses the node's transports and address
+//! exchange (`evb-node`, `evb-transport`) and nothing of `evb run`.
 //!
 //! `evb bench` starts one worker process per rank (`evb bench worker`),
 //! hands them each other's addresses the way `evb run` does (`LISTEN` /

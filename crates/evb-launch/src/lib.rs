@@ -1,11 +1,19 @@
-//! `evb run`: a whole event builder on this machine, one `evb node` process
-//! per endpoint on loopback.
+//! `evb-launch`: `evb run`, a whole event builder on this machine, one
+//! `evb node` process per endpoint on loopback.
 //!
 //! The launcher writes the effective configuration to a file every node
 //! reads, collects the nodes' listening ports and hands each the full list,
 //! shows a live progress bar on a terminal, forwards Ctrl-C as a drain request to the
 //! node hosting the EM, and adds the nodes' final reports up into the
-//! summary table and the JSON (`docs/run-json.md`).
+//! summary table and the JSON (`docs/run-json.md`, [`summary`]). Faults
+//! are injected here too (`--kill`, `--stop`, `--resume`, `--restart`:
+//! [`InjectedFault`]).
+//!
+//! A crate of its own: the launcher does not link the node's event loop.
+//! It starts `evb node` processes and speaks to them only through the
+//! control lines and reports of `evb-control`; what it needs of the
+//! transports (`evb-transport`) is the memory plan, the run key and
+//! where shared memory leaves its files.
 
 pub mod summary;
 

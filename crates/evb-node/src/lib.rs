@@ -1,4 +1,11 @@
-//! `evb node`: one endpoint of an event builder, as a process.
+//! `evb-node`: `evb node`, one endpoint of an event builder, as a process.
+//!
+//! A crate of its own: it is the runtime that drives the sans-IO
+//! `evb-core` over real transports (`evb-transport`); `evb run`
+//! (`evb-launch`) only starts it as a process and reads its lines, and
+//! `evb bench` (`evb-bench`) opens transports and exchanges addresses the
+//! way it does ([`open_transport`], [`rendezvous`]). [`start`] turns a
+//! command line into a running node.
 //!
 //! Drives an [`evb_core::Node`] over a [`Transport`] with a single-threaded
 //! loop: time-driven inputs (deadlines, heartbeats, the end of the run),

@@ -1,6 +1,21 @@
 //! `evb-transport`: the transports a node runs over, behind one interface,
 //! and the buffers they move.
 //!
+//! What is here: the [`Transport`] interface and its implementations
+//! ([`tcp`] with [`tcp_conn`], the message engines of [`msg`]: [`shm`],
+//! `ofi`, `ucx`, `mpi`), the run key that authenticates links ([`auth`]),
+//! the output network towards the consumers ([`outnet`]), the MEP buffers
+//! and slot stores fragments are sent from ([`mepbuf`]), the buffer plan
+//! of a node ([`buffers`]) and the allocator that puts large buffers on
+//! huge pages ([`hugepages`]).
+//!
+//! Why a crate of its own: the node (`evb-node`), the launcher
+//! (`evb-launch`, which plans memory and keys) and the benchmarks
+//! (`evb-bench`, which measure this very layer) all use it, and the
+//! message engines that are libraries sit behind cargo features (`ofi`,
+//! `ucx`, `mpi`, all on by default; see [`open_engine`]) so that a build
+//! can leave out a library it does not have.
+//!
 //! The runtime (the `evb-node` crate) speaks in messages to endpoints: control
 //! messages and fragments (a header plus a payload shared with the RU's MEP
 //! buffer). A [`Transport`] moves them and hands what arrives to an
