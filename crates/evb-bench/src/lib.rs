@@ -41,7 +41,6 @@ use evb_control::lines::{LineError, ToLauncher, ToNode};
 pub use evb_control::worker::{SizeResult, WorkerResult};
 use evb_node::{open_transport, rendezvous, Control};
 use evb_transport::mepbuf::MepBuf;
-use evb_transport::stderr_line;
 use evb_transport::{LinkEvent, RxHandler, Transport};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,7 +211,7 @@ impl RxHandler for Rx {
         }
         if let Some(n) = self.die_after {
             if self.count.iter().sum::<u64>() >= n {
-                stderr_line!("evb bench worker {}: dying on purpose", self.rank);
+                tracing::info!("evb bench worker {}: dying on purpose", self.rank);
                 // SAFETY: signalling ourselves.
                 unsafe {
                     libc::kill(libc::getpid(), libc::SIGKILL);
@@ -310,7 +309,7 @@ impl Worker {
         }
         self.lost[p] = true;
         let after = self.rx.last_rx[p].elapsed().as_secs_f64();
-        stderr_line!(
+        tracing::warn!(
             "evb bench worker {}: peer {peer} lost after {after:.3} s: {reason}",
             self.rank
         );
@@ -839,7 +838,7 @@ fn collect(
                 return Err(anyhow::Error::new(e).context("a worker's RESULT line"))
             }
             Ok(ToLauncher::Stats(_) | ToLauncher::Final(_)) | Err(_) => {
-                stderr_line!("worker {rank}: {line}")
+                tracing::info!("worker {rank}: {line}")
             }
         }
     }

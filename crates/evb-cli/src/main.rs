@@ -3,6 +3,7 @@
 
 mod bench;
 mod fabric;
+mod log;
 mod progress;
 mod report;
 mod sim;
@@ -162,6 +163,7 @@ static ALLOCATOR: hugepages::MaybeHuge = hugepages::MaybeHuge;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log::init();
     if matches!(
         cli.command,
         Command::Sim(_)
@@ -192,7 +194,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("evb: error: {err:#}");
+            tracing::error!("evb: error: {err:#}");
             ExitCode::from(2)
         }
     }
@@ -245,7 +247,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if clean || opts.allow_loss {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("evb: error: {:#}", loss_error(&result));
+        tracing::error!("evb: error: {:#}", loss_error(&result));
         Ok(ExitCode::from(1))
     }
 }

@@ -31,7 +31,6 @@ use serde::Serialize;
 
 use evb_control::lines::{ToLauncher, ToNode};
 use evb_control::report::NodeReport;
-use evb_transport::stderr_line;
 
 use crate::summary::{ConsumersSummary, CpuSummary, FailureEvent, SlotClockSummary, Summary};
 
@@ -464,7 +463,7 @@ fn supervise(
             Ok(FromNode::Closed(rank)) => {
                 bail!("node {rank} exited during start-up (see its messages above)")
             }
-            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
             Ok(_) => {}
             Err(_) => bail!("nodes did not report their ports within 30 s"),
         }
@@ -553,7 +552,7 @@ fn supervise(
                 finals[rank] = Some(r);
             }
             Ok(FromNode::Closed(rank)) => open[rank] = false,
-            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
             // A restarted shm node has a new inbox: a node restarted after
             // it must find that one.
             Ok(FromNode::Listen(rank, token)) => {
@@ -637,7 +636,7 @@ fn supervise(
             }
         }
         if n_int >= 2 || Instant::now() > hard_deadline {
-            stderr_line!("evb run: killing the nodes");
+            tracing::warn!("evb run: killing the nodes");
             for c in children.iter_mut() {
                 let _ = c.kill();
             }
@@ -778,7 +777,7 @@ fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
         .max_by_key(|p| p.total_bytes())
         .expect("a run has endpoints");
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    stderr_line!(
+    tracing::info!(
         "evb run: event_builder.preallocate_buffers: {:.2} GiB in all {} endpoints; the largest node: {}",
         gib(total),
         plans.len(),

@@ -43,7 +43,7 @@ use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 use evb_control::{cluster, report};
 use evb_metrics as metrics;
 use evb_transport as transport;
-use evb_transport::{buffers, mepbuf, stderr_line};
+use evb_transport::{buffers, mepbuf};
 
 use crate::mepbuf::{MepBuf, SlotStore};
 use crate::report::NodeReport;
@@ -252,7 +252,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         .output_network()
         .filter(|_| opts.control != Control::Stdio)
     {
-        stderr_line!(
+        tracing::info!(
             "evb node {rank}: on the output network at {} ({} links there)",
             out.address,
             out.links.len()
@@ -308,7 +308,7 @@ fn preallocate(config: &Config, layout: &Layout, rank: NodeId) -> Result<Option<
     let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
     let t = Instant::now();
     let pool = SparePool::fixed(plan.rx_buffers, plan.rx_bytes);
-    stderr_line!(
+    tracing::info!(
         "evb node {rank}: preallocated {} receive buffers of {:.2} MiB in {:.2} s",
         plan.rx_buffers,
         plan.rx_bytes as f64 / f64::from(1u32 << 20),
@@ -356,7 +356,7 @@ fn mep_slots(
     .with_context(|| format!("evb node {rank}: MEP buffers"))?;
     if prealloc {
         store.touch_all();
-        stderr_line!(
+        tracing::info!(
             "evb node {rank}: preallocated {slots} MEP buffers of {:.2} MiB{} in {:.2} s",
             plan.mep_bytes as f64 / f64::from(1u32 << 20),
             if zero_copy { " (shared)" } else { "" },
@@ -795,7 +795,7 @@ impl Engine {
     fn print_memory(&self, rank: NodeId) {
         // SAFETY: mallinfo2 only reads allocator statistics.
         let m = unsafe { libc::mallinfo2() };
-        stderr_line!(
+        tracing::info!(
             "evb node {rank} memory: t {:.0} s rss {} KiB, heap {} KiB ({} KiB in use), \
              mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}, \
              buffer waits {} overflows {}",
@@ -867,7 +867,7 @@ impl RxHandler for Engine {
             (None, Some(f)) => {
                 // Past the bound the protocol guarantees: not silent.
                 if f.short == 1 {
-                    stderr_line!(
+                    tracing::warn!(
                         "evb node: no free receive buffer in the preallocated pool of {}: \
                          allocating past it (counted in rx_buffer_overflows)",
                         f.buffers
@@ -1124,13 +1124,13 @@ impl Runtime {
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
                     if self.engine.node.end_of_run().is_none() {
-                        stderr_line!(
+                        tracing::warn!(
                             "evb node {}: the EM did not come back within event_builder.em_lost_wait_ms ({} ms): ending the run",
                             self.rank,
                             em_lost_wait.as_millis()
                         );
                     }
-                    stderr_line!(
+                    tracing::warn!(
                         "evb node {}: drain timed out: {}",
                         self.rank,
                         self.engine.node.pending_work()
@@ -1203,14 +1203,14 @@ impl Runtime {
         if let Some(store) = self.store.take() {
             // Everything queued is written before the final report.
             let stats = store.close().context("closing the event store")?;
-            stderr_line!("evb node {}: event store: {stats:?}", self.rank);
+            tracing::info!("evb node {}: event store: {stats:?}", self.rank);
             self.store_closed = Some(stats);
         }
         self.output_network = transport.output_network();
         self.print_report(true, drain_timed_out);
         let dropped = self.report_lines.finish();
         if dropped > 0 {
-            stderr_line!(
+            tracing::warn!(
                 "evb node {}: {dropped} STATS lines dropped: stdout was not read fast enough",
                 self.rank
             );
@@ -1253,7 +1253,7 @@ impl Runtime {
 
     fn link_closed(&mut self, transport: &mut dyn Transport, peer: NodeId, error: Option<String>) {
         if let Some(e) = &error {
-            stderr_line!(
+            tracing::warn!(
                 "evb node {}: link to endpoint {peer} failed: {e}",
                 self.rank
             );
@@ -1280,7 +1280,7 @@ impl Runtime {
         match (em.stats.resumed_at, self.em_resync_logged) {
             (Some(mep), false) => {
                 self.em_resync_logged = true;
-                stderr_line!(
+                tracing::info!(
                     "evb node {}: EM resumed the run at MEP {mep} (by {:.1} s after its restart)",
                     self.rank,
                     self.engine.epoch.elapsed().as_secs_f64()
@@ -1288,7 +1288,7 @@ impl Runtime {
             }
             (None, false) if em.is_resyncing() && self.engine.epoch.elapsed() > RESYNC_SLOW => {
                 self.em_resync_logged = true;
-                stderr_line!(
+                tracing::warn!(
                     "evb node {}: restarted EM still waits for endpoints {:?} to say how far the run got",
                     self.rank,
                     em.resync_waiting()
@@ -1311,7 +1311,7 @@ impl Runtime {
         if self.engine.node.is_done() || self.finished || !self.is_lost(peer) {
             return;
         }
-        stderr_line!("evb node {}: endpoint {peer} rejoined", self.rank);
+        tracing::info!("evb node {}: endpoint {peer} rejoined", self.rank);
         self.rejoins.push(crate::report::PeerRejoin::now(peer));
         if let Some(t) = self.engine.last_rx.get_mut(peer as usize) {
             *t = Instant::now();
@@ -1321,7 +1321,7 @@ impl Runtime {
     }
 
     fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
-        stderr_line!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
+        tracing::warn!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
         self.lost.push(crate::report::PeerLoss::now(peer, reason));
         transport.drop_peer(peer, &mut self.events);
         let now = self.engine.now();
@@ -1771,7 +1771,7 @@ impl Runtime {
                 .map_or(Ok(()), std::fs::create_dir_all)
                 .and_then(|_| std::fs::write(path, &line));
             if let Err(e) = written {
-                stderr_line!("evb node {}: writing {}: {e}", self.rank, path.display());
+                tracing::error!("evb node {}: writing {}: {e}", self.rank, path.display());
             }
         }
         if self.report_file.is_some() && !full && !self.stats_under_launcher {

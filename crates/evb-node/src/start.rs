@@ -39,7 +39,7 @@ pub fn start(opts: StartOptions) -> Result<()> {
         (None, Some((r, size, who)), Control::Launcher) => {
             // The launcher's size is the number of endpoints.
             overrides.insert(0, format!("nodes.count={size}"));
-            eprintln!("evb node: rank {r} of {size} from {who}");
+            tracing::info!("evb node: rank {r} of {size} from {who}");
             r
         }
         (None, None, Control::Launcher) => bail!(
@@ -86,7 +86,7 @@ fn rejoin_cluster_job(opts: StartOptions) -> Result<()> {
     overrides.insert(0, format!("nodes.count={size}"));
     let config = Config::load(path, &overrides)?;
     evb_transport::hugepages::choose(config.event_builder.huge_pages);
-    eprintln!(
+    tracing::info!(
         "evb node: rank {rank} of {size} rejoins run {run_id} of {}",
         dir.display()
     );

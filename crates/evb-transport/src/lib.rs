@@ -40,17 +40,6 @@
 //! libfabric the same way over tcp;ofi_rxm ([`ofi`]). MPI and libfabric's
 //! other providers do not: a peer they lost stays lost for the rest of the run.
 
-/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
-/// stderr, and `eprintln!` writes a line in pieces, which interleave
-/// between processes ("evb node 1evb node : drain timed out: 3: ...").
-#[macro_export]
-macro_rules! stderr_line {
-    ($($arg:tt)*) => {{
-        let line = format!("{}\n", format_args!($($arg)*));
-        eprint!("{line}");
-    }};
-}
-
 pub mod auth;
 pub mod buffers;
 pub mod hugepages;
