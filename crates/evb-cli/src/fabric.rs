@@ -393,16 +393,6 @@ fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-pub(crate) fn split_port(s: &str) -> Result<(String, u8)> {
-    let (n, p) = s
-        .rsplit_once(':')
-        .with_context(|| format!("expected NAME:PORT, got '{s}'"))?;
-    Ok((
-        n.to_string(),
-        p.parse().with_context(|| format!("bad port in '{s}'"))?,
-    ))
-}
-
 /// Reads the fabric and names its nodes (`--names`), saying on stderr
 /// which nodes are named by GUID and what the map did not cover.
 fn load_named(spec: &str, naming: &Naming) -> Result<Topology> {
@@ -517,41 +507,11 @@ fn link_summary(topo: &Topology) -> (Vec<String>, serde_json::Value) {
     (lines, json)
 }
 
-/// Applies what-if edits to a fabric: hosts or switches removed, cables
-/// removed, cables swapped (as `evb fabric` and `evb sim` take them).
-pub(crate) fn apply_edits(
-    topo: &mut Topology,
-    remove: &[String],
-    remove_link: &[String],
-    swap_cables: &[String],
-) -> Result<()> {
-    for n in remove {
-        topo.remove_node(n)?;
-    }
-    for l in remove_link {
-        let (n, p) = split_port(l)?;
-        topo.remove_link(&n, p)?;
-    }
-    for s in swap_cables {
-        let (a, b) = s
-            .split_once(',')
-            .with_context(|| format!("expected A:PORT,B:PORT, got '{s}'"))?;
-        let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
-        topo.swap_cables(&na, pa, &nb, pb)?;
-    }
-    Ok(())
-}
-
 /// Loads topology and LFTs, applying what-if edits.
 fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)> {
     let orig = load_named(&input.topology, &input.naming)?;
     let mut topo = orig.clone();
-    apply_edits(
-        &mut topo,
-        &input.remove,
-        &input.remove_link,
-        &input.swap_cables,
-    )?;
+    topo.apply_edits(&input.remove, &input.remove_link, &input.swap_cables)?;
     let (lfts, what, fallback) = match &input.lfts {
         Some(f) => {
             let l = io::parse_lfts(f, &orig)?;
