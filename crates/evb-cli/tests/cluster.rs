@@ -113,7 +113,7 @@ fn kill_rank_after(
                 |bytes: &[u8], what: &str| bytes.split(|&b| b == 0).any(|w| w == what.as_bytes());
             if has(&cmdline, &needle) && has(&environ, &env) {
                 let pid: i32 = entry.file_name().to_string_lossy().parse().unwrap();
-                let at = evb_net::report::unix_now();
+                let at = evb_control::report::unix_now();
                 // SAFETY: a process of this test's own mpirun job.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 return Some(at);

@@ -319,17 +319,17 @@ fn grafana_dashboard_queries_served_metrics() {
     );
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     // A node that is both a BU with consumers and a consumer serves every series.
-    let served = evb_net::metrics::render(
-        &evb_net::report::NodeReport {
+    let served = evb_metrics::render(
+        &evb_control::report::NodeReport {
             missing_by_source: vec![0, 1],
             ..Default::default()
         },
-        &evb_net::metrics::Gauges {
-            bu_output: Some(evb_net::metrics::BuOutputGauges {
+        &evb_metrics::Gauges {
+            bu_output: Some(evb_metrics::BuOutputGauges {
                 credits_held: vec![(4, 1)],
                 ..Default::default()
             }),
-            consumer: Some(evb_net::metrics::ConsumerGauges {
+            consumer: Some(evb_metrics::ConsumerGauges {
                 credits_outstanding: vec![(0, 1)],
                 ..Default::default()
             }),

@@ -12,8 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use evb_core::{Config, Layout};
-use evb_net::buffers::BufferPlan;
-use evb_net::transport::TransportKind;
+use evb_transport::buffers::BufferPlan;
+use evb_transport::TransportKind;
 use serde_json::Value;
 
 /// Runs `evb run` with `args` plus `--json`; returns (exit code, output,

@@ -1,11 +1,21 @@
-//! `evb run`: a whole event builder on this machine, one `evb node` process
-//! per endpoint on loopback.
+//! `evb-launch`: `evb run`, a whole event builder on this machine, one
+//! `evb node` process per endpoint on loopback.
 //!
 //! The launcher writes the effective configuration to a file every node
 //! reads, collects the nodes' listening ports and hands each the full list,
 //! shows a live progress bar on a terminal, forwards Ctrl-C as a drain request to the
 //! node hosting the EM, and adds the nodes' final reports up into the
-//! summary table and the JSON (`docs/run-json.md`).
+//! summary table and the JSON (`docs/run-json.md`, [`summary`]). Faults
+//! are injected here too (`--kill`, `--stop`, `--resume`, `--restart`:
+//! [`InjectedFault`]).
+//!
+//! A crate of its own: the launcher does not link the node's event loop.
+//! It starts `evb node` processes and speaks to them only through the
+//! control lines and reports of `evb-control`; what it needs of the
+//! transports (`evb-transport`) is the memory plan, the run key and
+//! where shared memory leaves its files.
+
+pub mod summary;
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -19,7 +29,10 @@ use evb_core::config::{Readout, Verify};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
-use crate::report::{NodeReport, Summary};
+use evb_control::lines::{ToLauncher, ToNode};
+use evb_control::report::NodeReport;
+
+use crate::summary::{ConsumersSummary, CpuSummary, FailureEvent, SlotClockSummary, Summary};
 
 /// Options of `evb run`.
 #[derive(Debug, Clone, Default)]
@@ -160,13 +173,13 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     }
     // `auto` is shm on one machine (restarted nodes rejoin over it too),
     // tcp with an output network.
-    config.transport.kind = crate::transport::resolve_auto(&config).into();
+    config.transport.kind = evb_transport::resolve_auto(&config).into();
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
     if config.output_network() {
         // Every node runs here: one look at the address before starting them.
-        crate::transport::outnet::published_ip(&config)?;
+        evb_transport::outnet::published_ip(&config)?;
     }
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
@@ -179,9 +192,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     };
     // A fresh run key for this run's nodes (unless the config names one):
     // a stranger on a node port cannot join even with the right run id.
-    let run_key = match std::env::var(crate::transport::auth::KEY_ENV) {
+    let run_key = match std::env::var(evb_transport::auth::KEY_ENV) {
         Ok(k) => k,
-        Err(_) => crate::transport::auth::fresh_key_hex(),
+        Err(_) => evb_transport::auth::fresh_key_hex(),
     };
     for f in opts.faults.iter().chain(&opts.restarts) {
         if f.node as usize >= endpoints {
@@ -225,7 +238,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 r.at_s
             );
         }
-        if !crate::transport::can_rejoin(&config.transport.kind) {
+        if !evb_transport::can_rejoin(&config.transport.kind) {
             bail!(
                 "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
                 config.transport.kind
@@ -249,9 +262,9 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
                 "--config",
             ])
             .arg(&config_path)
-            .env(crate::transport::auth::KEY_ENV, &run_key)
+            .env(evb_transport::auth::KEY_ENV, &run_key)
             .env(
-                crate::transport::shm::REJOIN_ENV,
+                evb_transport::shm::REJOIN_ENV,
                 if opts.restarts.is_empty() { "0" } else { "1" },
             )
             .stdin(Stdio::piped())
@@ -303,7 +316,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         // With rejoin, an shm inbox keeps its name until its process ends
         // normally: remove those of the nodes that were killed.
         for &(rank, pid) in spawned.borrow().iter() {
-            let path = crate::transport::shm::inbox_path(config.run.run_id, rank, pid);
+            let path = evb_transport::shm::inbox_path(config.run.run_id, rank, pid);
             let _ = std::fs::remove_file(path);
         }
     }
@@ -327,7 +340,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .collect();
     for r in reports.iter().flatten() {
         for loss in &r.peers_lost {
-            failures.push(crate::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: loss.at_unix_s - started_unix,
                 node: loss.peer,
                 seen_by: format!("node {}", r.node),
@@ -335,7 +348,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
             });
         }
         for back in &r.rejoins {
-            failures.push(crate::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: back.at_unix_s - started_unix,
                 node: back.peer,
                 seen_by: format!("node {}", r.node),
@@ -353,7 +366,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         config.nodes.count,
     );
     summary.failures = failures;
-    summary.cpu = crate::report::CpuSummary::from_reports(&reports, summary.bytes_built);
+    summary.cpu = CpuSummary::from_reports(&reports, summary.bytes_built);
     summary.readout = match config.source.readout {
         Readout::Ring => "ring".into(),
         Readout::Fresh => "fresh".into(),
@@ -363,22 +376,21 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Verify::Crc => "crc".into(),
         Verify::Sample => format!("sample 1/{}", config.event_builder.verify_sample),
     };
-    summary.zero_copy = crate::buffers::zero_copy(
+    summary.zero_copy = evb_transport::buffers::zero_copy(
         &config,
-        &crate::transport::TransportKind::parse(crate::transport::resolve_auto(&config))?,
+        &evb_transport::TransportKind::parse(evb_transport::resolve_auto(&config))?,
     );
-    summary.slot_clock =
-        crate::report::SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
-            .map(|mut c| {
-                c.rotation_slots =
-                    evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
-                if !config.event_builder.schedule_file.is_empty() {
-                    c.schedule_file = Some(config.event_builder.schedule_file.clone());
-                }
-                c
-            });
+    summary.slot_clock = SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
+        .map(|mut c| {
+            c.rotation_slots =
+                evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
+            if !config.event_builder.schedule_file.is_empty() {
+                c.schedule_file = Some(config.event_builder.schedule_file.clone());
+            }
+            c
+        });
     if layout.fus() > 0 {
-        summary.consumers = Some(crate::report::ConsumersSummary::from_reports(
+        summary.consumers = Some(ConsumersSummary::from_reports(
             &reports,
             &layout,
             summary.duration_s,
@@ -404,25 +416,12 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
 fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Sender<FromNode>) {
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
-        let msg = if let Some(p) = line.strip_prefix("LISTEN ") {
-            let token = p.trim();
-            if token.is_empty() || token.contains(char::is_whitespace) {
-                FromNode::Garbage(rank, line)
-            } else {
-                FromNode::Listen(rank, token.to_string())
-            }
-        } else if let Some(j) = line.strip_prefix("STATS ") {
-            match serde_json::from_str(j) {
-                Ok(r) => FromNode::Stats(rank, r),
-                Err(_) => FromNode::Garbage(rank, line),
-            }
-        } else if let Some(j) = line.strip_prefix("FINAL ") {
-            match serde_json::from_str(j) {
-                Ok(r) => FromNode::Final(rank, r),
-                Err(_) => FromNode::Garbage(rank, line),
-            }
-        } else {
-            FromNode::Garbage(rank, line)
+        // What is not a node's control line is passed on as it is.
+        let msg = match ToLauncher::parse(&line) {
+            Ok(ToLauncher::Listen(token)) => FromNode::Listen(rank, token),
+            Ok(ToLauncher::Stats(r)) => FromNode::Stats(rank, *r),
+            Ok(ToLauncher::Final(r)) => FromNode::Final(rank, *r),
+            Ok(ToLauncher::Result(_)) | Err(_) => FromNode::Garbage(rank, line),
         };
         if tx.send(msg).is_err() {
             return;
@@ -438,7 +437,7 @@ struct Supervised {
     latest: Vec<NodeReport>,
     earlier_reports: Vec<NodeReport>,
     timeline: Vec<Sample>,
-    failures: Vec<crate::report::FailureEvent>,
+    failures: Vec<FailureEvent>,
     started_unix: f64,
 }
 
@@ -464,7 +463,7 @@ fn supervise(
             Ok(FromNode::Closed(rank)) => {
                 bail!("node {rank} exited during start-up (see its messages above)")
             }
-            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
             Ok(_) => {}
             Err(_) => bail!("nodes did not report their ports within 30 s"),
         }
@@ -472,7 +471,7 @@ fn supervise(
     let bind = &config.transport.bind;
     // A TCP node announces its port (and with an output network, `,` and
     // its address there); other transports an opaque token.
-    let address = |token: String| match crate::transport::outnet::split_token(&token) {
+    let address = |token: String| match evb_transport::outnet::split_token(&token) {
         (port, None) if port.parse::<u16>().is_ok() => format!("{bind}:{port}"),
         (port, Some(out)) if port.parse::<u16>().is_ok() => format!("{bind}:{port},{out}"),
         _ => token,
@@ -481,7 +480,7 @@ fn supervise(
         .into_iter()
         .map(|p| address(p.expect("all known")))
         .collect();
-    let mut line = format!("PEERS {}\n", peers.join(" "));
+    let mut line = ToNode::Peers(peers.clone()).encode();
     let mut pending_restarts = opts.restarts.clone();
     // Counters of earlier incarnations of restarted nodes, so the timeline
     // does not step back: (events_built, bytes_built) per node.
@@ -512,7 +511,7 @@ fn supervise(
     });
     let bar = progress.then(|| progress_bar(config));
     let start = Instant::now();
-    let started_unix = crate::report::unix_now();
+    let started_unix = evb_control::report::unix_now();
     let mut pending_faults = opts.faults.clone();
     let mut failures = Vec::new();
     let run_for = Duration::from_secs_f64(config.run.duration_s);
@@ -553,12 +552,12 @@ fn supervise(
                 finals[rank] = Some(r);
             }
             Ok(FromNode::Closed(rank)) => open[rank] = false,
-            Ok(FromNode::Garbage(rank, line)) => stderr_line!("node {rank}: {line}"),
+            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
             // A restarted shm node has a new inbox: a node restarted after
             // it must find that one.
             Ok(FromNode::Listen(rank, token)) => {
                 peers[rank] = address(token);
-                line = format!("PEERS {}\n", peers.join(" "));
+                line = ToNode::Peers(peers.clone()).encode();
             }
             Err(_) => {}
         }
@@ -578,7 +577,7 @@ fn supervise(
                 unsafe {
                     libc::kill(child.id() as libc::pid_t, f.signal);
                 }
-                failures.push(crate::report::FailureEvent {
+                failures.push(FailureEvent {
                     at_s: elapsed,
                     node: f.node,
                     seen_by: "launcher".into(),
@@ -617,7 +616,7 @@ fn supervise(
             earlier[rank].0 += latest[rank].events_built;
             earlier[rank].1 += latest[rank].bytes_built;
             earlier_reports.push(std::mem::take(&mut latest[rank]));
-            failures.push(crate::report::FailureEvent {
+            failures.push(FailureEvent {
                 at_s: elapsed,
                 node: r.node,
                 seen_by: "launcher".into(),
@@ -631,11 +630,13 @@ fn supervise(
                 bar.println("evb run: interrupted, draining (Ctrl-C again to kill)");
             }
             if let Some(s) = stdins[em].as_mut() {
-                let _ = s.write_all(b"STOP\n").and_then(|_| s.flush());
+                let _ = s
+                    .write_all(ToNode::Stop.encode().as_bytes())
+                    .and_then(|_| s.flush());
             }
         }
         if n_int >= 2 || Instant::now() > hard_deadline {
-            stderr_line!("evb run: killing the nodes");
+            tracing::warn!("evb run: killing the nodes");
             for c in children.iter_mut() {
                 let _ = c.kill();
             }
@@ -770,13 +771,13 @@ fn check_memory(config: &Config, machine: Option<u64>) -> Result<()> {
 /// and touch at start, and refuses more than this machine's memory.
 fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
     let layout = Layout::from_config(config);
-    let (plans, total) = crate::buffers::BufferPlan::for_run(config, &layout)?;
+    let (plans, total) = evb_transport::buffers::BufferPlan::for_run(config, &layout)?;
     let largest = plans
         .iter()
         .max_by_key(|p| p.total_bytes())
         .expect("a run has endpoints");
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    stderr_line!(
+    tracing::info!(
         "evb run: event_builder.preallocate_buffers: {:.2} GiB in all {} endpoints; the largest node: {}",
         gib(total),
         plans.len(),

@@ -343,7 +343,7 @@ impl<E: Endpoint> MsgTransport<E> {
                     let keep = self.on_message(buf, len, tag, None, handler, events);
                     let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
                     if let Err(e) = self.ep.post_recv(buf) {
-                        stderr_line!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                        tracing::warn!("evb node {}: posting a receive buffer: {e:#}", self.rank);
                     }
                 }
                 Completion::ReceivedShared { head, tag, view } => {
@@ -360,7 +360,7 @@ impl<E: Endpoint> MsgTransport<E> {
                     let keep = self.on_message(buf, len, tag, known, handler, events);
                     let buf = keep.unwrap_or_else(|| handler.spare_buffer(self.max_message));
                     if let Err(e) = self.ep.post_recv(buf) {
-                        stderr_line!("evb node {}: posting a receive buffer: {e:#}", self.rank);
+                        tracing::warn!("evb node {}: posting a receive buffer: {e:#}", self.rank);
                     }
                 }
             }
@@ -572,7 +572,9 @@ impl<E: Endpoint> MsgTransport<E> {
                     self.peer_index[p as usize] = Some(index);
                     self.pending_link[p as usize] = p != self.rank;
                 }
-                Err(e) => stderr_line!("evb node {}: endpoint {p} is not there: {e:#}", self.rank),
+                Err(e) => {
+                    tracing::warn!("evb node {}: endpoint {p} is not there: {e:#}", self.rank)
+                }
             }
         }
         for _ in 0..self.recv_buffers {
@@ -589,7 +591,7 @@ impl<E: Endpoint> MsgTransport<E> {
                 break;
             }
             if Instant::now() > deadline {
-                stderr_line!(
+                tracing::warn!(
                     "evb node {}: endpoints {waiting:?} did not take it back at the rejoin",
                     self.rank
                 );

@@ -1,17 +1,28 @@
-//! `evb node`: one endpoint of an event builder, as a process.
+//! `evb-node`: `evb node`, one endpoint of an event builder, as a process.
+//!
+//! A crate of its own: it is the runtime that drives the sans-IO
+//! `evb-core` over real transports (`evb-transport`); `evb run`
+//! (`evb-launch`) only starts it as a process and reads its lines, and
+//! `evb bench` (`evb-bench`) opens transports and exchanges addresses the
+//! way it does ([`open_transport`], [`rendezvous`]). [`start`] turns a
+//! command line into a running node.
 //!
 //! Drives an [`evb_core::Node`] over a [`Transport`] with a single-threaded
 //! loop: time-driven inputs (deadlines, heartbeats, the end of the run),
 //! then the transport's input, then the actions the node asked for.
 //! Under `evb run` (`--control stdio`) the node prints `LISTEN <token>`,
 //! reads `PEERS <token>...` and later `STOP` on stdin, and prints `STATS`
-//! and `FINAL` JSON lines on stdout. Under `mpirun`/`srun`
-//! (`--control mpi`) rank, size and the tokens come from MPI.
+//! and `FINAL` JSON lines on stdout (the lines of [`evb_control::lines`]).
+//! Under `mpirun`/`srun` (`--control launcher`) rank and size come from
+//! the launcher's environment and the tokens through a rendezvous
+//! directory ([`evb_control::cluster`]).
 //!
 //! With consumers, a BU delivers each built batch to a Filter Unit endpoint
 //! as one fragment-kind message flagged as a batch; an FU endpoint verifies
 //! it and is busy with it for the time its state machine drew, waiting on
 //! the node's deadline (sleeping or spinning, `output.consumer_wait`).
+
+pub mod start;
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -28,10 +39,17 @@ use evb_core::source::{payload_crc, RingTemplate, SourceModel};
 use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
 
+// The crates a node is made of, under the names its code uses for them.
+use evb_control::{cluster, report};
+use evb_metrics as metrics;
+use evb_transport as transport;
+use evb_transport::{buffers, mepbuf};
+
 use crate::mepbuf::{MepBuf, SlotStore};
 use crate::report::NodeReport;
 use crate::transport::shm::SharedView;
-use crate::transport::{self, outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
+use crate::transport::{outnet, CrcPolicy, LinkEvent, RxHandler, Transport, TransportKind};
+use evb_control::lines::{ToLauncher, ToNode};
 
 /// How the node is told its peers and when to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,7 +252,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         .output_network()
         .filter(|_| opts.control != Control::Stdio)
     {
-        stderr_line!(
+        tracing::info!(
             "evb node {rank}: on the output network at {} ({} links there)",
             out.address,
             out.links.len()
@@ -290,7 +308,7 @@ fn preallocate(config: &Config, layout: &Layout, rank: NodeId) -> Result<Option<
     let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
     let t = Instant::now();
     let pool = SparePool::fixed(plan.rx_buffers, plan.rx_bytes);
-    stderr_line!(
+    tracing::info!(
         "evb node {rank}: preallocated {} receive buffers of {:.2} MiB in {:.2} s",
         plan.rx_buffers,
         plan.rx_bytes as f64 / f64::from(1u32 << 20),
@@ -338,7 +356,7 @@ fn mep_slots(
     .with_context(|| format!("evb node {rank}: MEP buffers"))?;
     if prealloc {
         store.touch_all();
-        stderr_line!(
+        tracing::info!(
             "evb node {rank}: preallocated {slots} MEP buffers of {:.2} MiB{} in {:.2} s",
             plan.mep_bytes as f64 / f64::from(1u32 << 20),
             if zero_copy { " (shared)" } else { "" },
@@ -349,7 +367,7 @@ fn mep_slots(
 }
 
 /// Opens this node's end of the configured transport.
-pub(crate) fn open_transport(
+pub fn open_transport(
     config: &Config,
     layout: &Layout,
     rank: NodeId,
@@ -389,39 +407,10 @@ pub(crate) fn open_transport(
                 ep, config, layout, rank,
             )?))
         }
-        TransportKind::Ofi(provider) => {
-            let ep = transport::ofi::OfiEndpoint::open(
-                &provider,
-                progress,
-                transport::max_message_bytes(config),
-                rank,
-            )?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
+        TransportKind::Mpi if control != Control::Launcher => {
+            bail!("transport `mpi` runs under mpirun or srun: use `evb node --control launcher`")
         }
-        TransportKind::Ucx(tls) => {
-            let ep = transport::ucx::UcxEndpoint::open(
-                tls.as_deref(),
-                progress,
-                transport::max_message_bytes(config),
-                rank,
-            )?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
-        }
-        TransportKind::Mpi => {
-            if control != Control::Launcher {
-                bail!(
-                    "transport `mpi` runs under mpirun or srun: use `evb node --control launcher`"
-                );
-            }
-            let ep = transport::mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
-            Ok(Box::new(transport::msg::MsgTransport::new(
-                ep, config, layout, rank,
-            )?))
-        }
+        engine => transport::open_engine(&engine, config, layout, rank),
     }
 }
 
@@ -459,7 +448,7 @@ fn config_addresses(config: &Config, layout: &Layout) -> Result<Vec<SocketAddr>>
 }
 
 /// Learns every endpoint's token (address).
-pub(crate) fn rendezvous(
+pub fn rendezvous(
     config: &Config,
     layout: &Layout,
     _rank: NodeId,
@@ -468,7 +457,7 @@ pub(crate) fn rendezvous(
 ) -> Result<Vec<String>> {
     match control {
         Control::Stdio => {
-            println!("LISTEN {}", transport.local_token());
+            print!("{}", ToLauncher::Listen(transport.local_token()).encode());
             std::io::stdout().flush()?;
             read_peers_line(layout)
         }
@@ -501,13 +490,14 @@ fn read_peers_line(layout: &Layout) -> Result<Vec<String>> {
     if std::io::stdin().lock().read_line(&mut line)? == 0 {
         bail!("stdin closed before the PEERS line");
     }
-    let line = line.trim_end();
-    let tokens: Vec<String> = line
-        .strip_prefix("PEERS ")
-        .ok_or_else(|| anyhow!("expected `PEERS token...`, got `{line}`"))?
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
+    let tokens = match ToNode::parse(&line) {
+        Ok(ToNode::Peers(tokens)) => tokens,
+        Ok(other) => bail!(
+            "expected `PEERS token...`, got `{}`",
+            other.encode().trim_end()
+        ),
+        Err(e) => bail!("expected `PEERS token...`: {e}"),
+    };
     if tokens.len() != layout.endpoints as usize {
         bail!(
             "PEERS lists {} addresses for {} endpoints",
@@ -525,7 +515,7 @@ fn spawn_stdin_forwarder() -> mpsc::Receiver<Command> {
         let mut lines = std::io::stdin().lines();
         loop {
             let cmd = match lines.next() {
-                Some(Ok(l)) if l.trim() == "STOP" => Command::Stop,
+                Some(Ok(l)) if ToNode::parse(&l) == Ok(ToNode::Stop) => Command::Stop,
                 Some(Ok(_)) => continue,
                 _ => Command::Eof,
             };
@@ -805,7 +795,7 @@ impl Engine {
     fn print_memory(&self, rank: NodeId) {
         // SAFETY: mallinfo2 only reads allocator statistics.
         let m = unsafe { libc::mallinfo2() };
-        stderr_line!(
+        tracing::info!(
             "evb node {rank} memory: t {:.0} s rss {} KiB, heap {} KiB ({} KiB in use), \
              mmapped {} chunks {} KiB, spares {}+{}, meps {}, batches {}, deliveries {}, consuming {}, \
              buffer waits {} overflows {}",
@@ -877,7 +867,7 @@ impl RxHandler for Engine {
             (None, Some(f)) => {
                 // Past the bound the protocol guarantees: not silent.
                 if f.short == 1 {
-                    stderr_line!(
+                    tracing::warn!(
                         "evb node: no free receive buffer in the preallocated pool of {}: \
                          allocating past it (counted in rx_buffer_overflows)",
                         f.buffers
@@ -1134,13 +1124,13 @@ impl Runtime {
             if let Some(dl) = drain_deadline {
                 if now_i >= dl && !self.engine.node.is_done() {
                     if self.engine.node.end_of_run().is_none() {
-                        stderr_line!(
+                        tracing::warn!(
                             "evb node {}: the EM did not come back within event_builder.em_lost_wait_ms ({} ms): ending the run",
                             self.rank,
                             em_lost_wait.as_millis()
                         );
                     }
-                    stderr_line!(
+                    tracing::warn!(
                         "evb node {}: drain timed out: {}",
                         self.rank,
                         self.engine.node.pending_work()
@@ -1158,7 +1148,7 @@ impl Runtime {
             transport.flush(&mut self.events);
             self.handle_link_events(transport)?;
             if now_i >= next_stats {
-                self.print_report("STATS", false, drain_timed_out);
+                self.print_report(false, drain_timed_out);
                 next_stats = now_i + STATS_INTERVAL;
             }
             if self.engine.node.is_done() && done_at.is_none() && !transport.has_pending_tx(None) {
@@ -1213,14 +1203,14 @@ impl Runtime {
         if let Some(store) = self.store.take() {
             // Everything queued is written before the final report.
             let stats = store.close().context("closing the event store")?;
-            stderr_line!("evb node {}: event store: {stats:?}", self.rank);
+            tracing::info!("evb node {}: event store: {stats:?}", self.rank);
             self.store_closed = Some(stats);
         }
         self.output_network = transport.output_network();
-        self.print_report("FINAL", true, drain_timed_out);
+        self.print_report(true, drain_timed_out);
         let dropped = self.report_lines.finish();
         if dropped > 0 {
-            stderr_line!(
+            tracing::warn!(
                 "evb node {}: {dropped} STATS lines dropped: stdout was not read fast enough",
                 self.rank
             );
@@ -1263,7 +1253,7 @@ impl Runtime {
 
     fn link_closed(&mut self, transport: &mut dyn Transport, peer: NodeId, error: Option<String>) {
         if let Some(e) = &error {
-            stderr_line!(
+            tracing::warn!(
                 "evb node {}: link to endpoint {peer} failed: {e}",
                 self.rank
             );
@@ -1290,7 +1280,7 @@ impl Runtime {
         match (em.stats.resumed_at, self.em_resync_logged) {
             (Some(mep), false) => {
                 self.em_resync_logged = true;
-                stderr_line!(
+                tracing::info!(
                     "evb node {}: EM resumed the run at MEP {mep} (by {:.1} s after its restart)",
                     self.rank,
                     self.engine.epoch.elapsed().as_secs_f64()
@@ -1298,7 +1288,7 @@ impl Runtime {
             }
             (None, false) if em.is_resyncing() && self.engine.epoch.elapsed() > RESYNC_SLOW => {
                 self.em_resync_logged = true;
-                stderr_line!(
+                tracing::warn!(
                     "evb node {}: restarted EM still waits for endpoints {:?} to say how far the run got",
                     self.rank,
                     em.resync_waiting()
@@ -1321,7 +1311,7 @@ impl Runtime {
         if self.engine.node.is_done() || self.finished || !self.is_lost(peer) {
             return;
         }
-        stderr_line!("evb node {}: endpoint {peer} rejoined", self.rank);
+        tracing::info!("evb node {}: endpoint {peer} rejoined", self.rank);
         self.rejoins.push(crate::report::PeerRejoin::now(peer));
         if let Some(t) = self.engine.last_rx.get_mut(peer as usize) {
             *t = Instant::now();
@@ -1331,7 +1321,7 @@ impl Runtime {
     }
 
     fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
-        stderr_line!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
+        tracing::warn!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
         self.lost.push(crate::report::PeerLoss::now(peer, reason));
         transport.drop_peer(peer, &mut self.events);
         let now = self.engine.now();
@@ -1680,7 +1670,8 @@ impl Runtime {
         f.source == h.source && f.drop_meps.contains(&h.mep)
     }
 
-    fn print_report(&self, tag: &str, full: bool, drain_timed_out: bool) {
+    /// `full`: the FINAL report (else a STATS one).
+    fn print_report(&self, full: bool, drain_timed_out: bool) {
         let stats = self.engine.node.stats();
         let elapsed = self.engine.epoch.elapsed().as_secs_f64();
         // Metrics want the latency histogram every time.
@@ -1773,24 +1764,25 @@ impl Runtime {
             r.latency_buckets.clear();
             r.incidents.clear();
         }
-        let line = serde_json::to_string(&r).expect("report serialises");
         if let (Some(path), true) = (&self.report_file, full) {
+            let line = serde_json::to_string(&r).expect("report serialises");
             let written = path
                 .parent()
                 .map_or(Ok(()), std::fs::create_dir_all)
                 .and_then(|_| std::fs::write(path, &line));
             if let Err(e) = written {
-                stderr_line!("evb node {}: writing {}: {e}", self.rank, path.display());
+                tracing::error!("evb node {}: writing {}: {e}", self.rank, path.display());
             }
         }
         if self.report_file.is_some() && !full && !self.stats_under_launcher {
             return; // No STATS lines on a launcher's shared stdout.
         }
-        let line = format!("{tag} {line}\n");
         if full {
-            self.report_lines.write(line);
+            self.report_lines
+                .write(ToLauncher::Final(Box::new(r)).encode());
         } else {
-            self.report_lines.offer(line);
+            self.report_lines
+                .offer(ToLauncher::Stats(Box::new(r)).encode());
         }
     }
 }

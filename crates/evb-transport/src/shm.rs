@@ -1057,7 +1057,7 @@ impl ShmEndpoint {
 
     /// A corrupt ring cannot be resynchronised: its content is dropped.
     fn discard_corrupt(&mut self, s: usize, head: u64, kind: u32, total: usize) {
-        stderr_line!(
+        tracing::warn!(
             "evb shm: ring of endpoint {s} is corrupt (kind {kind}, {total} bytes); discarding it"
         );
         self.tails[s] = head;
@@ -1413,19 +1413,19 @@ impl ShmEndpoint {
             }
         }
         if !self.rejoin {
-            stderr_line!("evb shm: endpoint {r} asked to join as process {pid}, and this run does not restart nodes");
+            tracing::warn!("evb shm: endpoint {r} asked to join as process {pid}, and this run does not restart nodes");
             return true;
         }
         let path = inbox_path(self.run_id, r, pid as u32);
         let new_fd = pidfd_open(pid);
         if pid <= 0 || !process_alive(pid, new_fd.as_ref()) {
-            stderr_line!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
+            tracing::warn!("evb shm: endpoint {r} asked to join as process {pid}, which is gone");
             return true;
         }
         let mut peer = match self.attach(&path, pid, r) {
             Ok(p) => p,
             Err(e) => {
-                stderr_line!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
+                tracing::warn!("evb shm: endpoint {r} asked to join as process {pid}: {e:#}");
                 return true;
             }
         };
@@ -1844,7 +1844,7 @@ impl Drop for ShmEndpoint {
     fn drop(&mut self) {
         self.unlink();
         if self.failed_reads > 0 {
-            stderr_line!(
+            tracing::warn!(
                 "evb shm: {} messages lost because their sender was gone",
                 self.failed_reads
             );

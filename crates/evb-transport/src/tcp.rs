@@ -354,7 +354,7 @@ impl TcpTransport {
                             opened.push((s, (peer != me).then_some(peer)));
                             accepted += 1;
                         }
-                        Err(e) => stderr_line!("evb node {me}: rejected a connection: {e:#}"),
+                        Err(e) => tracing::warn!("evb node {me}: rejected a connection: {e:#}"),
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -439,7 +439,7 @@ impl TcpTransport {
                                 Ok(peer) => {
                                     let _ = tx.send(Incoming { stream: s, peer });
                                 }
-                                Err(e) => stderr_line!(
+                                Err(e) => tracing::warn!(
                                     "evb node {}: rejected a connection from {from}: {e:#}",
                                     hs.rank
                                 ),
@@ -449,7 +449,7 @@ impl TcpTransport {
                             std::thread::sleep(Duration::from_millis(10));
                         }
                         Err(e) => {
-                            stderr_line!("evb node {}: accepting: {e}", hs.rank);
+                            tracing::warn!("evb node {}: accepting: {e}", hs.rank);
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     }
@@ -485,7 +485,7 @@ impl TcpTransport {
                     attempts += 1;
                     match hs.dial(addr, peer, DIAL_TIMEOUT) {
                         Ok(stream) => {
-                            stderr_line!(
+                            tracing::info!(
                                 "evb node {}: reconnected to endpoint {peer} at {addr} (attempt {attempts})",
                                 hs.rank
                             );
@@ -556,7 +556,7 @@ impl TcpTransport {
                     events.push(LinkEvent::Joined { peer });
                 }
             }
-            Err(e) => stderr_line!(
+            Err(e) => tracing::warn!(
                 "evb node {}: taking in endpoint {peer}'s connection: {e:#}",
                 self.rank
             ),
@@ -583,7 +583,7 @@ impl TcpTransport {
                     self.conns[i].hello_seen = true;
                 }
                 Err(e) => {
-                    stderr_line!("evb node {me}: endpoint {peer} at {addr} is not there: {e:#}")
+                    tracing::warn!("evb node {me}: endpoint {peer} at {addr} is not there: {e:#}")
                 }
             }
         }
@@ -592,7 +592,9 @@ impl TcpTransport {
         while !waiting.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                stderr_line!("evb node {me}: endpoints {waiting:?} did not connect at the rejoin");
+                tracing::warn!(
+                    "evb node {me}: endpoints {waiting:?} did not connect at the rejoin"
+                );
                 break;
             }
             let Ok(inc) = self.incoming_rx.recv_timeout(left) else {
@@ -671,20 +673,20 @@ impl Transport for TcpTransport {
         }
     }
 
-    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+    fn output_network(&self) -> Option<crate::outnet::OutputNetworkReport> {
         let address = self.out_local?.to_string();
         let links = (0..self.endpoints)
             .filter(|&p| self.hs.on_output[p as usize])
             .filter_map(|p| {
                 let (local, remote) = self.link_addrs[p as usize]?;
-                Some(crate::report::LinkAddresses {
+                Some(crate::outnet::LinkAddresses {
                     peer: p,
                     local: local.to_string(),
                     remote: remote.to_string(),
                 })
             })
             .collect();
-        Some(crate::report::OutputNetworkReport { address, links })
+        Some(crate::outnet::OutputNetworkReport { address, links })
     }
 
     fn enable_rejoin(&mut self, restarted: bool) -> bool {

@@ -22,6 +22,25 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::config::Config;
 use evb_core::{Layout, NodeId};
+use serde::{Deserialize, Serialize};
+
+/// An endpoint on the output network.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OutputNetworkReport {
+    /// Where it listened on the output network.
+    pub address: String,
+    /// Its links there (a node's with each consumer, a consumer's with
+    /// every other endpoint), as the connections' socket addresses.
+    pub links: Vec<LinkAddresses>,
+}
+
+/// One connection: its peer, its local and remote socket addresses.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LinkAddresses {
+    pub peer: u16,
+    pub local: String,
+    pub remote: String,
+}
 
 /// Whether the link between endpoints `a` and `b` runs over the output
 /// network (when there is one): a consumer is at one end.

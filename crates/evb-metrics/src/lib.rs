@@ -1,7 +1,12 @@
-//! Prometheus metrics of one node: `GET /metrics` in the text exposition
-//! format, served by a small thread so that a slow scraper never stalls the
-//! event loop. The loop renders a fresh text every stats interval and hands
-//! it over; the server only copies it out.
+//! `evb-metrics`: the Prometheus metrics of one node: `GET /metrics` in
+//! the text exposition format, served by a small thread so that a slow
+//! scraper never stalls the event loop. The loop renders a fresh text every
+//! stats interval and hands it over; the server only copies it out. The
+//! names are documented in `docs/metrics.md`.
+//!
+//! A crate of its own because it is the node's one outside interface
+//! besides its report: it reads the node report (`evb-control`) and the
+//! state machines' gauges (`evb-core`), and nothing of the event loop.
 
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -13,7 +18,7 @@ use anyhow::{Context, Result};
 
 use evb_core::{Layout, Node, NodeId};
 
-use crate::report::NodeReport;
+use evb_control::report::NodeReport;
 
 /// Upper bounds of the latency histogram buckets, seconds.
 const LATENCY_BOUNDS_S: [f64; 14] = [

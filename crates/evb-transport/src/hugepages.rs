@@ -16,6 +16,10 @@
 //! first large allocation (a node turns it on from its configuration,
 //! before it allocates buffers). `EVB_HUGEPAGES=0|1` overrides the
 //! configuration, for experiments.
+//!
+//! The `evb` binary installs [`MaybeHuge`] as its global allocator; the
+//! slot stores of [`crate::mepbuf`] ask for huge pages themselves
+//! ([`crate::buffers::huge_pages`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,15 +41,20 @@ pub struct MaybeHuge;
 /// `EVB_HUGEPAGES` says otherwise. Call once, before buffers are allocated
 /// and while the process has one thread. Returns whether they are on.
 pub fn choose(configured: bool) -> bool {
-    let wanted = match std::env::var("EVB_HUGEPAGES").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => configured,
-    };
-    if wanted && !LARGE_SEEN.load(Ordering::SeqCst) {
+    if wanted(configured) && !LARGE_SEEN.load(Ordering::SeqCst) {
         ON.store(true, Ordering::SeqCst);
     }
     ON.load(Ordering::SeqCst)
+}
+
+/// Huge pages as `configured` (`event_builder.huge_pages`), unless
+/// `EVB_HUGEPAGES=0|1` says otherwise.
+pub fn wanted(configured: bool) -> bool {
+    match std::env::var("EVB_HUGEPAGES").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => configured,
+    }
 }
 
 fn mapped(layout: &Layout) -> bool {

@@ -172,7 +172,7 @@ impl Endpoint for UcxEndpoint {
                 evb_ucx::Completion::ReceiveFailed { buf, reason } => {
                     // A message too large for any buffer: a peer not
                     // speaking our protocol. Keep the buffer working.
-                    stderr_line!("evb ucx: a message could not be received: {reason}");
+                    tracing::warn!("evb ucx: a message could not be received: {reason}");
                     let buf = self.full_length(buf);
                     self.ep.post_recv(buf)?;
                 }
@@ -212,7 +212,7 @@ impl Endpoint for UcxEndpoint {
     /// for the link again with a RELINK, the lower answers it.
     fn relink(&mut self, peer: usize, tag: u64) {
         if let Err(e) = self.ep.relink(peer, tag) {
-            stderr_line!("evb ucx: asking peer {peer} for the link again: {e}");
+            tracing::warn!("evb ucx: asking peer {peer} for the link again: {e}");
         }
     }
 

@@ -1,6 +1,22 @@
-//! The transports a node runs over, behind one interface.
+//! `evb-transport`: the transports a node runs over, behind one interface,
+//! and the buffers they move.
 //!
-//! The runtime ([`crate::node`]) speaks in messages to endpoints: control
+//! What is here: the [`Transport`] interface and its implementations
+//! ([`tcp`] with [`tcp_conn`], the message engines of [`msg`]: [`shm`],
+//! `ofi`, `ucx`, `mpi`), the run key that authenticates links ([`auth`]),
+//! the output network towards the consumers ([`outnet`]), the MEP buffers
+//! and slot stores fragments are sent from ([`mepbuf`]), the buffer plan
+//! of a node ([`buffers`]) and the allocator that puts large buffers on
+//! huge pages ([`hugepages`]).
+//!
+//! Why a crate of its own: the node (`evb-node`), the launcher
+//! (`evb-launch`, which plans memory and keys) and the benchmarks
+//! (`evb-bench`, which measure this very layer) all use it, and the
+//! message engines that are libraries sit behind cargo features (`ofi`,
+//! `ucx`, `mpi`, all on by default; see [`open_engine`]) so that a build
+//! can leave out a library it does not have.
+//!
+//! The runtime (the `evb-node` crate) speaks in messages to endpoints: control
 //! messages and fragments (a header plus a payload shared with the RU's MEP
 //! buffer). A [`Transport`] moves them and hands what arrives to an
 //! [`RxHandler`]. Two families:
@@ -25,13 +41,19 @@
 //! other providers do not: a peer they lost stays lost for the rest of the run.
 
 pub mod auth;
+pub mod buffers;
+pub mod hugepages;
+pub mod mepbuf;
+#[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod msg;
+#[cfg(feature = "ofi")]
 pub mod ofi;
 pub mod outnet;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;
+#[cfg(feature = "ucx")]
 pub mod ucx;
 
 use std::rc::Rc;
@@ -190,7 +212,7 @@ pub trait Transport {
     }
     /// With an output network ([`outnet`]): this endpoint's address on it
     /// and the links that run over it. `None` without one.
-    fn output_network(&self) -> Option<crate::report::OutputNetworkReport> {
+    fn output_network(&self) -> Option<outnet::OutputNetworkReport> {
         None
     }
 }
@@ -243,8 +265,60 @@ pub fn resolve_auto(config: &Config) -> &str {
 pub fn can_rejoin(kind: &str) -> bool {
     match TransportKind::parse(kind) {
         Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_)) => true,
+        #[cfg(feature = "ofi")]
         Ok(TransportKind::Ofi(provider)) => ofi::can_rejoin(&provider),
         _ => false,
+    }
+}
+
+/// Opens this node's end of a message engine that is a library (libfabric,
+/// UCX, MPI), each behind the cargo feature of its name (`ofi`, `ucx`,
+/// `mpi`; all on by default). An evb built without one says so here.
+pub fn open_engine(
+    kind: &TransportKind,
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+) -> Result<Box<dyn Transport>> {
+    #[cfg(any(feature = "ofi", feature = "ucx", feature = "mpi"))]
+    let progress = Progress::from_config(config);
+    #[cfg(not(any(feature = "ofi", feature = "ucx", feature = "mpi")))]
+    let _ = (layout, rank);
+    match kind {
+        #[cfg(feature = "ofi")]
+        TransportKind::Ofi(provider) => {
+            let ep = ofi::OfiEndpoint::open(provider, progress, max_message_bytes(config), rank)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        #[cfg(feature = "ucx")]
+        TransportKind::Ucx(tls) => {
+            let ep =
+                ucx::UcxEndpoint::open(tls.as_deref(), progress, max_message_bytes(config), rank)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        #[cfg(feature = "mpi")]
+        TransportKind::Mpi => {
+            let ep = mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
+            Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
+        }
+        TransportKind::Tcp | TransportKind::Shm => {
+            bail!(
+                "`{}` is not a message engine library",
+                config.transport.kind
+            )
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            let feature = match other {
+                TransportKind::Ofi(_) => "ofi",
+                TransportKind::Ucx(_) => "ucx",
+                _ => "mpi",
+            };
+            bail!(
+                "transport `{}`: this evb was built without it (cargo feature `{feature}`, on by default)",
+                config.transport.kind
+            )
+        }
     }
 }
 

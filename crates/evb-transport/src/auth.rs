@@ -35,7 +35,7 @@ pub fn load_key(run_key_file: &str) -> Result<Option<Vec<u8>>> {
     }
     match std::env::var(KEY_ENV) {
         Ok(hex) => {
-            let key = crate::transport::msg::from_hex(hex.trim())
+            let key = crate::msg::from_hex(hex.trim())
                 .with_context(|| format!("{KEY_ENV} is not hex"))?;
             if key.len() < 16 {
                 bail!("{KEY_ENV}: a run key needs at least 16 bytes");
@@ -65,7 +65,7 @@ pub fn nonce() -> [u8; NONCE_LEN] {
 /// A fresh random key, hex-encoded (for `evb run`).
 pub fn fresh_key_hex() -> String {
     let key: [u8; 32] = rand::random();
-    crate::transport::msg::to_hex(&key)
+    crate::msg::to_hex(&key)
 }
 
 /// The proof one side gives: `role` is "evb-accept" or "evb-connect".

@@ -1,4 +1,10 @@
-//! Transport micro-benchmarks and the transport conformance checks.
+//! `evb-bench`: `evb bench`, transport micro-benchmarks and the transport
+//! conformance checks; [`results`] turns the workers' results into the
+//! tables, files and verdicts the command prints.
+//!
+//! A crate of its own: a benchmark is a launcher and workers of its own,
+//! not an event builder; it uses the node's transports and address
+//! exchange (`evb-node`, `evb-transport`) and nothing of `evb run`.
 //!
 //! `evb bench` starts one worker process per rank (`evb bench worker`),
 //! hands them each other's addresses the way `evb run` does (`LISTEN` /
@@ -18,6 +24,8 @@
 //! Between phases a worker sends an `EndOfRun` control message as a marker
 //! (its meaning inside the benchmark only).
 
+pub mod results;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
@@ -29,9 +37,11 @@ use evb_core::wire::{FragmentHeader, Message};
 use evb_core::{Layout, NodeId};
 use serde::{Deserialize, Serialize};
 
-use crate::mepbuf::MepBuf;
-use crate::node::{open_transport, rendezvous, Control};
-use crate::transport::{LinkEvent, RxHandler, Transport};
+use evb_control::lines::{LineError, ToLauncher, ToNode};
+pub use evb_control::worker::{SizeResult, WorkerResult};
+use evb_node::{open_transport, rendezvous, Control};
+use evb_transport::mepbuf::MepBuf;
+use evb_transport::{LinkEvent, RxHandler, Transport};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -114,48 +124,6 @@ impl BenchSpec {
         ];
         Ok(Config::load(None, &overrides)?)
     }
-}
-
-/// One size's figures from one worker.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct SizeResult {
-    pub size: usize,
-    /// Bytes this worker received in the bandwidth phase, and over how long.
-    pub rx_bytes: u64,
-    pub rx_seconds: f64,
-    pub rx_gbps: f64,
-    pub tx_bytes: u64,
-    /// CPU seconds (user + system) this worker spent in the phase, and
-    /// the two apart.
-    pub cpu_s: f64,
-    #[serde(default)]
-    pub cpu_user_s: f64,
-    #[serde(default)]
-    pub cpu_system_s: f64,
-    /// One-way latency from the ping-pong (rank 0 only), microseconds.
-    pub latency_p50_us: Option<f64>,
-    pub latency_p99_us: Option<f64>,
-}
-
-/// What a worker reports.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct WorkerResult {
-    pub rank: u16,
-    pub transport: String,
-    pub sizes: Vec<SizeResult>,
-    /// Conformance: messages received from each rank.
-    pub received_from: Vec<u64>,
-    /// Messages out of order or missing, from peers that stayed alive
-    /// (a dead sender's last messages may be lost: not an order error).
-    pub order_errors: u64,
-    pub content_errors: u64,
-    /// Peers this worker found dead, with the seconds it took to notice
-    /// (from the peer's last message).
-    pub lost_peers: Vec<(u16, f64)>,
-    /// Peers finished in an orderly way before this worker exited.
-    pub finished_clean: bool,
-    /// Most sends this worker had queued or in flight to one peer.
-    pub max_outstanding: usize,
 }
 
 const MARKER: Message = Message::EndOfRun { meps: 0 };
@@ -243,7 +211,7 @@ impl RxHandler for Rx {
         }
         if let Some(n) = self.die_after {
             if self.count.iter().sum::<u64>() >= n {
-                stderr_line!("evb bench worker {}: dying on purpose", self.rank);
+                tracing::info!("evb bench worker {}: dying on purpose", self.rank);
                 // SAFETY: signalling ourselves.
                 unsafe {
                     libc::kill(libc::getpid(), libc::SIGKILL);
@@ -268,7 +236,7 @@ fn pattern(rank: NodeId, seq: u64, len: usize) -> Vec<u8> {
 
 /// CPU seconds (user, system) this process has spent.
 fn cpu_seconds() -> (f64, f64) {
-    crate::report::cpu_times()
+    evb_control::report::cpu_times()
 }
 
 struct Worker {
@@ -341,7 +309,7 @@ impl Worker {
         }
         self.lost[p] = true;
         let after = self.rx.last_rx[p].elapsed().as_secs_f64();
-        stderr_line!(
+        tracing::warn!(
             "evb bench worker {}: peer {peer} lost after {after:.3} s: {reason}",
             self.rank
         );
@@ -669,11 +637,11 @@ pub fn run_worker(
     let peers = match launcher_dir {
         None => rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?,
         Some(_)
-            if crate::transport::TransportKind::parse(&spec.transport)?
-                == crate::transport::TransportKind::Mpi =>
+            if evb_transport::TransportKind::parse(&spec.transport)?
+                == evb_transport::TransportKind::Mpi =>
         {
             (0..spec.ranks)
-                .map(|r| crate::transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+                .map(|r| evb_transport::msg::to_hex(&i32::from(r).to_le_bytes()))
                 .collect()
         }
         Some(dir) => {
@@ -681,7 +649,7 @@ pub fn run_worker(
             if token.parse::<u16>().is_ok() {
                 token = format!("{}:{token}", config.transport.bind);
             }
-            crate::cluster::exchange_tokens(
+            evb_control::cluster::exchange_tokens(
                 dir,
                 0,
                 rank,
@@ -755,12 +723,12 @@ pub fn run_worker(
         finished_clean,
         max_outstanding: w.max_outstanding,
     };
-    let line = serde_json::to_string(&result)?;
     if let Some(dir) = launcher_dir {
+        let line = serde_json::to_string(&result)?;
         let path = dir.join(format!("result-{rank}.json"));
         std::fs::write(&path, &line).with_context(|| format!("writing {}", path.display()))?;
     }
-    println!("RESULT {line}");
+    print!("{}", ToLauncher::Result(Box::new(result)).encode());
     std::io::stdout().flush()?;
     // The transport (MPI in particular) is finalised before the process ends.
     drop(w);
@@ -842,31 +810,36 @@ fn collect(
             }
             continue;
         };
-        if let Some(t) = line.strip_prefix("LISTEN ") {
-            tokens[rank] = Some(t.trim().to_string());
-            if !peers_sent && tokens.iter().all(Option::is_some) {
-                let list: Vec<String> = tokens
-                    .iter()
-                    .map(|t| {
-                        let t = t.clone().expect("all known");
-                        match t.parse::<u16>() {
-                            Ok(port) => format!("127.0.0.1:{port}"),
-                            Err(_) => t,
-                        }
-                    })
-                    .collect();
-                let line = format!("PEERS {}\n", list.join(" "));
-                for c in children.iter_mut() {
-                    let s = c.stdin.as_mut().expect("piped");
-                    s.write_all(line.as_bytes())?;
-                    s.flush()?;
+        match ToLauncher::parse(&line) {
+            Ok(ToLauncher::Listen(t)) => {
+                tokens[rank] = Some(t);
+                if !peers_sent && tokens.iter().all(Option::is_some) {
+                    let list: Vec<String> = tokens
+                        .iter()
+                        .map(|t| {
+                            let t = t.clone().expect("all known");
+                            match t.parse::<u16>() {
+                                Ok(port) => format!("127.0.0.1:{port}"),
+                                Err(_) => t,
+                            }
+                        })
+                        .collect();
+                    let line = ToNode::Peers(list).encode();
+                    for c in children.iter_mut() {
+                        let s = c.stdin.as_mut().expect("piped");
+                        s.write_all(line.as_bytes())?;
+                        s.flush()?;
+                    }
+                    peers_sent = true;
                 }
-                peers_sent = true;
             }
-        } else if let Some(j) = line.strip_prefix("RESULT ") {
-            results[rank] = Some(serde_json::from_str(j).context("a worker's RESULT line")?);
-        } else {
-            stderr_line!("worker {rank}: {line}");
+            Ok(ToLauncher::Result(r)) => results[rank] = Some(*r),
+            Err(e @ LineError::Json { tag: "RESULT", .. }) => {
+                return Err(anyhow::Error::new(e).context("a worker's RESULT line"))
+            }
+            Ok(ToLauncher::Stats(_) | ToLauncher::Final(_)) | Err(_) => {
+                tracing::info!("worker {rank}: {line}")
+            }
         }
     }
     Ok(results)

@@ -9,7 +9,7 @@
 //! what a fixed pool is (`event_builder.preallocate_buffers`). Mapped from
 //! a memfd, it is shared memory that the `shm` transport's peers map too:
 //! a BU then builds in place from the RU's slots
-//! (`transport.shm_zero_copy`, see [`crate::transport::shm`]).
+//! (`transport.shm_zero_copy`, see [`crate::shm`]).
 //!
 //! Handles are reference counted (`Rc<MepBuf>`): the RU's map of MEPs, a
 //! transport's send queue and a local batch may hold one each; the slot is

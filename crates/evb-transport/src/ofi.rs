@@ -111,7 +111,7 @@ impl Endpoint for OfiEndpoint {
                     // the runtime learns it from the failed sends or the
                     // silence) or a message too large: keep the buffer working.
                     if self.recv_failures < REPORT_LIMIT {
-                        stderr_line!("evb ofi: a message could not be received: {reason}");
+                        tracing::warn!("evb ofi: a message could not be received: {reason}");
                     }
                     self.recv_failures += 1;
                     let buf = self.full_length(buf);
@@ -127,7 +127,7 @@ impl Endpoint for OfiEndpoint {
                     // The provider may have swallowed one of our receives
                     // with it: post a replacement so the pool does not shrink.
                     if self.recv_failures < REPORT_LIMIT {
-                        stderr_line!("evb ofi: the provider reported an error for no operation of ours (a lost peer's message): {reason}");
+                        tracing::warn!("evb ofi: the provider reported an error for no operation of ours (a lost peer's message): {reason}");
                     }
                     self.recv_failures += 1;
                     self.ep.post_recv(vec![0; self.max_message])?;
@@ -156,7 +156,7 @@ impl Endpoint for OfiEndpoint {
     /// for the link again with a RELINK, the lower answers it.
     fn relink(&mut self, peer: usize, tag: u64) {
         if let Err(e) = self.ep.relink(peer, tag) {
-            stderr_line!("evb ofi: asking peer {peer} for the link again: {e}");
+            tracing::warn!("evb ofi: asking peer {peer} for the link again: {e}");
         }
     }
 

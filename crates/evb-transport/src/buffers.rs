@@ -33,13 +33,13 @@
 //!   free buffer despite these bounds gets a new one, counted and reported
 //!   (`rx_buffer_overflows`): the pool never keeps it.
 //!
-//! [`msg::posted_receives`]: crate::transport::msg::posted_receives
+//! [`msg::posted_receives`]: crate::msg::posted_receives
 
 use evb_core::bu::BuilderUnit;
 use evb_core::config::{Config, LocalTraffic, Protocol, Schedule};
 use evb_core::{Layout, NodeId};
 
-use crate::transport::{self, TransportKind};
+use crate::TransportKind;
 
 /// Whether an RU's fragments are read in place by its BUs: shm with
 /// `transport.shm_zero_copy`.
@@ -50,11 +50,7 @@ pub fn zero_copy(config: &Config, kind: &TransportKind) -> bool {
 /// Whether large buffers go on huge pages: `event_builder.huge_pages`,
 /// unless `EVB_HUGEPAGES=0|1` says otherwise (as the allocator of `evb`).
 pub fn huge_pages(config: &Config) -> bool {
-    match std::env::var("EVB_HUGEPAGES").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => config.event_builder.huge_pages,
-    }
+    crate::hugepages::wanted(config.event_builder.huge_pages)
 }
 
 /// The buffers one node preallocates.
@@ -94,12 +90,12 @@ impl BufferPlan {
         } else {
             0
         };
-        let linked = transport::linked_peers(config, layout, rank).len();
+        let linked = crate::linked_peers(config, layout, rank).len();
         let tcp = *kind == TransportKind::Tcp;
         let posted = if tcp {
             0
         } else {
-            transport::msg::posted_receives(linked)
+            crate::msg::posted_receives(linked)
         };
         let held = if is_bu {
             // The node's own RU hands its fragments over in memory.
@@ -117,7 +113,7 @@ impl BufferPlan {
             rx_bytes: if tcp {
                 config.max_fragment_payload() as usize
             } else {
-                transport::max_message_bytes(config)
+                crate::max_message_bytes(config)
             },
         }
     }
@@ -136,7 +132,7 @@ impl BufferPlan {
 
     /// The plan of every endpoint of a run, and their sum in bytes.
     pub fn for_run(config: &Config, layout: &Layout) -> anyhow::Result<(Vec<BufferPlan>, u64)> {
-        let kind = TransportKind::parse(transport::resolve_auto(config))?;
+        let kind = TransportKind::parse(crate::resolve_auto(config))?;
         let plans: Vec<BufferPlan> = (0..layout.endpoints)
             .map(|r| BufferPlan::for_node(config, layout, r, &kind))
             .collect();
@@ -204,7 +200,7 @@ mod tests {
         let shm = TransportKind::Shm;
         let ru = BufferPlan::for_node(&config, &layout, 1, &shm);
         let bu = BufferPlan::for_node(&config, &layout, 2, &shm);
-        let posted = transport::msg::posted_receives(2);
+        let posted = crate::msg::posted_receives(2);
         assert_eq!(ru.rx_buffers, posted, "an RU only posts receives");
         // PULL: credits x BUs, + each BU's requests in flight (capped),
         // + one per BU (zero copy).
