@@ -168,16 +168,31 @@ impl Drop for Minio {
     }
 }
 
+/// How long the S3 tests wait for MinIO's build: scripts/test.sh builds it
+/// in the background while the Rust code compiles, and a fresh Go build
+/// takes about 5 minutes of both cores.
+const MINIO_BUILD_LIMIT: Duration = Duration::from_secs(1200);
+
 fn start_minio() -> Minio {
     let script = repo_root().join("scripts/minio.sh");
+    // Returns at once when MinIO is there, waits for a build under way,
+    // or builds it (the S3 tests need a real server: never skipped).
+    let (install, text) = run_bounded(
+        Command::new(&script).arg("install"),
+        "scripts/minio.sh install",
+        MINIO_BUILD_LIMIT,
+    );
+    assert!(
+        install.status.success(),
+        "MinIO could not be built (scripts/minio.sh install): {text}"
+    );
     let out = Command::new(&script)
         .arg("path")
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
         out.status.success(),
-        "MinIO is missing (the S3 tests need a real server): run scripts/minio.sh install \
-         (scripts/setup.sh does). {}",
+        "MinIO is missing after scripts/minio.sh install: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let binary = String::from_utf8(out.stdout).unwrap().trim().to_string();
