@@ -74,3 +74,20 @@ pub fn final_report(out: &Output) -> Value {
         });
     serde_json::from_str(line).unwrap()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dotted_paths_reach_into_the_run_json() {
+        let v = serde_json::json!({"summary": {"events_built": 7, "gbps": 1.5}});
+        assert_eq!(u64_at(&v, "summary.events_built"), 7);
+        assert_eq!(f64_at(&v, "summary.gbps"), 1.5);
+        assert_eq!(summary_u64(&v, "events_built"), 7);
+        let missing = std::panic::catch_unwind(|| summary_u64(&v, "events_lost"))
+            .expect_err("a missing key fails");
+        let message = missing.downcast_ref::<String>().unwrap();
+        assert!(message.contains("summary.events_lost missing"), "{message}");
+    }
+}

@@ -44,3 +44,17 @@ pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
     let (head, body) = text.split_once("\r\n\r\n")?;
     Some((head.lines().next()?.to_string(), body.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_ports_are_free() {
+        let base = free_ports(3);
+        let held: Vec<TcpListener> = (0..3)
+            .map(|i| TcpListener::bind(("127.0.0.1", base + i)).expect("free"))
+            .collect();
+        assert_eq!(held.len(), 3);
+    }
+}

@@ -277,3 +277,66 @@ pub fn watchdog(name: &'static str, limit: Duration) -> Sender<()> {
     });
     tx
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn a_finished_process_gives_its_status_and_output() {
+        let (out, text) = run_bounded(
+            &mut sh("echo out; echo err >&2; exit 3"),
+            "sh",
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(text, "out\nerr\n");
+    }
+
+    #[test]
+    fn an_overrun_is_killed_and_shows_what_it_printed() {
+        let started = Instant::now();
+        let failure = std::panic::catch_unwind(|| {
+            run_bounded(
+                &mut sh("echo started; echo trouble >&2; exec sleep 30"),
+                "the sleeper",
+                Duration::from_millis(300),
+            )
+        })
+        .expect_err("an overrun fails the test");
+        let message = failure
+            .downcast_ref::<String>()
+            .expect("a formatted message");
+        assert!(
+            message.contains("the sleeper") && message.contains("did not finish within 300ms"),
+            "{message}"
+        );
+        assert!(
+            message.contains("started") && message.contains("trouble"),
+            "{message}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "not killed");
+    }
+
+    #[test]
+    fn outputs_come_in_the_childrens_order() {
+        let spawn = |script: &str| {
+            sh(script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let slow = spawn("sleep 0.3; echo slow");
+        let fast = spawn("echo fast");
+        let outs = wait_all(vec![slow, fast], Duration::from_secs(30));
+        assert_eq!(outs[0].stdout, b"slow\n");
+        assert_eq!(outs[1].stdout, b"fast\n");
+    }
+}
