@@ -13,28 +13,30 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
-# Background builds run at the lowest CPU and I/O priority, so that the
-# tests' timing is not disturbed, each in a process group of its own that
-# a failed or interrupted run stops whole.
+# Background builds run at a low CPU priority (NICE) and the idle I/O
+# class, so that the tests' timing is not disturbed, each in a process
+# group of its own that a failed or interrupted run stops whole.
 background=()
 stop_background() {
   for pid in "${background[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
 }
 trap stop_background EXIT
-in_background() { setsid nice -n 19 ionice -c 3 "$@" & background+=("$!"); }
+in_background() { local nice=$1; shift; setsid nice -n "$nice" ionice -c 3 "$@" & background+=("$!"); }
 
 mkdir -p target
 minio_log=target/minio-build.log
-in_background ./scripts/minio.sh install >"$minio_log" 2>&1
+in_background 19 ./scripts/minio.sh install >"$minio_log" 2>&1
 minio_build=${background[-1]}
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release -- -D warnings
 cargo test --release --workspace --no-run
 # evb linked against MPICH (for the MPICH tests) starts from a copy of what
-# was just built; built now in the background at low priority, it too takes
-# idle cores while the first tests run, and the MPICH tests wait for it.
-in_background ./scripts/evb-mpich.sh >target/evb-mpich-build.log 2>&1
+# was just built; built now in the background, it too takes idle cores while
+# the first tests run, and the MPICH tests wait for it. Those come early
+# (tests/cluster.rs is evb-cli's second test binary, the S3 tests among its last):
+# a higher priority than MinIO's build, still below the tests'.
+in_background 10 ./scripts/evb-mpich.sh >target/evb-mpich-build.log 2>&1
 cargo test --release --workspace
 
 # The S3 tests waited for MinIO; a build that failed shows its log here.
