@@ -1,14 +1,19 @@
 //! `evb sim` and `evb scan` from the command line.
 
-use std::process::Command;
+use std::time::Duration;
 
+use evb_testkit::run_bounded;
+use evb_testkit::scratch::scratch_file;
 use serde_json::Value;
 
+/// `evb ARGS`, bounded in time (a guard against a hang only); returns
+/// (success, stdout, stderr).
 fn evb(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(args)
-        .output()
-        .unwrap();
+    let (out, _) = run_bounded(
+        evb_testkit::evb().args(args),
+        "evb",
+        Duration::from_secs(600),
+    );
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into(),
@@ -17,9 +22,7 @@ fn evb(args: &[&str]) -> (bool, String, String) {
 }
 
 fn tmp(name: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("evb-simcli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name).display().to_string()
+    scratch_file("simcli", name).display().to_string()
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! A one-node Slurm made for a test: Debian's munge, slurmctld and slurmd
 //! (installed by scripts/setup.sh), each with its own socket, ports, state
-//! and spool in a temporary directory. Used by tests/slurm.rs (real `srun`
-//! steps) and tests/fabric_cli.rs (slurmctld reading evb's topology.conf).
+//! and spool in a temporary directory. Used by evb-cli's tests/slurm.rs
+//! (real `srun` steps) and tests/fabric_cli.rs (slurmctld reading evb's
+//! topology.conf).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::run_bounded;
+use crate::process::run_bounded;
 
 /// A Slurm controller and compute daemon on this machine, stopped on drop.
 pub struct Cluster {
@@ -210,6 +211,8 @@ fn run_ok(cmd: &mut Command) -> std::process::Output {
     out
 }
 
+/// The text of `path`, or a line saying why it could not be read (for
+/// failure messages: a daemon's log may not exist yet).
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| format!("{}: {e}", path.display()))
 }
