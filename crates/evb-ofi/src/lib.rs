@@ -1,7 +1,7 @@
 //! evb over libfabric (OFI).
 //!
 //! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
-//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//! handshake are `evb_msgengine`'s, shared by evb-ucx and evb-ofi.
 //!
 //! The TCP runtime owns its sockets; on an HPC fabric (InfiniBand, Slingshot,
 //! Omni-Path) the NIC is driven through libfabric instead, and the same event
@@ -113,9 +113,9 @@ pub struct Options {
 }
 
 /// Tag bits left to the caller; above them the sequence number, the
-/// sender's epoch and the CTRL bit (`evb_tagseq`).
-pub use evb_tagseq::TAG_BITS;
-use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, EPOCH_MASK, EPOCH_SHIFT, SEQ_MASK, TAG_MASK};
+/// sender's epoch and the CTRL bit (`evb_msgengine`).
+pub use evb_msgengine::TAG_BITS;
+use evb_msgengine::{Control, Epochs, Streams, CTRL_BIT, EPOCH_MASK, EPOCH_SHIFT, SEQ_MASK, TAG_MASK};
 /// The ctx of the endpoint's own sends: their completions are not reported.
 const CONTROL_CTX: u64 = u64::MAX;
 
@@ -702,7 +702,7 @@ impl Endpoint {
             return Err(Error::new("add_peer_rejoining needs enable_rejoin first"));
         };
         let peer = self.add_peer(address)?;
-        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
+        let join = evb_msgengine::join_message(source, peer as u32, &self.address);
         self.awaiting_ack[peer] = true;
         self.pending_control
             .push_back((peer, CTRL_BIT | source, join));
@@ -711,7 +711,7 @@ impl Endpoint {
     }
 
     /// The link to `peer` (whose messages carry `source`) was given up
-    /// while both processes may live: ask for it again (`evb_tagseq` docs,
+    /// while both processes may live: ask for it again (`evb_msgengine` docs,
     /// relink). The higher source of the two asks, under a new peer index
     /// (the same address added again) and a new epoch for the peer's
     /// messages; the lower waits for the request. The link is up again at
@@ -733,7 +733,7 @@ impl Endpoint {
         self.joined_as.insert(source, new);
         self.awaiting_ack[new] = true;
         self.relinking.insert(source);
-        let request = evb_tagseq::relink_message(own, new as u32, epoch, &self.address);
+        let request = evb_msgengine::relink_message(own, new as u32, epoch, &self.address);
         self.pending_control
             .push_back((new, CTRL_BIT | own, request));
         self.push_control()
@@ -766,7 +766,7 @@ impl Endpoint {
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
         let source = tag & self.source_mask;
-        match evb_tagseq::parse_control(&buf) {
+        match evb_msgengine::parse_control(&buf) {
             Control::Join {
                 joiner,
                 their_index,
@@ -810,7 +810,7 @@ impl Endpoint {
 
     /// A new incarnation of `source` asks to be taken back, or (with
     /// `reply_epoch`, a RELINK) a live one asks for the link again
-    /// (`evb_tagseq` docs).
+    /// (`evb_msgengine` docs).
     fn accept_join(
         &mut self,
         source: u64,
@@ -849,8 +849,8 @@ impl Endpoint {
         let key = (peer, own);
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
+        let ack = evb_msgengine::ack_message(epoch, their_index);
+        let wire_tag = CTRL_BIT | evb_msgengine::wire_tag(reply_epoch, seq, own);
         self.pending_control.push_back((peer, wire_tag, ack));
         self.push_control()
     }
@@ -1020,7 +1020,7 @@ impl Endpoint {
         }
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = evb_tagseq::wire_tag(self.send_epoch[peer], seq, tag);
+        let wire_tag = evb_msgengine::wire_tag(self.send_epoch[peer], seq, tag);
         if !self.post_send(peer, wire_tag, head, body_rc, range, ctx)? {
             return Ok(false);
         }
@@ -1291,8 +1291,8 @@ impl Endpoint {
                 unsafe { buf.set_len(len) };
                 let tag = e.tag & TAG_MASK;
                 let source = tag & self.source_mask;
-                let seq = evb_tagseq::seq_of(e.tag);
-                let epoch = evb_tagseq::epoch_of(e.tag);
+                let seq = evb_msgengine::seq_of(e.tag);
+                let epoch = evb_msgengine::epoch_of(e.tag);
                 // A JOIN carries no epoch; a replaced incarnation's message
                 // (crate docs on rejoin) is dropped.
                 let is_join = e.tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
@@ -1382,10 +1382,10 @@ impl Endpoint {
                     reason,
                 };
                 let source = err.tag & self.source_mask;
-                let epoch = evb_tagseq::epoch_of(err.tag);
+                let epoch = evb_msgengine::epoch_of(err.tag);
                 if truncated && epoch == self.current_epoch(source) {
                     // The tag is the message's: it takes its place in the stream.
-                    let seq = evb_tagseq::seq_of(err.tag);
+                    let seq = evb_msgengine::seq_of(err.tag);
                     self.streams.finished(source, seq, Some(failed), out);
                 } else {
                     // A broken connection: the entry carries no tag of ours.

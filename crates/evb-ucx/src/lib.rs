@@ -1,7 +1,7 @@
 //! evb over UCX: one message endpoint per process on top of UCP tag matching.
 //!
 //! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
-//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//! handshake are `evb_msgengine`'s, shared by evb-ucx and evb-ofi.
 //!
 //! Why UCX: it is how the event builders this project models actually move
 //! data (InfiniBand RC/DC, shared memory, TCP as a fallback), and it picks the
@@ -131,10 +131,10 @@ pub struct Options {
 }
 
 /// Tag bits left to the caller; above them: the sequence number (21 bits),
-/// the sender's epoch (8 bits) and CTRL_BIT (`evb_tagseq`), then SPLIT_BIT
+/// the sender's epoch (8 bits) and CTRL_BIT (`evb_msgengine`), then SPLIT_BIT
 /// and BODY_BIT.
-pub use evb_tagseq::TAG_BITS;
-use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, SEQ_MASK, TAG_MASK};
+pub use evb_msgengine::TAG_BITS;
+use evb_msgengine::{Control, Epochs, Streams, CTRL_BIT, SEQ_MASK, TAG_MASK};
 /// Blocking mode: waits with no completion before `wait` sleeps on the
 /// event fd instead of yielding.
 const YIELDS_BEFORE_SLEEP: u32 = 256;
@@ -727,7 +727,7 @@ impl Endpoint {
             ));
         };
         let peer = self.add_peer(address)?;
-        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
+        let join = evb_msgengine::join_message(source, peer as u32, &self.address);
         self.peers[peer].awaiting_ack = true;
         self.send_control(peer, CTRL_BIT | source, join)?;
         Ok(peer)
@@ -800,7 +800,7 @@ impl Endpoint {
                 failures,
             },
         );
-        let request = evb_tagseq::relink_message(own, peer as u32, epoch, &self.address);
+        let request = evb_msgengine::relink_message(own, peer as u32, epoch, &self.address);
         self.send_control(peer, CTRL_BIT | own, request)
     }
 
@@ -888,7 +888,7 @@ impl Endpoint {
     /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
     fn on_control(&mut self, mut buf: Vec<u8>, tag: u64, seq: u32, out: &mut Vec<Completion>) {
         let source = tag & self.source_mask;
-        match evb_tagseq::parse_control(&buf) {
+        match evb_msgengine::parse_control(&buf) {
             Control::Join {
                 joiner,
                 their_index,
@@ -975,8 +975,8 @@ impl Endpoint {
         let key = (peer, own);
         let seq = self.send_seq.get(&key).copied().unwrap_or(0);
         self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
+        let ack = evb_msgengine::ack_message(epoch, their_index);
+        let wire_tag = CTRL_BIT | evb_msgengine::wire_tag(reply_epoch, seq, own);
         if let Err(e) = self.send_control(peer, wire_tag, ack) {
             stderr_line!("evb ucx: answering the join of source {source:#x}: {e}");
         }
@@ -1121,7 +1121,7 @@ impl Endpoint {
         let (slot, cookie) = self.sends.reserve(self.shared);
         let stream = (peer, tag & self.source_mask);
         let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = evb_tagseq::wire_tag(p.send_epoch, seq, tag);
+        let wire_tag = evb_msgengine::wire_tag(p.send_epoch, seq, tag);
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
@@ -1252,8 +1252,8 @@ impl Endpoint {
             let op = self.recvs.take(slot).expect("slot in recv_order is live");
             let (status, wire_tag, len) = op.result.expect("checked above");
             let tag = wire_tag & TAG_MASK;
-            let seq = evb_tagseq::seq_of(wire_tag);
-            let epoch = evb_tagseq::epoch_of(wire_tag);
+            let seq = evb_msgengine::seq_of(wire_tag);
+            let epoch = evb_msgengine::epoch_of(wire_tag);
             // A replaced incarnation's message (module docs on rejoin); the
             // JOIN itself carries no epoch.
             let is_join = wire_tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
