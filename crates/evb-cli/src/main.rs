@@ -159,8 +159,24 @@ enum ConfigCommand {
 #[global_allocator]
 static ALLOCATOR: hugepages::MaybeHuge = hugepages::MaybeHuge;
 
+/// The message engines (evb-ucx, evb-ofi) log through `tracing`: their
+/// warnings go to stderr as bare lines, as before, each in one `write` (the
+/// nodes of `evb run` share the launcher's stderr, and a line written in
+/// pieces interleaves with another process's).
+fn log_to_stderr() {
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log_to_stderr();
     if matches!(
         cli.command,
         Command::Sim(_)

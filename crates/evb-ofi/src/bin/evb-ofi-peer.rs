@@ -96,7 +96,11 @@ fn run() -> Result<(), String> {
                 Completion::SendFailed { reason, .. } => {
                     return Err(format!("echo failed: {reason}"))
                 }
-                Completion::RecvFailed { reason, .. } | Completion::Unattributed { reason } => {
+                // evb-ofi does not report it (a lost peer shows as failed sends).
+                Completion::PeerFailed { reason, .. } => {
+                    return Err(format!("peer failed: {reason}"))
+                }
+                Completion::ReceiveFailed { reason, .. } | Completion::Unattributed { reason } => {
                     return Err(format!("receive failed: {reason}"))
                 }
             }
