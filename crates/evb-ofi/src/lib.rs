@@ -588,6 +588,7 @@ impl Endpoint {
         self.peers.push(fi_addr);
         let peer = self.peers.len() - 1;
         self.links.peer_added(peer, address);
+        debug_assert_eq!(self.links.num_peers(), self.peers.len());
         Ok(peer)
     }
 
@@ -1012,6 +1013,10 @@ impl Endpoint {
     /// Receive buffers posted and not yet returned (including completed
     /// ones held back for order).
     pub fn posted_recvs(&self) -> usize {
+        debug_assert!(
+            self.sends <= self.ops.len(),
+            "every send in flight is an op"
+        );
         self.ops.len() - self.sends + self.links.held()
     }
 

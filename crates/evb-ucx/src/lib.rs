@@ -617,6 +617,7 @@ impl Endpoint {
             _cookie: cookie,
         });
         self.links.peer_added(peer, address);
+        debug_assert_eq!(self.links.num_peers(), self.peers.len());
         Ok(peer)
     }
 
