@@ -859,7 +859,7 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Sends head ++ body[range] as one message with `tag`. The endpoint keeps
+    /// Sends `head ++ body[range]` as one message with `tag`. The endpoint keeps
     /// the buffers until the Sent/SendFailed completion. Ok(false): too many
     /// sends in flight or UCX said "no resources": nothing was sent, the
     /// buffers are dropped, try again later. Never blocks.

@@ -3,7 +3,7 @@
 //! from stdin, then echoes every message it receives back to the sender with
 //! the same tag, until stdin closes or the peer sends an empty message.
 //!
-//! usage: evb-ofi-peer PROVIDER [DOMAIN]
+//! usage: `evb-ofi-peer PROVIDER [DOMAIN]`
 
 use evb_ofi::{Completion, Endpoint, Options};
 use std::io::{BufRead, Write};
