@@ -126,7 +126,7 @@ pub trait Endpoint {
     /// process may well be alive (stopped for a while, starved of CPU): an
     /// engine that can re-establishes the link, reported as a
     /// `PeerJoined` (shm does, through the join slots; ucx with a RELINK,
-    /// see `evb_tagseq`). `tag`: the tag the peer's messages carry. The
+    /// see `evb_msgengine`). `tag`: the tag the peer's messages carry. The
     /// default: it stays down.
     fn relink(&mut self, _peer: usize, _tag: u64) {}
 }

@@ -106,7 +106,7 @@ impl Endpoint for OfiEndpoint {
                     let buf = self.full_length(buf);
                     out.push(Completion::Received { buf, len, tag });
                 }
-                evb_ofi::Completion::RecvFailed { buf, reason, .. } => {
+                evb_ofi::Completion::ReceiveFailed { buf, reason, .. } => {
                     // A connection that broke mid-message (the peer died;
                     // the runtime learns it from the failed sends or the
                     // silence) or a message too large: keep the buffer working.
@@ -116,6 +116,10 @@ impl Endpoint for OfiEndpoint {
                     self.recv_failures += 1;
                     let buf = self.full_length(buf);
                     self.ep.post_recv(buf)?;
+                }
+                // evb-ucx's; evb-ofi reports a lost peer as failed sends.
+                evb_ofi::Completion::PeerFailed { peer, reason } => {
+                    out.push(Completion::PeerFailed { peer, reason })
                 }
                 evb_ofi::Completion::PeerJoined { peer, source } => {
                     out.push(Completion::PeerJoined {

@@ -52,18 +52,16 @@ const TCP_TX_SEG_SIZE: &str = "32K";
 /// 29.6-31.0; docs/transports.md).
 const TCP_RX_SEG_SIZE: &str = "128K";
 
-/// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides
 /// `evb_ucx::Options::split_body_from`: bodies this large go as their own
 /// contiguous message (zero-copy rendezvous) instead of one iov message.
 /// Without rendezvous (`eager_only`) every body is copied anyway: not split.
-fn split_body_from(eager_only: bool) -> Result<usize> {
-    match std::env::var("EVB_UCX_SPLIT_BODY_FROM") {
-        Err(_) if eager_only => Ok(usize::MAX),
-        Err(_) => Ok(evb_ucx::Options::default().split_body_from),
-        Ok(v) if v == "never" => Ok(usize::MAX),
-        Ok(v) => v
-            .parse()
-            .map_err(|_| anyhow::anyhow!("EVB_UCX_SPLIT_BODY_FROM={v:?}: a byte count or `never`")),
+/// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides it, as
+/// `EVB_UCX_SPIN_US` does `spin_before_sleep` (`Options::with_env_overrides`).
+fn split_body_from(eager_only: bool) -> usize {
+    if eager_only {
+        usize::MAX
+    } else {
+        evb_ucx::Options::default().split_body_from
     }
 }
 
@@ -103,7 +101,7 @@ impl UcxEndpoint {
             }
         }
         let opts = evb_ucx::Options {
-            split_body_from: split_body_from(eager_only)?,
+            split_body_from: split_body_from(eager_only),
             ucx_config,
             tls: tls.map(str::to_string),
             progress: match progress {
@@ -115,7 +113,8 @@ impl UcxEndpoint {
             // form one ordered stream.
             source_mask: TAG_RANK_MASK,
             ..evb_ucx::Options::default()
-        };
+        }
+        .with_env_overrides()?;
         Ok(UcxEndpoint {
             ep: evb_ucx::Endpoint::open(&opts)?,
             rank,
@@ -169,7 +168,7 @@ impl Endpoint for UcxEndpoint {
                     let buf = self.full_length(buf);
                     out.push(Completion::Received { buf, len, tag });
                 }
-                evb_ucx::Completion::ReceiveFailed { buf, reason } => {
+                evb_ucx::Completion::ReceiveFailed { buf, reason, .. } => {
                     // A message too large for any buffer: a peer not
                     // speaking our protocol. Keep the buffer working.
                     tracing::warn!("evb ucx: a message could not be received: {reason}");
@@ -184,6 +183,10 @@ impl Endpoint for UcxEndpoint {
                         peer,
                         rank: source as NodeId,
                     })
+                }
+                // evb-ofi's; evb-ucx ties every failure to an operation.
+                evb_ucx::Completion::Unattributed { reason } => {
+                    tracing::warn!("evb ucx: {reason}");
                 }
             }
         }
