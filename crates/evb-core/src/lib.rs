@@ -6,7 +6,7 @@
 //! with the current time passed in, and emit actions (send this, produce
 //! that, deliver this batch). They never touch a socket, a thread, a clock or
 //! a global random generator. [`node::Node`] composes the units an endpoint
-//! hosts. The real runtime (`evb-net`) drives nodes over transports; the
+//! hosts. The real runtime (`evb-node`) drives nodes over transports; the
 //! simulator drives the very same nodes over a simulated fabric; the
 //! [`harness`] drives them over an in-memory network for tests.
 //!
