@@ -347,6 +347,9 @@ pub struct TransportSection {
     pub addresses: Vec<String>,
     /// A peer silent this long (no data, no heartbeat) is declared lost.
     pub peer_timeout_ms: u64,
+    /// How often a node sends every peer a heartbeat, and judges their
+    /// silence ([`crate::liveness`]).
+    pub heartbeat_ms: u64,
     /// How a node waits for its transport: `blocking` sleeps on the
     /// library's wait object (right when processes outnumber cores),
     /// `busy` spins on progress (lowest latency with a core to spare).
@@ -374,6 +377,7 @@ impl Default for TransportSection {
             socket_buffer_bytes: 4 << 20,
             addresses: Vec::new(),
             peer_timeout_ms: 800,
+            heartbeat_ms: 100,
             progress: "blocking".into(),
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
@@ -981,10 +985,17 @@ impl Config {
                 ),
             ));
         }
-        if self.transport.peer_timeout_ms < 300 {
+        if self.transport.heartbeat_ms == 0 {
+            return Err(err("transport.heartbeat_ms", "must be at least 1".into()));
+        }
+        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
             return Err(err(
                 "transport.peer_timeout_ms",
-                "must be at least 300 (heartbeats go every 100 ms)".into(),
+                format!(
+                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
+                    3 * self.transport.heartbeat_ms,
+                    self.transport.heartbeat_ms
+                ),
             ));
         }
         if eb.batch_timeout_ms == 0 {
