@@ -563,9 +563,17 @@ pub struct SimSection {
     /// interleaving of messages on a link k times coarser. 1: every packet.
     pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
-    /// none), and the others learn of it `crash_detection_us` later.
+    /// none): it stops, and the others find it by its silence.
     pub crash: String,
-    pub crash_detection_us: f64,
+    /// With `crash`: the simulated nodes' peer timeout (what
+    /// `transport.peer_timeout_ms` is to real ones, on the simulator's time
+    /// scale), microseconds.
+    pub peer_timeout_us: f64,
+    /// With `crash`: how often the simulated nodes send heartbeats and
+    /// judge their peers' silence, microseconds. Without `crash` the
+    /// simulated nodes send no heartbeats (they would only add control
+    /// messages to every figure).
+    pub heartbeat_us: f64,
     /// The output network that carries built batches to the consumers.
     pub output: SimOutputSection,
 }
@@ -667,7 +675,8 @@ impl Default for SimSection {
             granularity: "packet".into(),
             train_packets: 1,
             crash: String::new(),
-            crash_detection_us: 100.0,
+            peer_timeout_us: 100.0,
+            heartbeat_us: 25.0,
             output: SimOutputSection::default(),
         }
     }
@@ -1176,10 +1185,20 @@ impl Config {
                 ));
             }
         }
-        if !(sim.crash_detection_us.is_finite() && sim.crash_detection_us >= 0.0) {
+        if !(sim.heartbeat_us.is_finite() && sim.heartbeat_us >= 0.001) {
             return Err(err(
-                "sim.crash_detection_us",
-                "must be a non-negative number".into(),
+                "sim.heartbeat_us",
+                "must be at least 0.001 (a nanosecond)".into(),
+            ));
+        }
+        if !(sim.peer_timeout_us.is_finite() && sim.peer_timeout_us >= 3.0 * sim.heartbeat_us) {
+            return Err(err(
+                "sim.peer_timeout_us",
+                format!(
+                    "must be at least 3 heartbeats, {} (sim.heartbeat_us = {})",
+                    3.0 * sim.heartbeat_us,
+                    sim.heartbeat_us
+                ),
             ));
         }
         let so = &sim.output;

@@ -2,9 +2,9 @@
 //! and end its run, driven by the time every input brings like the rest
 //! of the core.
 //!
-//! - **Heartbeat due**: every `transport.heartbeat_ms` a node sends each
-//!   live peer a heartbeat, so that every link carries something at least
-//!   that often ([`PeerWatch`]).
+//! - **Heartbeat due**: every `transport.heartbeat_ms` a node sends a
+//!   heartbeat to each live peer it sent nothing else to in that time, so
+//!   that every link carries something at least that often ([`PeerWatch`]).
 //! - **Peer silent**: at each heartbeat the node judges its peers; one it
 //!   has heard nothing from for more than `transport.peer_timeout_ms` is
 //!   lost, with the same consequences as a connection that failed.
@@ -142,6 +142,8 @@ struct Peer {
     state: PeerState,
     /// Running time at which it was last heard from.
     heard: Nanos,
+    /// Driver time at which something was last sent to it.
+    sent: Option<Nanos>,
     /// The driver said, before this tick's judgement, that the peer is
     /// runnable on this host.
     starved: bool,
@@ -174,6 +176,7 @@ impl PeerWatch {
                 Peer {
                     state: PeerState::Live,
                     heard: 0,
+                    sent: None,
                     starved: false,
                 };
                 usize::from(endpoints)
@@ -209,6 +212,14 @@ impl PeerWatch {
         let running = self.clock.running;
         if let Some(p) = self.peers.get_mut(usize::from(peer)) {
             p.heard = running;
+        }
+    }
+
+    /// Something was sent to `peer` at `now`: no heartbeat needed on that
+    /// link for a period.
+    pub fn sent(&mut self, now: Nanos, peer: NodeId) {
+        if let Some(p) = self.peers.get_mut(usize::from(peer)) {
+            p.sent = Some(now);
         }
     }
 
@@ -277,8 +288,8 @@ impl PeerWatch {
     }
 
     /// The heartbeat tick, if due at `now`: each live peer is judged
-    /// (silent: [`Beat::Silent`], and it is lost) and the others get a
-    /// heartbeat.
+    /// (silent: [`Beat::Silent`], and it is lost) and the others that were
+    /// sent nothing for a period get a heartbeat.
     pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<Beat>) {
         if !self.is_due(now) {
             return;
@@ -297,7 +308,10 @@ impl PeerWatch {
                     peer: i as NodeId,
                     silent_ns,
                 });
-            } else {
+            } else if peer
+                .sent
+                .is_none_or(|t| now.saturating_sub(t) >= self.heartbeat)
+            {
                 out.push(Beat::Heartbeat(i as NodeId));
             }
         }
@@ -412,6 +426,11 @@ mod tests {
         w.on_timeout(100 * MS, &mut out);
         assert_eq!(out, vec![Beat::Heartbeat(0)]);
         assert_eq!(w.next_deadline(), Some(200 * MS));
+        // A link that carried something within the period needs none.
+        w.sent(150 * MS, 0);
+        out.clear();
+        w.on_timeout(200 * MS, &mut out);
+        assert!(out.is_empty(), "{out:?}");
         w.stop();
         assert_eq!(w.next_deadline(), None);
         out.clear();

@@ -256,7 +256,15 @@ impl Node {
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let action = self.actions.pop_front()?;
+        if let Action::Send { to, .. }
+        | Action::SendFragment { to, .. }
+        | Action::Deliver { to, .. } = &action
+        {
+            // The link carries something: no heartbeat needed on it.
+            self.watch.sent(self.now, *to);
+        }
+        Some(action)
     }
 
     pub fn is_done(&self) -> bool {

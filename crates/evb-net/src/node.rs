@@ -1,8 +1,11 @@
 //! `evb node`: one endpoint of an event builder, as a process.
 //!
 //! Drives an [`evb_core::Node`] over a [`Transport`] with a single-threaded
-//! loop: time-driven inputs (deadlines, heartbeats, the end of the run),
-//! then the transport's input, then the actions the node asked for.
+//! loop: time-driven inputs (the end of a timed run, the node's deadlines),
+//! then the transport's input, then the actions the node asked for. The
+//! node keeps its own timers, liveness included (heartbeats, silent peers,
+//! the drain, the linger: [`evb_core::liveness`]); the loop feeds it time
+//! and I/O, and what only the transport can see of a peer (alive, starved).
 //! Under `evb run` (`--control stdio`) the node prints `LISTEN <token>`,
 //! reads `PEERS <token>...` and later `STOP` on stdin, and prints `STATS`
 //! and `FINAL` JSON lines on stdout. Under `mpirun`/`srun`
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::bu::Admit;
 use evb_core::config::{BusyWait, Config, Readout, SinkKind};
+use evb_core::liveness::PeerState;
 use evb_core::source::{payload_crc, RingTemplate, SourceModel};
 use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{Action, Layout, MepId, Nanos, Node, NodeId, Outcome};
@@ -60,17 +64,11 @@ pub struct NodeOptions {
 }
 
 const STATS_INTERVAL: Duration = Duration::from_millis(250);
-/// After its own work is done, how long a node waits for its peers to finish.
-const LINGER: Duration = Duration::from_secs(5);
 /// A restarted EM waits at least this long for every node to answer: a
 /// TCP peer re-dials it with a backoff of up to 1 s.
 const EM_RESYNC_WAIT_MIN: Duration = Duration::from_secs(3);
 /// A restarted EM waiting longer than this for the nodes says for whom.
 const RESYNC_SLOW: Duration = Duration::from_secs(2);
-/// Every link carries at least this often a message or a heartbeat;
-/// silence is checked as often (a lost peer is seen within
-/// `transport.peer_timeout_ms` + this).
-const HEARTBEAT: Duration = Duration::from_millis(100);
 /// Actions carried out before the loop looks at its timers again.
 const ACTION_BUDGET: u32 = 4096;
 /// The longest a wait for input lasts, so that commands from stdin are
@@ -215,7 +213,8 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         // The EM died and this is its new incarnation: it learns from the
         // nodes how far the run got before it assigns again. Set before
         // the transport connects: their answers can arrive during setup.
-        let wait = (3 * rt.peer_timeout).max(EM_RESYNC_WAIT_MIN);
+        let peer_timeout = Duration::from_millis(rt.config.transport.peer_timeout_ms);
+        let wait = (3 * peer_timeout).max(EM_RESYNC_WAIT_MIN);
         rt.engine.node.resume_em(wait.as_nanos() as u64);
     }
     if opts.control == Control::Launcher {
@@ -561,7 +560,11 @@ enum Slot {
 /// transport so both can be borrowed at once).
 struct Engine {
     node: Node,
+    /// The start of the run: the node's time 0.
     epoch: Instant,
+    /// The run has started: before, during the setup, the node's time
+    /// stays 0 (it never goes back).
+    running: bool,
     /// CLOCK_MONOTONIC at `epoch`, ns: lets `evb run` compare the clocks
     /// of its nodes (the slotted barrel's phase error).
     epoch_monotonic_ns: u64,
@@ -594,8 +597,6 @@ struct Engine {
     batches: HashMap<MepId, BatchSlots>,
     rus: usize,
     sink: Option<std::fs::File>,
-    /// When each endpoint was last heard from.
-    last_rx: Vec<Instant>,
     /// BU: copies of delivered batches (and their headers), kept until a
     /// consumer confirms them, to deliver again if their consumer dies.
     deliveries: HashMap<MepId, (Rc<MepBuf>, FragmentHeader)>,
@@ -613,10 +614,6 @@ struct Delivered {
     /// CRC and fragment table verified: only an intact batch is stored.
     intact: bool,
 }
-
-/// Timeouts of silence a runnable peer on this host is given before it is
-/// declared lost (see [`Transport::peer_runnable`]).
-const STARVED_GRACE: u32 = 4;
 
 /// `EVB_STATS_LINES=1`: a node under a launcher prints its periodic STATS
 /// lines too (by default only FINAL: ranks share the launcher's stdout),
@@ -720,7 +717,11 @@ impl SparePool {
 }
 
 impl Engine {
+    /// The node's time: since the start of the run (0 before it).
     fn now(&self) -> Nanos {
+        if !self.running {
+            return 0;
+        }
         self.epoch.elapsed().as_nanos() as Nanos
     }
 
@@ -836,9 +837,8 @@ impl Engine {
 
 impl RxHandler for Engine {
     fn on_alive(&mut self, peer: NodeId) {
-        if let Some(t) = self.last_rx.get_mut(peer as usize) {
-            *t = Instant::now();
-        }
+        let now = self.now();
+        self.node.on_peer_alive(now, peer);
     }
 
     fn on_control(&mut self, peer: NodeId, msg: Message) {
@@ -939,8 +939,6 @@ struct Runtime {
     config: Config,
     /// The endpoints this one has a link to.
     linked: Vec<NodeId>,
-    /// Peers that said they finished: no longer expected to speak.
-    peers_finished: Vec<bool>,
     /// Peers declared lost, with when and why.
     lost: Vec<crate::report::PeerLoss>,
     /// Lost peers that came back, with when (a peer is down while it has
@@ -950,8 +948,6 @@ struct Runtime {
     restarted: bool,
     /// A restarted EM's resync was logged.
     em_resync_logged: bool,
-    /// A peer silent this long is lost.
-    peer_timeout: Duration,
     /// This node told its peers it has finished.
     finished: bool,
     events: Vec<LinkEvent>,
@@ -976,7 +972,6 @@ struct Runtime {
 
 impl Runtime {
     fn new(config: Config, layout: Layout, rank: NodeId) -> Result<Runtime> {
-        let peer_timeout = Duration::from_millis(config.transport.peer_timeout_ms);
         let node = Node::new(&config, &layout, rank);
         let sources = layout.ru_of[rank as usize].map(|s| SourceModel::new(&config, s));
         let sink = match config.output.sink {
@@ -1019,6 +1014,7 @@ impl Runtime {
             engine: Engine {
                 node,
                 epoch: Instant::now(),
+                running: false,
                 epoch_monotonic_ns: 0,
                 sources,
                 size_scratch: Vec::new(),
@@ -1035,12 +1031,10 @@ impl Runtime {
                 batches: HashMap::new(),
                 rus: layout.rus(),
                 sink,
-                last_rx: vec![Instant::now(); layout.endpoints as usize],
                 deliveries: HashMap::new(),
                 consuming: HashMap::new(),
             },
             linked: transport::linked_peers(&config, &layout, rank),
-            peers_finished: vec![false; layout.endpoints as usize],
             layout,
             rank,
             config,
@@ -1048,7 +1042,6 @@ impl Runtime {
             rejoins: Vec::new(),
             restarted: false,
             em_resync_logged: false,
-            peer_timeout,
             finished: false,
             events: Vec::new(),
             report_file: None,
@@ -1067,10 +1060,11 @@ impl Runtime {
         transport: &mut dyn Transport,
         commands: Option<&mpsc::Receiver<Command>>,
     ) -> Result<()> {
+        // The node's time starts with the run: what arrived during the
+        // setup was stamped 0.
         self.engine.epoch = Instant::now();
         self.engine.epoch_monotonic_ns = monotonic_ns();
-        // Silence is counted from the start of the run, not the setup.
-        self.engine.last_rx.fill(Instant::now());
+        self.engine.running = true;
         if self.restarted {
             // The peers that did not connect are down for this incarnation
             // (dead, or slow to re-dial us): they may join later.
@@ -1088,41 +1082,20 @@ impl Runtime {
         self.engine.node.start(now);
         self.process_actions(transport)?;
         let mut next_stats = Instant::now() + STATS_INTERVAL;
-        let mut next_heartbeat = Instant::now() + HEARTBEAT;
         let mut next_trim = Instant::now() + POOL_TRIM;
         let duration = self.config.run.duration_s;
         let stop_at = (self.rank == self.layout.em && duration > 0.0)
             .then(|| self.engine.epoch + Duration::from_secs_f64(duration));
         let mut stopped = false;
-        let drain = Duration::from_millis(self.config.event_builder.drain_timeout_ms);
-        let em_lost_wait = Duration::from_millis(self.config.event_builder.em_lost_wait_ms);
-        let mut drain_deadline: Option<Instant> = None;
-        let mut drain_timed_out = false;
-        let mut done_at: Option<Instant> = None;
         loop {
-            // Time-driven inputs first.
+            // Time-driven inputs first: the end of a timed run, then the
+            // node's own timers (batches, slots, heartbeats, silent peers,
+            // the drain, the linger).
             let now_i = Instant::now();
             if !stopped && stop_at.is_some_and(|t| now_i >= t) {
                 stopped = true;
                 let now = self.engine.now();
                 self.engine.node.stop(now);
-            }
-            // Without the EM nothing more will be assigned: drain.
-            let em_lost = self.is_lost(self.layout.em);
-            if drain_deadline.is_none() {
-                if self.engine.node.end_of_run().is_some() {
-                    drain_deadline = Some(now_i + drain);
-                } else if em_lost {
-                    drain_deadline = Some(now_i + em_lost_wait);
-                }
-            }
-            if !em_lost && self.engine.node.end_of_run().is_none() && !drain_timed_out {
-                // The EM came back (rejoin) before the drain was over.
-                drain_deadline = None;
-            }
-            if now_i >= next_heartbeat {
-                next_heartbeat = now_i + HEARTBEAT;
-                self.heartbeat_and_check(transport, now_i);
             }
             if now_i >= next_trim {
                 next_trim = now_i + POOL_TRIM;
@@ -1131,59 +1104,37 @@ impl Runtime {
                     self.engine.print_memory(self.rank);
                 }
             }
-            if let Some(dl) = drain_deadline {
-                if now_i >= dl && !self.engine.node.is_done() {
-                    if self.engine.node.end_of_run().is_none() {
-                        stderr_line!(
-                            "evb node {}: the EM did not come back within event_builder.em_lost_wait_ms ({} ms): ending the run",
-                            self.rank,
-                            em_lost_wait.as_millis()
-                        );
-                    }
-                    stderr_line!(
-                        "evb node {}: drain timed out: {}",
-                        self.rank,
-                        self.engine.node.pending_work()
-                    );
-                    drain_timed_out = true;
-                    let now = self.engine.now();
-                    self.engine.node.abandon(now);
-                }
-            }
             let now = self.engine.now();
             if self.engine.node.next_deadline().is_some_and(|d| d <= now) {
+                self.vouch_for_silent_peers(transport, now);
                 self.engine.node.on_timeout(now);
             }
             self.process_actions(transport)?;
             transport.flush(&mut self.events);
             self.handle_link_events(transport)?;
             if now_i >= next_stats {
-                self.print_report("STATS", false, drain_timed_out);
+                if !self.engine.node.is_done() {
+                    self.log_em_resync();
+                }
+                self.print_report("STATS", false);
                 next_stats = now_i + STATS_INTERVAL;
             }
-            if self.engine.node.is_done() && done_at.is_none() && !transport.has_pending_tx(None) {
-                done_at = Some(Instant::now());
+            if self.engine.node.is_done() && !self.finished && !transport.has_pending_tx(None) {
                 self.finished = true;
                 transport.finish();
+                let now = self.engine.now();
+                self.engine.node.on_goodbye_sent(now);
             }
-            if let Some(t) = done_at {
-                if transport.all_finished() || t.elapsed() > LINGER {
-                    break;
-                }
+            if self.finished && (transport.all_finished() || self.engine.node.linger_over()) {
+                break;
             }
             // Wait until the next thing that can happen.
-            let mut wake = next_stats.min(next_heartbeat);
+            let mut wake = next_stats;
             if let Some(t) = stop_at.filter(|_| !stopped) {
                 wake = wake.min(t);
             }
-            if let Some(dl) = drain_deadline.filter(|_| !self.engine.node.is_done()) {
-                wake = wake.min(dl);
-            }
             if let Some(d) = self.engine.node.next_deadline() {
                 wake = wake.min(self.engine.epoch + Duration::from_nanos(d));
-            }
-            if let Some(t) = done_at {
-                wake = wake.min(t + LINGER);
             }
             let mut timeout = if self.actions_left {
                 Duration::ZERO
@@ -1217,7 +1168,7 @@ impl Runtime {
             self.store_closed = Some(stats);
         }
         self.output_network = transport.output_network();
-        self.print_report("FINAL", true, drain_timed_out);
+        self.print_report("FINAL", true);
         let dropped = self.report_lines.finish();
         if dropped > 0 {
             stderr_line!(
@@ -1249,9 +1200,8 @@ impl Runtime {
                     LinkEvent::Closed { peer, error } => self.link_closed(transport, peer, error),
                     LinkEvent::Joined { peer } => self.peer_joined(peer),
                     LinkEvent::Finished { peer } => {
-                        if let Some(f) = self.peers_finished.get_mut(peer as usize) {
-                            *f = true;
-                        }
+                        let now = self.engine.now();
+                        self.engine.node.on_peer_finished(now, peer);
                     }
                 }
             }
@@ -1272,7 +1222,7 @@ impl Runtime {
         // A clean close after the end of the run, or after the peer said it
         // finished (its goodbye can overtake the EM's EndOfRun), is how
         // peers finish.
-        let said_goodbye = self.peers_finished.get(peer as usize) == Some(&true);
+        let said_goodbye = self.engine.node.peer_state(peer) == Some(PeerState::Finished);
         let orderly = self.engine.node.is_done()
             || self.finished
             || (error.is_none() && (end || said_goodbye));
@@ -1308,10 +1258,9 @@ impl Runtime {
         }
     }
 
-    /// `peer` is down: lost more often than it rejoined.
+    /// `peer` is down: lost and not back.
     fn is_lost(&self, peer: NodeId) -> bool {
-        let lost = self.lost.iter().filter(|l| l.peer == peer).count();
-        lost > self.rejoins.iter().filter(|r| r.peer == peer).count()
+        self.engine.node.is_peer_lost(peer)
     }
 
     /// A lost peer is connected again: a new incarnation, or the same
@@ -1323,55 +1272,34 @@ impl Runtime {
         }
         stderr_line!("evb node {}: endpoint {peer} rejoined", self.rank);
         self.rejoins.push(crate::report::PeerRejoin::now(peer));
-        if let Some(t) = self.engine.last_rx.get_mut(peer as usize) {
-            *t = Instant::now();
-        }
         let now = self.engine.now();
         self.engine.node.on_peer_joined(now, peer);
     }
 
+    /// The transport saw `peer` fail: the node is told.
     fn declare_lost(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
-        stderr_line!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
-        self.lost.push(crate::report::PeerLoss::now(peer, reason));
-        transport.drop_peer(peer, &mut self.events);
+        self.give_up_link(transport, peer, reason);
         let now = self.engine.now();
         self.engine.node.on_peer_lost(now, peer);
     }
 
-    /// Keeps every link alive with a heartbeat and declares lost a peer
-    /// that has been silent for `transport.peer_timeout_ms`.
-    fn heartbeat_and_check(&mut self, transport: &mut dyn Transport, now: Instant) {
-        if self.engine.node.is_done() || self.finished {
-            return;
-        }
-        self.log_em_resync();
-        let mut silent = Vec::new();
-        for &p in &self.linked {
-            if p == self.rank || self.is_lost(p) || self.peers_finished[p as usize] {
-                continue;
-            }
-            // Judge before queueing our heartbeat: our own write must not
-            // count as the peer taking data.
-            let quiet = now.duration_since(self.engine.last_rx[p as usize]);
+    /// Records the loss of `peer` and gives up its link.
+    fn give_up_link(&mut self, transport: &mut dyn Transport, peer: NodeId, reason: String) {
+        stderr_line!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
+        self.lost.push(crate::report::PeerLoss::now(peer, reason));
+        transport.drop_peer(peer, &mut self.events);
+    }
+
+    /// Before the node judges its peers: those it would find silent are
+    /// alive after all if their bytes wait unread or they take ours, and
+    /// starved rather than hung if their process on this host is runnable.
+    fn vouch_for_silent_peers(&mut self, transport: &dyn Transport, now: Nanos) {
+        for p in self.engine.node.silent_peers(now) {
             if transport.peer_active(p) {
-                self.engine.last_rx[p as usize] = now;
-            } else if quiet > self.peer_timeout {
-                // A peer on this host that waits for a CPU is starved, not
-                // hung: it gets a few more timeouts (a stopped or dead one
-                // none; a death is seen at once through its pidfd anyway).
-                let starved =
-                    quiet <= self.peer_timeout * STARVED_GRACE && transport.peer_runnable(p);
-                if !starved {
-                    silent.push(p);
-                }
+                self.engine.node.on_peer_alive(now, p);
+            } else if transport.peer_runnable(p) {
+                self.engine.node.on_peer_starved(now, p);
             }
-            if !transport.has_pending_tx(Some(p)) {
-                transport.send_control(p, &Message::Heartbeat);
-            }
-        }
-        for p in silent {
-            let ms = self.peer_timeout.as_millis();
-            self.declare_lost(transport, p, format!("silent for more than {ms} ms"));
         }
     }
 
@@ -1396,10 +1324,42 @@ impl Runtime {
                 self.actions_left = true;
             }
             match action {
+                Action::Send {
+                    to,
+                    msg: Message::Heartbeat,
+                } => {
+                    // Judged before our heartbeat is queued: our own write
+                    // must not count as the peer taking data.
+                    if transport.peer_active(to) {
+                        let now = self.engine.now();
+                        self.engine.node.on_peer_alive(now, to);
+                    }
+                    // Behind queued sends a heartbeat adds nothing.
+                    if !transport.has_pending_tx(Some(to)) {
+                        transport.send_control(to, &Message::Heartbeat);
+                    }
+                }
                 Action::Send { to, msg } => {
                     // A peer that is gone gets nothing; the protocol copes
                     // (timeouts, accounting).
                     transport.send_control(to, &msg);
+                }
+                Action::DropPeer { peer, .. } => {
+                    let ms = self.config.transport.peer_timeout_ms;
+                    self.give_up_link(transport, peer, format!("silent for more than {ms} ms"));
+                }
+                Action::DrainTimedOut {
+                    without_em,
+                    pending,
+                } => {
+                    if without_em {
+                        stderr_line!(
+                            "evb node {}: the EM did not come back within event_builder.em_lost_wait_ms ({} ms): ending the run",
+                            self.rank,
+                            self.config.event_builder.em_lost_wait_ms
+                        );
+                    }
+                    stderr_line!("evb node {}: drain timed out: {pending}", self.rank);
                 }
                 Action::Produce { mep } => {
                     let e = &mut self.engine;
@@ -1680,7 +1640,7 @@ impl Runtime {
         f.source == h.source && f.drop_meps.contains(&h.mep)
     }
 
-    fn print_report(&self, tag: &str, full: bool, drain_timed_out: bool) {
+    fn print_report(&self, tag: &str, full: bool) {
         let stats = self.engine.node.stats();
         let elapsed = self.engine.epoch.elapsed().as_secs_f64();
         // Metrics want the latency histogram every time.
@@ -1733,7 +1693,7 @@ impl Runtime {
             r.em_meps_reassigned = em.meps_reassigned;
             r.em_resumed_at = em.resumed_at;
         }
-        r.drain_timed_out = drain_timed_out;
+        r.drain_timed_out = self.engine.node.drain_timed_out();
         if full {
             r.output_network = self.output_network.clone();
         }
