@@ -259,6 +259,12 @@ impl PeerWatch {
         }
     }
 
+    /// How long `peer` has been silent at `now`, in running time.
+    pub fn silent_for(&self, now: Nanos, peer: NodeId) -> Option<Nanos> {
+        let p = self.peers.get(usize::from(peer))?;
+        Some(self.clock.at(now).saturating_sub(p.heard))
+    }
+
     pub fn state(&self, peer: NodeId) -> Option<PeerState> {
         self.peers.get(usize::from(peer)).map(|p| p.state)
     }
