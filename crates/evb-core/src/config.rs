@@ -1639,6 +1639,28 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_timeout_spans_at_least_three_heartbeats() {
+        let e = load("[transport]\nheartbeat_ms = 0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.heartbeat_ms"), "{e}");
+        let e = load("[transport]\npeer_timeout_ms = 299\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.peer_timeout_ms"), "{e}");
+        assert!(e.message.contains("300"), "{e}");
+        let c = load(
+            "[transport]\nheartbeat_ms = 10\npeer_timeout_ms = 30\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.transport.heartbeat_ms, c.transport.peer_timeout_ms),
+            (10, 30)
+        );
+        let e = load("[sim]\npeer_timeout_us = 50.0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.peer_timeout_us"), "{e}");
+        let e = load("[sim]\nheartbeat_us = 0.0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.heartbeat_us"), "{e}");
+    }
+
+    #[test]
     fn overrides_apply_and_are_checked() {
         let c = load(
             "[event_builder]\ncredits = 3\n",

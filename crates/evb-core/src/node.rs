@@ -1062,3 +1062,98 @@ impl Node {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An input older than the last one is a broken driver: refused in
+    /// every build, naming the two times.
+    #[test]
+    #[should_panic(expected = "time went back, an input at 5 ns after one at 10 ns")]
+    fn time_going_back_is_refused() {
+        let config = Config::default();
+        let layout = Layout::from_config(&config);
+        let mut node = Node::new(&config, &layout, 1);
+        node.start(10);
+        node.on_peer_alive(5, 0);
+    }
+
+    /// The liveness timers run through the node: heartbeats to its idle
+    /// peers, a silent peer dropped (and lost to its units), the drain
+    /// ending a run cut off from the EM.
+    #[test]
+    fn a_node_keeps_its_liveness_timers() {
+        let config = Config::default();
+        let layout = Layout::from_config(&config);
+        let mut node = Node::new(&config, &layout, 1);
+        let ms = 1_000_000;
+        node.start(0);
+        while node.poll_action().is_some() {}
+        assert_eq!(node.next_deadline(), Some(100 * ms));
+        node.on_timeout(100 * ms);
+        let beats: Vec<Action> = std::iter::from_fn(|| node.poll_action()).collect();
+        for to in [0, 2, 3] {
+            assert!(
+                beats.contains(&Action::Send {
+                    to,
+                    msg: Message::Heartbeat
+                }),
+                "{beats:?}"
+            );
+        }
+        // Nodes 0 (the EM's), 2 and 3 speak; node 2 falls silent.
+        let mut t = 100 * ms;
+        let mut dropped = Vec::new();
+        while t < 2000 * ms {
+            t += 50 * ms;
+            for from in [0, 3] {
+                node.on_message(t, from, Message::Heartbeat);
+            }
+            if node.next_deadline().is_some_and(|d| d <= t) {
+                node.on_timeout(t);
+            }
+            while let Some(a) = node.poll_action() {
+                if let Action::DropPeer { peer, silent_ns } = a {
+                    dropped.push((peer, t, silent_ns));
+                }
+            }
+        }
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        let (peer, at, silent) = dropped[0];
+        assert_eq!(peer, 2);
+        assert!((900 * ms..=1000 * ms).contains(&at), "{at}");
+        assert!(silent > 800 * ms, "{silent}");
+        assert!(node.is_peer_lost(2));
+        assert!(node.em().is_none() && !node.is_done());
+        // The EM's node is lost: 10 s later the drain ends the run.
+        node.on_peer_lost(t, 0);
+        let lost_em = t;
+        let mut ended = t;
+        while !node.is_done() {
+            ended = node.next_deadline().expect("a timer runs");
+            node.on_timeout(ended);
+        }
+        assert_eq!(
+            ended,
+            lost_em + 10_000 * ms,
+            "em_lost_wait_ms after the loss"
+        );
+        let actions: Vec<Action> = std::iter::from_fn(|| node.poll_action()).collect();
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::DrainTimedOut {
+                    without_em: true,
+                    ..
+                }
+            )),
+            "{actions:?}"
+        );
+        assert_eq!(actions.last(), Some(&Action::Done));
+        assert!(node.drain_timed_out());
+        assert!(node
+            .next_deadline()
+            .is_none_or(|d| d >= lost_em + 10_000 * ms));
+    }
+}
