@@ -227,15 +227,7 @@ impl Node {
     /// it. Checked in every build, not only debug ones: it costs one
     /// comparison an input, and the test suite runs optimised.
     fn tick(&mut self, now: Nanos) {
-        assert!(
-            now >= self.now,
-            "evb-core node {}: time went back, an input at {now} ns after one at {} ns \
-             (the driver's clock must never go back)",
-            self.id,
-            self.now
-        );
-        self.now = now;
-        self.watch.observe(now);
+        self.clock_in(now);
         if let Some(ru) = &mut self.ru {
             ru.set_now(now);
             if let Some(clock) = &self.clock {
@@ -245,6 +237,20 @@ impl Node {
         if let Some(em) = &mut self.em {
             em.set_now(now);
         }
+    }
+
+    /// The time of an input, for the node and its liveness timers only
+    /// (inputs that concern no unit: a sign of life, a goodbye).
+    fn clock_in(&mut self, now: Nanos) {
+        assert!(
+            now >= self.now,
+            "evb-core node {}: time went back, an input at {now} ns after one at {} ns \
+             (the driver's clock must never go back)",
+            self.id,
+            self.now
+        );
+        self.now = now;
+        self.watch.observe(now);
     }
 
     pub fn id(&self) -> NodeId {
@@ -488,7 +494,7 @@ impl Node {
     /// the transport sees it alive: its bytes wait unread, or it takes
     /// what this node sends.
     pub fn on_peer_alive(&mut self, now: Nanos, peer: NodeId) {
-        self.tick(now);
+        self.clock_in(now);
         self.watch.heard(now, peer);
     }
 
@@ -498,7 +504,7 @@ impl Node {
     /// [`crate::liveness::STARVED_GRACE`] peer timeouts. Tell it about the
     /// peers of [`Node::silent_peers`] before [`Node::on_timeout`].
     pub fn on_peer_starved(&mut self, now: Nanos, peer: NodeId) {
-        self.tick(now);
+        self.clock_in(now);
         self.watch.starved(peer);
     }
 
@@ -514,7 +520,7 @@ impl Node {
     /// Endpoint `peer` said it finished with the run (its goodbye): its
     /// silence and its closing are expected.
     pub fn on_peer_finished(&mut self, now: Nanos, peer: NodeId) {
-        self.tick(now);
+        self.clock_in(now);
         self.watch.finished(peer);
     }
 
