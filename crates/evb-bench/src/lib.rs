@@ -21,6 +21,11 @@
 //!   to every other; receivers check order and content; optionally one
 //!   rank is slow (backpressure) or dies (dead-peer detection).
 //!
+//! A worker judges its peers as a node does, with the core's liveness
+//! policy ([`evb_core::liveness::PeerWatch`]): heartbeats, the silence
+//! timeout on the worker's own running clock, the grace of a peer starved
+//! of CPU on this host.
+//!
 //! Between phases a worker sends an `EndOfRun` control message as a marker
 //! (its meaning inside the benchmark only).
 
@@ -33,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::config::Config;
+use evb_core::liveness::{Beat, PeerWatch};
 use evb_core::wire::{FragmentHeader, Message};
-use evb_core::{Layout, NodeId};
+use evb_core::{Layout, Nanos, NodeId};
 use serde::{Deserialize, Serialize};
 
 use evb_control::lines::{LineError, ToLauncher, ToNode};
@@ -127,6 +133,8 @@ impl BenchSpec {
 }
 
 const MARKER: Message = Message::EndOfRun { meps: 0 };
+/// Heartbeats, and the judgement of silent peers, as often as a node's
+/// by default (`transport.heartbeat_ms`).
 const HEARTBEAT: Duration = Duration::from_millis(100);
 const PEER_TIMEOUT_DEFAULT: Duration = Duration::from_millis(800);
 
@@ -143,7 +151,10 @@ struct Rx {
     count_at_marker: Vec<u64>,
     first_rx: Option<Instant>,
     last_rx_data: Option<Instant>,
-    last_rx: Vec<Instant>,
+    /// Heartbeats and silent peers: the node's own policy
+    /// ([`evb_core::liveness`]), on a clock that starts at `epoch`.
+    watch: PeerWatch,
+    epoch: Instant,
     /// Order errors by sender.
     order_errors: Vec<u64>,
     content_errors: u64,
@@ -154,9 +165,8 @@ struct Rx {
 
 impl RxHandler for Rx {
     fn on_alive(&mut self, peer: NodeId) {
-        if let Some(t) = self.last_rx.get_mut(peer as usize) {
-            *t = Instant::now();
-        }
+        let now = self.now();
+        self.watch.heard(now, peer);
     }
 
     fn on_control(&mut self, peer: NodeId, msg: Message) {
@@ -221,6 +231,12 @@ impl RxHandler for Rx {
     }
 }
 
+impl Rx {
+    fn now(&self) -> Nanos {
+        self.epoch.elapsed().as_nanos() as Nanos
+    }
+}
+
 /// The bytes of message `seq` from `rank` (conformance).
 fn pattern(rank: NodeId, seq: u64, len: usize) -> Vec<u8> {
     let mut x = (u64::from(rank) << 48) ^ seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555;
@@ -252,8 +268,6 @@ struct Worker {
     lost: Vec<bool>,
     lost_report: Vec<(u16, f64)>,
     closed: Vec<bool>,
-    next_heartbeat: Instant,
-    peer_timeout: Duration,
     finishing: bool,
 }
 
@@ -269,9 +283,13 @@ impl Worker {
                 }
                 // Rejoin is not enabled for benchmarks.
                 LinkEvent::Joined { .. } => {}
-                LinkEvent::Finished { peer } => self.closed[peer as usize] = true,
+                LinkEvent::Finished { peer } => {
+                    self.closed[peer as usize] = true;
+                    self.rx.watch.finished(peer);
+                }
                 LinkEvent::Closed { peer, error } => {
                     self.closed[peer as usize] = true;
+                    self.rx.watch.finished(peer);
                     // Once we finished, a peer closing its end is expected.
                     if let (Some(e), false) = (error, self.finishing) {
                         self.declare_lost(peer, e);
@@ -279,23 +297,35 @@ impl Worker {
                 }
             }
         }
-        let now = Instant::now();
-        if now >= self.next_heartbeat && !self.finishing {
-            self.next_heartbeat = now + HEARTBEAT;
-            for p in 0..self.ranks {
-                if p == self.rank || self.lost[p as usize] || self.closed[p as usize] {
-                    continue;
-                }
-                // Judged before our heartbeat is queued (see node.rs).
+        let now = self.rx.now();
+        if self.rx.watch.is_due(now) {
+            // What the transport sees of the peers about to be judged
+            // silent, as a node does: alive (bytes waiting unread, or
+            // taking ours), or starved of CPU on this host.
+            for p in self.rx.watch.silent_peers(now) {
                 if self.t.peer_active(p) {
-                    self.rx.last_rx[p as usize] = now;
+                    self.rx.watch.heard(now, p);
+                } else if self.t.peer_runnable(p) {
+                    self.rx.watch.starved(p);
                 }
-                if !self.t.has_pending_tx(Some(p)) {
-                    self.t.send_control(p, &Message::Heartbeat);
-                }
-                let silent = now.duration_since(self.rx.last_rx[p as usize]);
-                if silent > self.peer_timeout {
-                    self.declare_lost(p, format!("silent for {silent:?}"));
+            }
+            let mut beats = Vec::new();
+            self.rx.watch.on_timeout(now, &mut beats);
+            for beat in beats {
+                match beat {
+                    Beat::Heartbeat(p) => {
+                        // Judged before our heartbeat is queued (see node.rs).
+                        if self.t.peer_active(p) {
+                            self.rx.watch.heard(now, p);
+                        }
+                        if !self.t.has_pending_tx(Some(p)) {
+                            self.t.send_control(p, &Message::Heartbeat);
+                        }
+                    }
+                    Beat::Silent { peer, silent_ns } => {
+                        let silent = Duration::from_nanos(silent_ns);
+                        self.declare_lost(peer, format!("silent for {silent:?}"));
+                    }
                 }
             }
         }
@@ -308,7 +338,9 @@ impl Worker {
             return;
         }
         self.lost[p] = true;
-        let after = self.rx.last_rx[p].elapsed().as_secs_f64();
+        self.rx.watch.lost(peer);
+        let now = self.rx.now();
+        let after = self.rx.watch.silent_for(now, peer).unwrap_or(0) as f64 * 1e-9;
         tracing::warn!(
             "evb bench worker {}: peer {peer} lost after {after:.3} s: {reason}",
             self.rank
@@ -602,6 +634,7 @@ impl Worker {
     /// Orderly end: tell every peer, wait for theirs (bounded).
     fn finish(&mut self) -> bool {
         self.finishing = true;
+        self.rx.watch.stop();
         self.t.finish();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !self.t.all_finished() {
@@ -669,7 +702,13 @@ pub fn run_worker(
         markers: vec![0; n],
         first_rx: None,
         last_rx_data: None,
-        last_rx: vec![Instant::now(); n],
+        watch: PeerWatch::new(
+            spec.ranks,
+            rank,
+            HEARTBEAT.as_nanos() as Nanos,
+            Duration::from_millis(spec.peer_timeout_ms.max(1)).as_nanos() as Nanos,
+        ),
+        epoch: Instant::now(),
         order_errors: vec![0; n],
         content_errors: 0,
         check_content: false,
@@ -683,7 +722,10 @@ pub fn run_worker(
     };
     t.connect(&peers, &mut rx)
         .with_context(|| format!("setting up the {} transport", t.name()))?;
-    rx.last_rx.fill(Instant::now());
+    // Silence counts from the end of the setup; the first heartbeat and
+    // judgement a period later.
+    let now = rx.now();
+    rx.watch.start(now);
     let mut w = Worker {
         rank,
         ranks: spec.ranks,
@@ -696,8 +738,6 @@ pub fn run_worker(
         lost: vec![false; n],
         lost_report: Vec::new(),
         closed: vec![false; n],
-        next_heartbeat: Instant::now(),
-        peer_timeout: Duration::from_millis(spec.peer_timeout_ms.max(1)),
         finishing: false,
     };
     let sizes = match spec.scenario {

@@ -12,8 +12,10 @@
 //!
 //! Also here: the wire format ([`wire`]), the configuration file shared by
 //! every driver ([`config`]), the source model that fills fragments with
-//! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`])
-//! and the measurement of each node's offset to the EM's clock ([`clock`]).
+//! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`]),
+//! the measurement of each node's offset to the EM's clock ([`clock`]) and
+//! the liveness timers: heartbeats, silent peers, the drain and the linger
+//! ([`liveness`]), which every driver runs through the same [`node::Node`].
 
 pub mod bu;
 pub mod checksum;
@@ -23,6 +25,7 @@ pub mod em;
 pub mod fu;
 pub mod harness;
 pub mod layout;
+pub mod liveness;
 pub mod node;
 pub mod ru;
 pub mod slots;

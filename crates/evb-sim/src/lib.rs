@@ -208,6 +208,8 @@ fn crash_summary(
     end: Ps,
 ) -> Option<CrashSummary> {
     let (node, at, detected) = e.crash?;
+    // Not found within the run: nothing after.
+    let detected = detected.unwrap_or(end);
     let mean_over = |from: Ps, to: Ps| {
         // Interval i covers [i * sample, (i + 1) * sample).
         let picked: Vec<f64> = e

@@ -27,9 +27,13 @@
 //!   (shared memory, libfabric, UCX, MPI) behind the small [`msg::Endpoint`]
 //!   interface; one adapter turns any of them into a [`Transport`].
 //!
-//! Liveness is the runtime's job, the same for all: every received message
-//! counts as a sign of life ([`RxHandler::on_alive`]), heartbeats fill the
-//! silences, and a peer silent for `transport.peer_timeout_ms` is dropped.
+//! Liveness is the protocol core's ([`evb_core::liveness`]), the same for
+//! all: every received message counts as a sign of life
+//! ([`RxHandler::on_alive`]), the node's heartbeats fill the silences, and a
+//! peer silent for `transport.peer_timeout_ms` is dropped. A transport tells
+//! what only it can see: a peer's bytes waiting unread
+//! ([`Transport::peer_active`]), a peer process starved of CPU
+//! ([`Transport::peer_runnable`]).
 //!
 //! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
 //! re-establishes connections with a lost peer (restarted, or reachable
