@@ -951,8 +951,8 @@ struct Runtime {
     stats_under_launcher: bool,
     /// Where STATS and FINAL lines go (stdout, from a thread of its own).
     report_lines: ReportLines,
-    /// The text `/metrics` serves, when metrics are on.
-    metrics: Option<crate::metrics::MetricsText>,
+    /// What `/metrics` serves, when metrics are on.
+    metrics: Option<crate::metrics::Metrics>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
     /// `output.sink = "store"`: this node's event-store writer (a BU's, or
@@ -1757,7 +1757,7 @@ impl Runtime {
                     .filter(|&&p| p != self.rank && !self.is_lost(p))
                     .count(),
             };
-            m.set(crate::metrics::render(&r, &gauges));
+            m.update(&r, &gauges);
         }
         if !full {
             // STATS lines stay small: the histogram only in FINAL.
