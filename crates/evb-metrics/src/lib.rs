@@ -1,108 +1,219 @@
-//! `evb-metrics`: the Prometheus metrics of one node, `GET /metrics`.
+//! `evb-metrics`: the Prometheus metrics of one node, `GET /metrics` in
+//! the Prometheus text format (version 0.0.4). The names are documented in
+//! `docs/metrics.md`.
 //!
-//! The metrics are a table (`METRICS`: name, kind, help, which nodes
-//! serve it, how its value is read from the node report and the live
-//! gauges), plus the labelled families (consumer credits per consumer and
-//! per BU, incomplete batches per source) and the latency histogram. The
-//! exposition (OpenMetrics text) is prometheus-client's: a collector
-//! encodes a snapshot of the report. The names are those of
-//! `docs/metrics.md` (a test holds them in step).
-//!
-//! The loop renders a fresh text every stats interval and hands it to a
-//! small thread that answers the scrapes, so that a slow scraper never
-//! stalls the event loop (prometheus-client has no HTTP server of its own;
-//! the one here reads a request head and answers with the latest text).
+//! The metrics are a table of definitions ([`table`]: name, type, help,
+//! how the value is read from the node report and the gauges), walked by
+//! one `prometheus-client` collector registered once in a `Registry`; that
+//! crate's text encoder writes the exposition (names, label escaping,
+//! histogram buckets, number formats). The event loop only publishes its
+//! latest report every stats interval ([`Metrics::update`]); the endpoint's
+//! own thread ([`http`]) encodes it when a scraper asks, so a slow scraper
+//! never stalls the node.
 //!
 //! A crate of its own because it is the node's one outside interface
 //! besides its report: it reads the node report (`evb-control`) and the
 //! state machines' gauges (`evb-core`), and nothing of the event loop.
 
-use std::borrow::Cow;
-use std::fmt;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
-
-use evb_core::{Layout, Node, NodeId};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{text, DescriptorEncoder, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use evb_core::{Layout, Node, NodeId};
+
 use evb_control::report::NodeReport;
 
-/// The latest metrics text, shared with the server thread.
-#[derive(Clone, Default)]
-pub struct MetricsText(Arc<Mutex<String>>);
+mod http;
+mod table;
 
-impl MetricsText {
-    pub fn set(&self, text: String) {
-        if let Ok(mut t) = self.0.lock() {
-            *t = text;
-        }
-    }
+use table::{MetricDef, Num, Read, LATENCY_BOUNDS_S, METRICS};
 
-    fn get(&self) -> String {
-        self.0.lock().map(|t| t.clone()).unwrap_or_default()
+/// A node's metrics: the registry its endpoint encodes, and the latest
+/// report the event loop published to it. Clones share both.
+#[derive(Clone)]
+pub struct Metrics {
+    latest: Latest,
+    registry: Arc<Registry>,
+}
+
+/// The latest published report and gauges, swapped whole so that neither
+/// side holds the lock for longer than a pointer copy.
+type Latest = Arc<Mutex<Option<Arc<Snapshot>>>>;
+
+#[derive(Debug)]
+struct Snapshot {
+    report: NodeReport,
+    gauges: Gauges,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
-/// Binds `bind:port` and serves `/metrics` from a thread.
-pub fn serve(bind: &str, port: u16) -> Result<MetricsText> {
+impl Metrics {
+    /// The registry with the node's collector, and nothing published yet
+    /// (an empty exposition).
+    pub fn new() -> Self {
+        let latest = Latest::default();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(NodeCollector {
+            latest: latest.clone(),
+        }));
+        Metrics {
+            latest,
+            registry: Arc::new(registry),
+        }
+    }
+
+    /// Publishes the node's latest report and gauges (the event loop, every
+    /// stats interval).
+    pub fn update(&self, report: &NodeReport, gauges: &Gauges) {
+        let mut report = report.clone();
+        // Not metrics: no need to keep a copy.
+        report.incidents = Vec::new();
+        let snapshot = Arc::new(Snapshot {
+            report,
+            gauges: gauges.clone(),
+        });
+        let previous = self
+            .latest
+            .lock()
+            .map(|mut latest| latest.replace(snapshot));
+        drop(previous);
+    }
+
+    /// The text exposition of what was published last.
+    pub fn encode(&self) -> String {
+        let mut text = String::with_capacity(8192);
+        // Writing into a String fails only if a collector does, and ours
+        // does not.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Binds `bind:port` and serves `/metrics` from a thread; publish to the
+/// returned handle.
+pub fn serve(bind: &str, port: u16) -> Result<Metrics> {
     let listener = TcpListener::bind((bind, port)).with_context(|| {
         format!("binding the metrics endpoint to {bind}:{port} (metrics.base_port)")
     })?;
-    let text = MetricsText::default();
-    let shared = text.clone();
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let _ = answer(stream, &shared);
-            }
-        })?;
-    Ok(text)
+    let metrics = Metrics::new();
+    http::spawn(listener, metrics.clone()).context("starting the metrics thread")?;
+    Ok(metrics)
 }
 
-/// One HTTP/1.0-style exchange: read the request head, answer, close.
-fn answer(mut s: TcpStream, text: &MetricsText) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    // Bounded: a request head larger than 8 KiB is refused.
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(head.split(|&b| b == b'\r').next().unwrap_or(&[]));
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, ctype, body) =
-        if method == "GET" && (path == "/metrics" || path.starts_with("/metrics?")) {
-            (
-                "200 OK",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text.get(),
-            )
-        } else {
-            (
-                "404 Not Found",
-                "text/plain",
-                "evb serves /metrics\n".to_string(),
-            )
+/// The text exposition of one report and its gauges, as the endpoint
+/// would serve it.
+pub fn render(report: &NodeReport, gauges: &Gauges) -> String {
+    let metrics = Metrics::new();
+    metrics.update(report, gauges);
+    metrics.encode()
+}
+
+/// Encodes the latest snapshot through the metric table.
+#[derive(Debug)]
+struct NodeCollector {
+    latest: Latest,
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.latest.lock().ok().and_then(|latest| latest.clone());
+        let Some(snapshot) = snapshot else {
+            return Ok(());
         };
-    write!(
-        s,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+        let (r, g) = (&snapshot.report, &snapshot.gauges);
+        let node = r.node.to_string();
+        let labels = [("node", node.as_str()), ("role", r.role.as_str())];
+        for def in METRICS {
+            encode_metric(&mut encoder, def, r, g, &labels)?;
+        }
+        Ok(())
+    }
+}
+
+/// One table row's descriptor and samples; nothing where it does not apply.
+fn encode_metric(
+    encoder: &mut DescriptorEncoder,
+    def: &MetricDef,
+    r: &NodeReport,
+    g: &Gauges,
+    labels: &[(&str, &str); 2],
+) -> Result<(), std::fmt::Error> {
+    // The encoder appends a counter's `_total` itself.
+    let name = match def.kind {
+        MetricType::Counter => def.name.strip_suffix("_total").unwrap_or(def.name),
+        _ => def.name,
+    };
+    match &def.read {
+        Read::One(read) => {
+            let Some(value) = read(r, g) else {
+                return Ok(());
+            };
+            let mut metric = encoder.encode_descriptor(name, def.help, None, def.kind)?;
+            encode_sample(def.kind, value, metric.encode_family(labels)?)
+        }
+        Read::PerLabel { label, read } => {
+            let samples = read(r, g);
+            if samples.is_empty() {
+                return Ok(());
+            }
+            let mut metric = encoder.encode_descriptor(name, def.help, None, def.kind)?;
+            for (label_value, value) in samples {
+                let all = (*labels, [(*label, label_value)]);
+                encode_sample(def.kind, value, metric.encode_family(&all)?)?;
+            }
+            Ok(())
+        }
+        Read::LatencyNs(read) => {
+            let (buckets, sum_s, count) = latency_buckets(read(r));
+            let mut metric = encoder.encode_descriptor(name, def.help, None, def.kind)?;
+            metric
+                .encode_family(labels)?
+                .encode_histogram::<NoLabelSet>(sum_s, count, &buckets, None)
+        }
+    }
+}
+
+fn encode_sample(
+    kind: MetricType,
+    value: Num,
+    encoder: prometheus_client::encoding::MetricEncoder,
+) -> Result<(), std::fmt::Error> {
+    match (kind, value) {
+        (MetricType::Counter, Num::Int(v)) => ConstCounter::new(v).encode(encoder),
+        (MetricType::Counter, Num::Real(v)) => ConstCounter::new(v).encode(encoder),
+        (_, Num::Int(v)) => ConstGauge::new(v).encode(encoder),
+        (_, Num::Real(v)) => ConstGauge::new(v).encode(encoder),
+    }
+}
+
+/// Nanosecond observations `(value, count)` as per-bucket counts over
+/// [`LATENCY_BOUNDS_S`] (the encoder makes them cumulative and adds
+/// `+Inf`), their sum in seconds and their count.
+fn latency_buckets(observations: &[(u64, u64)]) -> (Vec<(f64, u64)>, f64, u64) {
+    let mut buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_S.iter().map(|&le| (le, 0)).collect();
+    let (mut sum_s, mut count) = (0.0, 0u64);
+    for &(ns, n) in observations {
+        let s = ns as f64 * 1e-9;
+        sum_s += s * n as f64;
+        count += n;
+        // Above the last bound: only in `+Inf`, that is in `count`.
+        if let Some(bucket) = buckets.iter_mut().find(|(le, _)| s <= *le) {
+            bucket.1 += n;
+        }
+    }
+    (buckets, sum_s, count)
 }
 
 /// Live gauges (and counters) the report does not carry.
@@ -179,640 +290,6 @@ pub fn output_gauges(
     (bu, fu)
 }
 
-/// What kind of series a metric is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Only goes up; its name ends in `_total`.
-    Counter,
-    Gauge,
-}
-
-/// Which nodes serve a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Served {
-    Always,
-    /// A BU of a run with consumers (its output stage).
-    BuOutput,
-    /// A Filter Unit consumer.
-    Consumer,
-}
-
-/// A metric's value: a count (written as an integer) or a real number.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Value {
-    Int(u64),
-    Float(f64),
-}
-
-fn int(v: u64) -> Value {
-    Value::Int(v)
-}
-
-/// What a metric reads its value from.
-struct Sample<'a> {
-    r: &'a NodeReport,
-    g: &'a Gauges,
-    /// The BU's output stage and the consumer's state (empty where the
-    /// node has none: such metrics are not served there).
-    bu: &'a BuOutputGauges,
-    fu: &'a ConsumerGauges,
-}
-
-/// One metric: its name (as in docs/metrics.md), kind, help text, where it
-/// is served and how its value is read.
-struct Metric {
-    name: &'static str,
-    kind: Kind,
-    help: &'static str,
-    served: Served,
-    read: fn(&Sample) -> Value,
-}
-
-/// Every metric of one value per node, in the order they are served. The
-/// labelled ones (per consumer, per BU, per source) and the latency
-/// histogram follow them ([`Snapshot`]).
-const METRICS: &[Metric] = &[
-    Metric {
-        name: "evb_meps_assigned_total",
-        kind: Kind::Counter,
-        help: "MEPs the Event Manager assigned (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.meps_assigned),
-    },
-    Metric {
-        name: "evb_meps_produced_total",
-        kind: Kind::Counter,
-        help: "MEPs this Readout Unit produced.",
-        served: Served::Always,
-        read: |s| int(s.r.meps_produced),
-    },
-    Metric {
-        name: "evb_fragments_sent_total",
-        kind: Kind::Counter,
-        help: "Fragments this RU shipped, local hand-overs included.",
-        served: Served::Always,
-        read: |s| int(s.r.fragments_sent),
-    },
-    Metric {
-        name: "evb_sent_bytes_total",
-        kind: Kind::Counter,
-        help: "Fragment payload bytes this RU shipped.",
-        served: Served::Always,
-        read: |s| int(s.r.bytes_sent),
-    },
-    Metric {
-        name: "evb_fragments_received_total",
-        kind: Kind::Counter,
-        help: "Fragments this Builder Unit accepted.",
-        served: Served::Always,
-        read: |s| int(s.r.fragments_received),
-    },
-    Metric {
-        name: "evb_received_bytes_total",
-        kind: Kind::Counter,
-        help: "Fragment payload bytes this BU accepted.",
-        served: Served::Always,
-        read: |s| int(s.r.bytes_received),
-    },
-    Metric {
-        name: "evb_batches_built_total",
-        kind: Kind::Counter,
-        help: "Batches (MEPs) built complete and verified.",
-        served: Served::Always,
-        read: |s| int(s.r.batches_built),
-    },
-    Metric {
-        name: "evb_events_built_total",
-        kind: Kind::Counter,
-        help: "Events built complete and verified.",
-        served: Served::Always,
-        read: |s| int(s.r.events_built),
-    },
-    Metric {
-        name: "evb_built_bytes_total",
-        kind: Kind::Counter,
-        help: "Payload bytes of built events.",
-        served: Served::Always,
-        read: |s| int(s.r.bytes_built),
-    },
-    Metric {
-        name: "evb_batches_incomplete_total",
-        kind: Kind::Counter,
-        help: "Batches that timed out with fragments missing.",
-        served: Served::Always,
-        read: |s| int(s.r.batches_incomplete),
-    },
-    Metric {
-        name: "evb_events_incomplete_total",
-        kind: Kind::Counter,
-        help: "Events in incomplete batches.",
-        served: Served::Always,
-        read: |s| int(s.r.events_incomplete),
-    },
-    Metric {
-        name: "evb_batches_corrupt_total",
-        kind: Kind::Counter,
-        help: "Batches discarded because a fragment failed verification.",
-        served: Served::Always,
-        read: |s| int(s.r.batches_corrupt),
-    },
-    Metric {
-        name: "evb_events_corrupt_total",
-        kind: Kind::Counter,
-        help: "Events in corrupt batches.",
-        served: Served::Always,
-        read: |s| int(s.r.events_corrupt),
-    },
-    Metric {
-        name: "evb_fragments_corrupt_total",
-        kind: Kind::Counter,
-        help: "Fragments that failed verification.",
-        served: Served::Always,
-        read: |s| int(s.r.fragments_corrupt),
-    },
-    Metric {
-        name: "evb_fragments_duplicate_total",
-        kind: Kind::Counter,
-        help: "Fragments received twice.",
-        served: Served::Always,
-        read: |s| int(s.r.fragments_duplicate),
-    },
-    Metric {
-        name: "evb_fragments_unexpected_total",
-        kind: Kind::Counter,
-        help: "Fragments for no open batch.",
-        served: Served::Always,
-        read: |s| int(s.r.fragments_unexpected),
-    },
-    Metric {
-        name: "evb_control_rejected_total",
-        kind: Kind::Counter,
-        help: "Control messages from endpoints not entitled to send them.",
-        served: Served::Always,
-        read: |s| int(s.r.control_rejected),
-    },
-    Metric {
-        name: "evb_em_credit_stalls_total",
-        kind: Kind::Counter,
-        help: "Times the EM had a MEP to assign and no BU had credit (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.em_credit_stalls),
-    },
-    Metric {
-        name: "evb_em_meps_lost_bu_gone_total",
-        kind: Kind::Counter,
-        help: "MEPs lost with their Builder Unit (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.em_meps_lost_bu_gone),
-    },
-    Metric {
-        name: "evb_em_meps_reassigned_total",
-        kind: Kind::Counter,
-        help: "MEPs of a lost Builder Unit re-assigned to another because the RUs still held them (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.em_meps_reassigned),
-    },
-    Metric {
-        name: "evb_em_meps_vetoed_total",
-        kind: Kind::Counter,
-        help: "Paced readout: MEPs vetoed at the source while the readout was throttled (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.em_meps_vetoed),
-    },
-    Metric {
-        name: "evb_em_throttled_seconds_total",
-        kind: Kind::Counter,
-        help: "Paced readout: time the readout was throttled because the RU buffers were full (EM node only).",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.em_throttled_s),
-    },
-    Metric {
-        name: "evb_em_throttle_episodes_total",
-        kind: Kind::Counter,
-        help: "Paced readout: times the throttle came on (EM node only).",
-        served: Served::Always,
-        read: |s| int(s.r.em_throttle_episodes),
-    },
-    Metric {
-        name: "evb_ru_meps_held_max",
-        kind: Kind::Gauge,
-        help: "Most assigned MEPs this RU held at once (its buffer occupancy).",
-        served: Served::Always,
-        read: |s| int(s.r.max_meps_held),
-    },
-    Metric {
-        name: "evb_peers_lost",
-        kind: Kind::Gauge,
-        help: "Peers this node declared lost.",
-        served: Served::Always,
-        read: |s| int(s.r.peers_lost.len() as u64),
-    },
-    Metric {
-        name: "evb_peers_up",
-        kind: Kind::Gauge,
-        help: "Peers this node is linked to and has not lost.",
-        served: Served::Always,
-        read: |s| int(s.g.peers_up as u64),
-    },
-    Metric {
-        name: "evb_ru_meps_held",
-        kind: Kind::Gauge,
-        help: "MEPs whose data the RU still holds (in flight or queued).",
-        served: Served::Always,
-        read: |s| int(s.g.ru_meps_held as u64),
-    },
-    Metric {
-        name: "evb_ru_max_in_flight",
-        kind: Kind::Gauge,
-        help: "Most transfers the RU had in flight at once.",
-        served: Served::Always,
-        read: |s| int(u64::from(s.r.max_in_flight)),
-    },
-    Metric {
-        name: "evb_bu_open_batches",
-        kind: Kind::Gauge,
-        help: "Batches the BU has open (credits in use).",
-        served: Served::Always,
-        read: |s| int(s.g.bu_open_batches as u64),
-    },
-    Metric {
-        name: "evb_resident_bytes",
-        kind: Kind::Gauge,
-        help: "Resident memory of the node process.",
-        served: Served::Always,
-        read: |s| int(s.r.rss_bytes),
-    },
-    Metric {
-        name: "evb_cpu_user_seconds_total",
-        kind: Kind::Counter,
-        help: "User CPU time of the node process (all threads).",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.cpu_user_s),
-    },
-    Metric {
-        name: "evb_cpu_system_seconds_total",
-        kind: Kind::Counter,
-        help: "System CPU time of the node process (all threads).",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.cpu_system_s),
-    },
-    Metric {
-        name: "evb_cpu_user_seconds_per_gb_built",
-        kind: Kind::Gauge,
-        help: "User CPU seconds per GB (1e9 bytes) this node built, since its start (0 before it built anything).",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.cpu_user_s_per_gb),
-    },
-    Metric {
-        name: "evb_cpu_system_seconds_per_gb_built",
-        kind: Kind::Gauge,
-        help: "System CPU seconds per GB (1e9 bytes) this node built, since its start (0 before it built anything).",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.cpu_system_s_per_gb),
-    },
-    Metric {
-        name: "evb_store_objects_total",
-        kind: Kind::Counter,
-        help: "Objects this node wrote to the event store.",
-        served: Served::Always,
-        read: |s| int(s.r.store_objects),
-    },
-    Metric {
-        name: "evb_store_events_total",
-        kind: Kind::Counter,
-        help: "Events in the objects this node wrote to the event store.",
-        served: Served::Always,
-        read: |s| int(s.r.store_events),
-    },
-    Metric {
-        name: "evb_store_bytes_total",
-        kind: Kind::Counter,
-        help: "Bytes this node wrote to the event store.",
-        served: Served::Always,
-        read: |s| int(s.r.store_bytes),
-    },
-    Metric {
-        name: "evb_elapsed_seconds",
-        kind: Kind::Gauge,
-        help: "Seconds since the node started its run.",
-        served: Served::Always,
-        read: |s| Value::Float(s.r.elapsed_s),
-    },
-    Metric {
-        name: "evb_bu_batches_delivered_total",
-        kind: Kind::Counter,
-        help: "Built batches this BU handed to consumers.",
-        served: Served::BuOutput,
-        read: |s| int(s.r.batches_delivered),
-    },
-    Metric {
-        name: "evb_bu_batches_delivered_partial_total",
-        kind: Kind::Counter,
-        help: "Incomplete batches this BU delivered anyway, flagged partial.",
-        served: Served::BuOutput,
-        read: |s| int(s.r.batches_delivered_partial),
-    },
-    Metric {
-        name: "evb_bu_delivered_bytes_total",
-        kind: Kind::Counter,
-        help: "Bytes of the batches this BU handed to consumers (fragment table included).",
-        served: Served::BuOutput,
-        read: |s| int(s.r.bytes_delivered),
-    },
-    Metric {
-        name: "evb_bu_batches_redelivered_total",
-        kind: Kind::Counter,
-        help: "Deliveries made again because their consumer died before confirming them.",
-        served: Served::BuOutput,
-        read: |s| int(s.r.batches_redelivered),
-    },
-    Metric {
-        name: "evb_bu_batches_undelivered_total",
-        kind: Kind::Counter,
-        help: "Built batches no consumer could take (all gone, or the drain ended).",
-        served: Served::BuOutput,
-        read: |s| int(s.r.batches_undelivered),
-    },
-    Metric {
-        name: "evb_bu_output_queue_batches",
-        kind: Kind::Gauge,
-        help: "Built batches waiting for a consumer.",
-        served: Served::BuOutput,
-        read: |s| int(s.bu.queue as u64),
-    },
-    Metric {
-        name: "evb_bu_output_queue_max",
-        kind: Kind::Gauge,
-        help: "Longest the output queue has been.",
-        served: Served::BuOutput,
-        read: |s| int(u64::from(s.r.max_output_queue)),
-    },
-    Metric {
-        name: "evb_bu_output_full_seconds_total",
-        kind: Kind::Counter,
-        help: "Time the output queue was full (EM credits held back).",
-        served: Served::BuOutput,
-        read: |s| Value::Float(s.r.output_full_s),
-    },
-    Metric {
-        name: "evb_bu_consumer_credit_stalls_total",
-        kind: Kind::Counter,
-        help: "Built batches that found no consumer credit and had to wait.",
-        served: Served::BuOutput,
-        read: |s| int(s.bu.credit_stalls),
-    },
-    Metric {
-        name: "evb_consumer_batches_received_total",
-        kind: Kind::Counter,
-        help: "Batches delivered to this consumer (payload arrived).",
-        served: Served::Consumer,
-        read: |s| int(s.fu.batches_received),
-    },
-    Metric {
-        name: "evb_consumer_events_received_total",
-        kind: Kind::Counter,
-        help: "Events in the batches delivered to this consumer.",
-        served: Served::Consumer,
-        read: |s| int(s.fu.events_received),
-    },
-    Metric {
-        name: "evb_consumer_received_bytes_total",
-        kind: Kind::Counter,
-        help: "Bytes of the batches delivered to this consumer.",
-        served: Served::Consumer,
-        read: |s| int(s.fu.bytes_received),
-    },
-    Metric {
-        name: "evb_consumer_batches_consumed_total",
-        kind: Kind::Counter,
-        help: "Batches this consumer finished working on.",
-        served: Served::Consumer,
-        read: |s| int(s.r.batches_consumed),
-    },
-    Metric {
-        name: "evb_consumer_events_consumed_total",
-        kind: Kind::Counter,
-        help: "Events in the batches this consumer finished.",
-        served: Served::Consumer,
-        read: |s| int(s.r.events_consumed),
-    },
-    Metric {
-        name: "evb_consumer_events_accepted_total",
-        kind: Kind::Counter,
-        help: "Events of the finished batches this consumer's trigger accepted.",
-        served: Served::Consumer,
-        read: |s| int(s.r.events_accepted),
-    },
-    Metric {
-        name: "evb_consumer_consumed_bytes_total",
-        kind: Kind::Counter,
-        help: "Bytes of the batches this consumer finished.",
-        served: Served::Consumer,
-        read: |s| int(s.r.bytes_consumed),
-    },
-    Metric {
-        name: "evb_consumer_batches_corrupt_total",
-        kind: Kind::Counter,
-        help: "Delivered batches that failed verification (CRC or fragment table).",
-        served: Served::Consumer,
-        read: |s| int(s.r.batches_consumed_corrupt),
-    },
-    Metric {
-        name: "evb_consumer_deliveries_unexpected_total",
-        kind: Kind::Counter,
-        help: "Deliveries beyond the credit granted, or from a non-BU: dropped.",
-        served: Served::Consumer,
-        read: |s| int(s.r.deliveries_unexpected),
-    },
-    Metric {
-        name: "evb_consumer_busy_seconds_total",
-        kind: Kind::Counter,
-        help: "Time this consumer spent working on batches.",
-        served: Served::Consumer,
-        read: |s| Value::Float(s.r.busy_s),
-    },
-    Metric {
-        name: "evb_consumer_busy",
-        kind: Kind::Gauge,
-        help: "1 while this consumer works on a batch, else 0.",
-        served: Served::Consumer,
-        read: |s| int(u64::from(s.fu.busy)),
-    },
-    Metric {
-        name: "evb_consumer_queued_batches",
-        kind: Kind::Gauge,
-        help: "Batches waiting at this consumer behind the one it works on.",
-        served: Served::Consumer,
-        read: |s| int(s.fu.queued as u64),
-    },
-];
-
-/// Upper bounds of the latency histogram buckets, seconds.
-const LATENCY_BOUNDS_S: [f64; 14] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-];
-
-static NO_BU: BuOutputGauges = BuOutputGauges {
-    queue: 0,
-    credit_stalls: 0,
-    credits_held: Vec::new(),
-};
-static NO_FU: ConsumerGauges = ConsumerGauges {
-    batches_received: 0,
-    events_received: 0,
-    bytes_received: 0,
-    busy: false,
-    queued: 0,
-    credits_outstanding: Vec::new(),
-};
-
-/// One node's report and gauges at one instant, as prometheus-client
-/// collects them.
-#[derive(Debug)]
-struct Snapshot {
-    r: NodeReport,
-    g: Gauges,
-}
-
-impl Snapshot {
-    fn sample(&self) -> Sample<'_> {
-        Sample {
-            r: &self.r,
-            g: &self.g,
-            bu: self.g.bu_output.as_ref().unwrap_or(&NO_BU),
-            fu: self.g.consumer.as_ref().unwrap_or(&NO_FU),
-        }
-    }
-
-    fn serves(&self, served: Served) -> bool {
-        match served {
-            Served::Always => true,
-            Served::BuOutput => self.g.bu_output.is_some(),
-            Served::Consumer => self.g.consumer.is_some(),
-        }
-    }
-}
-
-/// A metric family of gauges, one series per `(label value, value)`.
-fn gauge_family(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    label: &'static str,
-    series: &[(NodeId, u32)],
-) -> fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (key, value) in series {
-        let labels = [(label, key.to_string())];
-        family
-            .encode_family(&labels)?
-            .encode_gauge(&i64::from(*value))?;
-    }
-    Ok(())
-}
-
-impl Collector for Snapshot {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
-        let s = self.sample();
-        for m in METRICS.iter().filter(|m| self.serves(m.served)) {
-            match m.kind {
-                Kind::Counter => {
-                    // prometheus-client writes the `_total` itself.
-                    let base = m.name.strip_suffix("_total").unwrap_or(m.name);
-                    let mut e =
-                        encoder.encode_descriptor(base, m.help, None, MetricType::Counter)?;
-                    match (m.read)(&s) {
-                        Value::Int(v) => e.encode_counter::<NoLabelSet, _, u64>(&v, None)?,
-                        Value::Float(v) => e.encode_counter::<NoLabelSet, _, f64>(&v, None)?,
-                    }
-                }
-                Kind::Gauge => {
-                    let mut e =
-                        encoder.encode_descriptor(m.name, m.help, None, MetricType::Gauge)?;
-                    match (m.read)(&s) {
-                        Value::Int(v) => e.encode_gauge(&i64::try_from(v).unwrap_or(i64::MAX))?,
-                        Value::Float(v) => e.encode_gauge(&v)?,
-                    }
-                }
-            }
-        }
-        if let Some(o) = &self.g.bu_output {
-            gauge_family(
-                &mut encoder,
-                "evb_bu_consumer_credits",
-                "Consumer credits this BU holds, per consumer (FU endpoint).",
-                "consumer",
-                &o.credits_held,
-            )?;
-        }
-        if let Some(f) = &self.g.consumer {
-            gauge_family(
-                &mut encoder,
-                "evb_consumer_credits_outstanding",
-                "Credits this consumer granted a BU (endpoint) and the BU has not used yet.",
-                "bu",
-                &f.credits_outstanding,
-            )?;
-        }
-        if !self.r.missing_by_source.is_empty() {
-            let mut family = encoder.encode_descriptor(
-                "evb_batches_missing_source",
-                "Incomplete batches each source was missing from.",
-                None,
-                MetricType::Counter,
-            )?;
-            for (source, n) in self.r.missing_by_source.iter().enumerate() {
-                let labels = [("source", source.to_string())];
-                family
-                    .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(n, None)?;
-            }
-        }
-        // Batch building latency: the report's buckets (ns, count) put
-        // into the histogram's (upper bound s, count), +Inf last.
-        let mut buckets: Vec<(f64, u64)> = LATENCY_BOUNDS_S.iter().map(|&le| (le, 0)).collect();
-        buckets.push((f64::MAX, 0));
-        let (mut sum_s, mut count) = (0.0, 0u64);
-        for &(ns, n) in &self.r.latency_buckets {
-            let s = ns as f64 * 1e-9;
-            sum_s += s * n as f64;
-            count += n;
-            let i = LATENCY_BOUNDS_S
-                .iter()
-                .position(|&le| s <= le)
-                .unwrap_or(LATENCY_BOUNDS_S.len());
-            buckets[i].1 += n;
-        }
-        encoder
-            .encode_descriptor(
-                "evb_batch_latency_seconds",
-                "Batch building latency (first sign of a batch to completion).",
-                None,
-                MetricType::Histogram,
-            )?
-            .encode_histogram::<NoLabelSet>(sum_s, count, &buckets, None)
-    }
-}
-
-/// The exposition (OpenMetrics text) of one node's metrics; every series
-/// carries the labels `node` and `role`.
-pub fn render(r: &NodeReport, g: &Gauges) -> String {
-    let mut registry = Registry::with_labels(
-        [
-            (Cow::Borrowed("node"), Cow::Owned(r.node.to_string())),
-            (Cow::Borrowed("role"), Cow::Owned(r.role.clone())),
-        ]
-        .into_iter(),
-    );
-    registry.register_collector(Box::new(Snapshot {
-        r: r.clone(),
-        g: g.clone(),
-    }));
-    let mut out = String::with_capacity(8192);
-    text::encode(&mut out, &registry).expect("writing to a String cannot fail");
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,46 +314,6 @@ mod tests {
         assert!(text.contains("evb_batch_latency_seconds_count{node=\"3\",role=\"RU+BU\"} 8"));
         // No consumer series on a node without consumers.
         assert!(!text.contains("evb_consumer_") && !text.contains("evb_bu_consumer"));
-    }
-
-    #[test]
-    fn the_table_names_each_metric_once_and_docs_metrics_md_lists_it() {
-        let docs = include_str!("../../../docs/metrics.md");
-        let mut seen = std::collections::HashSet::new();
-        for m in METRICS {
-            assert!(seen.insert(m.name), "{} twice", m.name);
-            assert!(m.name.starts_with("evb_"), "{}", m.name);
-            assert_eq!(
-                m.kind == Kind::Counter,
-                m.name.ends_with("_total"),
-                "{}: counters, and only they, end in _total",
-                m.name
-            );
-            assert!(
-                docs.contains(m.name),
-                "{} is not in docs/metrics.md",
-                m.name
-            );
-            assert!(m.help.ends_with('.'), "{}: {}", m.name, m.help);
-        }
-        // Every name is served with its value, once, on a node that has
-        // every part (a BU with consumers that is a consumer too).
-        let text = render(
-            &NodeReport::default(),
-            &Gauges {
-                bu_output: Some(BuOutputGauges::default()),
-                consumer: Some(ConsumerGauges::default()),
-                ..Default::default()
-            },
-        );
-        for m in METRICS {
-            let series = format!("\n{}{{node=\"0\",role=\"\"}} ", m.name);
-            assert_eq!(text.matches(&series).count(), 1, "{series} in\n{text}");
-        }
-        assert!(
-            text.ends_with("# EOF\n"),
-            "OpenMetrics text ends with # EOF"
-        );
     }
 
     #[test]
@@ -920,5 +357,323 @@ mod tests {
                 "missing `{line}` in\n{text}"
             );
         }
+    }
+
+    /// A node that is a BU with consumers and a consumer, with incomplete
+    /// batches: it serves every metric.
+    fn every_series() -> (NodeReport, Gauges) {
+        let r = NodeReport {
+            node: 1,
+            role: "RU+BU".into(),
+            missing_by_source: vec![0, 4],
+            latency_buckets: vec![(300_000, 1)],
+            ..Default::default()
+        };
+        let g = Gauges {
+            bu_output: Some(BuOutputGauges {
+                credits_held: vec![(4, 1)],
+                ..Default::default()
+            }),
+            consumer: Some(ConsumerGauges {
+                credits_outstanding: vec![(0, 1)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        (r, g)
+    }
+
+    /// (name, type) of every metric docs/metrics.md lists in its tables.
+    fn documented() -> Vec<(String, String)> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let mut out = Vec::new();
+        for line in doc.lines().filter(|l| l.starts_with("| `evb_")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let kind = cells[2].to_string();
+            for name in cells[1].split('`').filter(|s| s.starts_with("evb_")) {
+                // `name{label}`: the label is the series' extra one.
+                let name = name.split('{').next().unwrap();
+                out.push((name.to_string(), kind.clone()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_documented_metric_is_served_with_its_type_and_nothing_else() {
+        let docs = documented();
+        assert!(docs.len() >= 60, "{} documented metrics", docs.len());
+        let (r, g) = every_series();
+        let text = render(&r, &g);
+        for (name, kind) in &docs {
+            assert!(
+                text.contains(&format!("\n# TYPE {name} {kind}\n")),
+                "no `# TYPE {name} {kind}` in\n{text}"
+            );
+            let sample = match kind.as_str() {
+                "histogram" => format!("\n{name}_bucket{{node=\"1\",role=\"RU+BU\","),
+                _ => format!("\n{name}{{node=\"1\",role=\"RU+BU\""),
+            };
+            assert!(text.contains(&sample), "no sample of {name} in\n{text}");
+        }
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        assert_eq!(
+            types.len(),
+            docs.len(),
+            "served but not documented:\n{types:#?}"
+        );
+        assert_eq!(METRICS.len(), docs.len());
+    }
+
+    #[test]
+    fn the_table_is_consistent() {
+        let mut names: Vec<&str> = METRICS.iter().map(|d| d.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), METRICS.len(), "a name twice");
+        for def in METRICS {
+            // The encoder appends `_total` to a counter: it is stripped once.
+            assert_eq!(
+                def.name.ends_with("_total"),
+                def.kind == MetricType::Counter,
+                "{}",
+                def.name
+            );
+            assert_eq!(
+                matches!(def.read, Read::LatencyNs(_)),
+                def.kind == MetricType::Histogram,
+                "{}",
+                def.name
+            );
+            assert!(def.help.ends_with('.') && !def.help.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_up_to_the_count() {
+        let r = NodeReport {
+            latency_buckets: vec![
+                (20_000, 3),
+                (700_000, 1),
+                (700_001, 2),
+                (40_000_000, 9),
+                (1_000_000_000, 1),
+                (9_000_000_000, 4),
+            ],
+            ..Default::default()
+        };
+        let text = render(&r, &Gauges::default());
+        let buckets: Vec<(String, u64)> = text
+            .lines()
+            .filter(|l| l.starts_with("evb_batch_latency_seconds_bucket{"))
+            .map(|l| {
+                let le = l.split(",le=\"").nth(1).unwrap().split('"').next().unwrap();
+                (
+                    le.to_string(),
+                    l.rsplit(' ').next().unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(buckets.len(), LATENCY_BOUNDS_S.len() + 1);
+        assert!(buckets.windows(2).all(|w| w[0].1 <= w[1].1), "{buckets:?}");
+        let at = |le: &str| buckets.iter().find(|b| b.0 == le).expect(le).1;
+        assert_eq!(at("0.0001"), 3);
+        assert_eq!(at("0.001"), 6);
+        assert_eq!(at("0.05"), 15);
+        // 1 s is its own bucket's upper bound: inside it.
+        assert_eq!(at("1"), 16);
+        assert_eq!(at("2.5"), 16);
+        assert_eq!(at("+Inf"), 20);
+        assert!(text.contains("\nevb_batch_latency_seconds_count{node=\"0\",role=\"\"} 20\n"));
+        let sum: f64 = text
+            .lines()
+            .find(|l| l.starts_with("evb_batch_latency_seconds_sum{"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap();
+        let expected = 3.0 * 20e-6 + 700e-6 + 2.0 * 700.001e-6 + 9.0 * 0.04 + 1.0 + 36.0;
+        assert!(
+            (sum - expected).abs() < 1e-9,
+            "sum {sum}, expected {expected}"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let r = NodeReport {
+            node: 2,
+            role: "RU\"BU\\x\ny".into(),
+            ..Default::default()
+        };
+        let text = render(&r, &Gauges::default());
+        assert!(
+            text.contains("\nevb_events_built_total{node=\"2\",role=\"RU\\\"BU\\\\x\\ny\"} 0\n"),
+            "{text}"
+        );
+        // Every line is a comment or a sample: no label broke a line.
+        for line in text.lines() {
+            assert!(
+                line.starts_with("# HELP evb_")
+                    || line.starts_with("# TYPE evb_")
+                    || (line.starts_with("evb_") && line.contains("{node=\"2\",role=\"")),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_is_served_before_the_first_report() {
+        let metrics = Metrics::new();
+        assert_eq!(metrics.encode(), "");
+        metrics.update(&NodeReport::default(), &Gauges::default());
+        assert!(metrics.encode().contains("\nevb_events_built_total{"));
+        metrics.update(
+            &NodeReport {
+                events_built: 7,
+                ..Default::default()
+            },
+            &Gauges::default(),
+        );
+        // The latest report, through the same registry.
+        assert!(metrics
+            .encode()
+            .contains("\nevb_events_built_total{node=\"0\",role=\"\"} 7\n"));
+    }
+
+    #[test]
+    fn request_lines_are_classified() {
+        use http::{classify, Request};
+        for (head, expected) in [
+            (&b"GET /metrics HTTP/1.1\r\nHost: x"[..], Request::Metrics),
+            (b"GET /metrics?x=1 HTTP/1.0", Request::Metrics),
+            (b"GET /metrics/ HTTP/1.1", Request::OtherPath),
+            (b"GET / HTTP/1.1", Request::OtherPath),
+            (b"POST /metrics HTTP/1.1", Request::OtherMethod),
+            (b"get /metrics HTTP/1.1", Request::OtherMethod),
+            (b"GET /metrics", Request::Malformed),
+            (b"GET metrics HTTP/1.1", Request::Malformed),
+            (b"GET /metrics HTTP/1.1 extra", Request::Malformed),
+            (b"GET /metrics SPDY/3", Request::Malformed),
+            (b" /metrics HTTP/1.1", Request::Malformed),
+            (b"\xff\xfe /metrics HTTP/1.1", Request::Malformed),
+            (b"", Request::Malformed),
+        ] {
+            assert_eq!(
+                classify(head),
+                expected,
+                "{}",
+                String::from_utf8_lossy(head)
+            );
+        }
+    }
+}
+
+/// The endpoint over real sockets: answers, refusals, and a client that
+/// holds it up only until the deadline.
+#[cfg(test)]
+mod endpoint {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn start() -> (SocketAddr, Metrics) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Metrics::new();
+        metrics.update(
+            &NodeReport {
+                node: 3,
+                role: "RU+BU".into(),
+                events_built: 11,
+                ..Default::default()
+            },
+            &Gauges::default(),
+        );
+        http::spawn(listener, metrics.clone()).unwrap();
+        (addr, metrics)
+    }
+
+    /// Sends `request` and returns the whole answer (empty if the server
+    /// reset the connection).
+    fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(request);
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    fn status(answer: &str) -> &str {
+        answer.lines().next().unwrap_or("")
+    }
+
+    #[test]
+    fn serves_metrics_and_refuses_the_rest() {
+        let (addr, metrics) = start();
+        let answer = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert_eq!(status(head), "HTTP/1.1 200 OK");
+        assert!(head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
+        assert!(head.contains(&format!("\r\nContent-Length: {}\r\n", body.len())));
+        assert_eq!(body, metrics.encode());
+        assert!(body.contains("\nevb_events_built_total{node=\"3\",role=\"RU+BU\"} 11\n"));
+
+        for (request, expected) in [
+            (
+                &b"GET /nothing HTTP/1.0\r\n\r\n"[..],
+                "HTTP/1.1 404 Not Found",
+            ),
+            (
+                b"POST /metrics HTTP/1.1\r\n\r\n",
+                "HTTP/1.1 405 Method Not Allowed",
+            ),
+            (b"\x00\xff\xfe\r\n\r\n", "HTTP/1.1 400 Bad Request"),
+            // Cut short: the client closed its side before the blank line.
+            (b"GET /metrics HTTP/1.1\r\n", "HTTP/1.1 400 Bad Request"),
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(request).unwrap();
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            assert_eq!(status(&answer), expected, "{request:?}");
+        }
+        // A head of exactly the bound without its end is refused.
+        let long = vec![b'a'; http::MAX_HEAD];
+        assert_eq!(
+            status(&exchange(addr, &long)),
+            "HTTP/1.1 431 Request Header Fields Too Large"
+        );
+        // A megabyte is refused or cut off, and the endpoint goes on.
+        let huge = vec![b'a'; 1 << 20];
+        let answer = exchange(addr, &huge);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{answer}"
+        );
+        let answer = exchange(addr, b"GET /metrics HTTP/1.0\r\n\r\n");
+        assert_eq!(status(&answer), "HTTP/1.1 200 OK");
+    }
+
+    #[test]
+    fn a_silent_client_holds_the_endpoint_only_until_the_deadline() {
+        let (addr, _metrics) = start();
+        let mut silent = TcpStream::connect(addr).unwrap();
+        silent
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let t0 = Instant::now();
+        let answer = exchange(addr, b"GET /metrics HTTP/1.0\r\n\r\n");
+        let waited = t0.elapsed();
+        assert_eq!(status(&answer), "HTTP/1.1 200 OK");
+        assert!(
+            waited < http::DEADLINE + Duration::from_secs(2),
+            "waited {waited:?}"
+        );
+        let mut told = String::new();
+        silent.read_to_string(&mut told).unwrap();
+        assert_eq!(status(&told), "HTTP/1.1 408 Request Timeout");
     }
 }

@@ -192,8 +192,8 @@ struct Runtime {
     stats_under_launcher: bool,
     /// Where STATS and FINAL lines go (stdout, from a thread of its own).
     report_lines: ReportLines,
-    /// The text `/metrics` serves, when metrics are on.
-    metrics: Option<crate::metrics::MetricsText>,
+    /// What `/metrics` serves from (the latest report), when metrics are on.
+    metrics: Option<crate::metrics::Metrics>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
     /// `output.sink = "store"`: this node's event-store writer (a BU's, or

@@ -101,7 +101,7 @@ impl Runtime {
                     .filter(|&&p| p != self.rank && !self.is_lost(p))
                     .count(),
             };
-            m.set(crate::metrics::render(&r, &gauges));
+            m.update(&r, &gauges);
         }
         if !full {
             // STATS lines stay small: the histogram only in FINAL.
