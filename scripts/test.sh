@@ -7,7 +7,7 @@
 # the Rust build and the tests leave idle; the S3 tests wait for it
 # (scripts/minio.sh takes a lock). `cargo test` builds the binaries itself,
 # with the tests' features: a separate `cargo build` first would compile
-# evb-net and the evb binary a second time with other features.
+# the runtime crates and the evb binary a second time with other features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh

@@ -19,8 +19,8 @@
 //! and the handshake's messages) rather than a new one beside it: the
 //! completion, the errors and the state machine that uses the tags are one
 //! layer with them, and each engine then depends on one crate for all of
-//! it. The runtime (evb-net) keeps its own engine-neutral completion,
-//! which also covers its shared-memory engine.
+//! it. The runtime (evb-transport's `msg` adapter) keeps its own
+//! engine-neutral completion, which also covers its shared-memory engine.
 //!
 //! **Why a sequence number.** Both libraries match a sender's messages in
 //! order, but completions can finish out of order (a large rendezvous
