@@ -19,11 +19,16 @@ mkdir -p target
 exec 9>target/.evb-mpich.lock
 flock 9
 if [ ! -d "$dir/release" ] && [ -d target/release ]; then
+  # Copied aside and renamed only once complete and rid of OpenMPI's
+  # bindings: a copy cut short (target/release changing under it) must not
+  # be taken for a finished one by the next call.
   mkdir -p "$dir"
-  cp -a target/release "$dir/"
+  rm -rf "$dir/release.partial"
+  cp -a target/release "$dir/release.partial"
   # The copied MPI bindings were generated for OpenMPI: make cargo redo them
   # (mpi-sys does not rebuild when MPICC changes).
-  rm -rf "$dir"/release/.fingerprint/mpi-sys-* "$dir"/release/build/mpi-sys-*
+  rm -rf "$dir"/release.partial/.fingerprint/mpi-sys-* "$dir"/release.partial/build/mpi-sys-*
+  mv "$dir/release.partial" "$dir/release"
 fi
 MPICC=mpicc.mpich CARGO_TARGET_DIR="$dir" cargo build --release --quiet --bin evb >&2
 bin="$PWD/$dir/release/evb"

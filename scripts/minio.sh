@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # MinIO, a real S3-compatible server, for the event store's S3 tests.
 #
-#   scripts/minio.sh install          build MinIO from its Go module into the cache (once)
+#   scripts/minio.sh install          build MinIO from its Go module into the cache (once;
+#                                     a second caller waits for a build under way)
 #   scripts/minio.sh path             print the binary's path (exit 1 if not installed)
 #   scripts/minio.sh start DATA_DIR   start it on a free loopback port; prints
 #                                     `endpoint=http://127.0.0.1:PORT pid=PID`
@@ -32,9 +33,16 @@ install() {
   if [ -x "$BIN" ]; then
     return 0
   fi
+  # One build at a time: scripts/test.sh starts one in the background and
+  # the S3 tests call `install` too; they wait here for it to end.
+  mkdir -p "$CACHE_DIR"
+  exec 9>"$CACHE_DIR.lock"
+  flock 9
+  if [ -x "$BIN" ]; then
+    return 0
+  fi
   local go; go="$(find_go)"
   echo "minio.sh: building MinIO $MINIO_VERSION with $("$go" version) (takes minutes, once)" >&2
-  mkdir -p "$CACHE_DIR"
   local start=$SECONDS
   # Build into a temp dir then move, so an interrupted build never leaves a
   # half-written binary that `install` would take as done.

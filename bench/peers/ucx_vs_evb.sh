@@ -38,7 +38,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 evb=${EVB:-$here/../../target/release/evb}
 [ -x "$evb" ] || { echo "no evb binary at $evb (cargo build --release -p evb-cli, or set EVB)" >&2; exit 2; }
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-error}
-# evb's rule (crates/evb-net/src/transport/ucx.rs): shared memory only
+# evb's rule (crates/evb-transport/src/ucx.rs): shared memory only
 # when every word of UCX_TLS is a shared-memory transport.
 shm_only=1
 for t in ${tls//,/ }; do

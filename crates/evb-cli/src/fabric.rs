@@ -1,15 +1,16 @@
 //! `evb fabric ...`: fabric analysis commands (issue 3). See docs/fabric.md.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use evb_fabric::conflicts::{
-    analyze, analyze_with_loads, load_cells, shift_steps, Analysis, StepConvention,
+    analyze, analyze_with_loads, load_cells, pretty_with_compact_loads, shift_steps, Analysis,
+    StepConvention,
 };
 use evb_fabric::io;
 use evb_fabric::lft::Lfts;
 use evb_fabric::optimize;
-use evb_fabric::rate::{degraded_links, fmt_gbps, rate_census};
-use evb_fabric::routing::{route_or_fallback, Engine};
+use evb_fabric::rate::link_summary;
+use evb_fabric::setup::{self, FabricSource};
 use evb_fabric::Topology;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -247,60 +248,13 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     if n < 2 {
         bail!("a schedule needs at least 2 ranks, the order has {n}");
     }
-    use evb_fabric::schedule::SlotSchedule;
     let conflicts = analyze(&topo, &lfts, &order, &shift_steps(n), 0)?;
-    // The ftree engine balanced its routes for a shift over its positions,
-    // dummies included: on a tree with short leaves (or hosts left out by
-    // --ranks) that shift, with idle slots for the dummies, is free of
-    // conflicts where the shift over the ranks alone is not.
-    let mut positions = None;
-    if !a.compact {
-        if let Some(p) = optimize::positions_from_spec(&a.order, &topo)? {
-            let rank_of: std::collections::HashMap<usize, usize> =
-                order.iter().enumerate().map(|(r, &h)| (h, r)).collect();
-            let at: Vec<Option<usize>> = p
-                .into_iter()
-                .map(|h| h.and_then(|h| rank_of.get(&h).copied()))
-                .collect();
-            // Dummies, or hosts after --ranks: some positions idle.
-            if at.len() > n {
-                positions = Some(at);
-            }
-        }
+    let chosen = evb_fabric::schedule::choose(&topo, &lfts, &order, &a.order, local, a.compact)?;
+    if let Some(note) = &chosen.note {
+        println!("{note}");
     }
-    // Two starting shifts: over the ranks, and over the positions (when
-    // the order has them). The positions' shift idles in the dummies'
-    // slots; it is taken only when it needs fewer slots once conflicts
-    // are moved (on a tree of full leaves the ranks' shift is as free of
-    // conflicts and shorter).
-    let compact = SlotSchedule::plain(n, local);
-    let compact_aware =
-        evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, compact.clone())?;
-    let mut chosen = (
-        compact,
-        compact_aware,
-        format!("the shift over the {n} ranks"),
-    );
-    if let Some(at) = &positions {
-        let base = SlotSchedule::shift_over_positions(at, local);
-        let aware = evb_fabric::schedule::conflict_aware(&topo, &lfts, &order, base.clone())?;
-        let what = format!(
-            "the shift over the order's {} positions ({} of them dummies or hosts outside the ranks)",
-            at.len(),
-            at.len() - n
-        );
-        if aware.slots.len() < chosen.1.slots.len() {
-            chosen = (base, aware, what);
-        } else {
-            println!(
-                "{what} needs {} slots once conflicts are moved, the ranks' shift {}: the ranks' shift it is",
-                aware.slots.len(),
-                chosen.1.slots.len()
-            );
-        }
-    }
-    let (base, aware, shift) = chosen;
-    let s = if a.plain { base } else { aware };
+    let (shift, positions) = (chosen.shift, chosen.positions);
+    let s = if a.plain { chosen.plain } else { chosen.aware };
     let names: Vec<&str> = order.iter().map(|&h| topo.nodes[h].name.as_str()).collect();
     let header = format!(
         "evb slot schedule: {n} ranks, {} slots ({} for the plain barrel); {} on {}\n\
@@ -356,236 +310,41 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     Ok(())
 }
 
-/// The steps asked for, as evb's send steps (what the analysis traces).
-fn send_steps(s: &Option<String>, n: usize, conv: StepConvention) -> Result<Vec<usize>> {
-    Ok(conv.to_send_steps(&parse_steps(s, n)?, n))
-}
-
-fn parse_steps(s: &Option<String>, n: usize) -> Result<Vec<usize>> {
-    if n < 2 {
-        bail!("a shift schedule needs at least 2 ranks, the order has {n}");
+/// Prints notes for the user on stderr.
+fn print_notes(notes: &[String]) {
+    for n in notes {
+        eprintln!("note: {n}");
     }
-    let Some(s) = s else {
-        return Ok(shift_steps(n));
-    };
-    let mut out = vec![];
-    for part in s.split(',').filter(|x| !x.is_empty()) {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim().parse::<usize>()?, b.trim().parse::<usize>()?),
-            None => {
-                let v = part
-                    .trim()
-                    .parse::<usize>()
-                    .with_context(|| format!("bad step '{part}'"))?;
-                (v, v)
-            }
-        };
-        for v in a..=b {
-            if v == 0 || v >= n {
-                bail!("step {v} out of range 1..{}", n - 1);
-            }
-            out.push(v);
-        }
-    }
-    if out.is_empty() {
-        bail!("no steps given");
-    }
-    Ok(out)
-}
-
-pub(crate) fn split_port(s: &str) -> Result<(String, u8)> {
-    let (n, p) = s
-        .rsplit_once(':')
-        .with_context(|| format!("expected NAME:PORT, got '{s}'"))?;
-    Ok((
-        n.to_string(),
-        p.parse().with_context(|| format!("bad port in '{s}'"))?,
-    ))
 }
 
 /// Reads the fabric and names its nodes (`--names`), saying on stderr
 /// which nodes are named by GUID and what the map did not cover.
 fn load_named(spec: &str, naming: &Naming) -> Result<Topology> {
-    let (topo, rep) = io::load_topology_named(spec, naming.names.as_deref())?;
-    for n in evb_fabric::names::naming_notes(&topo) {
-        eprintln!("note: {n}");
-    }
-    if let (Some(r), Some(f)) = (rep, &naming.names) {
-        if r.not_in_fabric > 0 || r.hosts_unnamed > 0 {
-            eprintln!(
-                "note: {}: {} node(s) named; {} GUID(s) not in this fabric; {} host(s) not in the map keep their own names",
-                f.display(),
-                r.named,
-                r.not_in_fabric,
-                r.hosts_unnamed
-            );
-        }
-    }
+    let (topo, notes) = setup::load_named(spec, naming.names.as_deref())?;
+    print_notes(&notes);
     Ok(topo)
 }
 
-/// Routes with `engine` (default ftree) as OpenSM would: where ftree, updn
-/// or dfsssp cannot route the fabric, minhop does and a note says why
-/// (`--strict` refuses). Returns the tables and how they were made.
-fn route_like_opensm(
-    topo: &Topology,
-    engine: Option<&str>,
-    strict: bool,
-) -> Result<(Lfts, String, Option<String>)> {
-    let e = Engine::parse(engine.unwrap_or("ftree"))?;
-    let r = route_or_fallback(topo, &e, strict)?;
-    let what = match &r.fallback {
-        None => format!("{} routing by evb", r.engine.name()),
-        Some(_) => format!(
-            "minhop routing by evb ({} fell back to minhop, as OpenSM does)",
-            e.name()
-        ),
-    };
-    if let Some(why) = &r.fallback {
-        eprintln!(
-            "note: {why}\nnote: routed with minhop instead, as OpenSM falls back from {} (--strict refuses)",
-            e.name()
-        );
-    }
-    Ok((r.lfts, what, r.fallback))
-}
-
-/// Link rates and degraded links, for people (stdout) and the JSON.
-fn link_summary(topo: &Topology) -> (Vec<String>, serde_json::Value) {
-    let (census, unknown) = rate_census(topo);
-    let degraded = degraded_links(topo);
-    let mut lines = vec![];
-    if !census.is_empty() {
-        let parts: Vec<String> = census
-            .iter()
-            .map(|(r, n)| format!("{n} x {r} ({} Gb/s)", fmt_gbps(r.gbps())))
-            .collect();
-        let unk = if unknown > 0 {
-            format!(", {unknown} of unknown rate")
-        } else {
-            String::new()
-        };
-        lines.push(format!("links: {}{unk}", parts.join(", ")));
-    }
-    // One line per tier and rate: a slow leaf can have dozens.
-    let mut shown: Vec<(&str, &str)> = vec![];
-    for d in &degraded {
-        if shown.contains(&(d.tier.as_str(), d.rate.as_str())) {
-            continue;
-        }
-        shown.push((&d.tier, &d.rate));
-        let same: Vec<&evb_fabric::rate::DegradedLink> = degraded
-            .iter()
-            .filter(|x| x.tier == d.tier && x.rate == d.rate)
-            .collect();
-        if same.len() == 1 {
-            lines.push(format!("degraded link: {}", d.describe()));
-            continue;
-        }
-        let ends: Vec<String> = same
-            .iter()
-            .take(4)
-            .map(|x| format!("{} port {} -> {} port {}", x.node, x.port, x.to, x.to_port))
-            .collect();
-        lines.push(format!(
-            "degraded links: {} of {} {} run {} ({} Gb/s) where {} run {} ({} Gb/s): {}{}",
-            same.len(),
-            d.tier_links,
-            d.tier,
-            d.rate,
-            fmt_gbps(d.gbps),
-            d.tier_usual,
-            d.usual_rate,
-            fmt_gbps(d.usual_gbps),
-            ends.join(", "),
-            if same.len() > ends.len() {
-                format!(
-                    ", ... ({} more; the JSON lists all)",
-                    same.len() - ends.len()
-                )
-            } else {
-                String::new()
-            }
-        ));
-    }
-    let json = serde_json::json!({
-        "link_rates": census.iter().map(|(r, n)| serde_json::json!({
-            "rate": r.to_string(), "gbps": r.gbps(), "cables": n})).collect::<Vec<_>>(),
-        "links_of_unknown_rate": unknown,
-        "degraded_links": degraded,
-    });
-    (lines, json)
-}
-
-/// Applies what-if edits to a fabric: hosts or switches removed, cables
-/// removed, cables swapped (as `evb fabric` and `evb sim` take them).
-pub(crate) fn apply_edits(
-    topo: &mut Topology,
-    remove: &[String],
-    remove_link: &[String],
-    swap_cables: &[String],
-) -> Result<()> {
-    for n in remove {
-        topo.remove_node(n)?;
-    }
-    for l in remove_link {
-        let (n, p) = split_port(l)?;
-        topo.remove_link(&n, p)?;
-    }
-    for s in swap_cables {
-        let (a, b) = s
-            .split_once(',')
-            .with_context(|| format!("expected A:PORT,B:PORT, got '{s}'"))?;
-        let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
-        topo.swap_cables(&na, pa, &nb, pb)?;
-    }
-    Ok(())
-}
-
-/// Loads topology and LFTs, applying what-if edits.
+/// Loads topology and LFTs, applying what-if edits; notes on stderr.
 fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)> {
-    let orig = load_named(&input.topology, &input.naming)?;
-    let mut topo = orig.clone();
-    apply_edits(
-        &mut topo,
-        &input.remove,
-        &input.remove_link,
-        &input.swap_cables,
-    )?;
-    let (lfts, what, fallback) = match &input.lfts {
-        Some(f) => {
-            let l = io::parse_lfts(f, &orig)?;
-            (
-                remap(&orig, &topo, l),
-                format!("LFTs from {}", f.display()),
-                None,
-            )
-        }
-        None => route_like_opensm(&topo, input.routing.as_deref(), input.strict)?,
-    };
-    Ok((topo, lfts, what, fallback))
+    let loaded = FabricSource {
+        topology: input.topology.clone(),
+        names: input.naming.names.clone(),
+        lfts: input.lfts.clone(),
+        routing: input.routing.clone(),
+        strict: input.strict,
+        remove: input.remove.clone(),
+        remove_link: input.remove_link.clone(),
+        swap_cables: input.swap_cables.clone(),
+    }
+    .load()?;
+    print_notes(&loaded.notes);
+    Ok((loaded.topo, loaded.lfts, loaded.what, loaded.fallback))
 }
 
-/// Moves LFTs read for `orig` onto the edited `topo` (matched by GUID).
-fn remap(orig: &Topology, topo: &Topology, l: Lfts) -> Lfts {
-    let mut out = Lfts::empty(topo);
-    out.origin = l.origin.as_ref().map(|o| evb_fabric::lft::LftOrigin {
-        file: o.file.clone(),
-        header_line: vec![0; topo.nodes.len()],
-    });
-    for (i, n) in orig.nodes.iter().enumerate() {
-        if let Some(j) = topo
-            .nodes
-            .iter()
-            .position(|m| m.guid == n.guid && m.kind == n.kind)
-        {
-            out.tables[j] = l.tables[i].clone();
-            if let (Some(o), Some(src)) = (out.origin.as_mut(), l.origin.as_ref()) {
-                o.header_line[j] = src.header_line[i];
-            }
-        }
-    }
-    out
+/// The steps asked for, as evb's send steps (what the analysis traces).
+fn send_steps(s: &Option<String>, n: usize, conv: StepConvention) -> Result<Vec<usize>> {
+    Ok(setup::send_steps(s.as_deref(), n, conv)?)
 }
 
 fn resolve_order(
@@ -596,15 +355,14 @@ fn resolve_order(
     limit: f64,
     seed: u64,
 ) -> Result<(Vec<usize>, Option<optimize::SearchReport>)> {
-    Ok(match spec {
-        "optimized" | "optimised" => {
-            let lfts = lfts.context("--order optimized needs routing tables")?;
-            let (o, r) =
-                optimize::optimize_order(topo, lfts, steps, Duration::from_secs_f64(limit), seed)?;
-            (o, Some(r))
-        }
-        other => (optimize::order_from_spec(other, topo)?, None),
-    })
+    Ok(setup::resolve_order(
+        spec,
+        topo,
+        lfts,
+        steps,
+        Duration::from_secs_f64(limit),
+        seed,
+    )?)
 }
 
 fn conflicts(a: ConflictsArgs) -> Result<()> {
@@ -718,40 +476,6 @@ fn write_outputs(
     Ok(())
 }
 
-/// Pretty JSON, except that each link's `loads` array stays on one line
-/// (pretty-printed, a links x steps matrix would be one line per number).
-fn pretty_with_compact_loads(mut v: serde_json::Value) -> Result<String> {
-    let mut compact = Vec::new();
-    if let Some(links) = v
-        .pointer_mut("/link_loads/links")
-        .and_then(serde_json::Value::as_array_mut)
-    {
-        for (i, link) in links.iter_mut().enumerate() {
-            if let Some(loads) = link.get_mut("loads") {
-                compact.push(serde_json::to_string(loads)?);
-                *loads = serde_json::Value::String(format!("@@loads{i}@@"));
-            }
-        }
-    }
-    let text = serde_json::to_string_pretty(&v)?;
-    // The markers come out in order, as strings (a name holding one would
-    // have its quotes escaped, so it cannot match).
-    let mut out =
-        String::with_capacity(text.len() + compact.iter().map(String::len).sum::<usize>());
-    let mut rest = text.as_str();
-    for (i, c) in compact.iter().enumerate() {
-        let marker = format!("\"@@loads{i}@@\"");
-        let at = rest
-            .find(&marker)
-            .context("link loads lost while writing the JSON")?;
-        out.push_str(&rest[..at]);
-        out.push_str(c);
-        rest = &rest[at + marker.len()..];
-    }
-    out.push_str(rest);
-    Ok(out)
-}
-
 fn order(a: OrderArgs) -> Result<()> {
     let conv = StepConvention::parse(&a.input.step_convention)?;
     let (topo, lfts, what, _) = load(&a.input)?;
@@ -832,7 +556,9 @@ fn export(a: ExportArgs) -> Result<()> {
         wrote += 1;
     }
     if let Some(p) = &a.lfts_out {
-        let (lfts, _, _) = route_like_opensm(&topo, a.routing.as_deref(), a.strict)?;
+        let routed = setup::route_like_opensm(&topo, a.routing.as_deref(), a.strict)?;
+        print_notes(&routed.notes);
+        let lfts = routed.lfts;
         io::write_text(p, &io::write_opensm_lfts(&topo, &lfts))?;
         wrote += 1;
     }

@@ -3,7 +3,7 @@
 
 mod bench;
 mod fabric;
-mod hugepages;
+mod log;
 mod progress;
 mod report;
 mod sim;
@@ -14,8 +14,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use evb_core::Config;
-use evb_net::launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
-use evb_net::node::{run_node, Control, NodeOptions};
+use evb_launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
+use evb_node::start::StartOptions;
+use evb_node::Control;
+use evb_transport::hugepages;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -161,6 +163,7 @@ static ALLOCATOR: hugepages::MaybeHuge = hugepages::MaybeHuge;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log::init();
     if matches!(
         cli.command,
         Command::Sim(_)
@@ -191,7 +194,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("evb: error: {err:#}");
+            tracing::error!("evb: error: {err:#}");
             ExitCode::from(2)
         }
     }
@@ -244,7 +247,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if clean || opts.allow_loss {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("evb: error: {:#}", loss_error(&result));
+        tracing::error!("evb: error: {:#}", loss_error(&result));
         Ok(ExitCode::from(1))
     }
 }
@@ -256,73 +259,13 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         "launcher" => Control::Launcher,
         other => anyhow::bail!("--control takes config, stdio or launcher, not `{other}`"),
     };
-    let mut overrides = args.config.overrides.clone();
-    if args.rejoin && control == Control::Launcher {
-        return rejoin_cluster_job(args, overrides);
-    }
-    let launcher = evb_net::cluster::launcher_rank();
-    let rank = match (args.rank, launcher, control) {
-        (Some(r), _, _) => r,
-        (None, Some((r, size, who)), Control::Launcher) => {
-            // The launcher's size is the number of endpoints.
-            overrides.insert(0, format!("nodes.count={size}"));
-            eprintln!("evb node: rank {r} of {size} from {who}");
-            r
-        }
-        (None, None, Control::Launcher) => anyhow::bail!(
-            "no launcher environment (OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK, SLURM_PROCID): give --rank"
-        ),
-        (None, _, _) => anyhow::bail!("--rank is required outside a launcher"),
-    };
-    let config = Config::load(args.config.config.as_deref(), &overrides)?;
-    hugepages::choose(config.event_builder.huge_pages);
-    if let (Control::Launcher, Some((_, size, who))) = (control, launcher) {
-        let endpoints = evb_core::Layout::from_config(&config).endpoints;
-        anyhow::ensure!(
-            endpoints == size,
-            "{who} started {size} ranks but the configuration has {endpoints} endpoints (nodes.count, nodes.em, output.consumers)"
-        );
-    }
-    run_node(NodeOptions {
-        config,
-        rank,
+    evb_node::start::start(StartOptions {
+        config: args.config.config,
+        overrides: args.config.overrides,
+        rank: args.rank,
         control,
         rendezvous: args.rendezvous,
         rejoin: args.rejoin,
-    })?;
-    Ok(ExitCode::SUCCESS)
-}
-
-/// A rank of a cluster job (`--control launcher`) restarted on its own,
-/// outside the job's launcher: the rank is given, the size is what the
-/// job's ranks published in the rendezvous directory.
-fn rejoin_cluster_job(args: NodeArgs, mut overrides: Vec<String>) -> anyhow::Result<ExitCode> {
-    let rank = args.rank.ok_or_else(|| {
-        anyhow::anyhow!(
-            "--rejoin under --control launcher: give --rank (a restarted process is not one of \
-             the launcher's ranks)"
-        )
-    })?;
-    let dir = args
-        .rendezvous
-        .clone()
-        .ok_or_else(|| anyhow::anyhow!("--control launcher needs --rendezvous DIR"))?;
-    let path = args.config.config.as_deref();
-    let run_id = Config::load(path, &overrides)?.run.run_id;
-    let size = evb_net::cluster::published_ranks(&dir, run_id)?;
-    overrides.insert(0, format!("nodes.count={size}"));
-    let config = Config::load(path, &overrides)?;
-    hugepages::choose(config.event_builder.huge_pages);
-    eprintln!(
-        "evb node: rank {rank} of {size} rejoins run {run_id} of {}",
-        dir.display()
-    );
-    run_node(NodeOptions {
-        config,
-        rank,
-        control: Control::Launcher,
-        rendezvous: Some(dir),
-        rejoin: true,
     })?;
     Ok(ExitCode::SUCCESS)
 }

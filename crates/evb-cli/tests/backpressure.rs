@@ -6,66 +6,29 @@
 //! counted, and nothing that was read out is lost. Real processes over
 //! real TCP; bounded in time.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
+use evb_testkit::json::{summary_f64 as f, summary_u64 as u};
+use evb_testkit::net::{free_ports, http_get};
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb, read_json, run_bounded};
 use serde_json::Value;
-
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evb-bp-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
 
 /// Runs `evb run` with `args` plus `--json`, killed after 60 s; returns
 /// (exit code, output, run JSON).
 fn run(name: &str, args: &[&str]) -> (i32, String, Value) {
-    let json = tmp(&format!("{name}.json"));
-    let out_path = tmp(&format!("{name}.txt"));
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["run", "--progress", "never", "--json"])
-        .arg(&json)
-        .args(args)
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("evb starts");
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code().unwrap_or(-1);
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "evb run {args:?} did not finish within 60 s:\n{}",
-                std::fs::read_to_string(&out_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let text = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let v: Value = serde_json::from_str(
-        &std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("no JSON ({e}):\n{text}")),
-    )
-    .expect("valid JSON");
-    (code, text, v)
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v["summary"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("summary.{key} in {}", v["summary"]))
-}
-
-fn f(v: &Value, key: &str) -> f64 {
-    v["summary"][key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("summary.{key} in {}", v["summary"]))
+    let json = scratch_file("bp-test", &format!("{name}.json"));
+    let (out, text) = run_bounded(
+        evb()
+            .args(["run", "--progress", "never", "--json"])
+            .arg(&json)
+            .args(args),
+        "evb run",
+        Duration::from_secs(60),
+    );
+    let v = read_json(&json, &text);
+    (out.status.code().unwrap_or(-1), text, v)
 }
 
 #[test]
@@ -163,7 +126,7 @@ fn a_readout_the_builder_keeps_up_with_is_never_throttled() {
 #[test]
 fn a_configuration_needing_more_memory_than_the_machine_is_refused_up_front() {
     // 4 GB fragments, 64 credits: terabytes per node.
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+    let out = evb()
         .args(["run", "--nodes", "4", "--progress", "never"])
         .args(["--set", "event_builder.credits=64"])
         .args(["--set", "event_builder.max_message_bytes=4294967295"])
@@ -179,27 +142,10 @@ fn a_configuration_needing_more_memory_than_the_machine_is_refused_up_front() {
     );
 }
 
-/// Three consecutive free ports (a small race, acceptable in a test).
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..50 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < 60000 && (1..n).all(|k| std::net::TcpListener::bind(("127.0.0.1", p + k)).is_ok()) {
-            return p;
-        }
-    }
-    panic!("no {n} free consecutive ports");
-}
-
 fn scrape(port: u16) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text
+    http_get(port, "/metrics")
+        .unwrap_or_else(|| panic!("no metrics on port {port}"))
+        .1
 }
 
 fn series(text: &str, name: &str) -> f64 {
@@ -216,7 +162,7 @@ fn series(text: &str, name: &str) -> f64 {
 #[test]
 fn the_throttle_is_visible_in_the_metrics_while_it_acts() {
     let port = free_ports(3);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_evb"))
+    let mut child = evb()
         .args([
             "run",
             "--progress",

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod common;
-use common::{mpich_evb, run_bounded};
+use evb_testkit::{evb, evb_path, mpich_evb, run_bounded};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("evb-cluster-{}-{name}", std::process::id()));
@@ -30,7 +29,7 @@ fn openmpi(extra: &[&str]) -> Command {
     ])
     .args(extra)
     .args(["-np", "4"])
-    .arg(env!("CARGO_BIN_EXE_evb"));
+    .arg(evb_path());
     cmd
 }
 
@@ -113,7 +112,7 @@ fn kill_rank_after(
                 |bytes: &[u8], what: &str| bytes.split(|&b| b == 0).any(|w| w == what.as_bytes());
             if has(&cmdline, &needle) && has(&environ, &env) {
                 let pid: i32 = entry.file_name().to_string_lossy().parse().unwrap();
-                let at = evb_net::report::unix_now();
+                let at = evb_control::report::unix_now();
                 // SAFETY: a process of this test's own mpirun job.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 return Some(at);
@@ -220,7 +219,7 @@ fn a_killed_rank_under_mpirun_is_restarted_and_rejoins() {
     let killed_at = killer.join().unwrap().expect("rank 2 was found and killed");
     std::thread::sleep(Duration::from_millis(1000));
     let (rejoined, rejoin_text) = run_bounded(
-        Command::new(env!("CARGO_BIN_EXE_evb"))
+        evb()
             .args(["node", "--control", "launcher", "--rendezvous"])
             .arg(&dir)
             .args(["--rank", "2", "--rejoin"])
@@ -288,7 +287,7 @@ fn under_mpich_mpiexec() {
 
 #[test]
 fn launcher_without_environment_is_a_clear_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
+    let out = evb()
         .args(["node", "--control", "launcher", "--rendezvous", "/tmp"])
         .env_remove("OMPI_COMM_WORLD_RANK")
         .env_remove("PMI_RANK")

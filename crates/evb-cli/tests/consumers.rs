@@ -11,72 +11,22 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-mod common;
-use common::netns::{dev_bytes, Lab};
-
+use evb_testkit::json::{f64_at as f, u64_at as u};
+use evb_testkit::netns::{dev_bytes, Lab};
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb_path_str, final_report, read_json, run_bounded, wait_all};
 use serde_json::Value;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evb-fu-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_file("fu-test", name)
 }
 
 /// Runs `evb` with `args`, killed after `limit`; returns (exit code, output).
 fn evb(args: &[&str], limit: Duration) -> (i32, String) {
-    static RUNS: AtomicUsize = AtomicUsize::new(0);
-    let out_path = tmp(&format!("out-{}.txt", RUNS.fetch_add(1, Ordering::SeqCst)));
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(args)
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("evb starts");
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code().unwrap_or(-1);
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "evb {args:?} did not finish within {limit:?}:\n{}",
-                std::fs::read_to_string(&out_path).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (code, std::fs::read_to_string(&out_path).unwrap_or_default())
-}
-
-fn read_json(path: &PathBuf, output: &str) -> Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("no JSON at {} ({e}):\n{output}", path.display()));
-    serde_json::from_str(&text).expect("valid JSON")
-}
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut cur = v;
-    for p in path.split('.') {
-        cur = &cur[p];
-    }
-    cur.as_u64()
-        .unwrap_or_else(|| panic!("{path} missing in {v}"))
-}
-
-fn f(v: &Value, path: &str) -> f64 {
-    let mut cur = v;
-    for p in path.split('.') {
-        cur = &cur[p];
-    }
-    cur.as_f64()
-        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+    let (out, text) = run_bounded(evb_testkit::evb().args(args), "evb", limit);
+    (out.status.code().unwrap_or(-1), text)
 }
 
 const MEPS: u64 = 200;
@@ -525,13 +475,7 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
     let children: Vec<_> = (0..4)
         .map(|r| {
             let mut cmd = Command::new("ip");
-            cmd.args([
-                "netns",
-                "exec",
-                &hosts[r],
-                env!("CARGO_BIN_EXE_evb"),
-                "node",
-            ]);
+            cmd.args(["netns", "exec", &hosts[r], evb_path_str(), "node"]);
             let mut sets: Vec<String> = [
                 "transport.kind=tcp",
                 "nodes.count=2",
@@ -590,7 +534,7 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
             .unwrap()
         })
         .collect();
-    let outs = common::wait_all(children, Duration::from_secs(90));
+    let outs = wait_all(children, Duration::from_secs(90));
     let stderr: String = outs
         .iter()
         .map(|o| String::from_utf8_lossy(&o.stderr).to_string())
@@ -606,7 +550,7 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
             .collect()
     };
     let run = LabRun {
-        reports: outs.iter().map(common::final_report).collect(),
+        reports: outs.iter().map(final_report).collect(),
         eb: delta(eb0, counters("eb0", 0..2)),
         out: delta(out0, counters("out0", 0..4)),
         stderr,

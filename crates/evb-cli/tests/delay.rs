@@ -7,12 +7,12 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::final_report;
+use evb_testkit::net::free_port;
+use evb_testkit::{evb, final_report, wait_all};
 
 /// Relays one connection from `listener` to `upstream`, holding every
 /// chunk `delay` in each direction. Returns when both directions end.
@@ -78,14 +78,6 @@ fn delay_relay(
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn a_delayed_link_builds_everything_and_loses_nobody() {
     let delay = Duration::from_millis(40);
@@ -97,7 +89,7 @@ fn a_delayed_link_builds_everything_and_loses_nobody() {
     let addresses =
         |second: u16| format!("transport.addresses=[\"127.0.0.1:{p0}\",\"127.0.0.1:{second}\"]");
     let spawn = |rank: u16, second: u16| {
-        Command::new(env!("CARGO_BIN_EXE_evb"))
+        evb()
             .args(["node", "--rank", &rank.to_string()])
             .args(["--set", "transport.kind=tcp"])
             .args(["--set", &addresses(second)])
@@ -112,26 +104,11 @@ fn a_delayed_link_builds_everything_and_loses_nobody() {
     };
     let node1 = spawn(1, p1);
     let node0 = spawn(0, relay_port);
-    let start = Instant::now();
-    let (tx, rx) = mpsc::channel();
-    for (rank, child) in [(0, node0), (1, node1)] {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((rank, child.wait_with_output()));
-        });
-    }
-    let mut outs = [None, None];
-    for _ in 0..2 {
-        let (rank, out) = rx
-            .recv_timeout(Duration::from_secs(60).saturating_sub(start.elapsed()))
-            .expect("both nodes finish within 60 s");
-        outs[rank] = Some(out.unwrap());
-    }
+    let outs = wait_all(vec![node0, node1], Duration::from_secs(60));
     let _ = relay_thread.join();
     let mut built = 0;
     let mut p50_ms = Vec::new();
     for (rank, out) in outs.iter().enumerate() {
-        let out = out.as_ref().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "node {rank}: {err}");
         let v = final_report(out);

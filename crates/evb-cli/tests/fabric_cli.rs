@@ -5,16 +5,19 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
-mod common;
-use common::slurm::Cluster;
+use evb_testkit::slurm::Cluster;
+use evb_testkit::{evb_path, run_bounded};
 
+/// `evb fabric ARGS`, bounded in time (a guard against a hang only);
+/// returns (success, stdout, stderr), failing on a panic.
 fn evb(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .arg("fabric")
-        .args(args)
-        .output()
-        .expect("run evb");
+    let (out, _) = run_bounded(
+        evb_testkit::evb().arg("fabric").args(args),
+        "evb fabric",
+        Duration::from_secs(600),
+    );
     let (o, e) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -356,7 +359,7 @@ dump_lfts > {d}/back.lfts
 "#,
         d = dir.display(),
         umad = umad,
-        evb = env!("CARGO_BIN_EXE_evb")
+        evb = evb_path().display()
     );
     let st = Command::new("timeout")
         .args(["120", "bash", "-c", &script])

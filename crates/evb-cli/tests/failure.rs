@@ -3,12 +3,12 @@
 //! heartbeats can tell). The run must notice within a second, go on, and
 //! account for every event exactly.
 
-use std::process::Command;
 use std::time::Duration;
 
+use evb_testkit::json::summary_u64 as n;
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb, read_json, run_bounded};
 use serde_json::Value;
-
-mod common;
 
 fn run_with(fault: &str, spec: &str, name: &str) -> (i32, Value, String) {
     run_with_settings(fault, spec, name, &[])
@@ -20,40 +20,29 @@ fn run_with_settings(
     name: &str,
     settings: &[&str],
 ) -> (i32, Value, String) {
-    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("{name}.json"));
-    let out = Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args([
-            "run",
-            "--nodes",
-            "4",
-            "--duration",
-            "5",
-            "--progress",
-            "never",
-            fault,
-            spec,
-            "--json",
-        ])
-        .arg(&json)
-        .args(["--set", "source.events_per_mep=1024"])
-        .args(settings.iter().flat_map(|s| ["--set", s]))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let json = scratch_file("fail", &format!("{name}.json"));
+    let (out, text) = run_bounded(
+        evb()
+            .args([
+                "run",
+                "--nodes",
+                "4",
+                "--duration",
+                "5",
+                "--progress",
+                "never",
+                fault,
+                spec,
+                "--json",
+            ])
+            .arg(&json)
+            .args(["--set", "source.events_per_mep=1024"])
+            .args(settings.iter().flat_map(|s| ["--set", s])),
+        "evb run",
+        Duration::from_secs(120),
     );
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json, &text);
     (out.status.code().unwrap_or(-1), v, text)
-}
-
-fn n(v: &Value, key: &str) -> u64 {
-    v["summary"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("summary.{key}"))
 }
 
 /// Checks what every node death must give; returns the failure timeline.
@@ -355,7 +344,7 @@ fn check_em_restart(transport: &str) {
 /// over it is refused before any node starts, with the transports that can.
 #[test]
 fn a_restart_over_ofi_shm_is_refused() {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb();
     cmd.args([
         "run",
         "--nodes",
@@ -371,7 +360,7 @@ fn a_restart_over_ofi_shm_is_refused() {
         "--transport",
         "ofi:shm",
     ]);
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
     assert!(!out.status.success(), "{text}");
     assert!(
         text.contains("only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `ofi:shm`"),
@@ -382,10 +371,8 @@ fn a_restart_over_ofi_shm_is_refused() {
 /// The default transport stays shm when a node is restarted.
 #[test]
 fn restarts_keep_the_default_shm_transport() {
-    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("restart-auto.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let json = scratch_file("fail", "restart-auto.json");
+    let mut cmd = evb();
     cmd.args([
         "run",
         "--nodes",
@@ -403,9 +390,9 @@ fn restarts_keep_the_default_shm_transport() {
     ])
     .arg(&json)
     .args(["--set", "source.events_per_mep=1024"]);
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
     assert_eq!(out.status.code(), Some(0), "{text}");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let v = read_json(&json, &text);
     assert_eq!(v["config"]["transport"]["kind"], "shm", "{text}");
     assert!(text.contains("over shm"), "{text}");
     let generated = n(&v, "events_generated");
@@ -446,11 +433,9 @@ fn run_for(
     faults: &[&str],
     transport: Option<&str>,
 ) -> (std::process::Output, String, Value) {
-    let dir = std::env::temp_dir().join(format!("evb-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join(format!("{name}.json"));
+    let json = scratch_file("fail", &format!("{name}.json"));
     let started = std::time::Instant::now();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb();
     cmd.args(["run", "--nodes", "4", "--duration"])
         .arg(seconds.to_string())
         .args(["--progress", "never"])
@@ -461,10 +446,9 @@ fn run_for(
     if let Some(t) = transport {
         cmd.args(["--set", &format!("transport.kind={t}")]);
     }
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(120));
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(120));
     assert!(started.elapsed() < Duration::from_secs(40), "{text}");
-    let report = std::fs::read_to_string(&json).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let v: Value = serde_json::from_str(&report).unwrap();
+    let v = read_json(&json, &text);
     (out, text, v)
 }
 
@@ -759,7 +743,7 @@ fn a_bad_resume_is_refused() {
             "--resume 2@1: resume a node stopped earlier with --stop",
         ),
     ] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+        let mut cmd = evb();
         cmd.args([
             "run",
             "--nodes",
@@ -771,7 +755,7 @@ fn a_bad_resume_is_refused() {
         ])
         .args(args);
         let started = std::time::Instant::now();
-        let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
+        let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(30));
         // 2: a usage error (1 would be a run that lost events).
         assert_eq!(out.status.code(), Some(2), "{text}");
         assert!(text.contains(expected), "{text}");

@@ -3,54 +3,13 @@
 //! are checked through its HTTP API, the consumer and producer series
 //! against the run's own JSON.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use evb_testkit::net::{free_ports, http_get as get};
+use evb_testkit::{evb, KillOnDrop};
 use serde_json::Value;
-
-/// A plain HTTP GET on loopback; returns (status line, body).
-fn get(port: u16, path: &str) -> Option<(String, String)> {
-    let mut s =
-        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_string(), body.to_string()))
-}
-
-/// `n` consecutive free ports (checked by binding them).
-fn free_ports(n: u16) -> u16 {
-    for _ in 0..200 {
-        let base = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base > 60000 {
-            continue;
-        }
-        let held: Vec<_> = (0..n)
-            .filter_map(|i| TcpListener::bind(("127.0.0.1", base + i)).ok())
-            .collect();
-        if held.len() == n as usize {
-            return base;
-        }
-    }
-    panic!("no {n} consecutive free ports");
-}
-
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn prometheus_scrapes_every_node() {
@@ -69,7 +28,7 @@ fn prometheus_scrapes_every_node() {
     let json = dir.join("run.json");
 
     let mut run = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_evb"))
+        evb()
             .args(["run", "--progress", "never", "-n", "4", "-d", "12"])
             .args(["--consumers", "2"])
             .args(["--set", "output.consumer_busy_us=10000"])
@@ -319,17 +278,17 @@ fn grafana_dashboard_queries_served_metrics() {
     );
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     // A node that is both a BU with consumers and a consumer serves every series.
-    let served = evb_net::metrics::render(
-        &evb_net::report::NodeReport {
+    let served = evb_metrics::render(
+        &evb_control::report::NodeReport {
             missing_by_source: vec![0, 1],
             ..Default::default()
         },
-        &evb_net::metrics::Gauges {
-            bu_output: Some(evb_net::metrics::BuOutputGauges {
+        &evb_metrics::Gauges {
+            bu_output: Some(evb_metrics::BuOutputGauges {
                 credits_held: vec![(4, 1)],
                 ..Default::default()
             }),
-            consumer: Some(evb_net::metrics::ConsumerGauges {
+            consumer: Some(evb_metrics::ConsumerGauges {
                 credits_outstanding: vec![(0, 1)],
                 ..Default::default()
             }),

@@ -13,9 +13,9 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-mod common;
-use common::final_report;
-use common::netns::sh;
+use evb_testkit::netns::sh;
+use evb_testkit::process::Running;
+use evb_testkit::{evb_path_str, final_report};
 
 use serde_json::Value;
 
@@ -97,7 +97,7 @@ impl Hosts {
     ) -> Child {
         let ns = if rank == 0 { &self.a } else { &self.b };
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_evb"), "node"])
+        cmd.args(["netns", "exec", ns, evb_path_str(), "node"])
             .args(["--control", "launcher", "--rendezvous"])
             .arg(rdv);
         let kind = format!("transport.kind=\"{transport}\"");
@@ -126,7 +126,7 @@ impl Hosts {
             "netns",
             "exec",
             ns,
-            env!("CARGO_BIN_EXE_evb"),
+            evb_path_str(),
             "node",
             "--rank",
             &rank.to_string(),
@@ -183,44 +183,23 @@ fn run_nodes_with_fault(tag: u8, seconds: f64, fault: impl FnOnce(&Hosts)) -> (O
     let sets = vec![format!("run.duration_s={seconds}")];
     let node1 = hosts.spawn(1, &sets);
     let node0 = hosts.spawn(0, &sets);
-    let outputs = Outputs::collect(node0, node1);
+    let running = watch_nodes(node0, node1);
     std::thread::sleep(Duration::from_millis(700));
     fault(&hosts);
-    outputs.wait()
+    wait_nodes(running)
 }
 
 /// Both nodes' output, read while they run: a node whose stdout pipe
 /// fills (64 KiB, a few seconds of STATS lines) blocks on the write and
 /// goes silent, which its peer rightly takes for a lost node.
-struct Outputs(std::sync::mpsc::Receiver<(usize, Output)>);
+fn watch_nodes(node0: Child, node1: Child) -> Running {
+    Running::watch_named(vec![node0, node1], vec!["node 0".into(), "node 1".into()])
+}
 
-impl Outputs {
-    fn collect(node0: Child, node1: Child) -> Outputs {
-        let (tx, rx) = std::sync::mpsc::channel();
-        for (i, child) in [node0, node1].into_iter().enumerate() {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                let _ = tx.send((i, child.wait_with_output().unwrap()));
-            });
-        }
-        Outputs(rx)
-    }
-
-    /// (node 0's output, node 1's output), within 60 s.
-    fn wait(self) -> (Output, Output) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let mut outs: [Option<Output>; 2] = [None, None];
-        for _ in 0..2 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let (i, out) = self
-                .0
-                .recv_timeout(left)
-                .expect("the nodes did not finish within 60 s");
-            outs[i] = Some(out);
-        }
-        let [a, b] = outs;
-        (a.unwrap(), b.unwrap())
-    }
+/// (node 0's output, node 1's output), within 60 s.
+fn wait_nodes(running: Running) -> (Output, Output) {
+    let [out0, out1]: [Output; 2] = running.wait(Duration::from_secs(60)).try_into().unwrap();
+    (out0, out1)
 }
 
 /// A node's STATS reports, in order, then its FINAL one.
@@ -432,12 +411,12 @@ fn check_long_outage_relinks(transport: &str, tag: u8) -> String {
     let sets = vec!["run.duration_s=9".to_string()];
     let node1 = hosts.spawn_launched(1, &rdv, transport, &sets);
     let node0 = hosts.spawn_launched(0, &rdv, transport, &sets);
-    let outputs = Outputs::collect(node0, node1);
+    let running = watch_nodes(node0, node1);
     std::thread::sleep(Duration::from_millis(1500));
     sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "down"]);
     std::thread::sleep(Duration::from_millis(2500));
     sh(Some(&hosts.a), &["ip", "link", "set", &hosts.dev_a, "up"]);
-    let (out0, out1) = outputs.wait();
+    let (out0, out1) = wait_nodes(running);
     let _ = std::fs::remove_dir_all(&rdv);
     let stderr = both_stderr(&out0, &out1);
     let em = final_report(&out0);

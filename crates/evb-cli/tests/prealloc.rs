@@ -5,15 +5,13 @@
 //! buffer (counted), never allocate past it. Real processes, bounded in
 //! time.
 
-// Only the bounded runner: the MPICH helper is unused here.
-mod common;
-
-use std::process::Command;
 use std::time::Duration;
 
 use evb_core::{Config, Layout};
-use evb_net::buffers::BufferPlan;
-use evb_net::transport::TransportKind;
+use evb_testkit::json::summary_u64 as u;
+use evb_testkit::{evb, read_json_or_null, run_bounded};
+use evb_transport::buffers::BufferPlan;
+use evb_transport::TransportKind;
 use serde_json::Value;
 
 /// Runs `evb run` with `args` plus `--json`; returns (exit code, output,
@@ -21,23 +19,17 @@ use serde_json::Value;
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("run.json");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb();
     cmd.args(["run", "--progress", "never", "--json"])
         .arg(&json)
         .args(args)
         .envs(env.iter().copied());
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), text, v)
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v["summary"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("summary.{key} missing"))
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    (
+        out.status.code().unwrap_or(-1),
+        text,
+        read_json_or_null(&json),
+    )
 }
 
 const MIB: f64 = (1u64 << 20) as f64;

@@ -6,19 +6,17 @@
 //! summary says what was run and what it cost in CPU.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
-
-mod common;
 
 use evb_core::source::SourceModel;
 use evb_core::Config;
+use evb_testkit::json::summary_u64 as u;
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb, read_json_or_null, run_bounded};
 use serde_json::Value;
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evb-readout-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_file("readout", name)
 }
 
 /// The settings every run here shares: small MEPs, a fixed count.
@@ -32,7 +30,7 @@ const BASE: [&str; 4] = [
 /// `evb run --nodes 3` with `sets`; returns (exit code, JSON, output).
 fn run(name: &str, sets: &[String]) -> (i32, Value, String) {
     let json = tmp(&format!("{name}.json"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb();
     cmd.args(["run", "--nodes", "3", "--progress", "never", "--json"])
         .arg(&json);
     for s in BASE
@@ -42,18 +40,12 @@ fn run(name: &str, sets: &[String]) -> (i32, Value, String) {
     {
         cmd.args(["--set", &s]);
     }
-    let (out, text) = common::run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
-    let v = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), v, text)
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v["summary"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("summary.{key} missing in {v}"))
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(90));
+    (
+        out.status.code().unwrap_or(-1),
+        read_json_or_null(&json),
+        text,
+    )
 }
 
 /// Every fragment of every `EVBB` record in `dir`, by (MEP, source).

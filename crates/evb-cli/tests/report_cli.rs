@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use evb_testkit::evb_path;
 use serde_json::Value;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -21,6 +22,9 @@ struct Output {
 
 /// Runs `cmd` in its own process group with output to files; kills the
 /// whole group and fails the test when it takes longer than `limit`.
+/// (Not the test kit's `run_bounded`: Chromium starts helper processes of
+/// its own; on a timeout a group kill ends them all, and with files for
+/// output none of them can hold the test's pipes open.)
 fn run_bounded(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
     let n = std::fs::read_dir(dir).map_or(0, |d| d.count());
     let out_path = dir.join(format!("cmd{n}.stdout"));
@@ -56,7 +60,7 @@ fn run_bounded(mut cmd: Command, dir: &Path, limit: Duration) -> Output {
 }
 
 fn evb(dir: &Path, args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb_testkit::evb();
     cmd.args(args).current_dir(dir);
     run_bounded(cmd, dir, Duration::from_secs(90))
 }
@@ -553,7 +557,7 @@ fn scan_on_a_terminal(dir: &Path, ci: Option<&str>) -> String {
     let line = format!(
         "{} scan --topology switch:hosts=4 --traffic eb --duration-us 300 \
          --param event_builder.credits=1,2 --param event_builder.parallel_sends=1,2",
-        env!("CARGO_BIN_EXE_evb")
+        evb_path().display()
     );
     let mut cmd = Command::new(script);
     cmd.args(["-qec", &line, "/dev/null"]).env_remove("CI");
@@ -578,7 +582,7 @@ fn progress_bars_only_on_a_terminal_outside_ci() {
     let ci = scan_on_a_terminal(dir, Some("true"));
     assert!(!ci.contains("scan points ["), "a bar under CI:\n{ci}");
     // A pipe: stderr stays empty.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb_testkit::evb();
     cmd.args([
         "sim",
         "--topology",
@@ -604,7 +608,7 @@ fn evb_run_shows_a_bar_on_a_terminal_outside_ci() {
     let on_terminal = |ci: Option<&str>| {
         let line = format!(
             "{} run -n 2 -d 1.5 --set source.events_per_mep=256",
-            env!("CARGO_BIN_EXE_evb")
+            evb_path().display()
         );
         let mut cmd = Command::new("/usr/bin/script");
         cmd.args(["-qec", &line, "/dev/null"]).env_remove("CI");
@@ -623,7 +627,7 @@ fn evb_run_shows_a_bar_on_a_terminal_outside_ci() {
     );
     let ci = on_terminal(Some("true"));
     assert!(!ci.contains("] 100%"), "a bar under CI:\n{ci}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb_testkit::evb();
     cmd.args([
         "run",
         "-n",

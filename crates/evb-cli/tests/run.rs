@@ -4,17 +4,15 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
+use evb_testkit::json::u64_at as u;
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb, read_json_or_null, run_bounded};
 use serde_json::Value;
 
-fn evb() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_evb"))
-}
-
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evb-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_file("test", name)
 }
 
 /// Runs `evb run` with a fixed number of MEPs; returns (exit code, JSON, stdout+stderr).
@@ -36,26 +34,12 @@ fn run(name: &str, sets: &[&str], extra: &[&str]) -> (i32, Value, String) {
         cmd.args(["--set", s]);
     }
     cmd.args(extra);
-    let out = cmd.output().expect("evb runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let value: Value = std::fs::read_to_string(&json)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), value, text)
-}
-
-fn u(v: &Value, path: &str) -> u64 {
-    let mut cur = v;
-    for p in path.split('.') {
-        cur = &cur[p];
-    }
-    cur.as_u64()
-        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+    let (out, text) = run_bounded(&mut cmd, "evb run", Duration::from_secs(600));
+    (
+        out.status.code().unwrap_or(-1),
+        read_json_or_null(&json),
+        text,
+    )
 }
 
 #[test]

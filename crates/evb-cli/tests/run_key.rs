@@ -5,24 +5,15 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-mod common;
-use common::final_report;
-
 use evb_core::wire::Message;
+use evb_testkit::net::free_ports;
+use evb_testkit::{evb, final_report, wait_all};
 
-fn free_port_pair() -> u16 {
-    for _ in 0..50 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < 65000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-    panic!("no free port pair");
-}
+/// Only a guard against a hang: the runs take a second or two.
+const LIMIT: Duration = Duration::from_secs(60);
 
 #[test]
 fn impostor_without_the_key_is_rejected() {
@@ -30,7 +21,7 @@ fn impostor_without_the_key_is_rejected() {
     std::fs::create_dir_all(&dir).unwrap();
     let key_file = dir.join("run.key");
     std::fs::write(&key_file, "a secret run key, 32+ bytes long\n").unwrap();
-    let port = free_port_pair();
+    let port = free_ports(2);
     let sets = [
         format!("transport.base_port={port}"),
         format!("transport.run_key_file={}", key_file.display()),
@@ -40,7 +31,7 @@ fn impostor_without_the_key_is_rejected() {
         "source.events_per_mep=64".into(),
     ];
     let spawn = |rank: u16| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+        let mut cmd = evb();
         cmd.args(["node", "--rank", &rank.to_string()])
             .env_remove("EVB_RUN_KEY");
         for s in &sets {
@@ -79,8 +70,7 @@ fn impostor_without_the_key_is_rejected() {
     impostor.write_all(&[0u8; 32]).unwrap();
 
     let node0 = spawn(0);
-    let out1 = node1.wait_with_output().unwrap();
-    let out0 = node0.wait_with_output().unwrap();
+    let [out1, out0]: [_; 2] = wait_all(vec![node1, node0], LIMIT).try_into().unwrap();
     let err1 = String::from_utf8_lossy(&out1.stderr);
     let err0 = String::from_utf8_lossy(&out0.stderr);
     assert!(
@@ -102,11 +92,11 @@ fn impostor_without_the_key_is_rejected() {
 fn nodes_with_different_keys_do_not_connect() {
     let dir = std::env::temp_dir().join(format!("evb-runkey2-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let port = free_port_pair();
+    let port = free_ports(2);
     let spawn = |rank: u16, key: &str| {
         let key_file = dir.join(format!("key{rank}"));
         std::fs::write(&key_file, key).unwrap();
-        Command::new(env!("CARGO_BIN_EXE_evb"))
+        evb()
             .args(["node", "--rank", &rank.to_string()])
             .args(["--set", &format!("transport.base_port={port}")])
             .args([
@@ -122,7 +112,7 @@ fn nodes_with_different_keys_do_not_connect() {
     };
     let node1 = spawn(1, "the key of node one, long enough");
     let node0 = spawn(0, "another key entirely, long enough");
-    let out0 = node0.wait_with_output().unwrap();
+    let [out0]: [_; 1] = wait_all(vec![node0], LIMIT).try_into().unwrap();
     let err0 = String::from_utf8_lossy(&out0.stderr);
     assert!(!out0.status.success(), "{err0}");
     assert!(err0.contains("did not prove the run key"), "{err0}");

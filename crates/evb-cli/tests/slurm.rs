@@ -8,8 +8,8 @@ use std::path::Path;
 
 use serde_json::Value;
 
-mod common;
-use common::slurm::{read, Cluster};
+use evb_testkit::evb_path_str;
+use evb_testkit::slurm::{read, Cluster};
 
 /// The final reports of a 4-node run: every MEP the EM assigned was built,
 /// by the 4 ranks Slurm numbered, none incomplete or lost.
@@ -58,7 +58,7 @@ fn srun_steps_build_every_event() {
                 &format!("--mpi={mpi}"),
                 "-n",
                 "4",
-                env!("CARGO_BIN_EXE_evb"),
+                evb_path_str(),
                 "node",
                 "--control",
                 "launcher",

@@ -3,37 +3,22 @@
 //! scripts/setup.sh runs). Batches are written with the same `StoreWriter`
 //! the builder unit uses, then read back, corrupted, and read again.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_store::s3::S3Client;
 use evb_store::{format, S3Options, S3Target, StoreError, StoreTarget, StoreWriter, WriterOptions};
+use evb_testkit::net::free_port;
+use evb_testkit::process::wait_exit;
+use evb_testkit::{evb, repo_root, run_bounded};
 
 const EVENTS: u32 = 32;
 const SOURCES: u32 = 3;
 
-fn evb() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_evb"))
-}
-
 /// Runs a command to completion, killing it after 120 s (a test never hangs).
 fn run(mut cmd: Command) -> Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start evb");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().expect("wait for evb").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("evb did not finish within 120 s: {cmd:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("evb output")
+    run_bounded(&mut cmd, "evb", Duration::from_secs(120)).0
 }
 
 fn text(out: &Output) -> String {
@@ -183,28 +168,31 @@ impl Drop for Minio {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// How long the S3 tests wait for MinIO's build: scripts/test.sh builds it
+/// in the background while the Rust code compiles, and a fresh Go build
+/// takes about 5 minutes of both cores.
+const MINIO_BUILD_LIMIT: Duration = Duration::from_secs(1200);
 
 fn start_minio() -> Minio {
     let script = repo_root().join("scripts/minio.sh");
+    // Returns at once when MinIO is there, waits for a build under way,
+    // or builds it (the S3 tests need a real server: never skipped).
+    let (install, text) = run_bounded(
+        Command::new(&script).arg("install"),
+        "scripts/minio.sh install",
+        MINIO_BUILD_LIMIT,
+    );
+    assert!(
+        install.status.success(),
+        "MinIO could not be built (scripts/minio.sh install): {text}"
+    );
     let out = Command::new(&script)
         .arg("path")
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
         out.status.success(),
-        "MinIO is missing (the S3 tests need a real server): run scripts/minio.sh install \
-         (scripts/setup.sh does). {}",
+        "MinIO is missing after scripts/minio.sh install: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let binary = String::from_utf8(out.stdout).unwrap().trim().to_string();
@@ -388,8 +376,8 @@ fn s3_wrong_credentials_or_bucket_fail_at_open() {
 /// `evb run` of 3 nodes building 90 MEPs of 64 events into the store at
 /// `dir`, its JSON to `json`, with `extra` arguments.
 fn run_into_store(dir: &Path, json: &Path, extra: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["run", "--progress", "never", "-n", "3", "--json"])
+    let mut cmd = evb();
+    cmd.args(["run", "--progress", "never", "-n", "3", "--json"])
         .arg(json)
         .args(["--set", "run.max_meps=90", "--set", "run.duration_s=0"])
         .args([
@@ -400,19 +388,16 @@ fn run_into_store(dir: &Path, json: &Path, extra: &[&str]) -> Output {
         ])
         .arg("--set")
         .arg(format!("output.store={}", dir.display()))
-        .args(extra)
-        .output()
-        .unwrap()
+        .args(extra);
+    run(cmd)
 }
 
 /// `evb store read --json` of `dir`, which must succeed: the report and
 /// its text.
 fn read_store_json(dir: &Path) -> (serde_json::Value, String) {
-    let read = std::process::Command::new(env!("CARGO_BIN_EXE_evb"))
-        .args(["store", "read", "--json"])
-        .arg(dir)
-        .output()
-        .unwrap();
+    let mut cmd = evb();
+    cmd.args(["store", "read", "--json"]).arg(dir);
+    let read = run(cmd);
     let text = String::from_utf8_lossy(&read.stdout).into_owned();
     assert!(read.status.success(), "{text}");
     (serde_json::from_str(&text).unwrap(), text)
@@ -621,14 +606,6 @@ fn run_to_file(mut cmd: Command, path: &Path) -> Vec<u8> {
         .stderr(Stdio::null())
         .spawn()
         .expect("start evb");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().expect("wait for evb").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("evb did not finish within 120 s: {cmd:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_exit(&mut child, Duration::from_secs(120), &format!("{cmd:?}"));
     std::fs::read(path).unwrap()
 }

@@ -8,25 +8,12 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::final_report;
-
-fn free_port_pair() -> u16 {
-    // Two consecutive free ports: bind a pair, release, use (a small race,
-    // retried by the caller on failure).
-    for _ in 0..50 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = a.local_addr().unwrap().port();
-        if p < 65000 && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
-        }
-    }
-    panic!("no free port pair");
-}
+use evb_testkit::net::free_ports;
+use evb_testkit::{evb, final_report, wait_all};
 
 /// `evb node --rank RANK` with `sets`, stdout and stderr piped.
 fn node_command(rank: u16, sets: &[String]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_evb"));
+    let mut cmd = evb();
     cmd.args(["node", "--rank", &rank.to_string()]);
     for s in sets {
         cmd.args(["--set", s]);
@@ -37,7 +24,7 @@ fn node_command(rank: u16, sets: &[String]) -> Command {
 
 #[test]
 fn strangers_are_rejected_and_the_run_goes_on() {
-    let port = free_port_pair();
+    let port = free_ports(2);
     let sets = [
         format!("transport.base_port={port}"),
         "nodes.count=2".into(),
@@ -60,8 +47,9 @@ fn strangers_are_rejected_and_the_run_goes_on() {
     garbage.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
     let node0 = spawn(0);
     let started = Instant::now();
-    let out1 = node1.wait_with_output().unwrap();
-    let out0 = node0.wait_with_output().unwrap();
+    let [out1, out0]: [_; 2] = wait_all(vec![node1, node0], Duration::from_secs(60))
+        .try_into()
+        .unwrap();
     drop(silent);
     assert!(
         started.elapsed() < Duration::from_secs(25),
@@ -90,7 +78,7 @@ fn strangers_are_rejected_and_the_run_goes_on() {
 #[test]
 fn a_stdout_nobody_reads_does_not_stop_a_node() {
     use std::os::fd::AsRawFd;
-    let port = free_port_pair();
+    let port = free_ports(2);
     let sets = [
         format!("transport.base_port={port}"),
         "nodes.count=2".into(),

@@ -6,15 +6,14 @@
 //! within a bound, and an event builder with exact counts.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::time::Duration;
 
+use evb_testkit::scratch::scratch_file;
+use evb_testkit::{evb, run_bounded};
 use serde_json::Value;
 
-mod common;
-
-fn evb() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_evb"))
-}
+/// Only a guard against a hang: the scenarios take seconds.
+const LIMIT: Duration = Duration::from_secs(600);
 
 /// One scenario at a time: each starts four busy processes on a 2-core
 /// machine, and a starved process is indistinguishable from a dead one.
@@ -30,9 +29,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 const PATIENT: &str = "--peer-timeout-ms=5000";
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evb-transports-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    scratch_file("transports", name)
 }
 
 /// Runs `evb bench conformance`; returns (exit code, workers, output).
@@ -42,16 +39,13 @@ fn conformance(transport: &str, args: &[&str]) -> (i32, Vec<Value>, String) {
         "conf-{name}-{}.json",
         args.join("_").replace('-', "")
     ));
-    let out = evb()
-        .args(["bench", "conformance", "--transport", transport, "--json"])
-        .arg(&json)
-        .args(args)
-        .output()
-        .expect("evb runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (out, text) = run_bounded(
+        evb()
+            .args(["bench", "conformance", "--transport", transport, "--json"])
+            .arg(&json)
+            .args(args),
+        "evb bench conformance",
+        LIMIT,
     );
     let v: Value = std::fs::read_to_string(&json)
         .ok()
@@ -170,26 +164,23 @@ fn event_builder_exact(transport: &str) {
         "run-{}.json",
         transport.replace([':', ';', ','], "_")
     ));
-    let out = evb()
-        .args([
-            "run",
-            "--progress",
-            "never",
-            "-n",
-            "4",
-            "--transport",
-            transport,
-            "--json",
-        ])
-        .arg(&json)
-        .args(["--set", "run.max_meps=400", "--set", "run.duration_s=0"])
-        .args(["--set", "source.events_per_mep=256"])
-        .output()
-        .expect("evb runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (out, text) = run_bounded(
+        evb()
+            .args([
+                "run",
+                "--progress",
+                "never",
+                "-n",
+                "4",
+                "--transport",
+                transport,
+                "--json",
+            ])
+            .arg(&json)
+            .args(["--set", "run.max_meps=400", "--set", "run.duration_s=0"])
+            .args(["--set", "source.events_per_mep=256"]),
+        "evb run",
+        LIMIT,
     );
     assert!(out.status.success(), "{transport}\n{text}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -292,27 +283,27 @@ fn p2p_benchmark_writes_table_json_csv_and_plots() {
     let json = tmp("p2p.json");
     let csv = tmp("p2p.csv");
     let plot = tmp("p2p");
-    let out = evb()
-        .args([
-            "bench",
-            "p2p",
-            "--transport",
-            "shm",
-            "--max-size",
-            "65536",
-            "--seconds",
-            "0.05",
-        ])
-        .args(["--pingpong", "20", "--json"])
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&plot)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let (out, text) = run_bounded(
+        evb()
+            .args([
+                "bench",
+                "p2p",
+                "--transport",
+                "shm",
+                "--max-size",
+                "65536",
+                "--seconds",
+                "0.05",
+            ])
+            .args(["--pingpong", "20", "--json"])
+            .arg(&json)
+            .arg("--csv")
+            .arg(&csv)
+            .arg("--plot")
+            .arg(&plot),
+        "evb bench p2p",
+        LIMIT,
+    );
     assert!(out.status.success(), "{text}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = v["rows"].as_array().unwrap();
@@ -357,8 +348,8 @@ fn unknown_transport_is_a_clear_error() {
 /// OpenMPI's mpirun or MPICH's mpiexec (4 ranks), results written to a
 /// directory.
 mod mpi {
+    use evb_testkit::{evb_path, mpich_evb, run_bounded};
     use serde_json::Value;
-    use std::path::PathBuf;
     use std::process::Command;
     use std::time::Duration;
 
@@ -386,8 +377,8 @@ mod mpi {
     fn launch(mpi: Mpi, name: &str, spec: &str) -> (bool, Vec<Option<Value>>, String) {
         // Built before taking the lock: the first call compiles.
         let evb = match mpi {
-            Mpi::OpenMpi => PathBuf::from(env!("CARGO_BIN_EXE_evb")),
-            Mpi::Mpich => super::common::mpich_evb(),
+            Mpi::OpenMpi => evb_path().to_path_buf(),
+            Mpi::Mpich => mpich_evb(),
         };
         let _serial = super::serial();
         let dir = super::tmp(&format!("mpi-{mpi:?}-{name}"));
@@ -412,7 +403,7 @@ mod mpi {
                 c
             }
         };
-        let (out, text) = super::common::run_bounded(
+        let (out, text) = run_bounded(
             launcher
                 .arg(evb)
                 .args(["bench", "worker", "--spec", spec, "--rendezvous"])

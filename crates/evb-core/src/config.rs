@@ -347,6 +347,9 @@ pub struct TransportSection {
     pub addresses: Vec<String>,
     /// A peer silent this long (no data, no heartbeat) is declared lost.
     pub peer_timeout_ms: u64,
+    /// How often a node sends every peer a heartbeat, and judges their
+    /// silence ([`crate::liveness`]).
+    pub heartbeat_ms: u64,
     /// How a node waits for its transport: `blocking` sleeps on the
     /// library's wait object (right when processes outnumber cores),
     /// `busy` spins on progress (lowest latency with a core to spare).
@@ -374,6 +377,7 @@ impl Default for TransportSection {
             socket_buffer_bytes: 4 << 20,
             addresses: Vec::new(),
             peer_timeout_ms: 800,
+            heartbeat_ms: 100,
             progress: "blocking".into(),
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
@@ -559,9 +563,17 @@ pub struct SimSection {
     /// interleaving of messages on a link k times coarser. 1: every packet.
     pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
-    /// none), and the others learn of it `crash_detection_us` later.
+    /// none): it stops, and the others find it by its silence.
     pub crash: String,
-    pub crash_detection_us: f64,
+    /// With `crash`: the simulated nodes' peer timeout (what
+    /// `transport.peer_timeout_ms` is to real ones, on the simulator's time
+    /// scale), microseconds.
+    pub peer_timeout_us: f64,
+    /// With `crash`: how often the simulated nodes send heartbeats and
+    /// judge their peers' silence, microseconds. Without `crash` the
+    /// simulated nodes send no heartbeats (they would only add control
+    /// messages to every figure).
+    pub heartbeat_us: f64,
     /// The output network that carries built batches to the consumers.
     pub output: SimOutputSection,
 }
@@ -663,7 +675,8 @@ impl Default for SimSection {
             granularity: "packet".into(),
             train_packets: 1,
             crash: String::new(),
-            crash_detection_us: 100.0,
+            peer_timeout_us: 100.0,
+            heartbeat_us: 25.0,
             output: SimOutputSection::default(),
         }
     }
@@ -981,10 +994,17 @@ impl Config {
                 ),
             ));
         }
-        if self.transport.peer_timeout_ms < 300 {
+        if self.transport.heartbeat_ms == 0 {
+            return Err(err("transport.heartbeat_ms", "must be at least 1".into()));
+        }
+        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
             return Err(err(
                 "transport.peer_timeout_ms",
-                "must be at least 300 (heartbeats go every 100 ms)".into(),
+                format!(
+                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
+                    3 * self.transport.heartbeat_ms,
+                    self.transport.heartbeat_ms
+                ),
             ));
         }
         if eb.batch_timeout_ms == 0 {
@@ -1165,10 +1185,20 @@ impl Config {
                 ));
             }
         }
-        if !(sim.crash_detection_us.is_finite() && sim.crash_detection_us >= 0.0) {
+        if !(sim.heartbeat_us.is_finite() && sim.heartbeat_us >= 0.001) {
             return Err(err(
-                "sim.crash_detection_us",
-                "must be a non-negative number".into(),
+                "sim.heartbeat_us",
+                "must be at least 0.001 (a nanosecond)".into(),
+            ));
+        }
+        if !(sim.peer_timeout_us.is_finite() && sim.peer_timeout_us >= 3.0 * sim.heartbeat_us) {
+            return Err(err(
+                "sim.peer_timeout_us",
+                format!(
+                    "must be at least 3 heartbeats, {} (sim.heartbeat_us = {})",
+                    3.0 * sim.heartbeat_us,
+                    sim.heartbeat_us
+                ),
             ));
         }
         let so = &sim.output;
@@ -1606,6 +1636,28 @@ mod tests {
             (e.line, e.key.as_deref()),
             (Some(3), Some("event_builder.em_lost_wait_ms"))
         );
+    }
+
+    #[test]
+    fn the_peer_timeout_spans_at_least_three_heartbeats() {
+        let e = load("[transport]\nheartbeat_ms = 0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.heartbeat_ms"), "{e}");
+        let e = load("[transport]\npeer_timeout_ms = 299\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.peer_timeout_ms"), "{e}");
+        assert!(e.message.contains("300"), "{e}");
+        let c = load(
+            "[transport]\nheartbeat_ms = 10\npeer_timeout_ms = 30\n",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.transport.heartbeat_ms, c.transport.peer_timeout_ms),
+            (10, 30)
+        );
+        let e = load("[sim]\npeer_timeout_us = 50.0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.peer_timeout_us"), "{e}");
+        let e = load("[sim]\nheartbeat_us = 0.0\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.heartbeat_us"), "{e}");
     }
 
     #[test]

@@ -130,6 +130,10 @@ impl Round {
 pub struct EventManager {
     /// Credits held per BU index.
     credits: Vec<u32>,
+    /// Credits each BU granted since it (re)joined. Invariant (see
+    /// [`Self::assert_credits`]): held + outstanding = granted, so the EM
+    /// never has more of a BU's batches in flight than the BU allowed.
+    granted: Vec<u32>,
     /// MEPs assigned and not yet reported finished, per BU index.
     outstanding: Vec<BTreeSet<MepId>>,
     bu_lost: Vec<bool>,
@@ -175,6 +179,7 @@ impl EventManager {
     pub fn new(layout: &Layout, max_meps: u64) -> EventManager {
         EventManager {
             credits: vec![0; layout.bus()],
+            granted: vec![0; layout.bus()],
             outstanding: vec![BTreeSet::new(); layout.bus()],
             bu_lost: vec![false; layout.bus()],
             ru_lost: vec![false; layout.rus()],
@@ -490,7 +495,22 @@ impl EventManager {
             return;
         }
         self.credits[bu_index] = self.credits[bu_index].saturating_add(credits);
+        self.granted[bu_index] = self.granted[bu_index].saturating_add(credits);
+        self.assert_credits(bu_index);
         self.assign(out);
+    }
+
+    /// A BU's credits are conserved: each is either held here or lent out
+    /// with a MEP not yet finished; only the BU adds to them.
+    fn assert_credits(&self, b: usize) {
+        assert_eq!(
+            u64::from(self.credits[b]) + self.outstanding[b].len() as u64,
+            u64::from(self.granted[b]),
+            "EM: BU index {b} holds {} credits with {} MEPs out, of {} granted",
+            self.credits[b],
+            self.outstanding[b].len(),
+            self.granted[b]
+        );
     }
 
     /// A BU finished `mep`: count its outcome, take the credit back.
@@ -512,7 +532,10 @@ impl EventManager {
             outcome::CORRUPT => self.stats.meps_corrupt += 1,
             _ => self.stats.meps_incomplete += 1,
         }
-        self.on_credit(bu_index, 1, out);
+        // The credit lent with the MEP comes back: not a new grant.
+        self.credits[bu_index] += 1;
+        self.assert_credits(bu_index);
+        self.assign(out);
     }
 
     /// MEPs assigned and not yet finished, over all BUs, including those
@@ -658,6 +681,7 @@ impl EventManager {
             if !self.bu_lost[b] {
                 self.bu_lost[b] = true;
                 self.credits[b] = 0;
+                self.granted[b] = 0;
                 if self.stopped {
                     // After EndOfRun nothing can be re-assigned.
                     self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
@@ -739,6 +763,7 @@ impl EventManager {
             if self.bu_lost[b] {
                 self.bu_lost[b] = false;
                 self.credits[b] = 0;
+                self.granted[b] = 0;
                 rejoined = true;
                 // A new BU expects every source: name the ones still down
                 // (none of its MEPs will have them).
@@ -899,7 +924,9 @@ impl EventManager {
                     (mep, None)
                 }
             };
-            self.outstanding[bu].insert(mep);
+            let new = self.outstanding[bu].insert(mep);
+            assert!(new, "EM: MEP {mep} assigned twice to BU index {bu}");
+            self.assert_credits(bu);
             let Some(holders) = holders else {
                 // A new MEP: told with the others of its batch.
                 self.pending.push((mep, bu as u16));

@@ -4,10 +4,19 @@
 //! Each connection delivers in order (as TCP does) with a seeded random
 //! latency; fragments take time in proportion to their size. Faults can be
 //! injected: corrupt one fragment, silence one source, crash a node (and
-//! restart it: a fresh incarnation that rejoins the run). Every action is
-//! logged, so the same seed must give the same log, and the harness checks
-//! the credit invariant at every step. With consumers, deliveries travel
-//! like fragments and the consumer credits are checked as well.
+//! restart it: a fresh incarnation that rejoins the run), hang a node (it
+//! stops, its connections stay open: only the silence timers find it), or
+//! stall one for a while (a process descheduled on a loaded machine).
+//! Every action is logged, so the same seed must give the same log, and
+//! the harness checks the credit invariant at every step. With consumers,
+//! deliveries travel like fragments and the consumer credits are checked
+//! as well.
+//!
+//! The harness plays the transport's part in liveness as the runtime's
+//! transports do: heartbeats travel like any message, a node that is done
+//! says goodbye to every peer, and a link a node gives up
+//! ([`Action::DropPeer`]) carries nothing more and closes, which its
+//! other end learns.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -44,6 +53,11 @@ enum Event {
     Crash {
         node: NodeId,
     },
+    /// The node stops (hung, or SIGSTOP): it takes no more input and
+    /// sends nothing, but its connections stay open.
+    Hang {
+        node: NodeId,
+    },
     /// `to` learns that `peer` is gone (heartbeat or connection loss).
     PeerLost {
         to: NodeId,
@@ -77,6 +91,13 @@ pub struct Faults {
     /// noticed its death if that is later (as a real restart on the same
     /// port can only be accepted then). Not after the end of the run.
     pub restart_at: Option<Nanos>,
+    /// A node that hangs at this time (ns): no more input or output, its
+    /// connections stay open; the others find it by its silence.
+    pub hang: Option<(NodeId, Nanos)>,
+    /// A node frozen from the first time to the second (ns): what is sent
+    /// to it waits, its timers wait, it sends nothing; then it carries on,
+    /// its timers first (a process descheduled, then run again).
+    pub stall: Option<(NodeId, Nanos, Nanos)>,
 }
 
 /// What a harness run produced.
@@ -110,6 +131,12 @@ pub struct Report {
     pub restarted_at: Option<Nanos>,
     /// Per node: whether its RU ended holding nothing (`None`: no RU).
     pub ru_idle: Vec<Option<bool>>,
+    /// Links given up for silence: (by node, peer, when).
+    pub drops: Vec<(NodeId, NodeId, Nanos)>,
+    /// Drains that ran out: (node, when, without the EM).
+    pub drain_timeouts: Vec<(NodeId, Nanos, bool)>,
+    /// Per node: MEPs assigned to its BU that it never finished.
+    pub unfinished: BTreeMap<NodeId, usize>,
 }
 
 impl Report {
@@ -148,6 +175,8 @@ pub struct Harness {
     consumer_credit: BTreeMap<(NodeId, NodeId), i64>,
     /// Per (BU, FU): delivered, not yet consumed.
     consumer_outstanding: BTreeMap<(NodeId, NodeId), u32>,
+    /// Links given up: (to, from) carries nothing more from `from`.
+    cut: BTreeSet<(NodeId, NodeId)>,
     report: Report,
 }
 
@@ -179,6 +208,7 @@ impl Harness {
             restart_mark: BTreeMap::new(),
             consumer_credit: BTreeMap::new(),
             consumer_outstanding: BTreeMap::new(),
+            cut: BTreeSet::new(),
             report: Report::default(),
         }
     }
@@ -206,6 +236,9 @@ impl Harness {
         if let Some((node, t)) = self.faults.crash {
             self.schedule(t, Event::Crash { node });
         }
+        if let Some((node, t)) = self.faults.hang {
+            self.schedule(t, Event::Hang { node });
+        }
         for i in 0..self.nodes.len() {
             self.nodes[i].start(0);
             self.drain(i as NodeId);
@@ -214,7 +247,10 @@ impl Harness {
         while self.alive().any(|i| !self.nodes[i].is_done()) {
             let next_timer = self
                 .alive()
-                .filter_map(|i| self.nodes[i].next_deadline())
+                .filter_map(|i| {
+                    let d = self.nodes[i].next_deadline()?;
+                    Some(self.thawed(i as NodeId, d))
+                })
                 .min();
             let next_event = self.queue.peek().map(|Reverse((t, _, _))| *t);
             let t = match (next_timer, next_event) {
@@ -244,7 +280,7 @@ impl Harness {
             self.now = self.now.max(t);
             if next_timer == Some(t) {
                 for i in 0..self.nodes.len() {
-                    if self.crashed.contains(&(i as NodeId)) {
+                    if self.crashed.contains(&(i as NodeId)) || self.frozen(i as NodeId, self.now) {
                         continue;
                     }
                     if self.nodes[i].next_deadline().is_some_and(|d| d <= self.now) {
@@ -269,7 +305,28 @@ impl Harness {
             .iter()
             .map(|n| n.ru().map(crate::ru::ReadoutUnit::is_idle))
             .collect();
+        self.report.unfinished = self
+            .outstanding
+            .iter()
+            .map(|(&n, set)| (n, set.len()))
+            .collect();
         self.report
+    }
+
+    /// Node `node` is stalled at `t` (a [`Faults::stall`]).
+    fn frozen(&self, node: NodeId, t: Nanos) -> bool {
+        self.faults
+            .stall
+            .is_some_and(|(n, from, until)| n == node && from <= t && t < until)
+    }
+
+    /// When something due at `t` for `node` happens: at `t`, or when its
+    /// stall ends.
+    fn thawed(&self, node: NodeId, t: Nanos) -> Nanos {
+        match self.faults.stall {
+            Some((n, _, until)) if self.frozen(node, t) && n == node => until,
+            _ => t,
+        }
     }
 
     /// Indices of the nodes that have not crashed.
@@ -285,7 +342,7 @@ impl Harness {
             }
             Event::SendComplete { node, .. } => Some(*node),
             Event::Stop => Some(self.layout.em),
-            Event::Crash { .. } | Event::Restart { .. } => None,
+            Event::Crash { .. } | Event::Hang { .. } | Event::Restart { .. } => None,
         };
         if target.is_some_and(|t| self.crashed.contains(&t)) {
             return; // The dead take no input.
@@ -293,7 +350,21 @@ impl Harness {
         if target.is_some_and(|t| self.restart_mark.get(&t).is_some_and(|&m| seq <= m)) {
             return; // Meant for an earlier incarnation: its connections are gone.
         }
+        if let Some(t) = target.filter(|&t| self.frozen(t, now)) {
+            // Waits for the stalled node, in order.
+            let at = self.thawed(t, now);
+            self.schedule(at, event);
+            return;
+        }
+        if let Event::Message { to, from, .. } | Event::Fragment { to, from, .. } = &event {
+            if self.cut.contains(&(*to, *from)) {
+                return; // The link was given up: nothing more from it.
+            }
+        }
         match event {
+            Event::Hang { node } => {
+                self.crashed.insert(node);
+            }
             Event::Crash { node } => {
                 self.crashed.insert(node);
                 let at = now + self.faults.detection_ns;
@@ -323,6 +394,7 @@ impl Harness {
                     return; // Too late: the run is over.
                 }
                 self.crashed.remove(&node);
+                self.cut.retain(|&(to, from)| to != node && from != node);
                 self.restart_mark.insert(node, self.seq);
                 self.outstanding.remove(&node);
                 self.report.restarted_at = Some(now);
@@ -460,7 +532,27 @@ impl Harness {
                         self.nodes[id as usize].on_local_fragment(now, &header, crc);
                     }
                 }
-                Action::Release { .. } | Action::Done => {}
+                Action::Release { .. } => {}
+                Action::Done => {
+                    // The transport's goodbye, after everything sent.
+                    for to in 0..self.nodes.len() as NodeId {
+                        if to != id {
+                            let at = self.delivery_time(id, to, 0);
+                            let msg = encode_key(Message::Goodbye);
+                            self.schedule(at, Event::Message { to, from: id, msg });
+                        }
+                    }
+                }
+                Action::DropPeer { peer, .. } => {
+                    self.report.drops.push((id, peer, now));
+                    self.cut.insert((id, peer));
+                    // Closing the link: its other end learns of it.
+                    let at = self.delivery_time(id, peer, 0);
+                    self.schedule(at, Event::PeerLost { to: peer, peer: id });
+                }
+                Action::DrainTimedOut { without_em, .. } => {
+                    self.report.drain_timeouts.push((id, now, without_em));
+                }
                 Action::Deliver {
                     to,
                     mep,
@@ -556,9 +648,8 @@ fn encode_key(msg: Message) -> MessageKey {
         } => MessageKey(21, first, u64::from(count) | u64::from(first_bu) << 32),
         Message::ClockProbe { sent } => MessageKey(22, sent, 0),
         Message::ClockReply { sent, em_time } => MessageKey(23, sent, em_time),
-        Message::Hello { .. } | Message::Heartbeat | Message::Goodbye | Message::Fragment(_) => {
-            MessageKey(7, 0, 0)
-        }
+        Message::Goodbye => MessageKey(24, 0, 0),
+        Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
     }
 }
 
@@ -627,6 +718,7 @@ fn decode_key(k: MessageKey) -> Message {
             sent: k.1,
             em_time: k.2,
         },
+        24 => Message::Goodbye,
         _ => Message::Heartbeat,
     }
 }

@@ -6,14 +6,16 @@
 //! with the current time passed in, and emit actions (send this, produce
 //! that, deliver this batch). They never touch a socket, a thread, a clock or
 //! a global random generator. [`node::Node`] composes the units an endpoint
-//! hosts. The real runtime (`evb-net`) drives nodes over transports; the
+//! hosts. The real runtime (`evb-node`) drives nodes over transports; the
 //! simulator drives the very same nodes over a simulated fabric; the
 //! [`harness`] drives them over an in-memory network for tests.
 //!
 //! Also here: the wire format ([`wire`]), the configuration file shared by
 //! every driver ([`config`]), the source model that fills fragments with
-//! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`])
-//! and the measurement of each node's offset to the EM's clock ([`clock`]).
+//! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`]),
+//! the measurement of each node's offset to the EM's clock ([`clock`]) and
+//! the liveness timers: heartbeats, silent peers, the drain and the linger
+//! ([`liveness`]), which every driver runs through the same [`node::Node`].
 
 pub mod bu;
 pub mod checksum;
@@ -23,6 +25,7 @@ pub mod em;
 pub mod fu;
 pub mod harness;
 pub mod layout;
+pub mod liveness;
 pub mod node;
 pub mod ru;
 pub mod slots;

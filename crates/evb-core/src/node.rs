@@ -7,6 +7,11 @@
 //! leave it; a fragment from the node's own RU to its own BU is handed over
 //! in memory or sent through the transport, as `event_builder.local` says.
 //! A Filter Unit (consumer) endpoint hosts only an FU.
+//!
+//! The node also keeps the liveness timers ([`crate::liveness`]): it sends
+//! heartbeats, declares lost a peer silent for longer than the peer
+//! timeout, ends its drain when the drain period is over and lingers for
+//! its peers once it is done. The driver only feeds time and I/O.
 
 use std::collections::VecDeque;
 
@@ -16,6 +21,7 @@ use crate::config::{ClockSource, Config, LocalTraffic, Schedule};
 use crate::em::{EmStats, EventManager};
 use crate::fu::{FilterUnit, FuAction, FuStats};
 use crate::layout::Layout;
+use crate::liveness::{Beat, Drain, PeerState, PeerWatch, Timers};
 use crate::ru::{ReadoutUnit, RuAction, RuStats};
 use crate::wire::{FragmentHeader, MepId, Message, NodeId, FLAG_BATCH};
 
@@ -64,6 +70,16 @@ pub enum Action {
     Confirmed { mep: MepId },
     /// FU: done with `mep` from the BU on endpoint `bu`; free its buffer.
     Consumed { mep: MepId, bu: NodeId },
+    /// The node declared endpoint `peer` lost: nothing was heard from it
+    /// for `silent_ns` (of this node's running time), more than the peer
+    /// timeout. The node has acted on the loss already; give up the link
+    /// (nothing more from it is handed to the node until it rejoins).
+    DropPeer { peer: NodeId, silent_ns: Nanos },
+    /// The drain period ran out (`event_builder.drain_timeout_ms` after
+    /// the end of the run; `without_em`: `em_lost_wait_ms` after the EM was
+    /// lost, with no end of run): what `pending` says was still open is
+    /// given up, and `Done` follows.
+    DrainTimedOut { without_em: bool, pending: String },
     /// The run is over for this node: everything it held is finished.
     Done,
 }
@@ -118,6 +134,14 @@ pub struct Node {
     seen_up_to: MepId,
     done: bool,
     control_rejected: u64,
+    timers: Timers,
+    /// Heartbeats and silent peers.
+    watch: PeerWatch,
+    beats: Vec<Beat>,
+    drain: Drain,
+    /// When the lingering of a finished node ends, once it said goodbye.
+    linger_until: Option<Nanos>,
+    linger_over: bool,
 }
 
 impl Node {
@@ -164,7 +188,28 @@ impl Node {
             seen_up_to: 0,
             done: false,
             control_rejected: 0,
+            timers: Timers::from_config(config),
+            watch: Self::peer_watch(layout, id, &Timers::from_config(config)),
+            beats: Vec::new(),
+            drain: Drain::default(),
+            linger_until: None,
+            linger_over: false,
         }
+    }
+
+    fn peer_watch(layout: &Layout, id: NodeId, timers: &Timers) -> PeerWatch {
+        PeerWatch::new(layout.endpoints, id, timers.heartbeat, timers.peer_timeout)
+    }
+
+    /// Other liveness timers than the configuration's (the simulator's
+    /// time scale). Call before [`Node::start`].
+    pub fn set_timers(&mut self, timers: Timers) {
+        self.timers = timers;
+        self.watch = Self::peer_watch(&self.layout, self.id, &timers);
+    }
+
+    pub fn timers(&self) -> &Timers {
+        &self.timers
     }
 
     /// This node's EM is a new incarnation taking over a run whose EM died
@@ -178,11 +223,15 @@ impl Node {
     }
 
     /// Every input brings the time: the RU keeps it for its phase waits
-    /// and slots, the EM for its batches.
+    /// and slots, the EM for its batches, the liveness timers their
+    /// running clock.
+    ///
+    /// Time never goes back: a driver whose clock does is broken, and
+    /// every timer (silence, drain, batches) would silently go wrong with
+    /// it. Checked in every build, not only debug ones: it costs one
+    /// comparison an input, and the test suite runs optimised.
     fn tick(&mut self, now: Nanos) {
-        debug_assert!(now >= self.now, "time went back: {now} < {}", self.now);
-        self.now = self.now.max(now);
-        let now = self.now;
+        self.clock_in(now);
         if let Some(ru) = &mut self.ru {
             ru.set_now(now);
             if let Some(clock) = &self.clock {
@@ -194,6 +243,20 @@ impl Node {
         }
     }
 
+    /// The time of an input, for the node and its liveness timers only
+    /// (inputs that concern no unit: a sign of life, a goodbye).
+    fn clock_in(&mut self, now: Nanos) {
+        assert!(
+            now >= self.now,
+            "evb-core node {}: time went back, an input at {now} ns after one at {} ns \
+             (the driver's clock must never go back)",
+            self.id,
+            self.now
+        );
+        self.now = now;
+        self.watch.observe(now);
+    }
+
     pub fn id(&self) -> NodeId {
         self.id
     }
@@ -203,7 +266,15 @@ impl Node {
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let action = self.actions.pop_front()?;
+        if let Action::Send { to, .. }
+        | Action::SendFragment { to, .. }
+        | Action::Deliver { to, .. } = &action
+        {
+            // The link carries something: no heartbeat needed on it.
+            self.watch.sent(self.now, *to);
+        }
+        Some(action)
     }
 
     pub fn is_done(&self) -> bool {
@@ -218,6 +289,7 @@ impl Node {
     /// Starts the run: the BU grants its credits.
     pub fn start(&mut self, now: Nanos) {
         self.tick(now);
+        self.watch.start(now);
         if let Some(em) = &mut self.em {
             em.start(now);
         }
@@ -247,12 +319,15 @@ impl Node {
     /// A control message from endpoint `from`.
     pub fn on_message(&mut self, now: Nanos, from: NodeId, msg: Message) {
         self.tick(now);
+        self.watch.heard(now, from);
         self.dispatch(now, from, msg);
         self.flush(now);
     }
 
     /// A fragment header from `from` arrived: should its payload be kept?
     pub fn admit_fragment(&mut self, now: Nanos, from: NodeId, header: &FragmentHeader) -> Admit {
+        self.tick(now);
+        self.watch.heard(now, from);
         if header.flags & FLAG_BATCH != 0 {
             return match &mut self.fu {
                 Some(fu) => fu.admit(from, header),
@@ -335,11 +410,17 @@ impl Node {
         let fu = self.fu.as_ref().and_then(FilterUnit::next_deadline);
         let em = self.em.as_ref().and_then(EventManager::next_deadline);
         let clock = self.probe_time();
+        let heartbeat = self.watch.next_deadline();
+        let drain = self.drain.deadline().filter(|_| !self.done);
+        let linger = self.linger_until.filter(|_| !self.linger_over);
         bu.into_iter()
             .chain(ru)
             .chain(fu)
             .chain(em)
             .chain(clock)
+            .chain(heartbeat)
+            .chain(drain)
+            .chain(linger)
             .min()
     }
 
@@ -399,6 +480,100 @@ impl Node {
             em.on_timeout(now, &mut self.em_out);
         }
         self.flush(now);
+        self.liveness_timeout(now);
+    }
+
+    /// The liveness timers due at `now`: heartbeats and silent peers, the
+    /// end of the drain, the end of the lingering.
+    fn liveness_timeout(&mut self, now: Nanos) {
+        let mut beats = std::mem::take(&mut self.beats);
+        self.watch.on_timeout(now, &mut beats);
+        for beat in beats.drain(..) {
+            match beat {
+                Beat::Heartbeat(to) => self.actions.push_back(Action::Send {
+                    to,
+                    msg: Message::Heartbeat,
+                }),
+                Beat::Silent { peer, silent_ns } => {
+                    self.actions.push_back(Action::DropPeer { peer, silent_ns });
+                    self.lose_peer(now, peer);
+                }
+            }
+        }
+        self.beats = beats;
+        if !self.done && self.drain.expire(now) {
+            self.actions.push_back(Action::DrainTimedOut {
+                without_em: self.end_of_run.is_none(),
+                pending: self.pending_work(),
+            });
+            self.abandon(now);
+        }
+        if self.linger_until.is_some_and(|t| t <= now) {
+            self.linger_over = true;
+        }
+    }
+
+    /// Something arrived from endpoint `peer` (a heartbeat included), or
+    /// the transport sees it alive: its bytes wait unread, or it takes
+    /// what this node sends.
+    pub fn on_peer_alive(&mut self, now: Nanos, peer: NodeId) {
+        self.clock_in(now);
+        self.watch.heard(now, peer);
+    }
+
+    /// Endpoint `peer`'s process is on this host and runnable, waiting for
+    /// a CPU: at the judgement due now its silence is starvation on a
+    /// loaded machine, not a hang, up to
+    /// [`crate::liveness::STARVED_GRACE`] peer timeouts. Tell it about the
+    /// peers of [`Node::silent_peers`] before [`Node::on_timeout`].
+    pub fn on_peer_starved(&mut self, now: Nanos, peer: NodeId) {
+        self.clock_in(now);
+        self.watch.starved(peer);
+    }
+
+    /// The peers [`Node::on_timeout`] at `now` would declare lost for
+    /// their silence: a driver that can see more of them (bytes waiting
+    /// unread, a starved process) vouches for them first
+    /// ([`Node::on_peer_alive`], [`Node::on_peer_starved`]). Empty unless
+    /// a heartbeat is due.
+    pub fn silent_peers(&self, now: Nanos) -> Vec<NodeId> {
+        self.watch.silent_peers(now)
+    }
+
+    /// Endpoint `peer` said it finished with the run (its goodbye): its
+    /// silence and its closing are expected.
+    pub fn on_peer_finished(&mut self, now: Nanos, peer: NodeId) {
+        self.clock_in(now);
+        self.watch.finished(peer);
+    }
+
+    /// How this node sees endpoint `peer`.
+    pub fn peer_state(&self, peer: NodeId) -> Option<PeerState> {
+        self.watch.state(peer)
+    }
+
+    pub fn is_peer_lost(&self, peer: NodeId) -> bool {
+        self.watch.state(peer) == Some(PeerState::Lost)
+    }
+
+    /// The driver told every peer this node finished (after
+    /// [`Action::Done`], once its last sends went out): the node lingers
+    /// for its peers to finish too, until [`Node::linger_over`].
+    pub fn on_goodbye_sent(&mut self, now: Nanos) {
+        self.tick(now);
+        self.linger_until.get_or_insert(now + self.timers.linger);
+    }
+
+    /// The node lingered long enough after its goodbye: the driver stops
+    /// even if some peers have not finished.
+    pub fn linger_over(&self) -> bool {
+        self.linger_over
+    }
+
+    /// The drain period ran out before the node finished
+    /// ([`Action::DrainTimedOut`]).
+    pub fn drain_timed_out(&self) -> bool {
+        self.drain.timed_out()
     }
 
     /// The drain period is over: give up whatever is still open.
@@ -412,16 +587,21 @@ impl Node {
         }
         self.flush(now);
         if !self.done {
-            self.done = true;
-            self.actions.push_back(Action::Done);
+            self.set_done();
         }
     }
 
-    /// Endpoint `peer` is gone (its connection failed or went silent):
-    /// stop shipping to its BU (keeping what was not yet sent, which the EM
-    /// may re-assign); the EM decides on its MEPs and accounts.
+    /// Endpoint `peer` is gone (its connection failed; the node finds a
+    /// silent one itself, [`Action::DropPeer`]): stop shipping to its BU
+    /// (keeping what was not yet sent, which the EM may re-assign); the EM
+    /// decides on its MEPs and accounts.
     pub fn on_peer_lost(&mut self, now: Nanos, peer: NodeId) {
         self.tick(now);
+        self.lose_peer(now, peer);
+    }
+
+    fn lose_peer(&mut self, now: Nanos, peer: NodeId) {
+        self.watch.lost(peer);
         if let Some(ru) = &mut self.ru {
             ru.forget_bu(peer, &mut self.ru_out);
         }
@@ -453,6 +633,7 @@ impl Node {
     /// when it lost this node.
     pub fn on_peer_joined(&mut self, now: Nanos, peer: NodeId) {
         self.tick(now);
+        self.watch.joined(now, peer);
         if let Some(ru) = &mut self.ru {
             ru.on_bu_joined(peer, &mut self.ru_out);
         }
@@ -723,7 +904,8 @@ impl Node {
                     None => self.control_rejected += 1,
                 }
             }
-            Message::Hello { .. } | Message::Heartbeat | Message::Goodbye => {}
+            Message::Goodbye => self.watch.finished(from),
+            Message::Hello { .. } | Message::Heartbeat => {}
             _ => self.control_rejected += 1,
         }
     }
@@ -869,6 +1051,19 @@ impl Node {
             }
         }
         self.check_done();
+        let em_lost = self.is_peer_lost(self.layout.em);
+        let ended = self.end_of_run.is_some();
+        if !self.done {
+            self.drain.update(now, &self.timers, ended, em_lost);
+        }
+    }
+
+    /// The node is done: no more heartbeats, no more judging its peers
+    /// (they stop expecting it to speak once it said goodbye).
+    fn set_done(&mut self) {
+        self.done = true;
+        self.watch.stop();
+        self.actions.push_back(Action::Done);
     }
 
     fn check_done(&mut self) {
@@ -892,8 +1087,102 @@ impl Node {
         let em_idle = self.em.as_ref().is_none_or(|e| e.outstanding() == 0);
         let fu_idle = self.fu.as_ref().is_none_or(FilterUnit::is_finished);
         if ru_idle && bu_idle && em_idle && fu_idle {
-            self.done = true;
-            self.actions.push_back(Action::Done);
+            self.set_done();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An input older than the last one is a broken driver: refused in
+    /// every build, naming the two times.
+    #[test]
+    #[should_panic(expected = "time went back, an input at 5 ns after one at 10 ns")]
+    fn time_going_back_is_refused() {
+        let config = Config::default();
+        let layout = Layout::from_config(&config);
+        let mut node = Node::new(&config, &layout, 1);
+        node.start(10);
+        node.on_peer_alive(5, 0);
+    }
+
+    /// The liveness timers run through the node: heartbeats to its idle
+    /// peers, a silent peer dropped (and lost to its units), the drain
+    /// ending a run cut off from the EM.
+    #[test]
+    fn a_node_keeps_its_liveness_timers() {
+        let config = Config::default();
+        let layout = Layout::from_config(&config);
+        let mut node = Node::new(&config, &layout, 1);
+        let ms = 1_000_000;
+        node.start(0);
+        while node.poll_action().is_some() {}
+        assert_eq!(node.next_deadline(), Some(100 * ms));
+        node.on_timeout(100 * ms);
+        let beats: Vec<Action> = std::iter::from_fn(|| node.poll_action()).collect();
+        for to in [0, 2, 3] {
+            assert!(
+                beats.contains(&Action::Send {
+                    to,
+                    msg: Message::Heartbeat
+                }),
+                "{beats:?}"
+            );
+        }
+        // Nodes 0 (the EM's), 2 and 3 speak; node 2 falls silent.
+        let mut t = 100 * ms;
+        let mut dropped = Vec::new();
+        while t < 2000 * ms {
+            t += 50 * ms;
+            for from in [0, 3] {
+                node.on_message(t, from, Message::Heartbeat);
+            }
+            if node.next_deadline().is_some_and(|d| d <= t) {
+                node.on_timeout(t);
+            }
+            while let Some(a) = node.poll_action() {
+                if let Action::DropPeer { peer, silent_ns } = a {
+                    dropped.push((peer, t, silent_ns));
+                }
+            }
+        }
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        let (peer, at, silent) = dropped[0];
+        assert_eq!(peer, 2);
+        assert!((900 * ms..=1000 * ms).contains(&at), "{at}");
+        assert!(silent > 800 * ms, "{silent}");
+        assert!(node.is_peer_lost(2));
+        assert!(node.em().is_none() && !node.is_done());
+        // The EM's node is lost: 10 s later the drain ends the run.
+        node.on_peer_lost(t, 0);
+        let lost_em = t;
+        let mut ended = t;
+        while !node.is_done() {
+            ended = node.next_deadline().expect("a timer runs");
+            node.on_timeout(ended);
+        }
+        assert_eq!(
+            ended,
+            lost_em + 10_000 * ms,
+            "em_lost_wait_ms after the loss"
+        );
+        let actions: Vec<Action> = std::iter::from_fn(|| node.poll_action()).collect();
+        assert!(
+            actions.iter().any(|a| matches!(
+                a,
+                Action::DrainTimedOut {
+                    without_em: true,
+                    ..
+                }
+            )),
+            "{actions:?}"
+        );
+        assert_eq!(actions.last(), Some(&Action::Done));
+        assert!(node.drain_timed_out());
+        assert!(node
+            .next_deadline()
+            .is_none_or(|d| d >= lost_em + 10_000 * ms));
     }
 }

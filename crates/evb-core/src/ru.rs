@@ -513,9 +513,11 @@ impl ReadoutUnit {
         if let Some(h) = self.held.get(&mep) {
             if h.sent {
                 self.held.remove(&mep);
-                self.in_flight -= 1;
+                self.in_flight = (self.in_flight.checked_sub(1))
+                    .expect("RU: a send completed with none in flight");
                 {
-                    self.held_assigned -= 1;
+                    self.held_assigned = (self.held_assigned.checked_sub(1))
+                        .expect("RU: a sent MEP was not counted as assigned");
                     out.push(RuAction::Release { mep });
                 }
             }
@@ -592,6 +594,7 @@ impl ReadoutUnit {
 
     fn send(stats: &mut RuStats, in_flight: &mut u32, h: &mut Held, out: &mut Vec<RuAction>) {
         let header = h.header.expect("only ready MEPs are sent");
+        assert!(!h.sent, "RU: the fragment of MEP {} sent twice", header.mep);
         h.sent = true;
         *in_flight += 1;
         stats.max_in_flight = stats.max_in_flight.max(*in_flight);

@@ -747,3 +747,262 @@ fn a_restarted_em_takes_the_run_over() {
     );
     eprintln!("{runs} EM restarts: {resumed_mid_run} resumed mid-run, {built_after} built after");
 }
+
+/// Liveness on the harness's time scale: heartbeats every millisecond, a
+/// peer silent for 4 ms lost, a node cut off from the EM waits 10 ms.
+fn with_fast_liveness(mut config: Config) -> Config {
+    config.transport.heartbeat_ms = 1;
+    config.transport.peer_timeout_ms = 4;
+    config.event_builder.em_lost_wait_ms = 10;
+    config
+}
+
+const MS: u64 = 1_000_000;
+
+/// A timed run (assigning until stopped) of a random configuration under
+/// fast liveness, with its layout, or `None` when no node other than the
+/// EM's can be taken out (a BU and an RU must remain).
+fn timed_run_with_a_victim(
+    case: u64,
+    rng: &mut Pcg64Mcg,
+) -> Option<(Config, evb_core::Layout, u16)> {
+    let mut config = with_fast_liveness(random_config(case));
+    config.event_builder.batch_timeout_ms = 5;
+    config.run.max_meps = 0;
+    // Unpaced and timed, a survivor alone with the EM would build in memory
+    // at one instant for ever: its own fragments take the network instead.
+    config.event_builder.local = LocalTraffic::Nic;
+    let layout = evb_core::Layout::from_config(&config);
+    let candidates: Vec<u16> = (0..layout.nodes)
+        .filter(|&n| n != layout.em)
+        .filter(|&n| layout.bu_nodes.iter().any(|&b| b != n))
+        .filter(|&n| layout.ru_nodes.iter().any(|&r| r != n))
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let victim = candidates[rng.gen_range(0..candidates.len())];
+    Some((config, layout, victim))
+}
+
+/// A node hangs (it stops, its connections stay open: no connection reset
+/// tells anyone): every other node finds it by its silence, through the
+/// core's peer timeout, within a heartbeat of it; the run goes on without
+/// it and its accounting stays exact.
+#[test]
+fn a_silent_peer_is_found_by_its_silence_and_the_run_accounts_for_it() {
+    let (mut runs, mut reassigned) = (0, 0);
+    for case in 0..120u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0x51_1e47);
+        let Some((config, layout, victim)) = timed_run_with_a_victim(12_000 + case, &mut rng)
+        else {
+            continue;
+        };
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let hang_at = rng.gen_range(50_000..400_000);
+            h.faults.hang = Some((victim, hang_at));
+            let report = h.run(Some(hang_at + 12 * MS), 600_000_000_000);
+            let what =
+                format!("case {case} seed {seed}: node {victim} hangs at {hang_at} ns: {config:?}");
+            assert!(report.all_done, "every other node must finish: {what}");
+            // Found by every other endpoint, by silence alone, between
+            // the timeout and the timeout plus a heartbeat (and the time
+            // its last messages took to arrive) after it went quiet.
+            for n in (0..layout.endpoints).filter(|&n| n != victim) {
+                let found: Vec<_> = report.drops.iter().filter(|d| d.0 == n).collect();
+                assert_eq!(found.len(), 1, "node {n} dropped {found:?}: {what}");
+                let (_, peer, at) = *found[0];
+                assert_eq!(peer, victim, "{what}");
+                assert!(
+                    (hang_at + 3 * MS..=hang_at + 6 * MS).contains(&at),
+                    "node {n} found it at {at}: {what}"
+                );
+            }
+            assert!(
+                report.drain_timeouts.is_empty(),
+                "{what}: {:?}",
+                report.drain_timeouts
+            );
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            assert!(
+                report.max_outstanding <= config.event_builder.credits,
+                "{what}"
+            );
+            let em = report.stats[layout.em as usize].em.clone().unwrap();
+            assert_eq!(
+                em.bus_lost.contains(&victim),
+                layout.bu_of[victim as usize].is_some(),
+                "{what}"
+            );
+            assert_eq!(
+                em.rus_lost.contains(&victim),
+                layout.ru_of[victim as usize].is_some(),
+                "{what}"
+            );
+            assert_exact_accounting(&em, &report, &what);
+            for n in (0..layout.endpoints as usize).filter(|&n| n != victim as usize) {
+                if let Some(ru) = ru_ended_idle(&report, n) {
+                    assert!(ru, "node {n}'s RU holds something at the end: {what}");
+                }
+            }
+            reassigned += em.meps_reassigned;
+            runs += 1;
+        }
+    }
+    assert!(runs > 100, "only {runs} runs");
+    eprintln!("{runs} runs with a hung node, {reassigned} MEPs re-assigned");
+}
+
+/// A node stalls (its process descheduled, then run again) for less than
+/// the peer timeout less a heartbeat: late, but alive. Nobody takes it for
+/// lost, and the run builds every MEP, once. Stalled for much longer than
+/// the timeout, it is lost to the others; but on waking it does not blame
+/// them for a silence that was its own (silence counts only time it ran):
+/// it learns of the loss from the links they closed.
+#[test]
+fn a_slow_peer_is_never_taken_for_lost() {
+    let (mut runs, mut long_runs) = (0, 0);
+    for case in 0..120u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0x510e);
+        let Some((config, layout, victim)) = timed_run_with_a_victim(13_000 + case, &mut rng)
+        else {
+            continue;
+        };
+        for seed in 0..2u64 {
+            // Any node may be slow, the EM's too.
+            let slow = if rng.gen_bool(0.3) { layout.em } else { victim };
+            let from = rng.gen_range(50_000..400_000);
+            // Timeout 4 ms, heartbeat 1 ms: up to 2.9 ms late is alive.
+            let stall = rng.gen_range(MS / 2..2_900_000);
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.stall = Some((slow, from, from + stall));
+            let report = h.run(Some(from + stall + 5 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: node {slow} stalls {stall} ns from {from}: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            assert!(report.drops.is_empty(), "{what}: {:?}", report.drops);
+            assert!(report.drain_timeouts.is_empty(), "{what}");
+            let em = report.stats[layout.em as usize].em.clone().unwrap();
+            assert!(
+                em.bus_lost.is_empty() && em.rus_lost.is_empty(),
+                "{what}: {em:?}"
+            );
+            assert_exact_accounting(&em, &report, &what);
+            assert_eq!(em.meps_built, em.meps_assigned, "{what}: {em:?}");
+            assert!(report.built.values().all(|&n| n == 1), "{what}");
+            runs += 1;
+
+            // Far past the timeout: lost to the others, and they to it only
+            // through their closed links.
+            let stall = rng.gen_range(8 * MS..40 * MS);
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.stall = Some((victim, from, from + stall));
+            let report = h.run(Some(from + stall + 5 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: node {victim} stalls {stall} ns from {from}: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            assert!(
+                report.drops.iter().all(|d| d.0 != victim),
+                "the stalled node blamed its peers: {what}: {:?}",
+                report.drops
+            );
+            for n in (0..layout.endpoints).filter(|&n| n != victim) {
+                assert!(
+                    report.drops.iter().any(|d| (d.0, d.1) == (n, victim)),
+                    "node {n} never found node {victim} silent: {what}: {:?}",
+                    report.drops
+                );
+            }
+            long_runs += 1;
+        }
+    }
+    assert!(
+        runs > 100 && long_runs == runs,
+        "{runs} runs, {long_runs} long"
+    );
+}
+
+/// The EM's node dies and is not restarted: the nodes cut off from it
+/// wait `event_builder.em_lost_wait_ms`, then the drain timer ends their
+/// run: every batch a BU was given ends (built or incomplete), none is
+/// built twice. And at the end of a run, a batch that cannot complete is
+/// given up when the drain period is over.
+#[test]
+fn the_drain_timer_ends_the_run() {
+    let mut runs = 0;
+    for case in 0..100u64 {
+        let mut config = with_fast_liveness(random_config(14_000 + case));
+        config.event_builder.batch_timeout_ms = 1000;
+        config.run.max_meps = 0;
+        config.event_builder.local = LocalTraffic::Nic;
+        let layout = evb_core::Layout::from_config(&config);
+        if layout.endpoints < 2 {
+            continue;
+        }
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xd4a1);
+        let crash_at = rng.gen_range(50_000..400_000);
+        let detection = rng.gen_range(1..4) * 100_000;
+        let mut h = Harness::new(config.clone(), case);
+        h.faults.crash = Some((layout.em, crash_at));
+        h.faults.detection_ns = detection;
+        let report = h.run(None, 600_000_000_000);
+        let what = format!("case {case}: the EM's node dies at {crash_at} ns: {config:?}");
+        assert!(report.all_done, "{what}");
+        let survivors: Vec<u16> = (0..layout.endpoints).filter(|&n| n != layout.em).collect();
+        for &n in &survivors {
+            let timeouts: Vec<_> = report.drain_timeouts.iter().filter(|t| t.0 == n).collect();
+            assert_eq!(timeouts.len(), 1, "node {n}: {what}");
+            let (_, at, without_em) = *timeouts[0];
+            assert!(without_em, "node {n}: {what}");
+            // Learnt of the loss at the detection (after the EM's last
+            // messages arrived), then waited 10 ms.
+            let learnt = crash_at + detection;
+            assert!(
+                (learnt + 10 * MS..learnt + 11 * MS).contains(&at),
+                "node {n} timed out at {at}: {what}"
+            );
+            assert_eq!(
+                report.unfinished.get(&n).copied().unwrap_or(0),
+                0,
+                "node {n}: {what}"
+            );
+        }
+        assert!(report.built.values().all(|&n| n == 1), "{what}");
+        assert!(report.end_time < crash_at + detection + 11 * MS, "{what}");
+        runs += 1;
+
+        // At the end of a run: source 0 never delivers, so no batch can
+        // complete before its timeout (1 s); the run's MEPs are all
+        // assigned at once (one per credit), and the drain period (5 ms)
+        // after the end of the run ends them all.
+        let mut config = config.clone();
+        let meps = u64::from(config.event_builder.credits) * layout.bus() as u64;
+        config.run.max_meps = meps;
+        config.event_builder.drain_timeout_ms = 5;
+        let mut h = Harness::new(config.clone(), case);
+        h.faults.silent_sources.insert(0);
+        let report = h.run(None, 600_000_000_000);
+        let what = format!("case {case}: source 0 silent: {config:?}");
+        assert!(report.all_done, "{what}");
+        assert!(report.built.is_empty(), "{what}");
+        assert_eq!(
+            report.outcomes.len() as u64,
+            meps,
+            "every MEP ended: {what}"
+        );
+        assert!(
+            report
+                .outcomes
+                .values()
+                .all(|o| matches!(o, Outcome::Incomplete { .. })),
+            "{what}"
+        );
+        assert!(!report.drain_timeouts.is_empty(), "{what}");
+        assert!(report.drain_timeouts.iter().all(|t| !t.2), "{what}");
+        assert!(report.end_time < 50 * MS, "ended by the drain: {what}");
+    }
+    assert!(runs > 80, "only {runs} runs");
+}

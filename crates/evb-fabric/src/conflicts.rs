@@ -590,6 +590,40 @@ impl Analysis {
     }
 }
 
+/// Pretty JSON of an analysis, except that each link's `loads` array stays on one line
+/// (pretty-printed, a links x steps matrix would be one line per number).
+pub fn pretty_with_compact_loads(mut v: serde_json::Value) -> Result<String> {
+    let mut compact = Vec::new();
+    if let Some(links) = v
+        .pointer_mut("/link_loads/links")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for (i, link) in links.iter_mut().enumerate() {
+            if let Some(loads) = link.get_mut("loads") {
+                compact.push(loads.to_string());
+                *loads = serde_json::Value::String(format!("@@loads{i}@@"));
+            }
+        }
+    }
+    let text = serde_json::to_string_pretty(&v).expect("a JSON value serialises");
+    // The markers come out in order, as strings (a name holding one would
+    // have its quotes escaped, so it cannot match).
+    let mut out =
+        String::with_capacity(text.len() + compact.iter().map(String::len).sum::<usize>());
+    let mut rest = text.as_str();
+    for (i, c) in compact.iter().enumerate() {
+        let marker = format!("\"@@loads{i}@@\"");
+        let at = rest.find(&marker).ok_or_else(|| {
+            crate::FabricError::Invalid("link loads lost while writing the JSON".into())
+        })?;
+        out.push_str(&rest[..at]);
+        out.push_str(c);
+        rest = &rest[at + marker.len()..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

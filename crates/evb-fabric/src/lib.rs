@@ -15,7 +15,9 @@
 //! - [`optimize`]: rank orders and routes that remove conflicts;
 //! - [`schedule`]: slot schedules for the slotted barrel, conflicts moved
 //!   to extra slots;
-//! - [`plot`]: SVG/PNG plots of per-step link load.
+//! - [`plot`]: SVG/PNG plots of per-step link load;
+//! - [`setup`]: what every `evb fabric` command does first: read, name,
+//!   edit and route a fabric, parse the steps, resolve a rank order.
 //!
 //! The crate depends on no other evb crate.
 
@@ -31,6 +33,7 @@ pub mod plot;
 pub mod rate;
 pub mod routing;
 pub mod schedule;
+pub mod setup;
 pub mod topo;
 
 pub use error::{FabricError, Result};

@@ -286,6 +286,73 @@ impl DegradedLink {
     }
 }
 
+/// Link rates and degraded links, for people (stdout) and the JSON.
+pub fn link_summary(topo: &Topology) -> (Vec<String>, serde_json::Value) {
+    let (census, unknown) = rate_census(topo);
+    let degraded = degraded_links(topo);
+    let mut lines = vec![];
+    if !census.is_empty() {
+        let parts: Vec<String> = census
+            .iter()
+            .map(|(r, n)| format!("{n} x {r} ({} Gb/s)", fmt_gbps(r.gbps())))
+            .collect();
+        let unk = if unknown > 0 {
+            format!(", {unknown} of unknown rate")
+        } else {
+            String::new()
+        };
+        lines.push(format!("links: {}{unk}", parts.join(", ")));
+    }
+    // One line per tier and rate: a slow leaf can have dozens.
+    let mut shown: Vec<(&str, &str)> = vec![];
+    for d in &degraded {
+        if shown.contains(&(d.tier.as_str(), d.rate.as_str())) {
+            continue;
+        }
+        shown.push((&d.tier, &d.rate));
+        let same: Vec<&DegradedLink> = degraded
+            .iter()
+            .filter(|x| x.tier == d.tier && x.rate == d.rate)
+            .collect();
+        if same.len() == 1 {
+            lines.push(format!("degraded link: {}", d.describe()));
+            continue;
+        }
+        let ends: Vec<String> = same
+            .iter()
+            .take(4)
+            .map(|x| format!("{} port {} -> {} port {}", x.node, x.port, x.to, x.to_port))
+            .collect();
+        lines.push(format!(
+            "degraded links: {} of {} {} run {} ({} Gb/s) where {} run {} ({} Gb/s): {}{}",
+            same.len(),
+            d.tier_links,
+            d.tier,
+            d.rate,
+            fmt_gbps(d.gbps),
+            d.tier_usual,
+            d.usual_rate,
+            fmt_gbps(d.usual_gbps),
+            ends.join(", "),
+            if same.len() > ends.len() {
+                format!(
+                    ", ... ({} more; the JSON lists all)",
+                    same.len() - ends.len()
+                )
+            } else {
+                String::new()
+            }
+        ));
+    }
+    let json = serde_json::json!({
+        "link_rates": census.iter().map(|(r, n)| serde_json::json!({
+            "rate": r.to_string(), "gbps": r.gbps(), "cables": n})).collect::<Vec<_>>(),
+        "links_of_unknown_rate": unknown,
+        "degraded_links": degraded,
+    });
+    (lines, json)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

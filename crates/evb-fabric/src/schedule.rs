@@ -216,6 +216,84 @@ pub fn conflict_aware(
     Ok(plain)
 }
 
+/// The slot schedule `evb fabric schedule` writes, from the start it chose.
+#[derive(Debug, Clone)]
+pub struct ChosenSchedule {
+    /// The chosen start without conflicts moved, and with them moved.
+    pub plain: SlotSchedule,
+    pub aware: SlotSchedule,
+    /// Which start: the shift over the ranks, or over the order's positions.
+    pub shift: String,
+    /// The order's positions (ranks, or None for an idle dummy), when it
+    /// has more than there are ranks.
+    pub positions: Option<Vec<Option<usize>>>,
+    /// Why the positions' shift was not taken, when it was not.
+    pub note: Option<String>,
+}
+
+/// Chooses the start of a schedule for `order` (ranks of `topo`, taken
+/// from `order_spec`): the shift over the ranks or, when the order has
+/// positions with idle dummies (the ftree engine balanced its routes for a
+/// shift over those) and `compact` is false, the shift over the positions,
+/// if it needs fewer slots once conflicts are moved (on a tree of full
+/// leaves the ranks' shift is as free of conflicts and shorter).
+pub fn choose(
+    topo: &Topology,
+    lfts: &Lfts,
+    order: &[usize],
+    order_spec: &str,
+    local: bool,
+    compact: bool,
+) -> Result<ChosenSchedule> {
+    let n = order.len();
+    let mut positions = None;
+    if !compact {
+        if let Some(p) = crate::optimize::positions_from_spec(order_spec, topo)? {
+            let rank_of: std::collections::HashMap<usize, usize> =
+                order.iter().enumerate().map(|(r, &h)| (h, r)).collect();
+            let at: Vec<Option<usize>> = p
+                .into_iter()
+                .map(|h| h.and_then(|h| rank_of.get(&h).copied()))
+                .collect();
+            // Dummies, or hosts left out of the ranks: some positions idle.
+            if at.len() > n {
+                positions = Some(at);
+            }
+        }
+    }
+    let plain = SlotSchedule::plain(n, local);
+    let aware = conflict_aware(topo, lfts, order, plain.clone())?;
+    let mut chosen = ChosenSchedule {
+        plain,
+        aware,
+        shift: format!("the shift over the {n} ranks"),
+        positions: None,
+        note: None,
+    };
+    if let Some(at) = positions {
+        let base = SlotSchedule::shift_over_positions(&at, local);
+        let aware = conflict_aware(topo, lfts, order, base.clone())?;
+        let what = format!(
+            "the shift over the order's {} positions ({} of them dummies or hosts outside the ranks)",
+            at.len(),
+            at.len() - n
+        );
+        if aware.slots.len() < chosen.aware.slots.len() {
+            chosen.plain = base;
+            chosen.aware = aware;
+            chosen.shift = what;
+        } else {
+            chosen.note = Some(format!(
+                "{what} needs {} slots once conflicts are moved, the ranks' shift {}: the ranks' shift it is",
+                aware.slots.len(),
+                chosen.aware.slots.len()
+            ));
+        }
+        chosen.positions = Some(at);
+    }
+    Ok(chosen)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

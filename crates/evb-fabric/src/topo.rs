@@ -282,6 +282,43 @@ impl Topology {
         self.connect_rated(ia, pa, rb.node, rb.port, rb.rate)?;
         self.connect_rated(ib, pb, ra.node, ra.port, ra.rate)
     }
+
+    /// The what-if edits as users write them (`--remove NAME`,
+    /// `--remove-link NAME:PORT`, `--swap-cables A:PORT,B:PORT`), in that
+    /// order.
+    pub fn apply_edits(
+        &mut self,
+        remove: &[String],
+        remove_link: &[String],
+        swap_cables: &[String],
+    ) -> Result<()> {
+        for n in remove {
+            self.remove_node(n)?;
+        }
+        for l in remove_link {
+            let (n, p) = split_port(l)?;
+            self.remove_link(&n, p)?;
+        }
+        for s in swap_cables {
+            let (a, b) = s.split_once(',').ok_or_else(|| {
+                FabricError::Invalid(format!("expected A:PORT,B:PORT, got '{s}'"))
+            })?;
+            let ((na, pa), (nb, pb)) = (split_port(a)?, split_port(b)?);
+            self.swap_cables(&na, pa, &nb, pb)?;
+        }
+        Ok(())
+    }
+}
+
+/// `NAME:PORT` as a node name and a port number.
+pub fn split_port(s: &str) -> Result<(String, u8)> {
+    let (n, p) = s
+        .rsplit_once(':')
+        .ok_or_else(|| FabricError::Invalid(format!("expected NAME:PORT, got '{s}'")))?;
+    let port = p
+        .parse()
+        .map_err(|e| FabricError::Invalid(format!("bad port in '{s}': {e}")))?;
+    Ok((n.to_string(), port))
 }
 
 /// How hosts are placed when a fat tree is only partly populated.

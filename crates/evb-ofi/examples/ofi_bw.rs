@@ -69,8 +69,8 @@ fn drive(ep: &mut Endpoint, mut on: impl FnMut(&mut Endpoint, Completion) -> boo
             ep.wait(Duration::from_millis(100)).expect("wait");
         }
         for c in out.drain(..) {
-            if let Completion::SendFailed { reason, .. } | Completion::RecvFailed { reason, .. } =
-                &c
+            if let Completion::SendFailed { reason, .. }
+            | Completion::ReceiveFailed { reason, .. } = &c
             {
                 panic!("ofi_bw: {reason}");
             }

@@ -1,7 +1,9 @@
 //! evb over libfabric (OFI).
 //!
-//! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
-//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//! The engine layer above the library is `evb_msgengine`'s, shared by
+//! evb-ucx and evb-ofi: the wire-tag layout, the per-sender ordered
+//! streams, the rejoin/relink state machine (`Links`), the [`Completion`]
+//! and [`Error`] types. This crate drives the library and calls into it.
 //!
 //! The TCP runtime owns its sockets; on an HPC fabric (InfiniBand, Slingshot,
 //! Omni-Path) the NIC is driven through libfabric instead, and the same event
@@ -38,58 +40,31 @@
 //! - Both sides must use the same `Options::max_message`; receive buffers are
 //!   at least that large, so nothing is ever truncated.
 //!
-//! Rejoin ([`Endpoint::enable_rejoin`]), as in evb-ucx: a restarted process
-//! (a new incarnation of a sender, with a new address) reaches each live
-//! endpoint with [`Endpoint::add_peer_rejoining`], which sends a JOIN (an
-//! endpoint message with the CTRL tag bit, outside the sequence: its source,
-//! its new address, its index for that peer). The live endpoint inserts the
-//! new address, bumps its *epoch* for that source, starts the source's
-//! stream afresh (sequence 0, nothing held), reports
-//! [`Completion::PeerJoined`] and answers with an ACK carrying the new epoch
-//! (the first message of its own stream to the new incarnation, which
-//! reports `PeerJoined` when it is handed out in order). The new incarnation
-//! sends nothing but its JOIN before that answer, and stamps every later
-//! message to that endpoint with the epoch it was given (8 bits of the tag
-//! above the 21-bit sequence number). A receiver hands out only messages of
-//! the current epoch of their source; what the old incarnation left in
-//! flight is dropped, and unexpected messages of a forgotten incarnation are
-//! discarded by epoch, so the new one's are never touched.
-
-/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
-/// stderr, and `eprintln!` writes a line in pieces, which interleave
-/// between processes ("evb node 1evb node : drain timed out: 3: ...").
-macro_rules! stderr_line {
-    ($($arg:tt)*) => {{
-        let line = format!("{}\n", format_args!($($arg)*));
-        eprint!("{line}");
-    }};
-}
+//! Rejoin ([`Endpoint::enable_rejoin`]) and relink ([`Endpoint::relink`]),
+//! as in evb-ucx: `evb_msgengine::Links` holds the state machine (its docs
+//! tell the handshakes). A restarted process (a new incarnation of a
+//! sender, with a new address) reaches each live endpoint with
+//! [`Endpoint::add_peer_rejoining`]; the live endpoint inserts the new
+//! address and the stream of the old incarnation ends; unexpected messages
+//! of a forgotten incarnation are discarded by epoch, so the new one's are
+//! never touched. The endpoint's own messages (JOIN, RELINK, ACK) queue
+//! behind one another while the library says "try again".
 
 mod sys;
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
-use std::fmt;
 use std::ops::Range;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
-pub type PeerId = usize;
-
-/// How [`Endpoint::wait`] waits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Progress {
-    /// Sleep on the completion queue's wait object (an fd when the provider
-    /// has one). The default: cores are shared by several processes.
-    #[default]
-    Blocking,
-    /// Never sleep: `wait` yields the core (to any other runnable process)
-    /// and returns; the caller spins on `progress`.
-    Busy,
-}
+/// The engine layer shared with evb-ucx: `Progress::Blocking` sleeps on
+/// the completion queue's wait object (an fd when the provider has one),
+/// `Progress::Busy` never sleeps (`wait` yields the core and returns; the
+/// caller spins on `progress`).
+pub use evb_msgengine::{Body, Completion, Error, PeerId, Progress};
 
 /// What to open.
 #[derive(Clone, Debug)]
@@ -113,9 +88,12 @@ pub struct Options {
 }
 
 /// Tag bits left to the caller; above them the sequence number, the
-/// sender's epoch and the CTRL bit (`evb_tagseq`).
-pub use evb_tagseq::TAG_BITS;
-use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, EPOCH_MASK, EPOCH_SHIFT, SEQ_MASK, TAG_MASK};
+/// sender's epoch and the CTRL bit (`evb_msgengine`).
+pub use evb_msgengine::TAG_BITS;
+use evb_msgengine::{
+    Arrival, Control, ControlMessage, Forget, Links, RelinkDue, Restart, CTRL_BIT, EPOCH_MASK,
+    EPOCH_SHIFT, TAG_MASK,
+};
 /// The ctx of the endpoint's own sends: their completions are not reported.
 const CONTROL_CTX: u64 = u64::MAX;
 
@@ -159,55 +137,14 @@ fn avoid_shm_cma() {
     }
 }
 
-/// A readable failure; the message names what was asked for.
-#[derive(Debug, Clone)]
-pub struct Error(String);
-
-impl Error {
-    fn new(msg: impl Into<String>) -> Error {
-        Error(msg.into())
+/// A libfabric call that failed (`ret`: its negative return).
+fn fabric_error(call: &'static str, ret: isize) -> Error {
+    Error::Call {
+        library: "libfabric",
+        call,
+        status: ret as i32,
+        reason: strerror(ret),
     }
-    fn call(what: &str, ret: isize) -> Error {
-        Error(format!("libfabric {what} failed: {}", strerror(ret)))
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Error {}
-
-/// What `progress` reports.
-#[derive(Debug)]
-pub enum Completion {
-    /// A send finished: its buffers are released; `ctx` is the caller's.
-    Sent { ctx: u64 },
-    /// A message arrived into a buffer given with `post_recv` (`buf.len() == len`);
-    /// `tag` is the sender's tag (the caller encodes the sender in it).
-    Received { buf: Vec<u8>, len: usize, tag: u64 },
-    /// A send failed (peer gone, ...): ctx of the send and a readable reason.
-    SendFailed { ctx: u64, reason: String },
-    /// A receive failed, typically a message longer than the buffer (truncated:
-    /// `buf` holds its first bytes). The buffer comes back to be posted again.
-    RecvFailed {
-        buf: Vec<u8>,
-        tag: u64,
-        reason: String,
-    },
-    /// The provider reported a failure it did not tie to any operation this
-    /// endpoint posted (a null or internal context). libfabric 1.17's
-    /// tcp;ofi_rxm does this when a message from a peer whose connection is
-    /// already gone is matched to a posted receive: that receive is never
-    /// completed, so the caller should post a replacement buffer.
-    Unattributed { reason: String },
-    /// Rejoin (crate docs): a new incarnation of the sender `source` (tag
-    /// bits) is reachable as `peer`, and what it sends from now on is handed
-    /// out; or, on a restarted endpoint, the peer `peer` (whose messages
-    /// carry `source`) took it back.
-    PeerJoined { peer: PeerId, source: u64 },
 }
 
 fn strerror(ret: isize) -> String {
@@ -225,9 +162,6 @@ struct Op {
     kind: OpKind,
     regions: Vec<*mut sys::fid_mr>,
 }
-
-/// A send's body: any shared bytes (a `Vec<u8>`, evb's MEP buffers).
-pub type Body = Rc<dyn AsRef<[u8]>>;
 
 enum OpKind {
     Send {
@@ -287,11 +221,9 @@ pub struct Endpoint {
     peers: Vec<sys::fi_addr_t>,
     ops: HashMap<usize, Box<Op>>,
     sends: usize,
-    /// Next sequence number per (destination, sender bits of the tag).
-    send_seq: HashMap<(PeerId, u64), u32>,
-    /// Per sender (tag & source_mask): what to hand out next, what waits.
-    streams: Streams<Completion>,
-    source_mask: u64,
+    /// Sequence numbers, epochs, ordered streams, the rejoin and relink
+    /// handshakes (`evb_msgengine`).
+    links: Links,
     /// Completions ready to be handed out by the next `progress`.
     ready: Vec<Completion>,
     /// Operations that failed, kept allocated so that their context address
@@ -303,34 +235,18 @@ pub struct Endpoint {
     register_local: bool,
     iov_limit: usize,
     max_message: usize,
-    /// Per peer: the epoch it expects on our messages (crate docs on rejoin).
-    send_epoch: Vec<u8>,
-    /// Per peer: a restarted endpoint asked it to take it back, no answer yet.
-    awaiting_ack: Vec<bool>,
-    /// Per peer: the address it was added with (a relink adds it again).
-    addresses: Vec<Vec<u8>>,
-    /// Sources this endpoint sent a RELINK to and awaits the answer of.
-    relinking: std::collections::HashSet<u64>,
     /// The endpoint's own messages the library could not take yet, in order.
-    pending_control: std::collections::VecDeque<(PeerId, u64, Vec<u8>)>,
-    /// Rejoin enabled: the source bits of this endpoint's own messages.
-    own_source: Option<u64>,
-    /// Per source: the epoch of its current incarnation (0 at the start).
-    recv_epoch: Epochs,
-    /// Per source that joined: the peer of its current incarnation.
-    joined_as: HashMap<u64, PeerId>,
-    /// Messages of replaced incarnations dropped.
-    stale_dropped: u64,
+    pending_control: std::collections::VecDeque<ControlMessage>,
 }
 
 /// Owns a malloc'd C string until libfabric takes it (fi_freeinfo frees it).
 fn c_strdup(s: &str, field: &str) -> Result<*mut libc::c_char, Error> {
     let c =
-        CString::new(s).map_err(|_| Error::new(format!("{field} `{s}` contains a NUL byte")))?;
+        CString::new(s).map_err(|_| Error::Config(format!("{field} `{s}` contains a NUL byte")))?;
     // SAFETY: c is a valid C string; strdup copies it with malloc.
     let p = unsafe { libc::strdup(c.as_ptr()) };
     if p.is_null() {
-        return Err(Error::new("out of memory"));
+        return Err(Error::Internal("out of memory".into()));
     }
     Ok(p)
 }
@@ -345,7 +261,7 @@ fn base_hints() -> Result<*mut sys::fi_info, Error> {
     // SAFETY: fi_dupinfo(NULL) allocates a zeroed fi_info with all sub-attributes.
     let hints = unsafe { sys::fi_dupinfo(ptr::null()) };
     if hints.is_null() {
-        return Err(Error::new("libfabric fi_allocinfo failed"));
+        return Err(Error::Internal("libfabric fi_allocinfo failed".into()));
     }
     // SAFETY: hints and its attribute pointers were allocated just above.
     unsafe {
@@ -481,7 +397,7 @@ impl Endpoint {
             } else {
                 avail.join("; ")
             };
-            return Err(Error::new(format!(
+            return Err(Error::Unavailable(format!(
                 "libfabric has no {wanted} with reliable tagged messages (FI_EP_RDM, FI_TAGGED, FI_ORDER_SAS) on this machine: {}; available: {avail}",
                 strerror(ret as isize)
             )));
@@ -501,23 +417,13 @@ impl Endpoint {
             peers: Vec::new(),
             ops: HashMap::new(),
             sends: 0,
-            send_seq: HashMap::new(),
-            streams: Streams::default(),
-            source_mask: opts.source_mask & TAG_MASK,
+            links: Links::new("ofi", opts.source_mask),
             ready: Vec::new(),
             dead: HashMap::new(),
             register_local: false,
             iov_limit: 1,
             max_message: opts.max_message,
-            send_epoch: Vec::new(),
-            awaiting_ack: Vec::new(),
-            addresses: Vec::new(),
-            relinking: std::collections::HashSet::new(),
             pending_control: std::collections::VecDeque::new(),
-            own_source: None,
-            recv_epoch: Epochs::default(),
-            joined_as: HashMap::new(),
-            stale_dropped: 0,
         };
         // On error the partly built endpoint is dropped, which closes what was opened.
         ep.setup()?;
@@ -534,7 +440,7 @@ impl Endpoint {
             self.iov_limit = (*(*info).tx_attr).iov_limit.max(1);
             let provider_max = (*(*info).ep_attr).max_msg_size;
             if self.max_message > provider_max {
-                return Err(Error::new(format!(
+                return Err(Error::Config(format!(
                     "max_message of {} bytes exceeds provider {}'s limit of {provider_max} bytes",
                     self.max_message, self.provider
                 )));
@@ -624,7 +530,7 @@ impl Endpoint {
             };
             return Ok(());
         }
-        Err(Error::call("fi_cq_open", last))
+        Err(fabric_error("fi_cq_open", last))
     }
 
     /// The full libfabric provider name in use (e.g. `tcp;ofi_rxm`).
@@ -644,14 +550,14 @@ impl Endpoint {
 
     pub fn add_peer(&mut self, address: &[u8]) -> Result<PeerId, Error> {
         if address.is_empty() || address.len() > 64 * 1024 {
-            return Err(Error::new(format!(
-                "peer address of {} bytes is not a libfabric address",
+            return Err(Error::BadAddress(format!(
+                "{} bytes long: not a libfabric address",
                 address.len()
             )));
         }
         if address.len() != self.address.len() {
-            return Err(Error::new(format!(
-                "peer address of {} bytes does not fit provider {} (its addresses are {} bytes)",
+            return Err(Error::BadAddress(format!(
+                "{} bytes long: does not fit provider {} (its addresses are {} bytes)",
                 address.len(),
                 self.provider,
                 self.address.len()
@@ -670,8 +576,8 @@ impl Endpoint {
             )
         };
         if ret != 1 {
-            return Err(Error::new(format!(
-                "libfabric fi_av_insert rejected the peer address: {}",
+            return Err(Error::BadAddress(format!(
+                "libfabric fi_av_insert rejected it: {}",
                 if ret < 0 {
                     strerror(ret as isize)
                 } else {
@@ -680,17 +586,17 @@ impl Endpoint {
             )));
         }
         self.peers.push(fi_addr);
-        self.send_epoch.push(0);
-        self.awaiting_ack.push(false);
-        self.addresses.push(address.to_vec());
-        Ok(self.peers.len() - 1)
+        let peer = self.peers.len() - 1;
+        self.links.peer_added(peer, address);
+        debug_assert_eq!(self.links.num_peers(), self.peers.len());
+        Ok(peer)
     }
 
     /// Rejoin (crate docs): take in new incarnations of senders during the
     /// run. `source`: the tag bits (within `Options::source_mask`) that name
     /// this endpoint's own messages.
     pub fn enable_rejoin(&mut self, source: u64) {
-        self.own_source = Some(source & self.source_mask);
+        self.links.enable_rejoin(source);
     }
 
     /// For a restarted endpoint (rejoin enabled): reaches a live endpoint
@@ -698,107 +604,102 @@ impl Endpoint {
     /// nothing to the peer before its [`Completion::PeerJoined`] (what is
     /// sent earlier carries the wrong epoch and is dropped by the peer).
     pub fn add_peer_rejoining(&mut self, address: &[u8]) -> Result<PeerId, Error> {
-        let Some(source) = self.own_source else {
-            return Err(Error::new("add_peer_rejoining needs enable_rejoin first"));
-        };
+        self.links.require_rejoin("add_peer_rejoining")?;
         let peer = self.add_peer(address)?;
-        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
-        self.awaiting_ack[peer] = true;
-        self.pending_control
-            .push_back((peer, CTRL_BIT | source, join));
+        let join = self.links.join_request(peer, &self.address);
+        self.pending_control.push_back(join);
         self.push_control()?;
         Ok(peer)
     }
 
     /// The link to `peer` (whose messages carry `source`) was given up
-    /// while both processes may live: ask for it again (`evb_tagseq` docs,
-    /// relink). The higher source of the two asks, under a new peer index
-    /// (the same address added again) and a new epoch for the peer's
+    /// while both processes may live: ask for it again (`evb_msgengine`
+    /// docs, relink). The higher source of the two asks, under a new peer
+    /// index (the same address added again) and a new epoch for the peer's
     /// messages; the lower waits for the request. The link is up again at
-    /// the [`Completion::PeerJoined`] of the answer. A request the library
+    /// the [`Completion::PeerJoined`] of the answer. An address the library
+    /// refuses now is asked again after a backoff; a request the library
     /// fails to deliver is not made again.
     pub fn relink(&mut self, peer: PeerId, source: u64) -> Result<(), Error> {
-        let Some(own) = self.own_source else {
-            return Ok(());
-        };
-        let source = source & self.source_mask;
-        if own < source || self.relinking.contains(&source) {
-            return Ok(());
+        match self.links.relink_wanted(peer, source) {
+            Some(due) => self.try_relink(due),
+            None => Ok(()),
         }
-        let Some(address) = self.addresses.get(peer).cloned() else {
-            return Ok(());
+    }
+
+    /// Adds the peer's address again, restarts its stream under a new
+    /// epoch and queues the RELINK; if the address cannot be added now, the
+    /// same again after the backoff.
+    fn try_relink(&mut self, due: RelinkDue) -> Result<(), Error> {
+        let new = match self.add_peer(&due.address) {
+            Ok(p) => p,
+            Err(e) => {
+                self.links.relink_not_sent(due, &e, Instant::now());
+                return Ok(());
+            }
         };
-        let new = self.add_peer(&address)?;
-        let epoch = self.restart_source(source)?;
-        self.joined_as.insert(source, new);
-        self.awaiting_ack[new] = true;
-        self.relinking.insert(source);
-        let request = evb_tagseq::relink_message(own, new as u32, epoch, &self.address);
-        self.pending_control
-            .push_back((new, CTRL_BIT | own, request));
+        let (restart, request) = self.links.relink_opened(&due, new, &self.address);
+        self.end_old_stream(restart)?;
+        self.pending_control.push_back(request);
+        self.links.debug_check();
         self.push_control()
     }
 
     /// Messages of replaced incarnations dropped so far.
     pub fn stale_dropped(&self) -> u64 {
-        self.stale_dropped
+        self.links.stale_dropped()
     }
 
     /// Hands the endpoint's own queued messages to the library, in order,
     /// until it says "try again".
     fn push_control(&mut self) -> Result<(), Error> {
-        while let Some((peer, wire_tag, msg)) = self.pending_control.pop_front() {
+        while let Some(msg) = self.pending_control.pop_front() {
             let retry = msg.clone();
-            if !self.post_send(peer, wire_tag, msg, None, 0..0, CONTROL_CTX)? {
-                self.pending_control.push_front((peer, wire_tag, retry));
+            let ControlMessage {
+                peer,
+                wire_tag,
+                bytes,
+            } = msg;
+            if !self.post_send(peer, wire_tag, bytes, None, 0..0, CONTROL_CTX)? {
+                self.pending_control.push_front(retry);
                 break;
             }
         }
         Ok(())
     }
 
-    /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
+    /// An endpoint message (CTRL bit) arrived from `source`, message `seq`
+    /// of its stream: a JOIN or its answer.
     fn on_control(
         &mut self,
         buf: Vec<u8>,
-        tag: u64,
+        source: u64,
         seq: u32,
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
-        let source = tag & self.source_mask;
-        match evb_tagseq::parse_control(&buf) {
+        match evb_msgengine::parse_control(&buf) {
             Control::Join {
                 joiner,
                 their_index,
                 address,
                 reply_epoch,
-            } if self.own_source.is_some() => {
-                let joiner = joiner & self.source_mask;
+            } if self.links.own_source().is_some() => {
                 let address = address.to_vec();
                 self.post_recv(buf)?;
                 self.accept_join(joiner, their_index, &address, reply_epoch, out)?;
             }
             Control::Ack { epoch, index } => {
-                let index = index as usize;
                 self.post_recv(buf)?;
-                if self.awaiting_ack.get(index).copied().unwrap_or(false) {
-                    self.awaiting_ack[index] = false;
-                    self.send_epoch[index] = epoch;
-                    if self.joined_as.get(&source) == Some(&index) {
-                        self.relinking.remove(&source);
-                    }
-                    let joined = Completion::PeerJoined {
-                        peer: index,
-                        source,
-                    };
-                    self.streams.finished(source, seq, Some(joined), out);
-                } else {
-                    stderr_line!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
-                    self.streams.finished(source, seq, None, out);
+                if !self
+                    .links
+                    .accept_ack(source, seq, epoch, index as PeerId, out)
+                {
+                    tracing::warn!("evb ofi: an answer to a join request this endpoint did not make (peer {index})");
                 }
+                self.links.debug_check();
             }
             _ => {
-                stderr_line!(
+                tracing::warn!(
                     "evb ofi: an endpoint message of {} bytes from source {source:#x} not understood",
                     buf.len()
                 );
@@ -808,70 +709,52 @@ impl Endpoint {
         Ok(())
     }
 
-    /// A new incarnation of `source` asks to be taken back, or (with
+    /// A new incarnation of `joiner` asks to be taken back, or (with
     /// `reply_epoch`, a RELINK) a live one asks for the link again
-    /// (`evb_tagseq` docs).
+    /// (`evb_msgengine` docs).
     fn accept_join(
         &mut self,
-        source: u64,
+        joiner: u64,
         their_index: u32,
         address: &[u8],
         reply_epoch: Option<u8>,
         out: &mut Vec<Completion>,
     ) -> Result<(), Error> {
-        let Some(own) = self.own_source else {
-            return Ok(());
-        };
+        let source = self.links.source_of(joiner);
         let peer = match self.add_peer(address) {
             Ok(p) => p,
             Err(e) => {
-                stderr_line!(
+                tracing::warn!(
                     "evb ofi: source {source:#x} asked to join from an address not usable: {e}"
                 );
                 return Ok(());
             }
         };
-        let epoch = self.restart_source(source)?;
-        let previous = self.joined_as.insert(source, peer);
-        if self.relinking.remove(&source) {
+        let accepted = self
+            .links
+            .accept_join(joiner, their_index, peer, reply_epoch, out);
+        self.end_old_stream(accepted.restart)?;
+        if let Some(old) = accepted.superseded {
             // Our own request went to the old incarnation (dead, or it
             // would not join anew): still queued, it would hold up every
             // control message behind it, this answer included.
-            if let Some(old) = previous {
-                self.pending_control.retain(|(p, _, _)| *p != old);
-            }
+            self.pending_control.retain(|m| m.peer != old);
         }
-        // A relinking peer expects its new epoch on everything we send it.
-        let reply_epoch = reply_epoch.unwrap_or(0);
-        self.send_epoch[peer] = reply_epoch;
-        out.push(Completion::PeerJoined { peer, source });
-        // The answer is the first message of our stream to it.
-        let key = (peer, own);
-        let seq = self.send_seq.get(&key).copied().unwrap_or(0);
-        self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
-        self.pending_control.push_back((peer, wire_tag, ack));
+        self.pending_control.push_back(accepted.answer);
+        self.links.debug_check();
         self.push_control()
     }
 
-    /// A new link with `source` starts (a join or a relink): a new epoch
-    /// for its messages, returned; the old link's stream ends here (what
-    /// waits for its missing messages is dropped).
-    fn restart_source(&mut self, source: u64) -> Result<u8, Error> {
-        let epoch = self.recv_epoch.bump(source);
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { buf, .. } | Completion::RecvFailed { buf, .. } = done {
+    /// A new link with a source started (a join or a relink): what the old
+    /// link's stream held back waiting for its missing messages is posted
+    /// again.
+    fn end_old_stream(&mut self, restart: Restart) -> Result<(), Error> {
+        for done in restart.recycle {
+            if let Some(buf) = done.into_buffer() {
                 self.post_recv(buf)?;
             }
         }
-        Ok(epoch)
-    }
-
-    /// The epoch messages of `source` must carry now.
-    fn current_epoch(&self, source: u64) -> u8 {
-        self.recv_epoch.current(source)
+        Ok(())
     }
 
     /// The link to `peer`, whose messages carry `source`, was given up:
@@ -879,13 +762,14 @@ impl Endpoint {
     /// joined as another peer since: then only the old incarnation's
     /// unexpected messages (the previous epoch) are discarded.
     pub fn forget_peer(&mut self, peer: PeerId, source: u64) {
-        let source = source & self.source_mask;
-        match self.joined_as.get(&source) {
-            Some(&current) if current != peer => {
-                let old = self.current_epoch(source).wrapping_sub(1);
-                self.discard_unexpected(source, old);
+        let source = self.links.source_of(source);
+        match self.links.forget_peer(peer, source) {
+            Forget::Replaced { old_epoch } => self.discard_unexpected(source, old_epoch),
+            Forget::Forgotten { held, epoch } => {
+                // As forget_source.
+                self.ready.extend(held);
+                self.discard_unexpected(source, epoch);
             }
-            _ => self.forget_source(source),
         }
     }
 
@@ -910,15 +794,15 @@ impl Endpoint {
     }
 
     /// Hands a receive buffer to the endpoint; its capacity is the largest
-    /// message it accepts. It comes back in a Received or RecvFailed completion.
+    /// message it accepts. It comes back in a Received or ReceiveFailed completion.
     pub fn post_recv(&mut self, mut buf: Vec<u8>) -> Result<(), Error> {
         buf.clear();
         let cap = buf.capacity();
         if cap < self.max_message {
-            return Err(Error::new(format!(
-                "post_recv: a {cap}-byte buffer is smaller than the endpoint's max_message ({} bytes)",
-                self.max_message
-            )));
+            return Err(Error::SmallReceiveBuffer {
+                capacity: cap,
+                max_message: self.max_message,
+            });
         }
         let mut op = Box::new(Op {
             fi_ctx: Default::default(),
@@ -964,7 +848,7 @@ impl Endpoint {
         }
         if ret != 0 {
             self.release(op);
-            return Err(Error::call("fi_trecv", ret));
+            return Err(fabric_error("fi_trecv", ret));
         }
         self.ops.insert(ctx_ptr as usize, op);
         Ok(())
@@ -996,35 +880,30 @@ impl Endpoint {
         ctx: u64,
     ) -> Result<bool, Error> {
         if peer >= self.peers.len() {
-            return Err(Error::new(format!(
-                "send to peer {peer}: only {} peers were added",
-                self.peers.len()
-            )));
+            return Err(Error::UnknownPeer(peer));
         }
         let (body_rc, range) = match body {
             Some((rc, range)) => {
                 let len = (*rc).as_ref().len();
                 if range.start > range.end || range.end > len {
-                    return Err(Error::new(format!(
-                        "send: body range {range:?} is outside its {len}-byte buffer"
-                    )));
+                    return Err(Error::BadRange {
+                        start: range.start,
+                        end: range.end,
+                        len,
+                    });
                 }
                 (Some(rc), range)
             }
             None => (None, 0..0),
         };
         if tag > TAG_MASK {
-            return Err(Error::new(format!(
-                "send: tag {tag:#x} does not fit the {TAG_BITS} bits left to the caller"
-            )));
+            return Err(Error::BadTag(tag));
         }
-        let stream = (peer, tag & self.source_mask);
-        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = evb_tagseq::wire_tag(self.send_epoch[peer], seq, tag);
+        let wire_tag = self.links.wire_tag(peer, tag);
         if !self.post_send(peer, wire_tag, head, body_rc, range, ctx)? {
             return Ok(false);
         }
-        self.send_seq.insert(stream, seq.wrapping_add(1) & SEQ_MASK);
+        self.links.sent(peer, tag);
         Ok(true)
     }
 
@@ -1041,10 +920,10 @@ impl Endpoint {
         let dest = self.peers[peer];
         let total = head.len() + range.len();
         if total > self.max_message {
-            return Err(Error::new(format!(
-                "send: a {total}-byte message exceeds the endpoint's max_message ({} bytes)",
-                self.max_message
-            )));
+            return Err(Error::MessageTooLong {
+                len: total,
+                max_message: self.max_message,
+            });
         }
         // Two pieces need two iov entries; a provider with one gets a copy.
         let mut pieces: Vec<(*const u8, usize)> = Vec::with_capacity(2);
@@ -1119,7 +998,7 @@ impl Endpoint {
         }
         if ret != 0 {
             self.release(op);
-            return Err(Error::call("fi_tsendv", ret as isize));
+            return Err(fabric_error("fi_tsendv", ret as isize));
         }
         self.ops.insert(ctx_ptr as usize, op);
         self.sends += 1;
@@ -1134,7 +1013,11 @@ impl Endpoint {
     /// Receive buffers posted and not yet returned (including completed
     /// ones held back for order).
     pub fn posted_recvs(&self) -> usize {
-        self.ops.len() - self.sends + self.streams.held()
+        debug_assert!(
+            self.sends <= self.ops.len(),
+            "every send in flight is an op"
+        );
+        self.ops.len() - self.sends + self.links.held()
     }
 
     /// Messages from `source` (tag & source_mask) arrived lately and wait
@@ -1143,7 +1026,7 @@ impl Endpoint {
     /// receive of a dead sender's rendezvous message pending for ever, and
     /// the messages held behind it must not keep the sender alive.
     pub fn source_waiting(&self, source: u64) -> bool {
-        self.streams.waiting(source & self.source_mask)
+        self.links.waiting(source)
     }
 
     /// The peer whose messages carry `source` (tag & source_mask) is gone:
@@ -1151,10 +1034,11 @@ impl Endpoint {
     /// back behind a message that will now never arrive, and from then on
     /// hands out its messages as they come, unordered.
     pub fn forget_source(&mut self, source: u64) {
-        let held = self.streams.forget(source & self.source_mask);
+        let source = self.links.source_of(source);
+        let held = self.links.forget_source(source);
         self.ready.extend(held);
-        let epoch = self.current_epoch(source & self.source_mask);
-        self.discard_unexpected(source & self.source_mask, epoch);
+        let epoch = self.links.current_epoch(source);
+        self.discard_unexpected(source, epoch);
     }
 
     /// Drops one message from `source` the provider holds as unexpected (no
@@ -1181,7 +1065,7 @@ impl Endpoint {
         let ctx_ptr = (&mut *op as *mut Op).cast::<c_void>();
         // Match the source, epoch and CTRL bits only: any sequence number,
         // any other bits.
-        let ignore = !(self.source_mask | (EPOCH_MASK << EPOCH_SHIFT) | CTRL_BIT);
+        let ignore = !(self.links.source_mask() | (EPOCH_MASK << EPOCH_SHIFT) | CTRL_BIT);
         let tag = source | (u64::from(epoch) << EPOCH_SHIFT);
         // SAFETY: the context lives in self.ops until its completion.
         let ret = unsafe { sys::evb_fi_tdiscard(self.ep, tag, ignore, ctx_ptr) };
@@ -1201,6 +1085,12 @@ impl Endpoint {
 
     /// Non-blocking: drives the library and appends completions to `out`.
     pub fn progress(&mut self, out: &mut Vec<Completion>) -> Result<(), Error> {
+        if self.links.relinks_pending() {
+            // Relinks to an address the library refused, due again.
+            for due in self.links.relinks_due(&[], Instant::now()) {
+                self.try_relink(due)?;
+            }
+        }
         self.push_control()?;
         out.append(&mut self.ready);
         let mut entries = [sys::fi_cq_tagged_entry::default(); CQ_BATCH];
@@ -1220,7 +1110,7 @@ impl Endpoint {
             } else if n == -(sys::FI_EAVAIL as isize) {
                 self.complete_error(out)?;
             } else {
-                return Err(Error::call("fi_cq_read", n));
+                return Err(fabric_error("fi_cq_read", n));
             }
         }
     }
@@ -1231,7 +1121,7 @@ impl Endpoint {
     /// one sits in its unexpected queue). Post one more buffer so the
     /// missing message can land; it goes to the caller like any other.
     fn unblock_held(&mut self) -> Result<(), Error> {
-        if self.streams.held() == 0 {
+        if self.links.held() == 0 {
             return Ok(());
         }
         let posted = self
@@ -1289,21 +1179,17 @@ impl Endpoint {
                 let len = e.len.min(buf.capacity());
                 // SAFETY: the provider wrote `len` bytes into the buffer.
                 unsafe { buf.set_len(len) };
-                let tag = e.tag & TAG_MASK;
-                let source = tag & self.source_mask;
-                let seq = evb_tagseq::seq_of(e.tag);
-                let epoch = evb_tagseq::epoch_of(e.tag);
-                // A JOIN carries no epoch; a replaced incarnation's message
-                // (crate docs on rejoin) is dropped.
-                let is_join = e.tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
-                if epoch != self.current_epoch(source) && !is_join {
-                    self.stale_dropped += 1;
-                    self.post_recv(buf)?;
-                } else if e.tag & CTRL_BIT != 0 {
-                    self.on_control(buf, tag, seq, out)?;
-                } else {
-                    let done = Completion::Received { buf, len, tag };
-                    self.streams.finished(source, seq, Some(done), out);
+                // A replaced incarnation's message (crate docs on rejoin) is
+                // dropped.
+                match self.links.arrival(e.tag) {
+                    Arrival::Stale => self.post_recv(buf)?,
+                    Arrival::Control { source, seq, .. } => {
+                        self.on_control(buf, source, seq, out)?
+                    }
+                    Arrival::Data { tag, source, seq } => {
+                        let done = Completion::Received { buf, len, tag };
+                        self.links.finished(source, seq, Some(done), out);
+                    }
                 }
             }
             // One stale message dropped: look for the next.
@@ -1313,7 +1199,7 @@ impl Endpoint {
             None => {
                 // A successful completion for something we never posted would
                 // be a provider bug we cannot recover from.
-                return Err(Error::new(format!(
+                return Err(Error::Internal(format!(
                     "libfabric completed an operation this endpoint did not post (context {:p}, flags {:#x})",
                     e.op_context, e.flags
                 )));
@@ -1330,7 +1216,7 @@ impl Endpoint {
             return Ok(());
         }
         if ret < 0 {
-            return Err(Error::call("fi_cq_readerr", ret));
+            return Err(fabric_error("fi_cq_readerr", ret));
         }
         let mut reason = strerror(err.err as isize);
         if err.prov_errno != 0 {
@@ -1361,7 +1247,7 @@ impl Endpoint {
         }
         match self.take_failed(err.op_context) {
             Some(OpKind::Send { ctx, .. }) if ctx == CONTROL_CTX => {
-                stderr_line!("evb ofi: an endpoint message (join or answer) failed: {reason}");
+                tracing::warn!("evb ofi: an endpoint message (join or answer) failed: {reason}");
             }
             Some(OpKind::Send { ctx, .. }) => out.push(Completion::SendFailed { ctx, reason }),
             Some(OpKind::Recv { mut buf }) => {
@@ -1376,17 +1262,17 @@ impl Endpoint {
                 let len = err.len.min(buf.capacity());
                 // SAFETY: the provider wrote `len` bytes before failing.
                 unsafe { buf.set_len(len) };
-                let failed = Completion::RecvFailed {
+                let failed = Completion::ReceiveFailed {
                     buf,
                     tag: err.tag & TAG_MASK,
                     reason,
                 };
-                let source = err.tag & self.source_mask;
-                let epoch = evb_tagseq::epoch_of(err.tag);
-                if truncated && epoch == self.current_epoch(source) {
+                let source = self.links.source_of(err.tag);
+                let epoch = evb_msgengine::epoch_of(err.tag);
+                if truncated && epoch == self.links.current_epoch(source) {
                     // The tag is the message's: it takes its place in the stream.
-                    let seq = evb_tagseq::seq_of(err.tag);
-                    self.streams.finished(source, seq, Some(failed), out);
+                    let seq = evb_msgengine::seq_of(err.tag);
+                    self.links.finished(source, seq, Some(failed), out);
                 } else {
                     // A broken connection: the entry carries no tag of ours.
                     out.push(failed);
@@ -1432,10 +1318,10 @@ impl Endpoint {
                 if ret < 0
                     && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
                 {
-                    return Err(Error::new(format!(
-                        "poll on the libfabric wait fd: {}",
-                        std::io::Error::last_os_error()
-                    )));
+                    return Err(Error::Wait {
+                        library: "libfabric",
+                        source: std::io::Error::last_os_error(),
+                    });
                 }
                 Ok(())
             }
@@ -1458,11 +1344,11 @@ impl Endpoint {
     }
 }
 
-fn check(what: &str, ret: isize) -> Result<(), Error> {
+fn check(what: &'static str, ret: isize) -> Result<(), Error> {
     if ret == 0 {
         Ok(())
     } else {
-        Err(Error::call(what, ret))
+        Err(fabric_error(what, ret))
     }
 }
 

@@ -5,14 +5,19 @@
 //! - [`engine`]: the link-layer model (credits per VL in 64-byte blocks,
 //!   virtual cut-through, switch arbitration, host queue pairs);
 //! - [`traffic`]: synthetic patterns and `eb`, which drives the same
-//!   `evb_core::Node` state machines that `evb run` drives over TCP.
+//!   `evb_core::Node` state machines that `evb run` drives over TCP;
+//! - [`setup`]: the fabric from its description and the configuration
+//!   sized for it; [`output`]: the text, CSV and plots of `evb sim` and
+//!   `evb scan`.
 //!
 //! Deterministic: the same configuration and seed give the same result.
 
 pub mod engine;
 pub mod fabric;
+pub mod output;
 pub mod queue;
 pub mod scan;
+pub mod setup;
 pub mod stats;
 pub mod traffic;
 
@@ -203,6 +208,8 @@ fn crash_summary(
     end: Ps,
 ) -> Option<CrashSummary> {
     let (node, at, detected) = e.crash?;
+    // Not found within the run: nothing after.
+    let detected = detected.unwrap_or(end);
     let mean_over = |from: Ps, to: Ps| {
         // Interval i covers [i * sample, (i + 1) * sample).
         let picked: Vec<f64> = e

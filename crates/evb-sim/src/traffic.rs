@@ -11,6 +11,7 @@
 //! fabric itself, the Filter Units its last hosts (`"fabric"`).
 
 use evb_core::bu::Admit;
+use evb_core::liveness::Timers;
 use evb_core::source::SourceModel;
 use evb_core::wire::{Message, FLAG_BATCH, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
 use evb_core::{Action, Config, FragmentHeader, Layout, Node, Outcome};
@@ -262,9 +263,9 @@ pub struct EventBuilder {
     /// batch is taken back out) and through the network.
     interval_built: i64,
     interval_network: u64,
-    /// `sim.crash`: the node that dies, when, and when the others learn
-    /// of it (ps).
-    pub crash: Option<(u16, Ps, Ps)>,
+    /// `sim.crash`: the node that dies, when, and when a survivor first
+    /// found it silent (ps; `None`: not within the run).
+    pub crash: Option<(u16, Ps, Option<Ps>)>,
     /// Per node: it has died (takes no input, does nothing more).
     dead: Vec<bool>,
     layout: Layout,
@@ -276,11 +277,9 @@ pub struct EventBuilder {
     endpoint_of_host: Vec<u16>,
 }
 
-/// Timer tokens: the node's own deadline, its death, the others learning
-/// of it.
+/// Timer tokens: the node's own deadline, its death.
 const TIMER_DEADLINE: u64 = 0;
 const TIMER_CRASH: u64 = 1;
-const TIMER_DETECTED: u64 = 2;
 
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
@@ -320,16 +319,32 @@ impl EventBuilder {
                 if layout.fus() > 0 { format!(", plus {} consumers", layout.fus()) } else { String::new() }
             ));
         }
+        let crash = config
+            .sim
+            .crash_at()?
+            .map(|(node, at_us)| (node, (at_us * 1e6) as Ps, None));
+        // A death is found as `evb run` finds a stopped node: by its
+        // silence, on the simulator's time scale. Without one, no
+        // heartbeats: they would only add control messages to every figure.
+        let timers = Timers {
+            heartbeat: if crash.is_some() {
+                (config.sim.heartbeat_us * 1e3) as u64
+            } else {
+                0
+            },
+            peer_timeout: (config.sim.peer_timeout_us * 1e3) as u64,
+            ..Timers::from_config(config)
+        };
         let nodes = (0..layout.endpoints)
-            .map(|i| Node::new(config, &layout, i))
+            .map(|i| {
+                let mut node = Node::new(config, &layout, i);
+                node.set_timers(timers);
+                node
+            })
             .collect();
         let sources = (0..layout.endpoints as usize)
             .map(|i| layout.ru_of[i].map(|s| SourceModel::new(config, s)))
             .collect();
-        let crash = config.sim.crash_at()?.map(|(node, at_us)| {
-            let at = (at_us * 1e6) as Ps;
-            (node, at, at + (config.sim.crash_detection_us * 1e6) as Ps)
-        });
         Ok(EventBuilder {
             nodes,
             sources,
@@ -498,7 +513,15 @@ impl EventBuilder {
                     net.post(src, dst, wire, 0, tag, None);
                 }
                 Action::Consumed { .. } | Action::Confirmed { .. } => {}
-                Action::Release { .. } | Action::Done => {}
+                Action::Release { .. } | Action::Done | Action::DrainTimedOut { .. } => {}
+                Action::DropPeer { peer, .. } => {
+                    // The first survivor to find the dead node silent.
+                    if let Some((dead, _, found @ None)) = &mut self.crash {
+                        if *dead == peer {
+                            *found = Some(net.now());
+                        }
+                    }
+                }
             }
         }
         // Control messages of one step to one destination travel together,
@@ -525,9 +548,8 @@ impl Traffic for EventBuilder {
             self.nodes[h].start(0);
             self.drain(net, h as u32);
         }
-        if let Some((node, at, detected)) = self.crash {
+        if let Some((node, at, _)) = self.crash {
             net.set_timer(u32::from(node), at, TIMER_CRASH);
-            net.set_timer(u32::from(node), detected, TIMER_DETECTED);
         }
     }
 
@@ -604,19 +626,10 @@ impl Traffic for EventBuilder {
         let h = host as usize;
         match token {
             TIMER_CRASH => {
+                // It stops: no input, no output, no timers; its
+                // connections stay open, so the survivors find it only by
+                // its silence (the core's peer timeout).
                 self.dead[h] = true;
-                return;
-            }
-            TIMER_DETECTED => {
-                // Every survivor learns of the death at once (a connection
-                // reset, or heartbeats missed).
-                let now = Self::now_ns(net);
-                for other in 0..self.nodes.len() {
-                    if !self.dead[other] {
-                        self.nodes[other].on_peer_lost(now, host as u16);
-                        self.drain(net, other as u32);
-                    }
-                }
                 return;
             }
             _ if self.dead[h] => return,

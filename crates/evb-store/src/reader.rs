@@ -290,3 +290,102 @@ fn read_file(path: &Path, max: u64) -> Result<Vec<u8>, String> {
     }
     Ok(bytes)
 }
+
+/// Partial objects named in the text report.
+const PARTIAL_SHOWN: usize = 20;
+
+/// Source indices as `0,1,3`.
+fn source_list(sources: &[u32]) -> String {
+    sources
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl ReadReport {
+    /// The report as `evb store read` prints it: totals, then partial,
+    /// listed and bad objects, one per line.
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "evb store read: {}\nobjects {} ({} good, {} bad)  events {}  bytes {} ({:.3} GB)",
+            self.target,
+            self.objects,
+            self.good_objects,
+            self.bad.len(),
+            self.events,
+            self.bytes,
+            self.bytes as f64 / 1e9
+        );
+        if self.other_files > 0 {
+            out.push_str(&format!("  ({} other files skipped)", self.other_files));
+        }
+        out.push('\n');
+        if self.version_1_objects > 0 {
+            out.push_str(&format!(
+                "{} objects of layout version 1 (no source table: every source)\n",
+                self.version_1_objects
+            ));
+        }
+        if self.selection_objects > 0 {
+            out.push_str(&format!(
+                "selections {} (objects holding the events a filter unit accepted): {} of their MEPs' {} events\n",
+                self.selection_objects, self.selection_events, self.selection_mep_events
+            ));
+        }
+        if self.partial_objects > 0 {
+            let by_source: Vec<String> = self
+                .missing_by_source
+                .iter()
+                .map(|(s, n)| format!("source {s} in {n}"))
+                .collect();
+            out.push_str(&format!(
+                "partial objects {} (built without some sources; missing: {})\n",
+                self.partial_objects,
+                by_source.join(", ")
+            ));
+            for p in self.partial.iter().take(PARTIAL_SHOWN) {
+                out.push_str(&format!(
+                    "partial: {}: MEP {}, sources {} of {}, missing {}\n",
+                    p.name,
+                    p.mep,
+                    p.sources_stored,
+                    p.run_sources,
+                    source_list(&p.missing)
+                ));
+            }
+            if self.partial_objects as usize > PARTIAL_SHOWN {
+                out.push_str(&format!(
+                    "partial: ... {} more (--json lists {} at most, --list all objects)\n",
+                    self.partial_objects as usize - PARTIAL_SHOWN,
+                    MAX_LISTED
+                ));
+            }
+        }
+        for o in &self.listed {
+            out.push_str(&format!(
+                "object: {}: v{} MEP {} events {}{} bytes {} sources {} of {}: {}\n",
+                o.name,
+                o.version,
+                o.mep,
+                o.events,
+                if o.events < o.mep_events {
+                    format!(" of {}", o.mep_events)
+                } else {
+                    String::new()
+                },
+                o.bytes,
+                o.sources.len(),
+                o.run_sources,
+                source_list(&o.sources)
+            ));
+        }
+        for bad in &self.bad {
+            out.push_str(&format!("bad: {}: {}\n", bad.name, bad.reason));
+        }
+        if self.objects == 0 {
+            out.push_str("no objects found\n");
+        }
+        out
+    }
+}

@@ -1,7 +1,9 @@
 //! evb over UCX: one message endpoint per process on top of UCP tag matching.
 //!
-//! The wire-tag layout, the per-sender ordered streams and the JOIN/ACK
-//! handshake are `evb_tagseq`'s, shared by evb-ucx and evb-ofi.
+//! The engine layer above the library is `evb_msgengine`'s, shared by
+//! evb-ucx and evb-ofi: the wire-tag layout, the per-sender ordered
+//! streams, the rejoin/relink state machine (`Links`), the [`Completion`]
+//! and [`Error`] types. This crate drives the library and calls into it.
 //!
 //! Why UCX: it is how the event builders this project models actually move
 //! data (InfiniBand RC/DC, shared memory, TCP as a fallback), and it picks the
@@ -31,51 +33,25 @@
 //! buffer for exactly that body, so the message lands as head ++ body as if
 //! sent in one piece.
 //!
-//! Rejoin ([`Endpoint::enable_rejoin`]): a process that restarted (a new
-//! incarnation of a sender, with a new worker and address) reaches each
-//! live endpoint with [`Endpoint::add_peer_rejoining`], which sends a JOIN
-//! (an endpoint message with the CTRL bit, outside the sequence: its
-//! source, its new address, its index for that peer). The live endpoint
-//! opens an endpoint to the new address, bumps its *epoch* for that source,
-//! starts the source's stream afresh (sequence 0, nothing held; bodies
-//! still awaited from the old incarnation are cancelled), reports
-//! [`Completion::PeerJoined`] and answers with an ACK carrying the new
-//! epoch (the first message of its own stream to the new incarnation,
-//! which reports `PeerJoined` when it arrives in order). The new
-//! incarnation sends nothing but its JOIN before that answer, and stamps
-//! every later message to that endpoint with the epoch it was given (8 bits
-//! of the wire tag). A receiver hands out only messages whose epoch is its
-//! current one for their source: whatever the old incarnation left in
-//! flight (late completions, a rendezvous finishing after the join, a split
-//! body) is dropped, in whatever order the two incarnations' messages
-//! arrive. The epoch is per link and wraps after 256 joins of one source.
-//!
-//! Relink ([`Endpoint::relink`]): when the runtime gives up the link to a
-//! peer whose process may well live (it was stopped, starved, cut off),
-//! the higher source of the two opens a new UCP endpoint to the peer's
-//! address, bumps its own epoch for the peer, restarts the peer's stream
-//! and sends a RELINK (a JOIN that also carries that epoch); the lower
-//! answers as it answers a JOIN, and stamps its messages to the asker with
-//! the asker's epoch. So both directions drop whatever the old link still
-//! delivers. A request whose new endpoint fails is made again from another
-//! one after a backoff (250 ms doubling to 1 s, as tcp re-dials), at most 10 times (a dead
-//! peer's restart joins anew); one to a peer not reachable at all (a link
-//! down: no endpoint opens) is tried again for as long as it takes. Old
+//! Rejoin ([`Endpoint::enable_rejoin`]) and relink ([`Endpoint::relink`]):
+//! `evb_msgengine::Links` holds the state machine, shared with evb-ofi (its
+//! docs tell the handshakes). A restarted process (a new incarnation of a
+//! sender, with a new worker and address) reaches each live endpoint with
+//! [`Endpoint::add_peer_rejoining`]; the live endpoint opens a UCP endpoint
+//! to the new address, and the stream of the old incarnation ends: bodies
+//! still awaited from it are cancelled, what it left held back is posted
+//! again. When the runtime gives up the link to a peer whose process may
+//! well live (it was stopped, starved, cut off), the higher source of the
+//! two opens a new UCP endpoint to the peer's address and sends a RELINK
+//! from it; a request whose endpoint fails (a PeerFailed of that endpoint)
+//! is made again from another one after a backoff, at most
+//! `evb_msgengine::RELINK_ATTEMPTS` times; one to a peer not reachable at
+//! all (no endpoint opens) is tried again for as long as it takes. Old
 //! endpoints are left open (one per request).
 //!
 //! The endpoint is single-threaded (UCS_THREAD_MODE_SINGLE) and not `Send`:
 //! the evb runtime runs one event loop per process. Callbacks from UCX only
 //! append to a queue; all bookkeeping happens in [`Endpoint::progress`].
-
-/// `eprintln!` in one `write`: the nodes of `evb run` share the launcher's
-/// stderr, and `eprintln!` writes a line in pieces, which interleave
-/// between processes ("evb node 1evb node : drain timed out: 3: ...").
-macro_rules! stderr_line {
-    ($($arg:tt)*) => {{
-        let line = format!("{}\n", format_args!($($arg)*));
-        eprint!("{line}");
-    }};
-}
 
 mod sys;
 pub mod transports;
@@ -89,20 +65,10 @@ use std::ptr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// Index of a peer, in the order of [`Endpoint::add_peer`] calls.
-pub type PeerId = usize;
-
-/// How [`Endpoint::wait`] waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Progress {
-    /// Sleep on UCX's event fd (ucp_worker_arm + poll): no CPU while idle.
-    #[default]
-    Blocking,
-    /// Spin on ucp_worker_progress, yielding the core to any other
-    /// runnable process between polls: lowest latency with a core per
-    /// process, and no starvation without one.
-    Busy,
-}
+/// The engine layer shared with evb-ofi: `Progress::Blocking` sleeps on
+/// UCX's event fd (ucp_worker_arm + poll), `Progress::Busy` spins on
+/// ucp_worker_progress, yielding the core between polls.
+pub use evb_msgengine::{Body, Completion, Error, PeerId, Progress};
 
 /// How to open an [`Endpoint`].
 #[derive(Debug, Clone)]
@@ -127,14 +93,63 @@ pub struct Options {
     pub source_mask: u64,
     /// Bodies of this many bytes and more are sent as their own contiguous
     /// message (module docs); `usize::MAX` (the default): never.
+    /// [`SPLIT_BODY_FROM_ENV`] overrides it ([`Options::with_env_overrides`]).
     pub split_body_from: usize,
+    /// Blocking mode: how long a `wait` that found nothing spins on the
+    /// worker before it arms the event fd and sleeps (experimental: it
+    /// helps split bodies and hurts iov sends, docs/transports.md); zero
+    /// (the default): no spinning. [`SPIN_BEFORE_SLEEP_ENV`] overrides it.
+    pub spin_before_sleep: Duration,
+}
+
+/// `EVB_UCX_SPLIT_BODY_FROM=BYTES` (or `never`) overrides
+/// [`Options::split_body_from`].
+pub const SPLIT_BODY_FROM_ENV: &str = "EVB_UCX_SPLIT_BODY_FROM";
+/// `EVB_UCX_SPIN_US=MICROSECONDS` overrides [`Options::spin_before_sleep`].
+pub const SPIN_BEFORE_SLEEP_ENV: &str = "EVB_UCX_SPIN_US";
+
+impl Options {
+    /// These options with the environment's overrides applied: the
+    /// variables win over the values set (from evb's configuration or the
+    /// defaults). `Endpoint::open` reads no environment variable itself
+    /// (besides UCX's own), so a library user gets exactly what it asked
+    /// for unless it calls this.
+    pub fn with_env_overrides(self) -> Result<Options, Error> {
+        self.with_overrides_from(|name| std::env::var(name).ok())
+    }
+
+    /// [`Options::with_env_overrides`] reading the variables through `var`.
+    fn with_overrides_from(
+        mut self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Options, Error> {
+        if let Some(v) = var(SPLIT_BODY_FROM_ENV) {
+            self.split_body_from = match v.as_str() {
+                "never" => usize::MAX,
+                _ => v.parse().map_err(|_| {
+                    Error::Config(format!(
+                        "{SPLIT_BODY_FROM_ENV}={v:?}: a byte count or `never`"
+                    ))
+                })?,
+            };
+        }
+        if let Some(v) = var(SPIN_BEFORE_SLEEP_ENV) {
+            let us: u64 = v.parse().map_err(|_| {
+                Error::Config(format!("{SPIN_BEFORE_SLEEP_ENV}={v:?}: microseconds"))
+            })?;
+            self.spin_before_sleep = Duration::from_micros(us);
+        }
+        Ok(self)
+    }
 }
 
 /// Tag bits left to the caller; above them: the sequence number (21 bits),
-/// the sender's epoch (8 bits) and CTRL_BIT (`evb_tagseq`), then SPLIT_BIT
+/// the sender's epoch (8 bits) and CTRL_BIT (`evb_msgengine`), then SPLIT_BIT
 /// and BODY_BIT.
-pub use evb_tagseq::TAG_BITS;
-use evb_tagseq::{Control, Epochs, Streams, CTRL_BIT, SEQ_MASK, TAG_MASK};
+pub use evb_msgengine::TAG_BITS;
+use evb_msgengine::{
+    Arrival, Control, ControlMessage, Forget, Links, RelinkDue, Restart, TAG_MASK,
+};
 /// Blocking mode: waits with no completion before `wait` sleeps on the
 /// event fd instead of yielding.
 const YIELDS_BEFORE_SLEEP: u32 = 256;
@@ -158,62 +173,9 @@ impl Default for Options {
             // sender whose peer closes (docs/transports.md), and the gain
             // against ucx_perftest was not shown on a quiet machine.
             split_body_from: usize::MAX,
+            spin_before_sleep: Duration::ZERO,
         }
     }
-}
-
-/// Something that finished; see [`Endpoint::progress`].
-#[derive(Debug)]
-pub enum Completion {
-    /// A send finished: its buffers are released; `ctx` is the caller's.
-    Sent { ctx: u64 },
-    /// A message arrived into a buffer given with post_recv (`buf.len() == len`);
-    /// `tag` is the sender's tag.
-    Received { buf: Vec<u8>, len: usize, tag: u64 },
-    /// A send failed (peer gone, ...): ctx of the send and a readable reason.
-    SendFailed { ctx: u64, reason: String },
-    /// A message could not be received into `buf` (typically: larger than the
-    /// buffer, UCX's "message truncated"); the buffer comes back, emptied.
-    ReceiveFailed { buf: Vec<u8>, reason: String },
-    /// UCX reported the connection to this peer broken; sends to it fail from now on.
-    PeerFailed { peer: PeerId, reason: String },
-    /// Rejoin (module docs): a new incarnation of the sender `source` (tag
-    /// bits) is reachable as `peer`, and what it sends from now on is handed
-    /// out; or, on a restarted endpoint, the peer `peer` (whose messages
-    /// carry `source`) took it back.
-    PeerJoined { peer: PeerId, source: u64 },
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("UCX transport `{requested}` (requested in UCX_TLS={tls}) is not available on this machine; available: {available}")]
-    TransportUnavailable {
-        requested: String,
-        tls: String,
-        available: String,
-    },
-    #[error("tag {0:#x} does not fit the 32 bits left to the caller")]
-    BadTag(u64),
-    #[error("{call} failed: {reason}")]
-    Ucx {
-        call: &'static str,
-        status: i32,
-        reason: String,
-    },
-    #[error("{0}")]
-    Config(String),
-    #[error("peer address: {0}")]
-    BadAddress(String),
-    #[error("unknown peer {0}")]
-    UnknownPeer(PeerId),
-    #[error("receive buffer has no capacity")]
-    EmptyReceiveBuffer,
-    #[error("send range {start}..{end} is outside the body of {len} bytes")]
-    BadRange {
-        start: usize,
-        end: usize,
-        len: usize,
-    },
 }
 
 fn status_string(status: sys::ucs_status_t) -> String {
@@ -226,7 +188,8 @@ fn status_string(status: sys::ucs_status_t) -> String {
 }
 
 pub(crate) fn ucx_error(call: &'static str, status: sys::ucs_status_t) -> Error {
-    Error::Ucx {
+    Error::Call {
+        library: "UCX",
         call,
         status: status.into(),
         reason: status_string(status),
@@ -377,9 +340,6 @@ unsafe extern "C" fn on_peer_error(
 
 // --- Operation slots -------------------------------------------------------
 
-/// A send's body: any shared bytes (a `Vec<u8>`, evb's MEP buffers).
-pub type Body = Rc<dyn AsRef<[u8]>>;
-
 struct SendOp {
     /// The requests UCX still holds (a split send has two; null: done).
     requests: [*mut c_void; 2],
@@ -450,13 +410,7 @@ impl<T> Slab<T> {
 
 struct Peer {
     ep: sys::ucp_ep_h,
-    /// The address it was reached at (a relink opens a new ep to it).
-    address: Vec<u8>,
     failed: Option<String>,
-    /// The epoch this peer expects on our messages (module docs on rejoin).
-    send_epoch: u8,
-    /// A restarted endpoint asked it to take it back; no answer yet.
-    awaiting_ack: bool,
     _cookie: Box<Cookie>,
 }
 
@@ -481,49 +435,14 @@ pub struct Endpoint {
     recv_order: VecDeque<usize>,
     /// Completions known outside callbacks (immediate completions), handed out by progress.
     ready: Vec<Completion>,
-    source_mask: u64,
-    /// Next sequence number per (destination, sender bits of the tag).
-    send_seq: std::collections::HashMap<(PeerId, u64), u32>,
-    /// Per sender (tag & source_mask).
-    streams: Streams<Completion>,
+    /// Sequence numbers, epochs, ordered streams, the rejoin and relink
+    /// handshakes (`evb_msgengine`).
+    links: Links,
     split_body_from: usize,
+    spin_before_sleep: Duration,
     /// Drop has begun: no more body receives are posted.
     closing: bool,
-    /// Rejoin enabled: the source bits of this endpoint's own messages.
-    own_source: Option<u64>,
-    /// Per source: the epoch of its current incarnation (0 at the start).
-    recv_epoch: Epochs,
-    /// Per source that joined: the peer of its current incarnation.
-    joined_as: std::collections::HashMap<u64, PeerId>,
-    /// Messages of replaced incarnations dropped (epoch no longer current).
-    stale_dropped: u64,
-    /// Per source: the RELINK this endpoint sent and awaits an answer to.
-    relinks: std::collections::HashMap<u64, PendingRelink>,
 }
-
-/// A RELINK under way (module docs).
-struct PendingRelink {
-    /// The new peer index the request went to (`None`: the peer was not
-    /// reachable, no request went out).
-    peer: Option<PeerId>,
-    address: Vec<u8>,
-    /// Ask again (from a new endpoint) at this time: the last one failed.
-    retry_at: Option<Instant>,
-    backoff: Duration,
-    /// Requests whose endpoint failed so far.
-    failures: u32,
-}
-
-/// After this many requests whose endpoint failed (each one opens an
-/// endpoint) the peer is taken for dead: no more requests; a restart of it
-/// joins anew. A peer that is not reachable at all (a link down: no
-/// endpoint opens) is asked again for as long as it takes.
-const RELINK_ATTEMPTS: u32 = 10;
-
-/// First wait before a RELINK whose endpoint failed is sent again; it
-/// doubles up to [`RELINK_BACKOFF_MAX`].
-const RELINK_BACKOFF: Duration = Duration::from_millis(250);
-const RELINK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 const REQUEST_FREED_MARK: *mut c_void = ptr::null_mut();
 /// The ctx of the endpoint's own sends: their completions are not reported.
@@ -642,16 +561,10 @@ impl Endpoint {
                 recvs: Slab::new(),
                 recv_order: VecDeque::new(),
                 ready: Vec::new(),
-                source_mask: opts.source_mask & TAG_MASK,
-                send_seq: std::collections::HashMap::new(),
-                streams: Streams::default(),
+                links: Links::new("ucx", opts.source_mask),
                 split_body_from: opts.split_body_from,
+                spin_before_sleep: opts.spin_before_sleep,
                 closing: false,
-                own_source: None,
-                recv_epoch: Epochs::default(),
-                relinks: std::collections::HashMap::new(),
-                joined_as: std::collections::HashMap::new(),
-                stale_dropped: 0,
             })
         }
     }
@@ -700,12 +613,11 @@ impl Endpoint {
         }
         self.peers.push(Peer {
             ep,
-            address: address.to_vec(),
             failed: None,
-            send_epoch: 0,
-            awaiting_ack: false,
             _cookie: cookie,
         });
+        self.links.peer_added(peer, address);
+        debug_assert_eq!(self.links.num_peers(), self.peers.len());
         Ok(peer)
     }
 
@@ -713,7 +625,7 @@ impl Endpoint {
     /// run. `source`: the tag bits (within `Options::source_mask`) that
     /// name this endpoint's own messages.
     pub fn enable_rejoin(&mut self, source: u64) {
-        self.own_source = Some(source & self.source_mask);
+        self.links.enable_rejoin(source);
     }
 
     /// For a restarted endpoint (rejoin enabled): reaches a live endpoint
@@ -721,15 +633,10 @@ impl Endpoint {
     /// nothing to the peer before its [`Completion::PeerJoined`] (what is
     /// sent earlier carries the wrong epoch and is dropped by the peer).
     pub fn add_peer_rejoining(&mut self, address: &[u8]) -> Result<PeerId, Error> {
-        let Some(source) = self.own_source else {
-            return Err(Error::Config(
-                "add_peer_rejoining needs enable_rejoin first".into(),
-            ));
-        };
+        self.links.require_rejoin("add_peer_rejoining")?;
         let peer = self.add_peer(address)?;
-        let join = evb_tagseq::join_message(source, peer as u32, &self.address);
-        self.peers[peer].awaiting_ack = true;
-        self.send_control(peer, CTRL_BIT | source, join)?;
+        let join = self.links.join_request(peer, &self.address);
+        self.send_control(join)?;
         Ok(peer)
     }
 
@@ -740,104 +647,48 @@ impl Endpoint {
     /// [`Completion::PeerJoined`] of the answer, under a new peer index;
     /// send nothing to the peer before it.
     pub fn relink(&mut self, peer: PeerId, source: u64) -> Result<(), Error> {
-        let Some(own) = self.own_source else {
-            return Ok(());
-        };
-        let source = source & self.source_mask;
-        if own < source || self.relinks.contains_key(&source) {
-            return Ok(());
+        if let Some(due) = self.links.relink_wanted(peer, source) {
+            self.try_relink(due);
         }
-        let Some(address) = self.peers.get(peer).map(|p| p.address.clone()) else {
-            return Ok(());
-        };
-        self.try_relink(source, address, RELINK_BACKOFF, 0);
         Ok(())
     }
 
-    /// [`Endpoint::send_relink`], or, if the peer cannot be reached now
-    /// (no endpoint opens: a link down), the same again after `backoff`.
-    fn try_relink(&mut self, source: u64, address: Vec<u8>, backoff: Duration, failures: u32) {
-        if let Err(e) = self.send_relink(source, address.clone(), backoff, failures) {
-            if backoff == RELINK_BACKOFF {
-                stderr_line!(
-                    "evb ucx: asking source {source:#x} for the link again: {e} (trying again with backoff)"
-                );
-            }
-            self.relinks.insert(
-                source,
-                PendingRelink {
-                    peer: None,
-                    address,
-                    retry_at: Some(Instant::now() + backoff),
-                    backoff,
-                    failures,
-                },
-            );
+    /// Opens a new endpoint to the peer's address, restarts its stream
+    /// under a new epoch and sends the RELINK; if the peer cannot be
+    /// reached now (no endpoint opens: a link down), the same again after
+    /// the backoff.
+    fn try_relink(&mut self, due: RelinkDue) {
+        let sent = self.add_peer(&due.address).and_then(|peer| {
+            let (restart, request) = self.links.relink_opened(&due, peer, &self.address);
+            self.end_old_stream(restart);
+            self.send_control(request)
+        });
+        if let Err(e) = sent {
+            self.links.relink_not_sent(due, &e, Instant::now());
         }
-    }
-
-    /// Opens a new endpoint to `address`, restarts `source`'s stream under
-    /// a new epoch and sends the RELINK.
-    fn send_relink(
-        &mut self,
-        source: u64,
-        address: Vec<u8>,
-        backoff: Duration,
-        failures: u32,
-    ) -> Result<(), Error> {
-        let own = self.own_source.expect("relink needs rejoin enabled");
-        let peer = self.add_peer(&address)?;
-        let epoch = self.restart_source(source);
-        self.joined_as.insert(source, peer);
-        self.peers[peer].awaiting_ack = true;
-        self.relinks.insert(
-            source,
-            PendingRelink {
-                peer: Some(peer),
-                address,
-                retry_at: None,
-                backoff,
-                failures,
-            },
-        );
-        let request = evb_tagseq::relink_message(own, peer as u32, epoch, &self.address);
-        self.send_control(peer, CTRL_BIT | own, request)
+        self.links.debug_check();
     }
 
     /// A RELINK whose endpoint failed is sent again from a new one, after
     /// a backoff; `failed`: peers reported failed by this progress.
     fn retry_relinks(&mut self, failed: &[PeerId]) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        for (&source, r) in &mut self.relinks {
-            if r.retry_at.is_none() && r.peer.is_some_and(|p| failed.contains(&p)) {
-                r.failures += 1;
-                r.retry_at = Some(now + r.backoff);
-            }
-            if r.retry_at.is_some_and(|t| t <= now) {
-                due.push((source, r.address.clone(), r.backoff, r.failures));
-            }
-        }
-        for (source, address, backoff, failures) in due {
-            self.relinks.remove(&source);
-            if failures >= RELINK_ATTEMPTS {
-                stderr_line!(
-                    "evb ucx: source {source:#x} did not answer {failures} requests for the link: given up"
-                );
-                continue;
-            }
-            let next = (backoff * 2).min(RELINK_BACKOFF_MAX);
-            self.try_relink(source, address, next, failures);
+        for due in self.links.relinks_due(failed, Instant::now()) {
+            self.try_relink(due);
         }
     }
 
     /// Messages of replaced incarnations dropped so far.
     pub fn stale_dropped(&self) -> u64 {
-        self.stale_dropped
+        self.links.stale_dropped()
     }
 
     /// Sends one of the endpoint's own messages (no completion is reported).
-    fn send_control(&mut self, peer: PeerId, wire_tag: u64, mut msg: Vec<u8>) -> Result<(), Error> {
+    fn send_control(&mut self, msg: ControlMessage) -> Result<(), Error> {
+        let ControlMessage {
+            peer,
+            wire_tag,
+            bytes: mut msg,
+        } = msg;
         let ep = self.peers[peer].ep;
         let (slot, cookie) = self.sends.reserve(self.shared);
         // SAFETY: `msg` is stored in the slot until the send completes.
@@ -854,7 +705,7 @@ impl Endpoint {
         if let Some(status) = ptr_status(request) {
             self.sends.unreserve(slot);
             if is_peer_failure(status) || status == sys::UCS_ERR_NO_RESOURCE {
-                stderr_line!(
+                tracing::warn!(
                     "evb ucx: control message to peer {peer}: {}",
                     status_string(status)
                 );
@@ -885,51 +736,34 @@ impl Endpoint {
         Ok(())
     }
 
-    /// An endpoint message (CTRL bit) arrived: a JOIN or its answer.
-    fn on_control(&mut self, mut buf: Vec<u8>, tag: u64, seq: u32, out: &mut Vec<Completion>) {
-        let source = tag & self.source_mask;
-        match evb_tagseq::parse_control(&buf) {
+    /// An endpoint message (CTRL bit) arrived from `source`, message `seq`
+    /// of its stream: a JOIN or its answer.
+    fn on_control(&mut self, mut buf: Vec<u8>, source: u64, seq: u32, out: &mut Vec<Completion>) {
+        match evb_msgengine::parse_control(&buf) {
             Control::Join {
                 joiner,
                 their_index,
                 address,
                 reply_epoch,
-            } if self.own_source.is_some() => {
-                let joiner = joiner & self.source_mask;
+            } if self.links.own_source().is_some() => {
                 let address = address.to_vec();
                 buf.clear();
                 let _ = self.post_recv(buf);
                 self.accept_join(joiner, their_index, &address, reply_epoch, out);
             }
             Control::Ack { epoch, index } => {
-                let index = index as usize;
                 buf.clear();
                 let _ = self.post_recv(buf);
-                match self.peers.get_mut(index) {
-                    Some(p) if p.awaiting_ack => {
-                        p.awaiting_ack = false;
-                        p.send_epoch = epoch;
-                        if self
-                            .relinks
-                            .get(&source)
-                            .is_some_and(|r| r.peer == Some(index))
-                        {
-                            self.relinks.remove(&source);
-                        }
-                        let joined = Completion::PeerJoined {
-                            peer: index,
-                            source,
-                        };
-                        self.streams.finished(source, seq, Some(joined), out);
-                    }
-                    _ => {
-                        stderr_line!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
-                        self.streams.finished(source, seq, None, out);
-                    }
+                if !self
+                    .links
+                    .accept_ack(source, seq, epoch, index as PeerId, out)
+                {
+                    tracing::warn!("evb ucx: an answer to a join request this endpoint did not make (peer {index})");
                 }
+                self.links.debug_check();
             }
             _ => {
-                stderr_line!(
+                tracing::warn!(
                     "evb ucx: an endpoint message of {} bytes from source {source:#x} not understood",
                     buf.len()
                 );
@@ -939,69 +773,48 @@ impl Endpoint {
         }
     }
 
-    /// A new incarnation of `source` asks to be taken back, or (with
+    /// A new incarnation of `joiner` asks to be taken back, or (with
     /// `reply_epoch`, a RELINK) a live one asks for the link again (module
     /// docs).
     fn accept_join(
         &mut self,
-        source: u64,
+        joiner: u64,
         their_index: u32,
         address: &[u8],
         reply_epoch: Option<u8>,
         out: &mut Vec<Completion>,
     ) {
-        let Some(own) = self.own_source else {
-            return;
-        };
+        let source = self.links.source_of(joiner);
         let peer = match self.add_peer(address) {
             Ok(p) => p,
             Err(e) => {
-                stderr_line!(
+                tracing::warn!(
                     "evb ucx: source {source:#x} asked to join from an address not reachable: {e}"
                 );
                 return;
             }
         };
-        let epoch = self.restart_source(source);
-        self.joined_as.insert(source, peer);
-        // Its request supersedes one of ours (it is the higher: ours would
-        // not have been made, unless the sources are misconfigured).
-        self.relinks.remove(&source);
-        // A relinking peer expects its new epoch on everything we send it.
-        let reply_epoch = reply_epoch.unwrap_or(0);
-        self.peers[peer].send_epoch = reply_epoch;
-        out.push(Completion::PeerJoined { peer, source });
-        // The answer is the first message of our stream to it.
-        let key = (peer, own);
-        let seq = self.send_seq.get(&key).copied().unwrap_or(0);
-        self.send_seq.insert(key, seq.wrapping_add(1) & SEQ_MASK);
-        let ack = evb_tagseq::ack_message(epoch, their_index);
-        let wire_tag = CTRL_BIT | evb_tagseq::wire_tag(reply_epoch, seq, own);
-        if let Err(e) = self.send_control(peer, wire_tag, ack) {
-            stderr_line!("evb ucx: answering the join of source {source:#x}: {e}");
+        let accepted = self
+            .links
+            .accept_join(joiner, their_index, peer, reply_epoch, out);
+        self.end_old_stream(accepted.restart);
+        if let Err(e) = self.send_control(accepted.answer) {
+            tracing::warn!("evb ucx: answering the join of source {source:#x}: {e}");
         }
+        self.links.debug_check();
     }
 
-    /// A new link with `source` starts (a join or a relink): a new epoch
-    /// for its messages, returned; the old link's stream ends here (bodies
-    /// still awaited from it are cancelled, what waits for its missing
-    /// messages is dropped).
-    fn restart_source(&mut self, source: u64) -> u8 {
-        let epoch = self.recv_epoch.bump(source);
-        self.cancel_bodies_from(source);
-        for done in self.streams.restart(source) {
-            self.stale_dropped += 1;
-            if let Completion::Received { mut buf, .. } = done {
+    /// A new link with a source started (a join or a relink): the old
+    /// link's stream ends here (bodies still awaited from it are cancelled,
+    /// what waited for its missing messages is posted again).
+    fn end_old_stream(&mut self, restart: Restart) {
+        self.cancel_bodies_from(restart.source);
+        for done in restart.recycle {
+            if let Some(mut buf) = done.into_buffer() {
                 buf.clear();
                 let _ = self.post_recv(buf);
             }
         }
-        epoch
-    }
-
-    /// The epoch messages of `source` must carry now.
-    fn current_epoch(&self, source: u64) -> u8 {
-        self.recv_epoch.current(source)
     }
 
     /// Hands a receive buffer to the endpoint; its capacity is the largest
@@ -1046,7 +859,7 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Sends head ++ body[range] as one message with `tag`. The endpoint keeps
+    /// Sends `head ++ body[range]` as one message with `tag`. The endpoint keeps
     /// the buffers until the Sent/SendFailed completion. Ok(false): too many
     /// sends in flight or UCX said "no resources": nothing was sent, the
     /// buffers are dropped, try again later. Never blocks.
@@ -1119,9 +932,7 @@ impl Endpoint {
         }
         let split = iov_count == 2 && iov[1].length >= self.split_body_from;
         let (slot, cookie) = self.sends.reserve(self.shared);
-        let stream = (peer, tag & self.source_mask);
-        let seq = self.send_seq.get(&stream).copied().unwrap_or(0);
-        let wire_tag = evb_tagseq::wire_tag(p.send_epoch, seq, tag);
+        let wire_tag = self.links.wire_tag(peer, tag);
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
@@ -1161,7 +972,7 @@ impl Endpoint {
             return Err(ucx_error("ucp_tag_send_nbx", status));
         }
         // The message (or its head) is out: it has its place in the stream.
-        self.send_seq.insert(stream, seq.wrapping_add(1) & SEQ_MASK);
+        self.links.sent(peer, tag);
         let mut requests = [first, ptr::null_mut()];
         let mut failure = None;
         if split {
@@ -1211,7 +1022,7 @@ impl Endpoint {
         if out.len() > before {
             self.idle_waits = 0;
         }
-        if !self.relinks.is_empty() {
+        if self.links.relinks_pending() {
             let failed: Vec<PeerId> = out[before..]
                 .iter()
                 .filter_map(|c| match c {
@@ -1251,27 +1062,26 @@ impl Endpoint {
             self.recv_order.remove(i);
             let op = self.recvs.take(slot).expect("slot in recv_order is live");
             let (status, wire_tag, len) = op.result.expect("checked above");
-            let tag = wire_tag & TAG_MASK;
-            let seq = evb_tagseq::seq_of(wire_tag);
-            let epoch = evb_tagseq::epoch_of(wire_tag);
-            // A replaced incarnation's message (module docs on rejoin); the
-            // JOIN itself carries no epoch.
-            let is_join = wire_tag & CTRL_BIT != 0 && seq == 0 && epoch == 0;
-            let stale = epoch != self.current_epoch(tag & self.source_mask) && !is_join;
             let mut buf = op.buf;
-            if stale {
-                self.stale_dropped += 1;
-                buf.clear();
-                self.post_recv(buf)?;
-            } else if status == sys::UCS_OK && len <= buf.capacity() {
+            // A replaced incarnation's message (module docs on rejoin) is
+            // dropped and its buffer posted again.
+            let (control, tag, source, seq) = match self.links.arrival(wire_tag) {
+                Arrival::Stale => {
+                    buf.clear();
+                    self.post_recv(buf)?;
+                    continue;
+                }
+                Arrival::Control { tag, source, seq } => (true, tag, source, seq),
+                Arrival::Data { tag, source, seq } => (false, tag, source, seq),
+            };
+            if status == sys::UCS_OK && len <= buf.capacity() {
                 // SAFETY: UCX wrote `len` bytes into the buffer's storage.
                 unsafe { buf.set_len(len) };
-                if wire_tag & CTRL_BIT != 0 {
-                    self.on_control(buf, tag, seq, out);
+                if control {
+                    self.on_control(buf, source, seq, out);
                 } else {
                     let done = Completion::Received { buf, len, tag };
-                    self.streams
-                        .finished(tag & self.source_mask, seq, Some(done), out);
+                    self.links.finished(source, seq, Some(done), out);
                 }
             } else {
                 buf.clear();
@@ -1285,11 +1095,10 @@ impl Endpoint {
                 } else {
                     status_string(status)
                 };
-                out.push(Completion::ReceiveFailed { buf, reason });
+                out.push(Completion::ReceiveFailed { buf, tag, reason });
                 if truncated {
                     // It had its place in the sender's stream.
-                    self.streams
-                        .finished(tag & self.source_mask, seq, None, out);
+                    self.links.finished(source, seq, None, out);
                 }
             }
         }
@@ -1403,16 +1212,20 @@ impl Endpoint {
         // Only lately held: a receive matched to a dead sender's message
         // can stay pending for ever (no error handling on shared memory),
         // and what waits behind it is no evidence.
-        self.streams.waiting(source & self.source_mask)
+        self.links.waiting(source)
     }
 
     /// The link to `peer`, whose messages carry `source`, was given up:
     /// [`Endpoint::forget_source`], unless a new incarnation of that source
     /// joined as another peer since (its stream is not the old one's).
     pub fn forget_peer(&mut self, peer: PeerId, source: u64) {
-        match self.joined_as.get(&(source & self.source_mask)) {
-            Some(&current) if current != peer => {}
-            _ => self.forget_source(source),
+        match self.links.forget_peer(peer, source) {
+            Forget::Replaced { .. } => {}
+            Forget::Forgotten { held, .. } => {
+                // As forget_source.
+                self.cancel_bodies_from(self.links.source_of(source));
+                self.ready.extend(held);
+            }
         }
     }
 
@@ -1423,7 +1236,7 @@ impl Endpoint {
             if let Some(op) = &self.recvs.ops[slot] {
                 let from_source = op
                     .head
-                    .is_some_and(|(tag, ..)| tag & self.source_mask == source);
+                    .is_some_and(|(tag, ..)| self.links.source_of(tag) == source);
                 if from_source && op.result.is_none() && !op.request.is_null() {
                     // SAFETY: a live receive request of this worker.
                     unsafe { sys::ucp_request_cancel(self.worker, op.request) };
@@ -1436,11 +1249,11 @@ impl Endpoint {
     /// message of its that will never complete is handed out by the next
     /// `progress`, and its messages are no longer ordered.
     pub fn forget_source(&mut self, source: u64) {
-        let source = source & self.source_mask;
+        let source = self.links.source_of(source);
         // Bodies still awaited from it may never come: cancelled, their
         // buffers come back as ReceiveFailed.
         self.cancel_bodies_from(source);
-        let held = self.streams.forget(source);
+        let held = self.links.forget_source(source);
         self.ready.extend(held);
     }
 
@@ -1474,7 +1287,7 @@ impl Endpoint {
                 Ok(())
             }
             Progress::Blocking => {
-                let spin_until = Instant::now() + spin_before_sleep();
+                let spin_until = Instant::now() + self.spin_before_sleep;
                 while Instant::now() < spin_until.min(deadline) {
                     // SAFETY: worker is valid for the life of self.
                     let events = unsafe { sys::ucp_worker_progress(self.worker) };
@@ -1502,7 +1315,10 @@ impl Endpoint {
                 if rc < 0 {
                     let err = std::io::Error::last_os_error();
                     if err.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(Error::Config(format!("poll on the UCX event fd: {err}")));
+                        return Err(Error::Wait {
+                            library: "UCX",
+                            source: err,
+                        });
                     }
                 }
                 Ok(())
@@ -1644,18 +1460,6 @@ unsafe fn tag_recv(
     }
 }
 
-fn spin_before_sleep() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        Duration::from_micros(
-            std::env::var("EVB_UCX_SPIN_US")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        )
-    })
-}
-
 fn contig_datatype() -> sys::ucp_datatype_t {
     // ucp_dt_make_contig(1): element size 1 shifted over the class bits.
     ((1u64 << sys::UCP_DATATYPE_SHIFT) | sys::UCP_DATATYPE_CONTIG as u64) as sys::ucp_datatype_t
@@ -1760,6 +1564,64 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake environment of `pairs`.
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn the_environment_overrides_the_options_it_names() {
+        let set = Options {
+            split_body_from: 4096,
+            spin_before_sleep: Duration::from_micros(7),
+            ..Options::default()
+        };
+        let o = set.clone().with_overrides_from(env(&[])).unwrap();
+        assert_eq!(
+            (o.split_body_from, o.spin_before_sleep),
+            (4096, Duration::from_micros(7)),
+            "unset: the values set stay"
+        );
+        let o = set
+            .clone()
+            .with_overrides_from(env(&[
+                (SPLIT_BODY_FROM_ENV, "65536"),
+                (SPIN_BEFORE_SLEEP_ENV, "50"),
+            ]))
+            .unwrap();
+        assert_eq!(
+            (o.split_body_from, o.spin_before_sleep),
+            (65536, Duration::from_micros(50))
+        );
+        let o = set
+            .clone()
+            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "never")]))
+            .unwrap();
+        assert_eq!(o.split_body_from, usize::MAX);
+        let e = set
+            .clone()
+            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "lots")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("EVB_UCX_SPLIT_BODY_FROM=\"lots\""), "{e}");
+        let e = set
+            .with_overrides_from(env(&[(SPIN_BEFORE_SLEEP_ENV, "-1")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("EVB_UCX_SPIN_US=\"-1\""), "{e}");
+        let d = Options::default();
+        assert_eq!(
+            (d.split_body_from, d.spin_before_sleep),
+            (usize::MAX, Duration::ZERO),
+            "the defaults: no split, no spin"
+        );
+    }
 
     #[test]
     fn address_envelope_rejects_garbage() {

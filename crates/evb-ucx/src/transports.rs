@@ -160,11 +160,10 @@ pub fn check_tls(tls: &str, available: &[TransportResource]) -> Result<(), Error
             .iter()
             .any(|t| available.iter().any(|r| r.transport == *t));
         if !present {
-            return Err(Error::TransportUnavailable {
-                requested: word.to_string(),
-                tls: tls.to_string(),
-                available: describe(available),
-            });
+            return Err(Error::Unavailable(format!(
+                "UCX transport `{word}` (requested in UCX_TLS={tls}) is not available on this machine; available: {}",
+                describe(available)
+            )));
         }
     }
     Ok(())

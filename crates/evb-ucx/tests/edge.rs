@@ -136,8 +136,9 @@ fn message_larger_than_the_buffer_is_an_error_completion() {
             eps[0].progress(&mut out).unwrap();
             for c in out.drain(..) {
                 match c {
-                    Completion::ReceiveFailed { buf, reason } => {
+                    Completion::ReceiveFailed { buf, tag, reason } => {
                         assert_eq!(buf.capacity(), 4096, "the buffer comes back");
+                        assert_eq!(tag, 1, "the sender's tag: {reason}");
                         assert!(
                             reason.contains("larger than the 4096-byte receive buffer"),
                             "{reason}"
@@ -205,8 +206,9 @@ fn split_message_with_a_head_larger_than_the_buffer() {
             eps[0].progress(&mut out).unwrap();
             for c in out.drain(..) {
                 match c {
-                    Completion::ReceiveFailed { buf, reason } => {
+                    Completion::ReceiveFailed { buf, tag, reason } => {
                         assert_eq!(buf.capacity(), 16, "{reason}");
+                        assert_eq!(tag, 1, "the sender's tag: {reason}");
                         failed += 1;
                         eps[0].post_recv(Vec::with_capacity(24 + size)).unwrap();
                     }

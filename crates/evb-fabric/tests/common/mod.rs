@@ -5,6 +5,7 @@
 
 use evb_fabric::io::write_ibsim_net;
 use evb_fabric::Topology;
+use evb_testkit::process::{require_program, wait_exit};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -22,20 +23,10 @@ pub const UMAD2SIM: &[&str] = &[
 
 /// Finds a program or fails the test with an install hint (never skips).
 pub fn require(prog: &str) -> PathBuf {
-    for dir in [
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-        "/usr/local/sbin",
-        "/usr/local/bin",
-    ] {
-        let p = Path::new(dir).join(prog);
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("{prog} not found: install the Debian packages opensm, ibsim-utils, libumad2sim0 and infiniband-diags (scripts/setup.sh)");
+    require_program(
+        prog,
+        "install the Debian packages opensm, ibsim-utils, libumad2sim0 and infiniband-diags (scripts/setup.sh)",
+    )
 }
 
 pub fn umad2sim() -> PathBuf {
@@ -52,21 +43,6 @@ pub struct Sim {
     sock: String,
     sim_host: String,
     preload: PathBuf,
-}
-
-fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return st;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 impl Sim {
@@ -149,7 +125,7 @@ impl Sim {
         std::fs::create_dir_all(&dump).unwrap();
         let log = self.dir.join(format!("opensm-{tag}.log"));
         let out = std::fs::File::create(self.dir.join(format!("opensm-{tag}.out"))).unwrap();
-        let child = self
+        let mut child = self
             .cmd("opensm")
             // Routing dumps (0x40), errors and info (0x03): the log says
             // which engine configured the tables, and why one gave up.
@@ -162,7 +138,7 @@ impl Sim {
             .stderr(out)
             .spawn()
             .expect("start opensm");
-        let st = wait_bounded(child, Duration::from_secs(120), "opensm");
+        let st = wait_exit(&mut child, Duration::from_secs(120), "opensm");
         assert!(
             st.success(),
             "opensm -R {engine} failed ({st}); see {}",
@@ -200,14 +176,14 @@ impl Sim {
     fn capture(&self, prog: &str, args: &[&str], out_name: &str) -> PathBuf {
         let path = self.dir.join(out_name);
         let out = std::fs::File::create(&path).unwrap();
-        let child = self
+        let mut child = self
             .cmd(prog)
             .args(args)
             .stdout(out)
             .stderr(std::fs::File::create(self.dir.join(format!("{out_name}.err"))).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("start {prog}: {e}"));
-        let st = wait_bounded(child, Duration::from_secs(120), prog);
+        let st = wait_exit(&mut child, Duration::from_secs(120), prog);
         assert!(st.success(), "{prog} failed ({st})");
         path
     }

@@ -3,7 +3,7 @@
 //! from stdin, then echoes every message it receives back to the sender with
 //! the same tag, until stdin closes or the peer sends an empty message.
 //!
-//! usage: evb-ofi-peer PROVIDER [DOMAIN]
+//! usage: `evb-ofi-peer PROVIDER [DOMAIN]`
 
 use evb_ofi::{Completion, Endpoint, Options};
 use std::io::{BufRead, Write};
@@ -96,7 +96,11 @@ fn run() -> Result<(), String> {
                 Completion::SendFailed { reason, .. } => {
                     return Err(format!("echo failed: {reason}"))
                 }
-                Completion::RecvFailed { reason, .. } | Completion::Unattributed { reason } => {
+                // evb-ofi does not report it (a lost peer shows as failed sends).
+                Completion::PeerFailed { reason, .. } => {
+                    return Err(format!("peer failed: {reason}"))
+                }
+                Completion::ReceiveFailed { reason, .. } | Completion::Unattributed { reason } => {
                     return Err(format!("receive failed: {reason}"))
                 }
             }

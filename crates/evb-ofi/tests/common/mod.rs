@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use evb_ofi::{Completion, Endpoint, Options, Progress};
-use std::time::{Duration, Instant};
+pub use evb_testkit::process::Deadline;
+use std::time::Duration;
 
 /// Opens an endpoint on loopback for tcp/udp, or the provider's own domain.
 pub fn open(provider: &str) -> Endpoint {
@@ -71,26 +72,6 @@ pub fn check_message(buf: &[u8], expect_body_len: Option<usize>) -> (u64, u64) {
         );
     }
     (from, seq)
-}
-
-pub struct Deadline {
-    end: Instant,
-    what: &'static str,
-}
-
-impl Deadline {
-    pub fn new(secs: u64, what: &'static str) -> Deadline {
-        Deadline {
-            end: Instant::now() + Duration::from_secs(secs),
-            what,
-        }
-    }
-    pub fn check(&self) {
-        assert!(Instant::now() < self.end, "timed out: {}", self.what);
-    }
-    pub fn passed(&self) -> bool {
-        Instant::now() >= self.end
-    }
 }
 
 /// Progresses every endpoint once, sleeping briefly on the first if none had news.

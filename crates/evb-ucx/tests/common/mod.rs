@@ -7,16 +7,7 @@ use std::time::{Duration, Instant};
 
 /// Aborts the whole test process if the test is still running after `limit`:
 /// a hang inside UCX cannot be interrupted any other way.
-pub fn watchdog(name: &'static str, limit: Duration) -> std::sync::mpsc::Sender<()> {
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-            eprintln!("test {name} still running after {limit:?}: aborting");
-            std::process::exit(3);
-        }
-    });
-    tx
-}
+pub use evb_testkit::process::watchdog;
 
 pub fn opts(tls: Option<&str>, progress: Progress) -> Options {
     Options {

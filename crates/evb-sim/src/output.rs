@@ -1,0 +1,354 @@
+//! What `evb sim` and `evb scan` make of their results besides the JSON:
+//! the text they print, the CSV files and the plots.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+use crate::scan::{heat_grid, HeatGrid, ScanResult};
+use crate::SimResult;
+
+/// The result as `evb sim` prints it: what ran, throughput, the event
+/// builder's figures and, with consumers, the distribution to them.
+pub fn summary_text(result: &SimResult) -> String {
+    let mut out = String::new();
+    let s = &result.summary;
+    out += &format!(
+        "evb sim: {} on {} ({} hosts), {:.1} us simulated in {:.2} s ({} events, {:.0} us/s)\n",
+        s.traffic,
+        s.topology,
+        s.hosts,
+        s.simulated_seconds * 1e6,
+        s.wall_seconds,
+        s.events_processed,
+        s.speed_us_per_s
+    );
+    out += &format!(
+        "throughput per host: mean {:.2} Gb/s ({:.1}% of {:.1} Gb/s), min {:.2}, max {:.2}; max link utilisation {:.1}%; PortXmitWait total {:.3} ms\n",
+        s.throughput_per_host_gbps,
+        s.fraction_of_link * 100.0,
+        s.link_rate_gbps,
+        s.min_host_gbps,
+        s.max_host_gbps,
+        s.max_link_utilisation * 100.0,
+        s.total_xmit_wait_s * 1e3
+    );
+    if let Some(eb) = &s.eb {
+        out += &format!(
+            "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
+            eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+        );
+        out += &format!(
+            "steady state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
+            eb.warmup_us,
+            eb.batch_means,
+            eb.built_gbps_per_node,
+            eb.built_ci95_gbps,
+            eb.network_gbps_per_node,
+            eb.network_fraction_of_link * 100.0,
+            eb.drift * 100.0
+        );
+        if let Some(c) = &eb.crash {
+            out += &format!(
+                "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before (expected {:.3})\n",
+                c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
+            );
+        }
+        if let Some(c) = &eb.slot_clock {
+            out += &format!(
+                "slot clock (measured, clock = \"em\"): {} nodes; phase error at the end max {} ns, resting on round trips of at most {} ns; largest step {} ns; {} probes\n",
+                c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
+            );
+        }
+        if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
+            out += &format!(
+                "readout throttle: {:.1}% of the time, {} events vetoed at the source\n",
+                eb.throttled_fraction * 100.0,
+                eb.events_vetoed
+            );
+        }
+    }
+    if let Some(o) = &s.consumers {
+        out += &format!(
+            "distribution ({}, {} producers at {} Gb/s -> {} consumers at {} Gb/s, steady state): {:.2} +- {:.2} Gb/s per producer, {:.2} +- {:.2} Gb/s per consumer ({:.1} / {:.1} Gb/s in all); consumers busy {:.0}%; pause frames {}, drops {}, resent {:.1} MB\n",
+            o.network,
+            o.producers,
+            o.producer_link_gbps,
+            o.consumers,
+            o.consumer_link_gbps,
+            o.producer_gbps_per_producer,
+            o.producer_ci95_gbps,
+            o.consumer_gbps_per_consumer,
+            o.consumer_ci95_gbps,
+            o.producer_gbps_total,
+            o.consumer_gbps_total,
+            o.busy_fraction_mean * 100.0,
+            o.pause_frames,
+            o.drops,
+            o.retransmitted_bytes as f64 * 1e-6
+        );
+    }
+    if let Some(c) = &result.consumers {
+        out += &format!(
+            "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s); EM credit stalls {}, BU output full {:.1} us; busy {}\n",
+            c.consumers,
+            c.batches_delivered,
+            c.producer_gbps,
+            c.batches_consumed,
+            c.consumer_gbps,
+            c.em_credit_stalls,
+            c.output_full_s * 1e6,
+            c.busy_fraction
+                .iter()
+                .map(|b| format!("{:.0}%", b * 100.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        if c.events_accepted < c.events_consumed {
+            out += &format!(
+                "trigger: accepted {} of {} events consumed ({:.1} %)\n",
+                c.events_accepted,
+                c.events_consumed,
+                100.0 * c.events_accepted as f64 / c.events_consumed.max(1) as f64
+            );
+        }
+    }
+    out
+}
+
+/// Every host's sent and received payload over time (`--csv-hosts`):
+/// `t_us`, then `<host>.tx`, `<host>.rx` per host, Gb/s.
+pub fn hosts_csv(result: &SimResult) -> String {
+    let mut text = String::from("t_us");
+    for h in &result.hosts {
+        text += &format!(",{0}.tx,{0}.rx", h.host);
+    }
+    text.push('\n');
+    for (sample, rates) in result.timeseries.iter().zip(&result.host_series) {
+        text += &format!("{:.3}", sample.t_us);
+        for (tx, rx) in rates {
+            text += &format!(",{tx:.3},{rx:.3}");
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// The throughput time series (`--csv`): mean, min and max received
+/// payload per host, Gb/s.
+pub fn timeseries_csv(result: &SimResult) -> String {
+    let mut text = String::from("t_us,mean_rx_gbps,min_rx_gbps,max_rx_gbps\n");
+    for p in &result.timeseries {
+        text += &format!(
+            "{:.3},{:.4},{:.4},{:.4}\n",
+            p.t_us, p.mean_rx_gbps, p.min_rx_gbps, p.max_rx_gbps
+        );
+    }
+    text
+}
+
+/// Throughput over time and link utilisation (and with consumers, their
+/// throughput and how many were busy), as SVG and PNG: PREFIX-throughput,
+/// PREFIX-links, PREFIX-consumers, PREFIX-busy. Returns the files written.
+pub fn write_plots(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
+    use evb_plot::{line_chart, Series};
+    let name = |suffix: &str| {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let ts = &r.timeseries;
+    let pick = |f: fn(&crate::engine::Sample) -> f64| ts.iter().map(|p| (p.t_us, f(p))).collect();
+    let s = &r.summary;
+    let title = format!("{} on {}: received payload per host", s.traffic, s.topology);
+    let mut out = Vec::new();
+    out.extend(line_chart(
+        &name("-throughput"),
+        &title,
+        "simulated time (us)",
+        "Gb/s",
+        &[
+            Series {
+                name: "max".into(),
+                points: pick(|p| p.max_rx_gbps),
+            },
+            Series {
+                name: "mean".into(),
+                points: pick(|p| p.mean_rx_gbps),
+            },
+            Series {
+                name: "min".into(),
+                points: pick(|p| p.min_rx_gbps),
+            },
+        ],
+    )?);
+    if let Some(c) = &r.consumers {
+        // Busy periods are often longer than a sample: average over about
+        // a thirtieth of the run so that the curves show rates, not bursts.
+        let k = (c.t_us.len() / 30).max(1);
+        let smooth = |ys: &[f64]| -> Vec<(f64, f64)> {
+            c.t_us
+                .chunks(k)
+                .zip(ys.chunks(k))
+                .map(|(t, y)| (t[t.len() - 1], y.iter().sum::<f64>() / y.len() as f64))
+                .collect()
+        };
+        out.extend(line_chart(
+            &name("-consumers"),
+            &format!(
+                "{} on {}: producer and consumer throughput",
+                s.traffic, s.topology
+            ),
+            "simulated time (us)",
+            "Gb/s (all BUs / all consumers)",
+            &[
+                Series {
+                    name: "producers (delivered)".into(),
+                    points: smooth(&c.producer_gbps_series),
+                },
+                Series {
+                    name: "consumers (consumed)".into(),
+                    points: smooth(&c.consumer_gbps_series),
+                },
+            ],
+        )?);
+        out.extend(line_chart(
+            &name("-busy"),
+            &format!(
+                "{} on {}: busy consumers (of {})",
+                s.traffic, s.topology, c.consumers
+            ),
+            "simulated time (us)",
+            "consumers busy (mean)",
+            &[Series {
+                name: "busy consumers".into(),
+                points: smooth(&c.busy_consumers),
+            }],
+        )?);
+    }
+    let mut util: Vec<f64> = r.links.iter().map(|l| l.utilisation * 100.0).collect();
+    util.sort_by(|a, b| b.total_cmp(a));
+    let mut wait: Vec<f64> = r
+        .links
+        .iter()
+        .map(|l| l.xmit_wait_s / s.simulated_seconds * 100.0)
+        .collect();
+    wait.sort_by(|a, b| b.total_cmp(a));
+    out.extend(line_chart(
+        &name("-links"),
+        &format!(
+            "{} on {}: link utilisation and credit wait, links sorted",
+            s.traffic, s.topology
+        ),
+        "links (sorted, busiest first)",
+        "% of simulated time",
+        &[
+            Series {
+                name: "utilisation".into(),
+                points: util
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &u)| (i as f64, u))
+                    .collect(),
+            },
+            Series {
+                name: "waiting for credits (PortXmitWait)".into(),
+                points: wait
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &w)| (i as f64, w))
+                    .collect(),
+            },
+        ],
+    )?);
+    Ok(out)
+}
+
+/// A scan as `evb scan` prints it: what ran, then the points, best first.
+pub fn scan_text(result: &ScanResult, fabric: &str) -> String {
+    let mut out = String::new();
+    let mut order: Vec<usize> = (0..result.points.len()).collect();
+    order.sort_by(|&a, &b| {
+        result.points[b]
+            .figure_gbps
+            .total_cmp(&result.points[a].figure_gbps)
+    });
+    let shard = result.shard.map_or(String::new(), |[i, n]| {
+        format!(" (shard {i}/{n} of {})", result.total_points)
+    });
+    let replications = if result.replications > 1 {
+        format!(
+            ", {} seeds each: {} points not told apart from the best at 95 %",
+            result.replications, result.tied_with_best
+        )
+    } else {
+        String::new()
+    };
+    out += &format!(
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by Gb/s {}; {:.0}% of points within 2% of the best{replications}\n",
+        result.points.len(),
+        result.wall_seconds,
+        result.figure.label(),
+        result.fraction_within_2pct_of_best * 100.0
+    );
+    out += &format!(
+        "{:>10}  {:>8}  {:>10}  parameters\n",
+        "Gb/s", "+- 95%", "% of link"
+    );
+    for &i in &order {
+        let p = &result.points[i];
+        let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let ci = p.ci95_gbps.map_or("-".to_string(), |c| format!("{c:.2}"));
+        out += &format!(
+            "{:>10.2}  {ci:>8}  {:>9.1}%  {}\n",
+            p.figure_gbps,
+            p.figure_gbps / p.summary.link_rate_gbps * 100.0,
+            params.join(" ")
+        );
+    }
+    out
+}
+
+/// The scan's points as CSV (`evb scan --csv`), in point order.
+pub fn scan_csv(result: &ScanResult) -> String {
+    let mut text = String::from("index,")
+        + &result.axes.join(",")
+        + ",figure_gbps,ci95_gbps,replications,throughput_per_host_gbps\n";
+    for p in &result.points {
+        let vals: Vec<&str> = p.params.iter().map(|(_, v)| v.as_str()).collect();
+        text += &format!(
+            "{},{},{:.4},{},{},{:.4}\n",
+            p.index,
+            vals.join(","),
+            p.figure_gbps,
+            p.ci95_gbps.map_or(String::new(), |c| format!("{c:.4}")),
+            p.replicates.len().max(1),
+            p.summary.throughput_per_host_gbps
+        );
+    }
+    text
+}
+
+/// The heat map of a scan over two or more parameters (the best over the
+/// others): PREFIX-heatmap.svg and .png. Returns the files written.
+pub fn write_heat_map(prefix: &Path, result: &ScanResult) -> Result<[PathBuf; 2]> {
+    let Some(HeatGrid { xs, ys, rows }) = heat_grid(result) else {
+        bail!("a heat map needs at least two --param axes");
+    };
+    let mut base = prefix.as_os_str().to_owned();
+    base.push("-heatmap");
+    let title = if result.axes.len() > 2 {
+        "best Gb/s over the other parameters"
+    } else {
+        "Gb/s"
+    };
+    Ok(evb_plot::heat_map_labelled(
+        Path::new(&base),
+        title,
+        &result.axes[1],
+        &result.axes[0],
+        &rows,
+        &xs,
+        &ys,
+    )?)
+}

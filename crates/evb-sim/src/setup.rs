@@ -1,0 +1,158 @@
+//! What `evb sim` and `evb scan` set up before they simulate: the fabric
+//! from its description (`switch:hosts=N`, a generated fat tree or an
+//! `ibnetdiscover` file, with forwarding tables read or computed, a rank
+//! order and what-if edits), and the configuration sized for that fabric.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use evb_core::config::EmPlacement;
+use evb_core::{Config, Layout};
+
+use crate::fabric::SimFabric;
+
+/// The fabric to simulate, as the command line describes it.
+#[derive(Debug, Clone)]
+pub struct FabricSpec {
+    /// `switch:hosts=N`, `fat-tree:radix=R,hosts=N[,...]` or an
+    /// `ibnetdiscover` file.
+    pub topology: String,
+    /// Forwarding tables to use; without them, `routing` computes them.
+    pub lfts: Option<PathBuf>,
+    /// Routing engine: ftree, minhop, dmodk, random:SEED.
+    pub routing: String,
+    /// Rank order: name, lid, leaf, random:SEED, ftree, or a hostfile.
+    pub order: String,
+    /// What-if edits: hosts or switches removed, cables removed
+    /// (`NAME:PORT`), cables swapped (`A:PORT,B:PORT`).
+    pub remove: Vec<String>,
+    pub remove_link: Vec<String>,
+    pub swap_cables: Vec<String>,
+}
+
+impl FabricSpec {
+    /// The simulated fabric this describes.
+    pub fn build(&self) -> Result<SimFabric> {
+        if let Some(params) = self.topology.strip_prefix("switch:") {
+            return self.single_switch(params);
+        }
+        if !self.topology.starts_with("fat-tree") && !Path::new(&self.topology).exists() {
+            bail!(
+                "--topology: unknown kind `{}` (switch:hosts=N, fat-tree:radix=R,hosts=N, or an ibnetdiscover file)",
+                self.topology
+            );
+        }
+        let mut topo = evb_fabric::io::load_topology(&self.topology)?;
+        topo.apply_edits(&self.remove, &self.remove_link, &self.swap_cables)?;
+        let lfts = match &self.lfts {
+            Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
+            None => {
+                // As OpenSM does: an engine that cannot route the fabric falls
+                // back to minhop, and says why.
+                let engine = evb_fabric::routing::Engine::parse(&self.routing)?;
+                let routed = evb_fabric::routing::route_or_fallback(&topo, &engine, false)?;
+                if let Some(why) = &routed.fallback {
+                    eprintln!("evb sim: {why}");
+                }
+                routed.lfts
+            }
+        };
+        let order = evb_fabric::optimize::order_from_spec(&self.order, &topo)?;
+        let routing = match &self.lfts {
+            Some(p) => format!("lfts {}", p.display()),
+            None => self.routing.clone(),
+        };
+        let name = format!("{} ({routing}, order {})", self.topology, self.order);
+        crate::fabric::from_topology(&topo, &lfts, &order, &name).map_err(anyhow::Error::msg)
+    }
+
+    /// `switch:hosts=N`: one switch, N hosts (edits do not apply).
+    fn single_switch(&self, params: &str) -> Result<SimFabric> {
+        let mut hosts = None;
+        for kv in params.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').with_context(|| {
+                format!("--topology {}: `{kv}` is not key=value", self.topology)
+            })?;
+            match k {
+                "hosts" => {
+                    hosts = Some(v.parse::<usize>().with_context(|| {
+                        format!("--topology {}: hosts needs a whole number", self.topology)
+                    })?)
+                }
+                other => bail!("--topology {}: unknown parameter `{other}`", self.topology),
+            }
+        }
+        let hosts =
+            hosts.with_context(|| format!("--topology {}: needs hosts=N", self.topology))?;
+        if !(2..=4096).contains(&hosts) {
+            bail!(
+                "--topology {}: hosts must be between 2 and 4096",
+                self.topology
+            );
+        }
+        if !(self.remove.is_empty() && self.remove_link.is_empty() && self.swap_cables.is_empty()) {
+            bail!("--remove, --remove-link and --swap-cables edit fat trees and ibnetdiscover fabrics, not switch:hosts=N");
+        }
+        Ok(SimFabric::single_switch(hosts))
+    }
+}
+
+/// The configuration of a simulation on `fabric`: the file and the
+/// overrides, with one event-builder node per host of the fabric unless
+/// they set `nodes.count` (or already fit the fabric). A separate EM takes
+/// the last host, and the consumers are on the output network or
+/// (`sim.output.network = "fabric"`) take the last hosts.
+pub fn sized_config(
+    path: Option<&Path>,
+    overrides: &[String],
+    fabric: &SimFabric,
+) -> Result<Config> {
+    let mut overrides = overrides.to_vec();
+    let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
+    if !explicit_nodes {
+        // A first look, for the consumers and the EM's placement only:
+        // without the schedule file (checked against the node count this
+        // decides), and sized for the fabric (a check such as
+        // parallel_sends against the BUs must not see the default 4 nodes).
+        let mut probe = overrides.clone();
+        probe.push("event_builder.schedule_file=\"\"".into());
+        // The fabric's hosts a configuration needs: its endpoints, less
+        // the consumers when they are on the output network.
+        let on_fabric = |c: &Config| {
+            let layout = Layout::from_config(c);
+            let all = usize::from(layout.endpoints);
+            if crate::separate_output(c) {
+                all - layout.fus()
+            } else {
+                all
+            }
+        };
+        let as_is = Config::load(path, &probe).ok();
+        let fits = as_is
+            .as_ref()
+            .is_some_and(|c| on_fabric(c) == fabric.hosts());
+        if !fits {
+            let mut sized = probe.clone();
+            sized.insert(0, format!("nodes.count={}", fabric.hosts()));
+            let first = Config::load(path, &sized)?;
+            let consumers = if crate::separate_output(&first) {
+                0
+            } else {
+                usize::from(first.output.consumers)
+            };
+            let em_host = usize::from(first.nodes.em == EmPlacement::Separate);
+            if consumers + em_host + 1 > fabric.hosts() {
+                bail!(
+                    "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
+                    fabric.hosts()
+                );
+            }
+            // A file that sizes the builder for this fabric keeps its count.
+            overrides.insert(
+                0,
+                format!("nodes.count={}", fabric.hosts() - consumers - em_host),
+            );
+        }
+    }
+    Ok(Config::load(path, &overrides)?)
+}
