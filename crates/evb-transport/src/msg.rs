@@ -625,6 +625,51 @@ pub fn posted_receives(linked: usize) -> usize {
 /// full length `max` again. Every buffer handed to an engine comes from
 /// `vec![0; max]` (see `RxHandler::spare_buffer`) and engines only write
 /// bytes, so the bytes past the received length are initialised.
+/// What a message engine's completion asks of its adapter beyond the
+/// runtime's completions: a receive buffer to post again.
+#[cfg(any(feature = "ofi", feature = "ucx"))]
+pub(crate) enum EngineFailure {
+    /// A message could not be received into `buf` (a peer died mid-message,
+    /// or a message too large): the buffer goes back to the engine.
+    Receive { buf: Vec<u8>, reason: String },
+    /// The library reported an error tied to no operation of ours.
+    Unattributed { reason: String },
+}
+
+/// The completions evb-ucx and evb-ofi share ([`evb_msgengine::Completion`])
+/// as the runtime's; the failures that need the engine are returned, for
+/// the adapter's own policy.
+#[cfg(any(feature = "ofi", feature = "ucx"))]
+pub(crate) fn engine_completion(
+    c: evb_msgengine::Completion,
+    max_message: usize,
+    out: &mut Vec<Completion>,
+) -> Option<EngineFailure> {
+    use evb_msgengine::Completion as E;
+    match c {
+        E::Sent { ctx } => out.push(Completion::Sent { ctx }),
+        E::SendFailed { ctx, reason } => out.push(Completion::SendFailed { ctx, reason }),
+        E::Received { buf, len, tag } => out.push(Completion::Received {
+            buf: full_length(buf, max_message),
+            len,
+            tag,
+        }),
+        E::PeerFailed { peer, reason } => out.push(Completion::PeerFailed { peer, reason }),
+        E::PeerJoined { peer, source } => out.push(Completion::PeerJoined {
+            peer,
+            rank: source as NodeId,
+        }),
+        E::ReceiveFailed { buf, reason, .. } => {
+            return Some(EngineFailure::Receive {
+                buf: full_length(buf, max_message),
+                reason,
+            })
+        }
+        E::Unattributed { reason } => return Some(EngineFailure::Unattributed { reason }),
+    }
+    None
+}
+
 pub fn full_length(mut buf: Vec<u8>, max: usize) -> Vec<u8> {
     if buf.capacity() >= max && buf.len() < max {
         // SAFETY: initialised u8s within the capacity, as explained above.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::msg::EngineFailure;
 use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
 use evb_core::NodeId;
@@ -61,10 +62,6 @@ impl OfiEndpoint {
             recv_failures: 0,
         })
     }
-
-    fn full_length(&self, buf: Vec<u8>) -> Vec<u8> {
-        super::msg::full_length(buf, self.max_message)
-    }
 }
 
 impl Endpoint for OfiEndpoint {
@@ -97,16 +94,9 @@ impl Endpoint for OfiEndpoint {
         let mut done = Vec::new();
         self.ep.progress(&mut done)?;
         for c in done {
-            match c {
-                evb_ofi::Completion::Sent { ctx } => out.push(Completion::Sent { ctx }),
-                evb_ofi::Completion::SendFailed { ctx, reason } => {
-                    out.push(Completion::SendFailed { ctx, reason })
-                }
-                evb_ofi::Completion::Received { buf, len, tag } => {
-                    let buf = self.full_length(buf);
-                    out.push(Completion::Received { buf, len, tag });
-                }
-                evb_ofi::Completion::ReceiveFailed { buf, reason, .. } => {
+            match super::msg::engine_completion(c, self.max_message, out) {
+                None => {}
+                Some(EngineFailure::Receive { buf, reason }) => {
                     // A connection that broke mid-message (the peer died;
                     // the runtime learns it from the failed sends or the
                     // silence) or a message too large: keep the buffer working.
@@ -114,20 +104,9 @@ impl Endpoint for OfiEndpoint {
                         tracing::warn!("evb ofi: a message could not be received: {reason}");
                     }
                     self.recv_failures += 1;
-                    let buf = self.full_length(buf);
                     self.ep.post_recv(buf)?;
                 }
-                // evb-ucx's; evb-ofi reports a lost peer as failed sends.
-                evb_ofi::Completion::PeerFailed { peer, reason } => {
-                    out.push(Completion::PeerFailed { peer, reason })
-                }
-                evb_ofi::Completion::PeerJoined { peer, source } => {
-                    out.push(Completion::PeerJoined {
-                        peer,
-                        rank: source as NodeId,
-                    })
-                }
-                evb_ofi::Completion::Unattributed { reason } => {
+                Some(EngineFailure::Unattributed { reason }) => {
                     // The provider may have swallowed one of our receives
                     // with it: post a replacement so the pool does not shrink.
                     if self.recv_failures < REPORT_LIMIT {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
+use super::msg::EngineFailure;
 use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
 use evb_core::NodeId;
@@ -123,10 +124,6 @@ impl UcxEndpoint {
             max_message,
         })
     }
-
-    fn full_length(&self, buf: Vec<u8>) -> Vec<u8> {
-        super::msg::full_length(buf, self.max_message)
-    }
 }
 
 impl Endpoint for UcxEndpoint {
@@ -159,35 +156,16 @@ impl Endpoint for UcxEndpoint {
         let mut done = Vec::new();
         self.ep.progress(&mut done)?;
         for c in done {
-            match c {
-                evb_ucx::Completion::Sent { ctx } => out.push(Completion::Sent { ctx }),
-                evb_ucx::Completion::SendFailed { ctx, reason } => {
-                    out.push(Completion::SendFailed { ctx, reason })
-                }
-                evb_ucx::Completion::Received { buf, len, tag } => {
-                    let buf = self.full_length(buf);
-                    out.push(Completion::Received { buf, len, tag });
-                }
-                evb_ucx::Completion::ReceiveFailed { buf, reason, .. } => {
+            match super::msg::engine_completion(c, self.max_message, out) {
+                None => {}
+                Some(EngineFailure::Receive { buf, reason }) => {
                     // A message too large for any buffer: a peer not
                     // speaking our protocol. Keep the buffer working.
                     tracing::warn!("evb ucx: a message could not be received: {reason}");
-                    let buf = self.full_length(buf);
                     self.ep.post_recv(buf)?;
                 }
-                evb_ucx::Completion::PeerFailed { peer, reason } => {
-                    out.push(Completion::PeerFailed { peer, reason })
-                }
-                evb_ucx::Completion::PeerJoined { peer, source } => {
-                    out.push(Completion::PeerJoined {
-                        peer,
-                        rank: source as NodeId,
-                    })
-                }
-                // evb-ofi's; evb-ucx ties every failure to an operation.
-                evb_ucx::Completion::Unattributed { reason } => {
-                    tracing::warn!("evb ucx: {reason}");
-                }
+                // evb-ofi's kind; evb-ucx ties every failure to an operation.
+                Some(EngineFailure::Unattributed { reason }) => tracing::warn!("evb ucx: {reason}"),
             }
         }
         Ok(())
