@@ -38,6 +38,18 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Writes a closed set's TOML spelling, so that messages and reports show
+/// the value as the configuration names it.
+macro_rules! display_as_str {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
@@ -333,6 +345,29 @@ impl Default for SourceSection {
     }
 }
 
+/// `transport.progress`: how a node waits for its transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Progress {
+    /// Sleeps on the library's wait object (right when processes outnumber
+    /// cores).
+    Blocking,
+    /// Spins on progress (lowest latency with a core to spare).
+    Busy,
+}
+
+impl Progress {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Progress::Blocking => "blocking",
+            Progress::Busy => "busy",
+        }
+    }
+}
+
+display_as_str!(Progress);
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportSection {
@@ -353,7 +388,7 @@ pub struct TransportSection {
     /// How a node waits for its transport: `blocking` sleeps on the
     /// library's wait object (right when processes outnumber cores),
     /// `busy` spins on progress (lowest latency with a core to spare).
-    pub progress: String,
+    pub progress: Progress,
     /// `shm`: bytes of each sender-to-receiver ring (control messages and
     /// small fragments go through it; large payloads are copied once,
     /// straight from the sender's memory).
@@ -378,7 +413,7 @@ impl Default for TransportSection {
             addresses: Vec::new(),
             peer_timeout_ms: 800,
             heartbeat_ms: 100,
-            progress: "blocking".into(),
+            progress: Progress::Blocking,
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
             run_key_file: String::new(),
@@ -515,18 +550,6 @@ impl Default for MetricsSection {
             base_port: 0,
         }
     }
-}
-
-/// Writes a closed set's TOML spelling, so that messages and reports show
-/// the value as the configuration names it.
-macro_rules! display_as_str {
-    ($($t:ty),*) => {$(
-        impl fmt::Display for $t {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    )*};
 }
 
 /// `sim.traffic`: what the simulated hosts send.
@@ -1438,12 +1461,6 @@ impl Config {
         }
         self.validate_output_network()
             .map_err(|(key, m)| err(key, m))?;
-        if !["blocking", "busy"].contains(&self.transport.progress.as_str()) {
-            return Err(err(
-                "transport.progress",
-                "must be `blocking` or `busy`".into(),
-            ));
-        }
         if !(1 << 16..=1 << 30).contains(&self.transport.shm_ring_bytes)
             || !self.transport.shm_ring_bytes.is_power_of_two()
         {
@@ -1835,11 +1852,11 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("sim.output.x.y"), "{e}");
     }
 
-    /// Each closed set of `[sim]` round-trips through its TOML spelling, and
+    /// Each closed set of values round-trips through its TOML spelling, and
     /// an unknown value is reported with the file, the line, the key and the
     /// values allowed.
     #[test]
-    fn sim_closed_sets_round_trip_and_name_the_key() {
+    fn closed_sets_round_trip_and_name_the_key() {
         let cases: Vec<(&str, Vec<String>)> = vec![
             (
                 "sim.traffic",
@@ -1877,11 +1894,19 @@ mod tests {
                     .map(ToString::to_string)
                     .collect(),
             ),
+            (
+                "transport.progress",
+                [Progress::Blocking, Progress::Busy]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
         ];
         let value_of = |c: &Config, key: &str| match key {
             "sim.traffic" => c.sim.traffic.to_string(),
             "sim.granularity" => c.sim.granularity.to_string(),
             "sim.output.network" => c.sim.output.network.to_string(),
+            "transport.progress" => c.transport.progress.to_string(),
             _ => c.sim.output.flow_control.to_string(),
         };
         for (key, values) in &cases {
