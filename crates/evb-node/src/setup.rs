@@ -319,7 +319,7 @@ pub fn open_transport(
     control: Control,
     mep_slots: Option<&SlotStore>,
 ) -> Result<Box<dyn Transport>> {
-    let progress = transport::Progress::from_config(config);
+    let progress = config.transport.progress;
     match TransportKind::parse(&config.transport.kind)? {
         TransportKind::Tcp => {
             let listen = match control {

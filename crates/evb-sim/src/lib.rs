@@ -23,6 +23,7 @@ pub mod traffic;
 
 use std::time::Instant;
 
+use evb_core::config::{FlowControl, Granularity, OutputNetwork, SimTraffic};
 use evb_core::Config;
 use serde::{Deserialize, Serialize};
 
@@ -335,13 +336,13 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         vl_weights: s.vl_weights.clone(),
         host_latency,
         seed: config.run.seed,
-        flit: s.granularity == "flit",
+        flit: s.granularity == Granularity::Flit,
         train: s.train_packets,
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,
             buffer_bytes: s.output.buffer_bytes,
-            lossless: s.output.flow_control == "pfc",
+            lossless: s.output.flow_control == FlowControl::Pfc,
             rto_ps: (s.output.rto_us * 1e6) as Ps,
             ..engine::EthParams::default()
         },
@@ -350,9 +351,9 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
 
 /// Whether the consumers sit on an output network of their own.
 pub fn separate_output(config: &Config) -> bool {
-    config.sim.traffic == "eb"
+    config.sim.traffic == SimTraffic::Eb
         && config.output.consumers > 0
-        && config.sim.output.network == "ethernet"
+        && config.sim.output.network == OutputNetwork::Ethernet
 }
 
 /// Adds the output network (`[sim.output]`) to the event-building
@@ -442,21 +443,22 @@ pub fn simulate(
     let n = hosts as u32;
     let seed = config.run.seed;
     let mut eb = None;
-    let mut synthetic: Box<dyn Traffic> = match s.traffic.as_str() {
-        "eb" => {
+    let mut synthetic: Box<dyn Traffic> = match s.traffic {
+        SimTraffic::Eb => {
             eb = Some(traffic::EventBuilder::new(config, hosts)?);
             Box::new(traffic::ShiftFixed::new(0)) // unused
         }
-        "shift-fixed" => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
-        "shift-window" => Box::new(traffic::ShiftWindow {
+        SimTraffic::ShiftFixed => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
+        SimTraffic::ShiftWindow => Box::new(traffic::ShiftWindow {
             window: s.window_ns * PS_PER_NS,
             grace: s.grace_ns * PS_PER_NS,
         }),
-        "uniform" => Box::new(traffic::Uniform::new(s.load, seed)),
-        "permutation" => Box::new(traffic::Streams::permutation(n, s.message_bytes, seed)),
-        "incast" => Box::new(traffic::Streams::incast(n, s.message_bytes)),
-        "all-to-all" => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
-        other => return Err(format!("unknown traffic `{other}`")),
+        SimTraffic::Uniform => Box::new(traffic::Uniform::new(s.load, seed)),
+        SimTraffic::Permutation => {
+            Box::new(traffic::Streams::permutation(n, s.message_bytes, seed))
+        }
+        SimTraffic::Incast => Box::new(traffic::Streams::incast(n, s.message_bytes)),
+        SimTraffic::AllToAll => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
     };
     let topology = fabric.name.clone();
     let mut net = Net::new(fabric, params, sample);
@@ -580,7 +582,7 @@ pub fn simulate(
         kind: "evb-sim",
         summary: SimSummary {
             topology,
-            traffic: s.traffic.clone(),
+            traffic: s.traffic.to_string(),
             hosts: fabric_hosts,
             throughput_per_host_gbps: mean,
             link_rate_gbps: net.params.link_gbps,

@@ -284,7 +284,8 @@ const TIMER_CRASH: u64 = 1;
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
         let layout = Layout::from_config(config);
-        let separate = layout.fus() > 0 && config.sim.output.network == "ethernet";
+        let separate = layout.fus() > 0
+            && config.sim.output.network == evb_core::config::OutputNetwork::Ethernet;
         let (mut out_host, mut endpoint_of_host) = (Vec::new(), Vec::new());
         if separate {
             // The fabric's hosts, then the output network's: the BUs'

@@ -285,7 +285,7 @@ pub fn open_engine(
     rank: NodeId,
 ) -> Result<Box<dyn Transport>> {
     #[cfg(any(feature = "ofi", feature = "ucx", feature = "mpi"))]
-    let progress = Progress::from_config(config);
+    let progress = config.transport.progress;
     #[cfg(not(any(feature = "ofi", feature = "ucx", feature = "mpi")))]
     let _ = (layout, rank);
     match kind {
@@ -326,22 +326,8 @@ pub fn open_engine(
     }
 }
 
-/// Whether this node spins on its transport or sleeps on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    Blocking,
-    Busy,
-}
-
-impl Progress {
-    pub fn from_config(config: &Config) -> Progress {
-        if config.transport.progress == "busy" {
-            Progress::Busy
-        } else {
-            Progress::Blocking
-        }
-    }
-}
+/// Whether this node spins on its transport or sleeps on it (`transport.progress`).
+pub use evb_core::config::Progress;
 
 /// Which endpoints `rank` has a link to: every other one, and itself only
 /// for a folded node that sends its own fragments through the NIC.
