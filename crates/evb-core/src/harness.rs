@@ -457,6 +457,35 @@ impl Harness {
         }
     }
 
+    /// Node `id` sends `msg` to `to`: the consumer credit and BU
+    /// assignments it carries are counted, and it arrives after the link's
+    /// latency.
+    fn send_message(&mut self, id: NodeId, to: NodeId, msg: Message) {
+        if let Message::ConsumerCredit { fu, credits } = msg {
+            *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
+        }
+        let mut assigned = msg.assignments(&self.layout.bu_nodes);
+        if let Message::Reassign { mep, bu } = msg {
+            assigned.push((mep, bu));
+        }
+        for (mep, bu) in assigned {
+            if to == bu {
+                let set = self.outstanding.entry(bu).or_default();
+                set.insert(mep);
+                self.report.max_outstanding = self.report.max_outstanding.max(set.len() as u32);
+            }
+        }
+        let at = self.delivery_time(id, to, 0);
+        self.schedule(
+            at,
+            Event::Message {
+                to,
+                from: id,
+                msg: encode_key(msg),
+            },
+        );
+    }
+
     /// Carries out every action node `id` has queued.
     fn drain(&mut self, id: NodeId) {
         while let Some(action) = self.nodes[id as usize].poll_action() {
@@ -465,32 +494,7 @@ impl Harness {
                 .push(format!("t={} n{id} {action:?}", self.now));
             let now = self.now;
             match action {
-                Action::Send { to, msg } => {
-                    if let Message::ConsumerCredit { fu, credits } = msg {
-                        *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
-                    }
-                    let mut assigned = msg.assignments(&self.layout.bu_nodes);
-                    if let Message::Reassign { mep, bu } = msg {
-                        assigned.push((mep, bu));
-                    }
-                    for (mep, bu) in assigned {
-                        if to == bu {
-                            let set = self.outstanding.entry(bu).or_default();
-                            set.insert(mep);
-                            self.report.max_outstanding =
-                                self.report.max_outstanding.max(set.len() as u32);
-                        }
-                    }
-                    let at = self.delivery_time(id, to, 0);
-                    self.schedule(
-                        at,
-                        Event::Message {
-                            to,
-                            from: id,
-                            msg: encode_key(msg),
-                        },
-                    );
-                }
+                Action::Send { to, msg } => self.send_message(id, to, msg),
                 Action::Produce { mep } => {
                     let source = self.layout.ru_of[id as usize].expect("an RU produces");
                     let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);

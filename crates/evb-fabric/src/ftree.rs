@@ -123,127 +123,11 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
             .collect(),
         groups: vec![],
     };
-    let neighbours = |s: usize| -> Vec<usize> {
-        let n = &topo.nodes[ft_node(&sw_nodes, s)];
-        (1..n.ports.len())
-            .filter_map(|p| n.ports[p])
-            .filter_map(|r| sw_of.get(&r.node).copied())
-            .collect()
-    };
-    // Rank from the hosts, reverse, then rank again from the roots found.
-    let mut queue = std::collections::VecDeque::new();
-    let mut dist = vec![UNRANKED; sw_nodes.len()];
-    for &h in &hca_nodes {
-        let n = &topo.nodes[h];
-        for r in n.ports.iter().flatten() {
-            if let Some(&s) = sw_of.get(&r.node) {
-                if dist[s] == UNRANKED {
-                    dist[s] = 0;
-                    queue.push_back(s);
-                }
-            }
-        }
-    }
-    let mut max_rank = 0;
-    while let Some(s) = queue.pop_front() {
-        for r in neighbours(s) {
-            if dist[r] == UNRANKED || dist[r] > dist[s] + 1 {
-                dist[r] = dist[s] + 1;
-                max_rank = dist[r];
-                queue.push_back(r);
-            }
-        }
-    }
-    let mut rank = vec![UNRANKED; sw_nodes.len()];
-    for s in 0..sw_nodes.len() {
-        if dist[s] != UNRANKED && max_rank - dist[s] == 0 {
-            rank[s] = 0;
-            queue.push_back(s);
-        }
-    }
-    let mut max_switch_rank = 0;
-    while let Some(s) = queue.pop_front() {
-        for r in neighbours(s) {
-            if rank[r] == UNRANKED || rank[r] > rank[s] + 1 {
-                rank[r] = rank[s] + 1;
-                max_switch_rank = rank[r];
-                queue.push_back(r);
-            }
-        }
-    }
-    if max_switch_rank == 0 {
-        return Err(FabricError::Invalid(
-            "ftree: fabric has a single switch level".into(),
-        ));
-    }
+    let (rank, max_switch_rank) = rank_switches(topo, &sw_nodes, &hca_nodes, &sw_of)?;
     for (s, r) in rank.iter().enumerate() {
         ft.sws[s].rank = *r;
     }
-    // Port groups, in port order, one per neighbour.
-    #[allow(clippy::needless_range_loop)] // `s` indexes several tables
-    for s in 0..ft.sws.len() {
-        if ft.sws[s].rank == UNRANKED {
-            continue;
-        }
-        let n = &topo.nodes[sw_nodes[s]];
-        for p in 1..n.ports.len() {
-            let Some(r) = n.ports[p] else { continue };
-            if r.node == sw_nodes[s] {
-                continue;
-            }
-            let rn = &topo.nodes[r.node];
-            let (remote, is_sw, dir) = if rn.is_switch() {
-                let Some(&rs) = sw_of.get(&r.node) else {
-                    continue;
-                };
-                if ft.sws[rs].rank == UNRANKED {
-                    continue;
-                }
-                let (a, b) = (ft.sws[s].rank, ft.sws[rs].rank);
-                (rs, true, a.cmp(&b))
-            } else {
-                (r.node, false, std::cmp::Ordering::Less)
-            };
-            let remote_lid = rn.lid;
-            let list: &Vec<usize> = match dir {
-                std::cmp::Ordering::Greater => &ft.sws[s].up,
-                std::cmp::Ordering::Equal => &ft.sws[s].sib,
-                std::cmp::Ordering::Less => &ft.sws[s].down,
-            };
-            let existing = list
-                .iter()
-                .copied()
-                .find(|&g| ft.groups[g].remote_lid == remote_lid);
-            let g = match existing {
-                Some(g) => g,
-                None => {
-                    ft.groups.push(Group {
-                        remote,
-                        remote_is_sw: is_sw,
-                        remote_lid,
-                        ports: vec![],
-                        counter_up: 0,
-                        counter_down: 0,
-                    });
-                    let g = ft.groups.len() - 1;
-                    match dir {
-                        std::cmp::Ordering::Greater => ft.sws[s].up.push(g),
-                        std::cmp::Ordering::Equal => ft.sws[s].sib.push(g),
-                        std::cmp::Ordering::Less => ft.sws[s].down.push(g),
-                    }
-                    g
-                }
-            };
-            if !ft.groups[g].ports.iter().any(|x| x.port == p as u8) {
-                ft.groups[g].ports.push(FPort {
-                    port: p as u8,
-                    remote_port: r.port,
-                    counter_up: 0,
-                    counter_down: 0,
-                });
-            }
-        }
-    }
+    build_port_groups(&mut ft, topo, &sw_nodes, &sw_of);
     let leaf_rank = max_switch_rank;
     if leaf_rank as usize >= TUPLE_LEN {
         return Err(FabricError::Invalid("ftree: tree too deep".into()));
@@ -341,6 +225,145 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
         ca_order,
         positions,
     })
+}
+
+/// Ranks the switches as OpenSM's ftree does: by distance from the hosts,
+/// reversed, then by distance from the roots found. Returns each switch's
+/// rank (`UNRANKED` if cut off) and the highest rank.
+fn rank_switches(
+    topo: &Topology,
+    sw_nodes: &[usize],
+    hca_nodes: &[usize],
+    sw_of: &HashMap<usize, usize>,
+) -> Result<(Vec<u32>, u32)> {
+    let neighbours = |s: usize| -> Vec<usize> {
+        let n = &topo.nodes[ft_node(sw_nodes, s)];
+        (1..n.ports.len())
+            .filter_map(|p| n.ports[p])
+            .filter_map(|r| sw_of.get(&r.node).copied())
+            .collect()
+    };
+    // Rank from the hosts, reverse, then rank again from the roots found.
+    let mut queue = std::collections::VecDeque::new();
+    let mut dist = vec![UNRANKED; sw_nodes.len()];
+    for &h in hca_nodes {
+        let n = &topo.nodes[h];
+        for r in n.ports.iter().flatten() {
+            if let Some(&s) = sw_of.get(&r.node) {
+                if dist[s] == UNRANKED {
+                    dist[s] = 0;
+                    queue.push_back(s);
+                }
+            }
+        }
+    }
+    let mut max_rank = 0;
+    while let Some(s) = queue.pop_front() {
+        for r in neighbours(s) {
+            if dist[r] == UNRANKED || dist[r] > dist[s] + 1 {
+                dist[r] = dist[s] + 1;
+                max_rank = dist[r];
+                queue.push_back(r);
+            }
+        }
+    }
+    let mut rank = vec![UNRANKED; sw_nodes.len()];
+    for s in 0..sw_nodes.len() {
+        if dist[s] != UNRANKED && max_rank - dist[s] == 0 {
+            rank[s] = 0;
+            queue.push_back(s);
+        }
+    }
+    let mut max_switch_rank = 0;
+    while let Some(s) = queue.pop_front() {
+        for r in neighbours(s) {
+            if rank[r] == UNRANKED || rank[r] > rank[s] + 1 {
+                rank[r] = rank[s] + 1;
+                max_switch_rank = rank[r];
+                queue.push_back(r);
+            }
+        }
+    }
+    if max_switch_rank == 0 {
+        return Err(FabricError::Invalid(
+            "ftree: fabric has a single switch level".into(),
+        ));
+    }
+    Ok((rank, max_switch_rank))
+}
+
+/// Port groups of each ranked switch, in port order, one per neighbour:
+/// up, sibling or down by the neighbour's rank.
+fn build_port_groups(
+    ft: &mut Ftree,
+    topo: &Topology,
+    sw_nodes: &[usize],
+    sw_of: &HashMap<usize, usize>,
+) {
+    #[allow(clippy::needless_range_loop)] // `s` indexes several tables
+    for s in 0..ft.sws.len() {
+        if ft.sws[s].rank == UNRANKED {
+            continue;
+        }
+        let n = &topo.nodes[sw_nodes[s]];
+        for p in 1..n.ports.len() {
+            let Some(r) = n.ports[p] else { continue };
+            if r.node == sw_nodes[s] {
+                continue;
+            }
+            let rn = &topo.nodes[r.node];
+            let (remote, is_sw, dir) = if rn.is_switch() {
+                let Some(&rs) = sw_of.get(&r.node) else {
+                    continue;
+                };
+                if ft.sws[rs].rank == UNRANKED {
+                    continue;
+                }
+                let (a, b) = (ft.sws[s].rank, ft.sws[rs].rank);
+                (rs, true, a.cmp(&b))
+            } else {
+                (r.node, false, std::cmp::Ordering::Less)
+            };
+            let remote_lid = rn.lid;
+            let list: &Vec<usize> = match dir {
+                std::cmp::Ordering::Greater => &ft.sws[s].up,
+                std::cmp::Ordering::Equal => &ft.sws[s].sib,
+                std::cmp::Ordering::Less => &ft.sws[s].down,
+            };
+            let existing = list
+                .iter()
+                .copied()
+                .find(|&g| ft.groups[g].remote_lid == remote_lid);
+            let g = match existing {
+                Some(g) => g,
+                None => {
+                    ft.groups.push(Group {
+                        remote,
+                        remote_is_sw: is_sw,
+                        remote_lid,
+                        ports: vec![],
+                        counter_up: 0,
+                        counter_down: 0,
+                    });
+                    let g = ft.groups.len() - 1;
+                    match dir {
+                        std::cmp::Ordering::Greater => ft.sws[s].up.push(g),
+                        std::cmp::Ordering::Equal => ft.sws[s].sib.push(g),
+                        std::cmp::Ordering::Less => ft.sws[s].down.push(g),
+                    }
+                    g
+                }
+            };
+            if !ft.groups[g].ports.iter().any(|x| x.port == p as u8) {
+                ft.groups[g].ports.push(FPort {
+                    port: p as u8,
+                    remote_port: r.port,
+                    counter_up: 0,
+                    counter_down: 0,
+                });
+            }
+        }
+    }
 }
 
 fn ft_node(sw_nodes: &[usize], s: usize) -> usize {

@@ -496,6 +496,37 @@ struct Link {
 
 const INF: u64 = 0x7FFF_FFFF;
 
+/// OpenSM's dry run: every switch must be reachable from the first one
+/// over switch links, or dfsssp gives up.
+fn check_all_switches_reachable(
+    topo: &Topology,
+    sw: &Sw,
+    links: &[Link],
+    out_links: &[Vec<usize>],
+) -> Result<()> {
+    let n = sw.nodes.len();
+    let mut seen = vec![false; n];
+    let mut q = VecDeque::from([0usize]);
+    seen[0] = true;
+    while let Some(s) = q.pop_front() {
+        for &l in &out_links[s + 1] {
+            let t = links[l].to - 1;
+            if !seen[t] {
+                seen[t] = true;
+                q.push_back(t);
+            }
+        }
+    }
+    if let Some(s) = seen.iter().position(|&x| !x) {
+        return Err(FabricError::Invalid(format!(
+            "dfsssp: switch '{}' cannot be reached from switch '{}' (detached switches); \
+             OpenSM's dfsssp gives up here",
+            topo.nodes[sw.nodes[s]].name, topo.nodes[sw.nodes[0]].name
+        )));
+    }
+    Ok(())
+}
+
 /// OpenSM's `dfsssp` (and `sssp`) tables, or why OpenSM would give up.
 pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
     let sw = Sw::new(topo);
@@ -535,28 +566,7 @@ pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
             });
         }
     }
-    // OpenSM's dry run: every switch must be reachable.
-    {
-        let mut seen = vec![false; n];
-        let mut q = VecDeque::from([0usize]);
-        seen[0] = true;
-        while let Some(s) = q.pop_front() {
-            for &l in &out_links[s + 1] {
-                let t = links[l].to - 1;
-                if !seen[t] {
-                    seen[t] = true;
-                    q.push_back(t);
-                }
-            }
-        }
-        if let Some(s) = seen.iter().position(|&x| !x) {
-            return Err(FabricError::Invalid(format!(
-                "dfsssp: switch '{}' cannot be reached from switch '{}' (detached switches); \
-                 OpenSM's dfsssp gives up here",
-                topo.nodes[sw.nodes[s]].name, topo.nodes[sw.nodes[0]].name
-            )));
-        }
-    }
+    check_all_switches_reachable(topo, &sw, &links, &out_links)?;
     // Sources: hosts by switch (most hosts first), then switch LIDs in the
     // same switch order.
     let mut by_hca: Vec<usize> = (1..=n).collect();
