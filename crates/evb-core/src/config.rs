@@ -368,10 +368,98 @@ impl Progress {
 
 display_as_str!(Progress);
 
+/// `transport.kind`: the transport the nodes talk over, spelled in the
+/// configuration as `auto`, `tcp`, `shm`, `mpi`, `ofi[:<provider>]` or
+/// `ucx[:<UCX_TLS>]` (docs/transports.md), parsed once here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum TransportKind {
+    /// `evb run` picks: shared memory on one machine, TCP with an output
+    /// network; a node started by hand takes TCP ([`TransportKind::on_node`]).
+    Auto,
+    Tcp,
+    Shm,
+    /// libfabric with a provider as users write it (`tcp`, `shm`, ...);
+    /// `None`: `ofi` alone, which is libfabric's tcp provider.
+    Ofi(Option<String>),
+    /// UCX with an optional UCX_TLS value.
+    Ucx(Option<String>),
+    Mpi,
+}
+
+impl TransportKind {
+    /// What a node runs for this kind: `auto` is TCP on a node (`evb run`
+    /// resolves it before it starts them, and so does a node given no
+    /// launcher).
+    pub fn on_node(&self) -> TransportKind {
+        match self {
+            TransportKind::Auto => TransportKind::Tcp,
+            kind => kind.clone(),
+        }
+    }
+
+    /// libfabric's provider, for `ofi` and `ofi:<provider>`.
+    pub fn ofi_provider(&self) -> Option<&str> {
+        match self {
+            TransportKind::Ofi(p) => Some(p.as_deref().unwrap_or("tcp")),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(kind: &str) -> Result<TransportKind, String> {
+        Ok(match kind.split_once(':') {
+            None if kind == "auto" => TransportKind::Auto,
+            None if kind == "tcp" => TransportKind::Tcp,
+            None if kind == "shm" => TransportKind::Shm,
+            None if kind == "mpi" => TransportKind::Mpi,
+            None if kind == "ucx" => TransportKind::Ucx(None),
+            None if kind == "ofi" => TransportKind::Ofi(None),
+            Some(("ofi", p)) if !p.is_empty() => TransportKind::Ofi(Some(p.into())),
+            Some(("ucx", t)) if !t.is_empty() => TransportKind::Ucx(Some(t.into())),
+            _ => {
+                return Err(format!(
+                    "unknown transport `{kind}` (one of auto, tcp, shm, ofi, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
+                ))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for TransportKind {
+    type Error = String;
+    fn try_from(kind: String) -> Result<TransportKind, String> {
+        kind.parse()
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportKind::Auto => f.write_str("auto"),
+            TransportKind::Tcp => f.write_str("tcp"),
+            TransportKind::Shm => f.write_str("shm"),
+            TransportKind::Mpi => f.write_str("mpi"),
+            TransportKind::Ofi(None) => f.write_str("ofi"),
+            TransportKind::Ofi(Some(p)) => write!(f, "ofi:{p}"),
+            TransportKind::Ucx(None) => f.write_str("ucx"),
+            TransportKind::Ucx(Some(t)) => write!(f, "ucx:{t}"),
+        }
+    }
+}
+
+impl From<TransportKind> for String {
+    fn from(kind: TransportKind) -> String {
+        kind.to_string()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportSection {
-    pub kind: String,
+    pub kind: TransportKind,
     /// Interface nodes listen on.
     pub bind: String,
     /// 0: the OS picks ports (`evb run`); otherwise node i listens on base_port + i.
@@ -406,7 +494,7 @@ pub struct TransportSection {
 impl Default for TransportSection {
     fn default() -> Self {
         TransportSection {
-            kind: "auto".into(),
+            kind: TransportKind::Auto,
             bind: "127.0.0.1".into(),
             base_port: 0,
             socket_buffer_bytes: 4 << 20,
@@ -986,7 +1074,7 @@ impl Config {
                 ),
             ));
         }
-        if !["auto", "tcp"].contains(&self.transport.kind.as_str()) {
+        if ![TransportKind::Auto, TransportKind::Tcp].contains(&self.transport.kind) {
             return Err((
                 "transport.kind",
                 format!(
@@ -1370,18 +1458,6 @@ impl Config {
             return Err(err(
                 "sim.output.rto_us",
                 "must be a positive number of microseconds, at most 10 s".into(),
-            ));
-        }
-        let kind = self.transport.kind.as_str();
-        let known = ["auto", "tcp", "shm", "mpi", "ucx", "ofi"]
-            .iter()
-            .any(|k| kind == *k || kind.strip_prefix(k).is_some_and(|r| r.starts_with(':')));
-        if !known || kind == "ofi:" || kind == "ucx:" {
-            return Err(err(
-                "transport.kind",
-                format!(
-                    "unknown transport `{kind}` (one of auto, tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
-                ),
             ));
         }
         if self.metrics.base_port != 0
@@ -1928,6 +2004,40 @@ mod tests {
             let e = load("", &[&format!("{key}=nope")]).unwrap_err();
             assert_eq!((e.origin.as_str(), e.key.as_deref()), ("--set", Some(*key)));
         }
+    }
+
+    #[test]
+    fn transport_kind_is_parsed_once_and_keeps_its_spelling() {
+        for (text, kind) in [
+            ("auto", TransportKind::Auto),
+            ("tcp", TransportKind::Tcp),
+            ("shm", TransportKind::Shm),
+            ("mpi", TransportKind::Mpi),
+            ("ofi", TransportKind::Ofi(None)),
+            ("ofi:shm", TransportKind::Ofi(Some("shm".into()))),
+            ("ucx", TransportKind::Ucx(None)),
+            ("ucx:tcp,self", TransportKind::Ucx(Some("tcp,self".into()))),
+        ] {
+            let c = load(&format!("[transport]\nkind = \"{text}\"\n"), &[]).unwrap();
+            assert_eq!(c.transport.kind, kind, "{text}");
+            // Written back (a launcher hands its nodes the config) as read.
+            assert_eq!(c.transport.kind.to_string(), text);
+            let back: Config = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+            assert_eq!(back.transport.kind, kind, "{text}");
+        }
+        assert_eq!(TransportKind::Ofi(None).ofi_provider(), Some("tcp"));
+        assert_eq!(TransportKind::Auto.on_node(), TransportKind::Tcp);
+        for bad in ["carrier-pigeon", "ofi:", "ucx:", "tcp:x", ""] {
+            let e = load(&format!("\n[transport]\nkind = \"{bad}\"\n"), &[]).unwrap_err();
+            assert_eq!(
+                (e.line, e.key.as_deref()),
+                (Some(3), Some("transport.kind")),
+                "{bad}: {e}"
+            );
+            assert!(e.message.contains("unknown transport"), "{e}");
+        }
+        let e = load("", &["transport.kind=pigeon"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.kind"), "{e}");
     }
 
     #[test]

@@ -173,7 +173,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     }
     // `auto` is shm on one machine (restarted nodes rejoin over it too),
     // tcp with an output network.
-    config.transport.kind = evb_transport::resolve_auto(&config).into();
+    config.transport.kind = evb_transport::resolve_auto(&config);
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
@@ -312,7 +312,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .map(|c| c.wait().ok().and_then(|s| s.code()))
         .collect();
     let _ = std::fs::remove_dir_all(&workdir);
-    if config.transport.kind == "shm" {
+    if config.transport.kind == evb_transport::TransportKind::Shm {
         // With rejoin, an shm inbox keeps its name until its process ends
         // normally: remove those of the nodes that were killed.
         for &(rank, pid) in spawned.borrow().iter() {
@@ -376,10 +376,8 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Verify::Crc => "crc".into(),
         Verify::Sample => format!("sample 1/{}", config.event_builder.verify_sample),
     };
-    summary.zero_copy = evb_transport::buffers::zero_copy(
-        &config,
-        &evb_transport::TransportKind::parse(evb_transport::resolve_auto(&config))?,
-    );
+    summary.zero_copy =
+        evb_transport::buffers::zero_copy(&config, &evb_transport::resolve_auto(&config));
     summary.slot_clock = SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
         .map(|mut c| {
             c.rotation_slots =

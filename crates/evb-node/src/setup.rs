@@ -66,7 +66,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // Before the node announces itself: the start barrier waits for it, and
     // the run's clock does not count it.
     let pools = preallocate(&config, &layout, rank)?;
-    let kind = TransportKind::parse(&config.transport.kind)?;
+    let kind = config.transport.kind.on_node();
     let mep_slots = mep_slots(&config, &layout, rank, &kind)?;
     // A restarted TCP node listens where its peers know it: under `evb
     // run`, the address list comes first. (A restarted shm node announces
@@ -123,13 +123,10 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     let peers = match opts.control {
         _ if early_peers.is_some() => early_peers.expect("checked"),
         // MPI knows every rank already: nothing to exchange.
-        Control::Launcher
-            if TransportKind::parse(&config.transport.kind)? == TransportKind::Mpi =>
-        {
-            (0..layout.endpoints)
-                .map(|r| transport::msg::to_hex(&i32::from(r).to_le_bytes()))
-                .collect()
-        }
+        Control::Launcher if config.transport.kind.on_node() == TransportKind::Mpi => (0..layout
+            .endpoints)
+            .map(|r| transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+            .collect(),
         Control::Launcher => {
             let dir = opts
                 .rendezvous
@@ -249,7 +246,7 @@ fn preallocate(config: &Config, layout: &Layout, rank: NodeId) -> Result<Option<
     if !config.event_builder.preallocate_buffers {
         return Ok(None);
     }
-    let kind = TransportKind::parse(&config.transport.kind)?;
+    let kind = config.transport.kind.on_node();
     let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
     let t = Instant::now();
     let pool = SparePool::fixed(plan.rx_buffers, plan.rx_bytes);
@@ -320,7 +317,7 @@ pub fn open_transport(
     mep_slots: Option<&SlotStore>,
 ) -> Result<Box<dyn Transport>> {
     let progress = config.transport.progress;
-    match TransportKind::parse(&config.transport.kind)? {
+    match config.transport.kind.on_node() {
         TransportKind::Tcp => {
             let listen = match control {
                 Control::Stdio | Control::Launcher => None,
@@ -408,7 +405,7 @@ pub fn rendezvous(
         }
         Control::Launcher => bail!("launcher rendezvous is handled by run_node"),
         Control::Config => {
-            if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
+            if config.transport.kind.on_node() != TransportKind::Tcp {
                 bail!(
                     "transport `{}` needs `evb run` or a launcher (mpirun, srun) to exchange addresses",
                     config.transport.kind

@@ -132,7 +132,7 @@ impl BufferPlan {
 
     /// The plan of every endpoint of a run, and their sum in bytes.
     pub fn for_run(config: &Config, layout: &Layout) -> anyhow::Result<(Vec<BufferPlan>, u64)> {
-        let kind = TransportKind::parse(crate::resolve_auto(config))?;
+        let kind = crate::resolve_auto(config);
         let plans: Vec<BufferPlan> = (0..layout.endpoints)
             .map(|r| BufferPlan::for_node(config, layout, r, &kind))
             .collect();
