@@ -114,7 +114,7 @@ impl BenchSpec {
     }
 
     /// The configuration the workers run their transport with.
-    fn config(&self) -> Result<Config> {
+    pub fn config(&self) -> Result<Config> {
         let biggest = self.sizes.iter().copied().max().unwrap_or(64).max(64);
         let overrides = vec![
             format!("transport.kind={}", self.transport),

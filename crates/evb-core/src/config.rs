@@ -249,6 +249,10 @@ pub struct EventBuilderSection {
     /// between processes and the TLB to walk, more resident memory. Where the kernel has no
     /// THP they are ordinary pages.
     pub huge_pages: bool,
+    /// MEP buffers of each RU: 0 (the default) as many as its BUs' credits
+    /// can hold at once (docs/transports.md); fewer make MEPs wait for a
+    /// buffer (a test of the readout's back-pressure).
+    pub mep_buffers: u32,
     /// What a BU checks of each fragment (and so what the RU computes).
     pub verify: Verify,
     /// `verify = "sample"`: the CRC of one fragment in this many is checked.
@@ -302,6 +306,7 @@ impl Default for EventBuilderSection {
             ru_buffer_meps: 16,
             preallocate_buffers: false,
             huge_pages: true,
+            mep_buffers: 0,
             verify: Verify::Sample,
             verify_sample: 64,
         }
@@ -489,6 +494,14 @@ pub struct TransportSection {
     /// empty: the key from EVB_RUN_KEY if set (`evb run` sets a fresh one),
     /// else none.
     pub run_key_file: String,
+    /// `ucx`: bodies of this many bytes and more go as their own contiguous
+    /// message (zero-copy rendezvous) instead of one iov message with their
+    /// header; 0 (the default): never (docs/transports.md).
+    pub ucx_split_body_from: u64,
+    /// `ucx` with `progress = "blocking"`: how long a wait that found
+    /// nothing spins before it sleeps, microseconds (experimental; 0: no
+    /// spinning).
+    pub ucx_spin_us: u64,
 }
 
 impl Default for TransportSection {
@@ -505,6 +518,8 @@ impl Default for TransportSection {
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
             run_key_file: String::new(),
+            ucx_split_body_from: 0,
+            ucx_spin_us: 0,
         }
     }
 }
@@ -629,6 +644,13 @@ pub struct MetricsSection {
     pub bind: String,
     /// 0: no metrics; otherwise endpoint i serves `/metrics` on base_port + i.
     pub base_port: u16,
+    /// A node under a cluster launcher prints its periodic STATS lines too
+    /// (by default only FINAL: ranks share the launcher's stdout), for when
+    /// each rank's output is its own (`srun --output=evb-%t.out`).
+    pub stats_lines: bool,
+    /// Each node logs where its memory is (resident, heap, pools) every
+    /// time it trims its pools: a diagnostic of memory growth.
+    pub log_memory: bool,
 }
 
 impl Default for MetricsSection {
@@ -636,6 +658,8 @@ impl Default for MetricsSection {
         MetricsSection {
             bind: "127.0.0.1".into(),
             base_port: 0,
+            stats_lines: false,
+            log_memory: false,
         }
     }
 }
@@ -938,6 +962,103 @@ pub struct Config {
     pub slot_table: Option<std::sync::Arc<crate::slots::SlotTable>>,
 }
 
+/// An environment variable that overrides a configuration key: for a knob
+/// one wants to turn for a whole shell or job (a benchmark sweep, a batch
+/// script) without editing its TOML. [`Config::load`] applies them after
+/// the file and before `--set`, which wins; nothing else reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvOverride {
+    pub var: &'static str,
+    pub key: &'static str,
+    /// How the variable's value is written.
+    pub form: EnvForm,
+}
+
+/// How an [`EnvOverride`]'s value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvForm {
+    /// `0` or `1`.
+    ZeroOrOne,
+    /// Set (to anything) turns the key on.
+    Presence,
+    /// A whole number.
+    Count,
+    /// A byte count, or `never` (the key's 0).
+    BytesOrNever,
+}
+
+/// Every environment variable that stands for a configuration key
+/// (docs/config.md lists them; a test keeps the two in step).
+pub const ENV_OVERRIDES: &[EnvOverride] = &[
+    EnvOverride {
+        var: "EVB_HUGEPAGES",
+        key: "event_builder.huge_pages",
+        form: EnvForm::ZeroOrOne,
+    },
+    EnvOverride {
+        var: "EVB_MEP_BUFFERS",
+        key: "event_builder.mep_buffers",
+        form: EnvForm::Count,
+    },
+    EnvOverride {
+        var: "EVB_UCX_SPLIT_BODY_FROM",
+        key: "transport.ucx_split_body_from",
+        form: EnvForm::BytesOrNever,
+    },
+    EnvOverride {
+        var: "EVB_UCX_SPIN_US",
+        key: "transport.ucx_spin_us",
+        form: EnvForm::Count,
+    },
+    EnvOverride {
+        var: "EVB_STATS_LINES",
+        key: "metrics.stats_lines",
+        form: EnvForm::ZeroOrOne,
+    },
+    EnvOverride {
+        var: "EVB_MEMDEBUG",
+        key: "metrics.log_memory",
+        form: EnvForm::Presence,
+    },
+];
+
+/// The `key=value` overrides the environment (read through `var`) asks for,
+/// in the order of [`ENV_OVERRIDES`]; a value of the wrong form is an error
+/// naming the variable and the key.
+pub fn env_overrides(var: impl Fn(&str) -> Option<String>) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for o in ENV_OVERRIDES {
+        let Some(raw) = var(o.var) else { continue };
+        let v = raw.trim();
+        let value = match o.form {
+            EnvForm::Presence => Some("true".to_string()),
+            EnvForm::ZeroOrOne => match v {
+                "0" => Some("false".into()),
+                "1" => Some("true".into()),
+                _ => None,
+            },
+            EnvForm::Count => v.parse::<u64>().ok().map(|n| n.to_string()),
+            EnvForm::BytesOrNever if v == "never" => Some("0".into()),
+            EnvForm::BytesOrNever => v.parse::<u64>().ok().map(|n| n.to_string()),
+        };
+        let Some(value) = value else {
+            let expected = match o.form {
+                EnvForm::ZeroOrOne => "0 or 1",
+                EnvForm::Count | EnvForm::Presence => "a whole number",
+                EnvForm::BytesOrNever => "a byte count or `never`",
+            };
+            return Err(ConfigError {
+                origin: format!("environment variable {}", o.var),
+                line: None,
+                key: Some(o.key.into()),
+                message: format!("{}={raw:?}: expected {expected}", o.var),
+            });
+        };
+        out.push(format!("{}={value}", o.key));
+    }
+    Ok(out)
+}
+
 /// The documented default configuration, as TOML.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
 
@@ -961,7 +1082,10 @@ impl Config {
                 PathBuf::new(),
             ),
         };
-        Config::from_str_with_overrides(&origin, &text, overrides, &base_dir)
+        // The environment's overrides first, so that `--set` wins over them.
+        let mut all = env_overrides(|var| std::env::var(var).ok())?;
+        all.extend_from_slice(overrides);
+        Config::from_str_with_overrides(&origin, &text, &all, &base_dir)
     }
 
     /// Parses `text` (named `origin` in errors), applies overrides, validates.
@@ -1826,6 +1950,73 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("sim.peer_timeout_us"), "{e}");
         let e = load("[sim]\nheartbeat_us = 0.0\n", &[]).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("sim.heartbeat_us"), "{e}");
+    }
+
+    /// A fake environment of `pairs`.
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn environment_variables_override_their_keys_and_set_wins() {
+        assert!(env_overrides(env(&[])).unwrap().is_empty());
+        let ov = env_overrides(env(&[
+            ("EVB_HUGEPAGES", "0"),
+            ("EVB_MEP_BUFFERS", "2"),
+            ("EVB_UCX_SPLIT_BODY_FROM", "never"),
+            ("EVB_UCX_SPIN_US", "50"),
+            ("EVB_STATS_LINES", "1"),
+            ("EVB_MEMDEBUG", ""),
+            ("EVB_NOT_A_KNOB", "1"),
+        ]))
+        .unwrap();
+        let mut all: Vec<&str> = ov.iter().map(String::as_str).collect();
+        let c = load("", &all).unwrap();
+        assert!(!c.event_builder.huge_pages);
+        assert_eq!(c.event_builder.mep_buffers, 2);
+        assert_eq!(c.transport.ucx_split_body_from, 0);
+        assert_eq!(c.transport.ucx_spin_us, 50);
+        assert!(c.metrics.stats_lines && c.metrics.log_memory);
+        // `--set` comes after the environment: it wins.
+        all.push("event_builder.mep_buffers=5");
+        assert_eq!(load("", &all).unwrap().event_builder.mep_buffers, 5);
+        let ov = env_overrides(env(&[("EVB_UCX_SPLIT_BODY_FROM", "65536")])).unwrap();
+        assert_eq!(ov, ["transport.ucx_split_body_from=65536"]);
+        for (var, bad) in [
+            ("EVB_HUGEPAGES", "yes"),
+            ("EVB_MEP_BUFFERS", "two"),
+            ("EVB_UCX_SPLIT_BODY_FROM", "lots"),
+            ("EVB_UCX_SPIN_US", "-1"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![(var, bad)].into_boxed_slice());
+            let e = env_overrides(env(pairs)).unwrap_err();
+            let key = ENV_OVERRIDES.iter().find(|o| o.var == var).unwrap().key;
+            assert_eq!(e.key.as_deref(), Some(key), "{e}");
+            assert!(e.to_string().contains(&format!("{var}=\"{bad}\"")), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_environment_override_names_a_key_and_is_documented() {
+        let docs = include_str!("../../../docs/config.md");
+        let keys = toml::to_string(&Config::default()).unwrap();
+        for o in ENV_OVERRIDES {
+            let (section, key) = o.key.split_once('.').unwrap();
+            let table: toml::Table = toml::from_str(&keys).unwrap();
+            assert!(table[section].get(key).is_some(), "{} is no key", o.key);
+            assert!(
+                docs.contains(&format!("| `{}` | `{}` |", o.var, o.key)),
+                "docs/config.md does not list {} -> {}",
+                o.var,
+                o.key
+            );
+        }
     }
 
     #[test]

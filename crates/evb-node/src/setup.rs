@@ -270,7 +270,7 @@ fn mep_slots(
     rank: NodeId,
     kind: &TransportKind,
 ) -> Result<Option<SlotStore>> {
-    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, kind);
+    let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, kind);
     if plan.mep_buffers == 0 {
         return Ok(None);
     }
@@ -278,14 +278,6 @@ fn mep_slots(
     let prealloc = config.event_builder.preallocate_buffers;
     if !(zero_copy || prealloc || config.source.readout == Readout::Ring) {
         return Ok(None);
-    }
-    if let Some(n) = std::env::var("EVB_MEP_BUFFERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-    {
-        // Tests: fewer MEP buffers than the bound, to make MEPs wait.
-        plan.mep_buffers = n;
     }
     let slots = u32::try_from(plan.mep_buffers).context("MEP buffers")?;
     let t = Instant::now();

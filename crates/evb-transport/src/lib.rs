@@ -270,8 +270,12 @@ pub fn open_engine(
         }
         #[cfg(feature = "ucx")]
         TransportKind::Ucx(tls) => {
-            let ep =
-                ucx::UcxEndpoint::open(tls.as_deref(), progress, max_message_bytes(config), rank)?;
+            let ep = ucx::UcxEndpoint::open(
+                tls.as_deref(),
+                &config.transport,
+                max_message_bytes(config),
+                rank,
+            )?;
             Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
         }
         #[cfg(feature = "mpi")]

@@ -92,55 +92,14 @@ pub struct Options {
     /// module docs on ordering).
     pub source_mask: u64,
     /// Bodies of this many bytes and more are sent as their own contiguous
-    /// message (module docs); `usize::MAX` (the default): never.
-    /// [`SPLIT_BODY_FROM_ENV`] overrides it ([`Options::with_env_overrides`]).
+    /// message (module docs); `usize::MAX` (the default): never (evb sets
+    /// it from `transport.ucx_split_body_from`).
     pub split_body_from: usize,
     /// Blocking mode: how long a `wait` that found nothing spins on the
     /// worker before it arms the event fd and sleeps (experimental: it
     /// helps split bodies and hurts iov sends, docs/transports.md); zero
-    /// (the default): no spinning. [`SPIN_BEFORE_SLEEP_ENV`] overrides it.
+    /// (the default): no spinning (evb: `transport.ucx_spin_us`).
     pub spin_before_sleep: Duration,
-}
-
-/// `EVB_UCX_SPLIT_BODY_FROM=BYTES` (or `never`) overrides
-/// [`Options::split_body_from`].
-pub const SPLIT_BODY_FROM_ENV: &str = "EVB_UCX_SPLIT_BODY_FROM";
-/// `EVB_UCX_SPIN_US=MICROSECONDS` overrides [`Options::spin_before_sleep`].
-pub const SPIN_BEFORE_SLEEP_ENV: &str = "EVB_UCX_SPIN_US";
-
-impl Options {
-    /// These options with the environment's overrides applied: the
-    /// variables win over the values set (from evb's configuration or the
-    /// defaults). `Endpoint::open` reads no environment variable itself
-    /// (besides UCX's own), so a library user gets exactly what it asked
-    /// for unless it calls this.
-    pub fn with_env_overrides(self) -> Result<Options, Error> {
-        self.with_overrides_from(|name| std::env::var(name).ok())
-    }
-
-    /// [`Options::with_env_overrides`] reading the variables through `var`.
-    fn with_overrides_from(
-        mut self,
-        var: impl Fn(&str) -> Option<String>,
-    ) -> Result<Options, Error> {
-        if let Some(v) = var(SPLIT_BODY_FROM_ENV) {
-            self.split_body_from = match v.as_str() {
-                "never" => usize::MAX,
-                _ => v.parse().map_err(|_| {
-                    Error::Config(format!(
-                        "{SPLIT_BODY_FROM_ENV}={v:?}: a byte count or `never`"
-                    ))
-                })?,
-            };
-        }
-        if let Some(v) = var(SPIN_BEFORE_SLEEP_ENV) {
-            let us: u64 = v.parse().map_err(|_| {
-                Error::Config(format!("{SPIN_BEFORE_SLEEP_ENV}={v:?}: microseconds"))
-            })?;
-            self.spin_before_sleep = Duration::from_micros(us);
-        }
-        Ok(self)
-    }
 }
 
 /// Tag bits left to the caller; above them: the sequence number (21 bits),
@@ -1564,64 +1523,6 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fake environment of `pairs`.
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn the_environment_overrides_the_options_it_names() {
-        let set = Options {
-            split_body_from: 4096,
-            spin_before_sleep: Duration::from_micros(7),
-            ..Options::default()
-        };
-        let o = set.clone().with_overrides_from(env(&[])).unwrap();
-        assert_eq!(
-            (o.split_body_from, o.spin_before_sleep),
-            (4096, Duration::from_micros(7)),
-            "unset: the values set stay"
-        );
-        let o = set
-            .clone()
-            .with_overrides_from(env(&[
-                (SPLIT_BODY_FROM_ENV, "65536"),
-                (SPIN_BEFORE_SLEEP_ENV, "50"),
-            ]))
-            .unwrap();
-        assert_eq!(
-            (o.split_body_from, o.spin_before_sleep),
-            (65536, Duration::from_micros(50))
-        );
-        let o = set
-            .clone()
-            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "never")]))
-            .unwrap();
-        assert_eq!(o.split_body_from, usize::MAX);
-        let e = set
-            .clone()
-            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "lots")]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("EVB_UCX_SPLIT_BODY_FROM=\"lots\""), "{e}");
-        let e = set
-            .with_overrides_from(env(&[(SPIN_BEFORE_SLEEP_ENV, "-1")]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("EVB_UCX_SPIN_US=\"-1\""), "{e}");
-        let d = Options::default();
-        assert_eq!(
-            (d.split_body_from, d.spin_before_sleep),
-            (usize::MAX, Duration::ZERO),
-            "the defaults: no split, no spin"
-        );
-    }
 
     #[test]
     fn address_envelope_rejects_garbage() {
