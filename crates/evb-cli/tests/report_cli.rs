@@ -389,6 +389,14 @@ fn report_of_real_outputs_renders_in_chromium() {
 fn files_evb_did_not_write_are_named_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    assert_foreign_files_named(dir);
+    assert_other_evb_json_and_missing_files_named(dir);
+    assert_mangled_fabric_json_refused(dir);
+}
+
+/// JSON (or not) that evb did not write: refused with the reason, and no
+/// report written.
+fn assert_foreign_files_named(dir: &Path) {
     let cases: [(&str, &str, &str); 7] = [
         (
             "package.json",
@@ -444,7 +452,11 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
             "{name}: wrote a report anyway"
         );
     }
-    // The other JSON evb writes, named for what it is.
+}
+
+/// The other JSON evb writes, named for what it is; a missing file and
+/// deeply nested input named too.
+fn assert_other_evb_json_and_missing_files_named(dir: &Path) {
     evb_ok(
         dir,
         &[
@@ -487,8 +499,10 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
         "{}",
         out.stderr
     );
+}
 
-    // Mangled real files: errors or reports, never a panic or a hang.
+/// Mangled real files: errors or reports, never a panic or a hang.
+fn assert_mangled_fabric_json_refused(dir: &Path) {
     evb_ok(
         dir,
         &[
