@@ -1261,6 +1261,9 @@ impl Config {
         crate::wire::batch_payload_len(rus, rus as u64 * self.max_fragment_payload())
     }
 
+    /// Checks every key against the others, loads the files the
+    /// configuration names (histograms, the slot schedule); the first
+    /// error found names its key and, in `text`, its line.
     fn validate(&mut self, origin: &str, text: &str, base_dir: &Path) -> Result<(), ConfigError> {
         let err = |key: &str, message: String| ConfigError {
             origin: origin.into(),
@@ -1268,129 +1271,10 @@ impl Config {
             key: Some(key.into()),
             message,
         };
-        let eb = &self.event_builder;
-        if eb.credits == 0 {
-            return Err(err("event_builder.credits", "must be at least 1".into()));
-        }
-        if eb.parallel_sends == 0 {
-            return Err(err(
-                "event_builder.parallel_sends",
-                "must be at least 1".into(),
-            ));
-        }
-        if self.nodes.count == 0 {
-            return Err(err("nodes.count", "must be at least 1".into()));
-        }
-        let n = self.nodes.count;
-        for (key, list) in [
-            ("nodes.ru_only", &self.nodes.ru_only),
-            ("nodes.bu_only", &self.nodes.bu_only),
-        ] {
-            if let Some(bad) = list.iter().find(|&&i| i >= n) {
-                return Err(err(
-                    key,
-                    format!("node {bad} does not exist (nodes.count = {n})"),
-                ));
-            }
-            // Duplicates would miscount the units (and underflow in
-            // `unit_counts` when the list is longer than `nodes.count`).
-            if let Some((_, twice)) = list
-                .iter()
-                .enumerate()
-                .find(|&(k, i)| list[..k].contains(i))
-            {
-                return Err(err(key, format!("node {twice} is listed twice")));
-            }
-        }
-        if let Some(both) = self
-            .nodes
-            .ru_only
-            .iter()
-            .find(|i| self.nodes.bu_only.contains(i))
-        {
-            return Err(err(
-                "nodes.bu_only",
-                format!("node {both} is also listed in nodes.ru_only"),
-            ));
-        }
-        let (rus, bus) = self.unit_counts();
-        if rus == 0 || bus == 0 {
-            return Err(err(
-                "nodes.ru_only",
-                "the event builder needs at least one RU and one BU".into(),
-            ));
-        }
-        let peers = match eb.protocol {
-            Protocol::Push => bus,
-            Protocol::Pull => rus,
-        };
-        if eb.schedule != Schedule::All && eb.parallel_sends as usize > peers {
-            return Err(err(
-                "event_builder.parallel_sends",
-                format!(
-                    "{} transfers in flight but only {peers} {} to send to",
-                    eb.parallel_sends,
-                    if eb.protocol == Protocol::Push {
-                        "BUs"
-                    } else {
-                        "RUs"
-                    }
-                ),
-            ));
-        }
-        if self.transport.heartbeat_ms == 0 {
-            return Err(err("transport.heartbeat_ms", "must be at least 1".into()));
-        }
-        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
-            return Err(err(
-                "transport.peer_timeout_ms",
-                format!(
-                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
-                    3 * self.transport.heartbeat_ms,
-                    self.transport.heartbeat_ms
-                ),
-            ));
-        }
-        if eb.batch_timeout_ms == 0 {
-            return Err(err(
-                "event_builder.batch_timeout_ms",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.em_lost_wait_ms == 0 {
-            return Err(err(
-                "event_builder.em_lost_wait_ms",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
-            return Err(err(
-                "event_builder.max_message_bytes",
-                "must be between 64 B and 4 GiB".into(),
-            ));
-        }
-        if self.source.events_per_mep == 0 {
-            return Err(err("source.events_per_mep", "must be at least 1".into()));
-        }
-        if !(self.source.mep_rate_hz.is_finite() && (0.0..=1e9).contains(&self.source.mep_rate_hz))
-        {
-            return Err(err(
-                "source.mep_rate_hz",
-                "must be between 0 (unpaced) and 1e9 MEPs per second".into(),
-            ));
-        }
-        if eb.ru_buffer_meps == 0 {
-            return Err(err(
-                "event_builder.ru_buffer_meps",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.verify_sample == 0 {
-            return Err(err(
-                "event_builder.verify_sample",
-                "must be at least 1 (1: every fragment's CRC, as verify = \"crc\")".into(),
-            ));
-        }
+        let checked = |r: Result<(), (&'static str, String)>| r.map_err(|(key, m)| err(key, m));
+        checked(self.validate_units())?;
+        checked(self.validate_timers())?;
+        checked(self.validate_source())?;
         match self.source.size {
             SizeModel::Histogram => {
                 if self.source.histogram.is_empty() {
@@ -1410,6 +1294,7 @@ impl Config {
             }
             _ => {}
         }
+        let eb = &self.event_builder;
         let biggest = self.max_fragment_payload();
         if biggest + crate::wire::FRAGMENT_HEADER_LEN as u64 > eb.max_message_bytes {
             return Err(err(
@@ -1431,21 +1316,161 @@ impl Config {
             let path = base_dir.join(&self.sim.host_latency);
             self.host_latency_bins = load_histogram(&path, "sim.host_latency")?;
         }
-        let sim = &self.sim;
-        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
-            return Err(err("sim.link_gbps", "must be a positive number".into()));
+        checked(self.validate_sim())?;
+        checked(self.validate_sim_output())?;
+        checked(self.validate_output())?;
+        checked(self.validate_output_network())?;
+        checked(self.validate_transport_and_slots())?;
+        crate::slots::load_schedule(self, base_dir, &err)?;
+        Ok(())
+    }
+
+    /// Units and their counts: credits, sends in flight, which node runs what.
+    fn validate_units(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if eb.credits == 0 {
+            return Err(("event_builder.credits", "must be at least 1".into()));
         }
-        if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
-            return Err(err(
-                "sim.mtu_bytes",
-                "must be between 64 and 1048576".into(),
+        if eb.parallel_sends == 0 {
+            return Err(("event_builder.parallel_sends", "must be at least 1".into()));
+        }
+        if self.nodes.count == 0 {
+            return Err(("nodes.count", "must be at least 1".into()));
+        }
+        let n = self.nodes.count;
+        for (key, list) in [
+            ("nodes.ru_only", &self.nodes.ru_only),
+            ("nodes.bu_only", &self.nodes.bu_only),
+        ] {
+            if let Some(bad) = list.iter().find(|&&i| i >= n) {
+                return Err((
+                    key,
+                    format!("node {bad} does not exist (nodes.count = {n})"),
+                ));
+            }
+            // Duplicates would miscount the units (and underflow in
+            // `unit_counts` when the list is longer than `nodes.count`).
+            if let Some((_, twice)) = list
+                .iter()
+                .enumerate()
+                .find(|&(k, i)| list[..k].contains(i))
+            {
+                return Err((key, format!("node {twice} is listed twice")));
+            }
+        }
+        if let Some(both) = self
+            .nodes
+            .ru_only
+            .iter()
+            .find(|i| self.nodes.bu_only.contains(i))
+        {
+            return Err((
+                "nodes.bu_only",
+                format!("node {both} is also listed in nodes.ru_only"),
             ));
         }
+        let (rus, bus) = self.unit_counts();
+        if rus == 0 || bus == 0 {
+            return Err((
+                "nodes.ru_only",
+                "the event builder needs at least one RU and one BU".into(),
+            ));
+        }
+        let peers = match eb.protocol {
+            Protocol::Push => bus,
+            Protocol::Pull => rus,
+        };
+        if eb.schedule != Schedule::All && eb.parallel_sends as usize > peers {
+            return Err((
+                "event_builder.parallel_sends",
+                format!(
+                    "{} transfers in flight but only {peers} {} to send to",
+                    eb.parallel_sends,
+                    if eb.protocol == Protocol::Push {
+                        "BUs"
+                    } else {
+                        "RUs"
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Liveness timers and message bounds.
+    fn validate_timers(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if self.transport.heartbeat_ms == 0 {
+            return Err(("transport.heartbeat_ms", "must be at least 1".into()));
+        }
+        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
+            return Err((
+                "transport.peer_timeout_ms",
+                format!(
+                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
+                    3 * self.transport.heartbeat_ms,
+                    self.transport.heartbeat_ms
+                ),
+            ));
+        }
+        if eb.batch_timeout_ms == 0 {
+            return Err((
+                "event_builder.batch_timeout_ms",
+                "must be at least 1".into(),
+            ));
+        }
+        if eb.em_lost_wait_ms == 0 {
+            return Err(("event_builder.em_lost_wait_ms", "must be at least 1".into()));
+        }
+        if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
+            return Err((
+                "event_builder.max_message_bytes",
+                "must be between 64 B and 4 GiB".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The source model and the readout's bounds (the histogram is loaded
+    /// by `validate`).
+    fn validate_source(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if self.source.events_per_mep == 0 {
+            return Err(("source.events_per_mep", "must be at least 1".into()));
+        }
+        if !(self.source.mep_rate_hz.is_finite() && (0.0..=1e9).contains(&self.source.mep_rate_hz))
+        {
+            return Err((
+                "source.mep_rate_hz",
+                "must be between 0 (unpaced) and 1e9 MEPs per second".into(),
+            ));
+        }
+        if eb.ru_buffer_meps == 0 {
+            return Err(("event_builder.ru_buffer_meps", "must be at least 1".into()));
+        }
+        if eb.verify_sample == 0 {
+            return Err((
+                "event_builder.verify_sample",
+                "must be at least 1 (1: every fragment's CRC, as verify = \"crc\")".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The simulated fabric (`[sim]`).
+    fn validate_sim(&self) -> Result<(), (&'static str, String)> {
+        let sim = &self.sim;
+        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
+            return Err(("sim.link_gbps", "must be a positive number".into()));
+        }
+        if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
+            return Err(("sim.mtu_bytes", "must be between 64 and 1048576".into()));
+        }
         if sim.vls == 0 || sim.vls > 15 {
-            return Err(err("sim.vls", "must be between 1 and 15".into()));
+            return Err(("sim.vls", "must be between 1 and 15".into()));
         }
         if u64::from(sim.vl_buffer_bytes) < u64::from(sim.mtu_bytes) + 64 {
-            return Err(err(
+            return Err((
                 "sim.vl_buffer_bytes",
                 "must hold at least one MTU-sized packet".into(),
             ));
@@ -1453,68 +1478,62 @@ impl Config {
         if !sim.vl_weights.is_empty()
             && (sim.vl_weights.len() != sim.vls as usize || sim.vl_weights.contains(&0))
         {
-            return Err(err(
-                "sim.vl_weights",
-                "needs one positive weight per VL".into(),
-            ));
+            return Err(("sim.vl_weights", "needs one positive weight per VL".into()));
         }
         if !(sim.duration_us.is_finite() && sim.duration_us > 0.0) {
-            return Err(err("sim.duration_us", "must be a positive number".into()));
+            return Err(("sim.duration_us", "must be a positive number".into()));
         }
         if !(sim.warmup_us.is_finite() && sim.warmup_us >= 0.0 && sim.warmup_us < sim.duration_us) {
-            return Err(err(
+            return Err((
                 "sim.warmup_us",
                 "must be from 0 (auto) to less than sim.duration_us".into(),
             ));
         }
         if !(sim.sample_us.is_finite() && sim.sample_us > 0.0) {
-            return Err(err("sim.sample_us", "must be a positive number".into()));
+            return Err(("sim.sample_us", "must be a positive number".into()));
         }
         if !(sim.load.is_finite() && sim.load > 0.0 && sim.load <= 1.0) {
-            return Err(err("sim.load", "must be in (0, 1]".into()));
+            return Err(("sim.load", "must be in (0, 1]".into()));
         }
         if sim.grace_ns >= sim.window_ns {
-            return Err(err(
-                "sim.grace_ns",
-                "must be shorter than sim.window_ns".into(),
-            ));
+            return Err(("sim.grace_ns", "must be shorter than sim.window_ns".into()));
         }
         if !(1..=64).contains(&sim.train_packets)
             || u64::from(sim.vl_buffer_bytes)
                 < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
         {
-            return Err(err(
+            return Err((
                 "sim.train_packets",
                 "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
                     .into(),
             ));
         }
         if sim.message_bytes == 0 {
-            return Err(err("sim.message_bytes", "must be at least 1".into()));
+            return Err(("sim.message_bytes", "must be at least 1".into()));
         }
-        if let Some((node, _)) = sim.crash_at().map_err(|e| err("sim.crash", e))? {
+        if let Some((node, _)) = sim.crash_at().map_err(|e| ("sim.crash", e))? {
             let layout = crate::Layout::from_config(self);
             if node >= self.nodes.count {
-                return Err(err(
+                return Err((
                     "sim.crash",
                     format!("node {node} does not exist ({} nodes)", self.nodes.count),
                 ));
             }
             if node == layout.em {
-                return Err(err(
+                return Err((
                     "sim.crash",
                     format!("node {node} hosts the EM, without which the run cannot go on"),
                 ));
             }
         }
         if !(sim.heartbeat_us.is_finite() && sim.heartbeat_us >= 0.001) {
-            return Err(err(
+            return Err((
                 "sim.heartbeat_us",
                 "must be at least 0.001 (a nanosecond)".into(),
             ));
         }
         if !(sim.peer_timeout_us.is_finite() && sim.peer_timeout_us >= 3.0 * sim.heartbeat_us) {
-            return Err(err(
+            return Err((
                 "sim.peer_timeout_us",
                 format!(
                     "must be at least 3 heartbeats, {} (sim.heartbeat_us = {})",
@@ -1523,9 +1542,14 @@ impl Config {
                 ),
             ));
         }
-        let so = &sim.output;
+        Ok(())
+    }
+
+    /// The simulated output network (`[sim.output]`).
+    fn validate_sim_output(&self) -> Result<(), (&'static str, String)> {
+        let (sim, so) = (&self.sim, &self.sim.output);
         if so.topology != "switch" && !so.topology.starts_with("fat-tree:") {
-            return Err(err(
+            return Err((
                 "sim.output.topology",
                 format!(
                     "`{}`: must be `switch` or `fat-tree:radix=R[,...]`",
@@ -1538,7 +1562,7 @@ impl Config {
             .split(',')
             .any(|kv| kv.trim_start_matches("fat-tree:").starts_with("hosts="))
         {
-            return Err(err(
+            return Err((
                 "sim.output.topology",
                 "takes no `hosts`: the producers and consumers are its hosts".into(),
             ));
@@ -1549,11 +1573,11 @@ impl Config {
             ("sim.output.uplink_gbps", so.uplink_gbps),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 1e5) {
-                return Err(err(key, "must be a positive number of Gb/s".into()));
+                return Err((key, "must be a positive number of Gb/s".into()));
             }
         }
         if so.mtu_bytes < 256 || so.mtu_bytes > 9000 {
-            return Err(err(
+            return Err((
                 "sim.output.mtu_bytes",
                 "must be between 256 and 9000".into(),
             ));
@@ -1564,7 +1588,7 @@ impl Config {
         let headroom =
             fastest / 8.0 * (2 * sim.link_latency_ns + so.switch_latency_ns) as f64 + 2.0 * frame;
         if f64::from(so.buffer_bytes) < headroom + 2.0 * frame {
-            return Err(err(
+            return Err((
                 "sim.output.buffer_bytes",
                 format!(
                     "{} bytes cannot hold PFC's headroom at {fastest} Gb/s ({headroom:.0} bytes) and two frames more",
@@ -1573,17 +1597,22 @@ impl Config {
             ));
         }
         if so.switch_latency_ns > 1_000_000 {
-            return Err(err(
+            return Err((
                 "sim.output.switch_latency_ns",
                 "must be at most 1 ms".into(),
             ));
         }
         if !(so.rto_us.is_finite() && so.rto_us > 0.0 && so.rto_us <= 1e7) {
-            return Err(err(
+            return Err((
                 "sim.output.rto_us",
                 "must be a positive number of microseconds, at most 10 s".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Metrics ports, consumers and what they receive.
+    fn validate_output(&self) -> Result<(), (&'static str, String)> {
         if self.metrics.base_port != 0
             && u32::from(self.metrics.base_port)
                 + u32::from(self.nodes.count)
@@ -1591,7 +1620,7 @@ impl Config {
                 + u32::from(self.output.consumers)
                 > 65535
         {
-            return Err(err(
+            return Err((
                 "metrics.base_port",
                 format!(
                     "base_port {} + {} endpoints runs past port 65535",
@@ -1602,31 +1631,31 @@ impl Config {
         }
         let out = &self.output;
         if out.consumers > 0 && out.consumer_credits == 0 {
-            return Err(err(
+            return Err((
                 "output.consumer_credits",
                 "must be at least 1 when there are consumers".into(),
             ));
         }
         if out.consumer_busy_us > 3_600_000_000 {
-            return Err(err(
+            return Err((
                 "output.consumer_busy_us",
                 "must be at most one hour (3600000000 us)".into(),
             ));
         }
         if out.consumer_work_passes > 10_000 {
-            return Err(err(
+            return Err((
                 "output.consumer_work_passes",
                 "must be at most 10000 passes over each batch".into(),
             ));
         }
         if !(0.0..=1.0).contains(&out.accept_fraction) {
-            return Err(err(
+            return Err((
                 "output.accept_fraction",
                 format!("{} is not a fraction between 0 and 1", out.accept_fraction),
             ));
         }
         if out.consumers > 0 && self.event_builder.preallocate_buffers {
-            return Err(err(
+            return Err((
                 "event_builder.preallocate_buffers",
                 "is not supported with output.consumers yet (batches delivered to consumers \
                  are not pooled): turn one of them off"
@@ -1634,7 +1663,7 @@ impl Config {
             ));
         }
         if out.consumers > 0 && out.sink == SinkKind::File {
-            return Err(err(
+            return Err((
                 "output.sink",
                 "`file` writes on the BU; with output.consumers the batches go to the consumers"
                     .into(),
@@ -1645,7 +1674,7 @@ impl Config {
             // must still fit the 32-bit length of a frame.
             let batch = self.max_batch_payload() + crate::wire::FRAGMENT_HEADER_LEN as u64;
             if batch > u64::from(u32::MAX) {
-                return Err(err(
+                return Err((
                     "output.consumers",
                     format!(
                         "a built batch can reach {batch} bytes, more than a frame can carry (4 GiB): fewer nodes or smaller MEPs"
@@ -1654,17 +1683,20 @@ impl Config {
             }
         }
         if u32::from(self.nodes.count) + 1 + u32::from(out.consumers) > u32::from(u16::MAX) {
-            return Err(err(
+            return Err((
                 "output.consumers",
                 "nodes.count + output.consumers must fit in 65534 endpoints".into(),
             ));
         }
-        self.validate_output_network()
-            .map_err(|(key, m)| err(key, m))?;
+        Ok(())
+    }
+
+    /// The shm ring and the slotted barrel's timing keys.
+    fn validate_transport_and_slots(&self) -> Result<(), (&'static str, String)> {
         if !(1 << 16..=1 << 30).contains(&self.transport.shm_ring_bytes)
             || !self.transport.shm_ring_bytes.is_power_of_two()
         {
-            return Err(err(
+            return Err((
                 "transport.shm_ring_bytes",
                 "must be a power of two from 65536 to 1073741824".into(),
             ));
@@ -1675,31 +1707,30 @@ impl Config {
             ("event_builder.slot_grace_us", eb.slot_grace_us),
         ] {
             if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
-                return Err(err(
+                return Err((
                     key,
                     format!("{v} is not a number of microseconds from 0 to 10 s"),
                 ));
             }
         }
         if !(1..=60_000).contains(&eb.clock_probe_ms) {
-            return Err(err(
+            return Err((
                 "event_builder.clock_probe_ms",
                 "must be from 1 to 60000 ms".into(),
             ));
         }
         if eb.assign_flush_us > 10_000_000 {
-            return Err(err(
+            return Err((
                 "event_builder.assign_flush_us",
                 "must be at most 10 s (10000000 us)".into(),
             ));
         }
         if eb.assign_batch > 1 << 20 {
-            return Err(err(
+            return Err((
                 "event_builder.assign_batch",
                 "must be at most 1048576 MEPs".into(),
             ));
         }
-        crate::slots::load_schedule(self, base_dir, &err)?;
         Ok(())
     }
 }
