@@ -137,7 +137,8 @@ impl Faults {
             .iter()
             .filter(|f| f.kind == FaultKind::Hang)
             .filter_map(|f| {
-                let until = self.next_of(f.node, f.at + 1, FaultKind::Resume, FaultKind::Hang)?;
+                let after = f.at.saturating_add(1);
+                let until = self.next_of(f.node, after, FaultKind::Resume, FaultKind::Hang)?;
                 Some((f.node, f.at, until))
             })
             .collect()
