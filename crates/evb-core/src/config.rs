@@ -807,8 +807,10 @@ pub struct SimSection {
     /// interleaving of messages on a link k times coarser. 1: every packet.
     pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
-    /// none): it stops, and the others find it by its silence.
-    pub crash: String,
+    /// none): it stops, and the others find it by its silence (a
+    /// [`FaultKind::Hang`](crate::fault::FaultKind::Hang)).
+    #[serde(with = "crate::fault::sim_crash_spelling")]
+    pub crash: Option<crate::fault::NodeFault>,
     /// With `crash`: the simulated nodes' peer timeout (what
     /// `transport.peer_timeout_ms` is to real ones, on the simulator's time
     /// scale), microseconds.
@@ -877,26 +879,6 @@ impl Default for SimOutputSection {
     }
 }
 
-impl SimSection {
-    /// The node that dies and when (microseconds), from `crash`.
-    pub fn crash_at(&self) -> Result<Option<(u16, f64)>, String> {
-        if self.crash.is_empty() {
-            return Ok(None);
-        }
-        let parsed = self.crash.split_once('@').and_then(|(node, at)| {
-            let at: f64 = at.trim().parse().ok()?;
-            Some((node.trim().parse::<u16>().ok()?, at))
-        });
-        match parsed {
-            Some((node, at)) if at.is_finite() && at >= 0.0 => Ok(Some((node, at))),
-            _ => Err(format!(
-                "`{}` is not NODE@MICROSECONDS (for example \"2@300\")",
-                self.crash
-            )),
-        }
-    }
-}
-
 impl Default for SimSection {
     fn default() -> Self {
         SimSection {
@@ -918,7 +900,7 @@ impl Default for SimSection {
             sample_us: 10.0,
             granularity: Granularity::Packet,
             train_packets: 1,
-            crash: String::new(),
+            crash: None,
             peer_timeout_us: 100.0,
             heartbeat_us: 25.0,
             output: SimOutputSection::default(),
@@ -1511,7 +1493,7 @@ impl Config {
         if sim.message_bytes == 0 {
             return Err(("sim.message_bytes", "must be at least 1".into()));
         }
-        if let Some((node, _)) = sim.crash_at().map_err(|e| ("sim.crash", e))? {
+        if let Some(crate::fault::NodeFault { node, .. }) = sim.crash {
             let layout = crate::Layout::from_config(self);
             if node >= self.nodes.count {
                 return Err((

@@ -322,8 +322,8 @@ impl EventBuilder {
         }
         let crash = config
             .sim
-            .crash_at()?
-            .map(|(node, at_us)| (node, (at_us * 1e6) as Ps, None));
+            .crash
+            .map(|fault| (fault.node, fault.at.saturating_mul(PS_PER_NS), None));
         // A death is found as `evb run` finds a stopped node: by its
         // silence, on the simulator's time scale. Without one, no
         // heartbeats: they would only add control messages to every figure.
