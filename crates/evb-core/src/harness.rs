@@ -548,6 +548,95 @@ impl Harness {
         );
     }
 
+    /// RU `id` reads out MEP `mep`: its header (with a stand-in CRC) is
+    /// kept for the fragments and the RU learns the MEP is ready.
+    fn produce(&mut self, id: NodeId, mep: u64) {
+        let now = self.now;
+        let source = self.layout.ru_of[id as usize].expect("an RU produces");
+        let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
+        // No bytes here: a stand-in CRC that corruption can break.
+        h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
+        self.headers.insert((mep, source, 0), h);
+        self.nodes[id as usize].on_mep_ready(now, h);
+    }
+
+    /// Node `id` sends a fragment to `to`: the send completes after the
+    /// transfer, and the fragment arrives then unless its source is silent.
+    fn send_fragment(&mut self, id: NodeId, to: NodeId, header: &FragmentHeader) {
+        self.report.send_order.entry(id).or_default().push(to);
+        let transfer = (f64::from(header.payload_len) / self.bytes_per_ns) as Nanos;
+        let at = self.delivery_time(id, to, transfer);
+        self.schedule(
+            at,
+            Event::SendComplete {
+                node: id,
+                mep: header.mep,
+            },
+        );
+        if !self.faults.silent_sources.contains(&header.source) {
+            let crc = self.crc_for(header);
+            self.schedule(
+                at,
+                Event::Fragment {
+                    to,
+                    from: id,
+                    header: HeaderKey(header.mep, header.source, header.flags),
+                    crc,
+                },
+            );
+        }
+    }
+
+    /// BU `id` delivers batch `mep` to consumer `to`: the consumer's credit
+    /// and the batches it holds are counted, and the batch arrives as a
+    /// fragment after its transfer.
+    fn deliver_batch(
+        &mut self,
+        id: NodeId,
+        to: NodeId,
+        mep: u64,
+        events: u64,
+        bytes: u64,
+        partial: bool,
+    ) {
+        *self.report.delivered.entry(mep).or_insert(0) += 1;
+        let credit = self.consumer_credit.entry((id, to)).or_insert(0);
+        if *credit <= 0 {
+            self.report.consumer_credit_violations += 1;
+        }
+        *credit -= 1;
+        let held = self.consumer_outstanding.entry((id, to)).or_insert(0);
+        *held += 1;
+        self.report.max_consumer_outstanding = self.report.max_consumer_outstanding.max(*held);
+        let sources = self.layout.rus();
+        let h = FragmentHeader {
+            run_id: self.config.run.run_id,
+            source: self.layout.bu_of[id as usize].expect("a BU delivers"),
+            flags: crate::wire::FLAG_BATCH
+                | if partial {
+                    crate::wire::FLAG_PARTIAL
+                } else {
+                    0
+                },
+            mep,
+            event_count: events as u32,
+            payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,
+            crc32c: crate::source::mix64(mep ^ 0xba7c) as u32,
+        };
+        self.headers.insert((mep, h.source, h.flags), h);
+        let transfer = (f64::from(h.payload_len) / self.bytes_per_ns) as Nanos;
+        let at = self.delivery_time(id, to, transfer);
+        self.schedule(
+            at,
+            Event::Fragment {
+                to,
+                from: id,
+                header: HeaderKey(mep, h.source, h.flags),
+                crc: h.crc32c,
+            },
+        );
+    }
+
     /// Carries out every action node `id` has queued.
     fn drain(&mut self, id: NodeId) {
         while let Some(action) = self.nodes[id as usize].poll_action() {
@@ -557,38 +646,8 @@ impl Harness {
             let now = self.now;
             match action {
                 Action::Send { to, msg } => self.send_message(id, to, msg),
-                Action::Produce { mep } => {
-                    let source = self.layout.ru_of[id as usize].expect("an RU produces");
-                    let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
-                    // No bytes here: a stand-in CRC that corruption can break.
-                    h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
-                    self.headers.insert((mep, source, 0), h);
-                    self.nodes[id as usize].on_mep_ready(now, h);
-                }
-                Action::SendFragment { to, header } => {
-                    self.report.send_order.entry(id).or_default().push(to);
-                    let transfer = (f64::from(header.payload_len) / self.bytes_per_ns) as Nanos;
-                    let at = self.delivery_time(id, to, transfer);
-                    self.schedule(
-                        at,
-                        Event::SendComplete {
-                            node: id,
-                            mep: header.mep,
-                        },
-                    );
-                    if !self.faults.silent_sources.contains(&header.source) {
-                        let crc = self.crc_for(&header);
-                        self.schedule(
-                            at,
-                            Event::Fragment {
-                                to,
-                                from: id,
-                                header: HeaderKey(header.mep, header.source, header.flags),
-                                crc,
-                            },
-                        );
-                    }
-                }
+                Action::Produce { mep } => self.produce(id, mep),
+                Action::SendFragment { to, header } => self.send_fragment(id, to, &header),
                 Action::HandOver { header } => {
                     self.report.send_order.entry(id).or_default().push(id);
                     if self.faults.silent_sources.contains(&header.source) {
@@ -625,45 +684,7 @@ impl Harness {
                     events,
                     bytes,
                     partial,
-                } => {
-                    *self.report.delivered.entry(mep).or_insert(0) += 1;
-                    let credit = self.consumer_credit.entry((id, to)).or_insert(0);
-                    if *credit <= 0 {
-                        self.report.consumer_credit_violations += 1;
-                    }
-                    *credit -= 1;
-                    let held = self.consumer_outstanding.entry((id, to)).or_insert(0);
-                    *held += 1;
-                    self.report.max_consumer_outstanding =
-                        self.report.max_consumer_outstanding.max(*held);
-                    let sources = self.layout.rus();
-                    let h = FragmentHeader {
-                        run_id: self.config.run.run_id,
-                        source: self.layout.bu_of[id as usize].expect("a BU delivers"),
-                        flags: crate::wire::FLAG_BATCH
-                            | if partial {
-                                crate::wire::FLAG_PARTIAL
-                            } else {
-                                0
-                            },
-                        mep,
-                        event_count: events as u32,
-                        payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,
-                        crc32c: crate::source::mix64(mep ^ 0xba7c) as u32,
-                    };
-                    self.headers.insert((mep, h.source, h.flags), h);
-                    let transfer = (f64::from(h.payload_len) / self.bytes_per_ns) as Nanos;
-                    let at = self.delivery_time(id, to, transfer);
-                    self.schedule(
-                        at,
-                        Event::Fragment {
-                            to,
-                            from: id,
-                            header: HeaderKey(mep, h.source, h.flags),
-                            crc: h.crc32c,
-                        },
-                    );
-                }
+                } => self.deliver_batch(id, to, mep, events, bytes, partial),
                 Action::Confirmed { mep } => {
                     *self.report.confirmed.entry(mep).or_insert(0) += 1;
                 }

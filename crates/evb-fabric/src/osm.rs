@@ -527,14 +527,21 @@ fn check_all_switches_reachable(
     Ok(())
 }
 
-/// OpenSM's `dfsssp` (and `sssp`) tables, or why OpenSM would give up.
-pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
-    let sw = Sw::new(topo);
+/// The dfsssp graph: vertex 0 is the host a round starts from; switches
+/// are 1..=n.
+struct SwitchGraph {
+    /// Per vertex: 1 plus the hosts cabled to the switch (what its routes
+    /// add to the weight of the links they use).
+    num_hca: Vec<u64>,
+    links: Vec<Link>,
+    /// Per vertex: its links (indices into `links`) leaving it.
+    out_links: Vec<Vec<usize>>,
+}
+
+/// The switch-to-switch links with their starting weight (host ports plus
+/// switches, squared) and each switch's host count.
+fn switch_graph(topo: &Topology, sw: &Sw) -> SwitchGraph {
     let n = sw.nodes.len();
-    if n == 0 {
-        return Err(FabricError::Invalid("dfsssp: not a switched fabric".into()));
-    }
-    // Vertex 0 is the host a round starts from; switches are 1..=n.
     let mut num_hca = vec![0u64; n + 1];
     let mut links: Vec<Link> = vec![];
     let mut out_links: Vec<Vec<usize>> = vec![vec![]; n + 1];
@@ -566,9 +573,17 @@ pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
             });
         }
     }
-    check_all_switches_reachable(topo, &sw, &links, &out_links)?;
-    // Sources: hosts by switch (most hosts first), then switch LIDs in the
-    // same switch order.
+    SwitchGraph {
+        num_hca,
+        links,
+        out_links,
+    }
+}
+
+/// The destinations dfsssp routes, in its order: hosts by switch (most
+/// hosts first), then switch LIDs in the same switch order.
+fn dfsssp_sources(topo: &Topology, sw: &Sw, num_hca: &[u64]) -> Vec<Dest> {
+    let n = sw.nodes.len();
     let mut by_hca: Vec<usize> = (1..=n).collect();
     by_hca.sort_by_key(|&v| std::cmp::Reverse(num_hca[v]));
     let mut sources: Vec<Dest> = vec![];
@@ -592,6 +607,23 @@ pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
             });
         }
     }
+    sources
+}
+
+/// OpenSM's `dfsssp` (and `sssp`) tables, or why OpenSM would give up.
+pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
+    let sw = Sw::new(topo);
+    let n = sw.nodes.len();
+    if n == 0 {
+        return Err(FabricError::Invalid("dfsssp: not a switched fabric".into()));
+    }
+    let SwitchGraph {
+        num_hca,
+        mut links,
+        mut out_links,
+    } = switch_graph(topo, &sw);
+    check_all_switches_reachable(topo, &sw, &links, &out_links)?;
+    let sources = dfsssp_sources(topo, &sw, &num_hca);
     let mut lfts = Lfts::empty(topo);
     for &node in &sw.nodes {
         let lid = topo.nodes[node].lid;

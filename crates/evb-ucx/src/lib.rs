@@ -846,19 +846,7 @@ impl Endpoint {
         let Some(p) = self.peers.get(peer) else {
             return Err(Error::UnknownPeer(peer));
         };
-        if let Some((data, range)) = &body {
-            let len = (**data).as_ref().len();
-            if range.start > range.end || range.end > len {
-                return Err(Error::BadRange {
-                    start: range.start,
-                    end: range.end,
-                    len,
-                });
-            }
-        }
-        if tag > TAG_MASK {
-            return Err(Error::BadTag(tag));
-        }
+        check_send_args(tag, body.as_ref())?;
         if let Some(reason) = &p.failed {
             self.ready.push(Completion::SendFailed {
                 ctx,
@@ -870,52 +858,15 @@ impl Endpoint {
             return Ok(false);
         }
         let ep = p.ep;
-        let mut iov = Box::new(
-            [sys::ucp_dt_iov {
-                buffer: head.as_ptr() as *mut c_void,
-                length: head.len(),
-            }; 2],
-        );
-        let mut iov_count = 1;
-        let mut body_rc = None;
-        if let Some((data, range)) = body {
-            if !range.is_empty() {
-                // SAFETY: range checked against data.len() above.
-                iov[1] = sys::ucp_dt_iov {
-                    buffer: unsafe { (*data).as_ref().as_ptr().add(range.start) } as *mut c_void,
-                    length: range.len(),
-                };
-                iov_count = 2;
-            }
-            body_rc = Some(data);
-        }
+        let (iov, iov_count) = gather_list(&head, body.as_ref());
+        let body_rc = body.map(|(data, _)| data);
         let split = iov_count == 2 && iov[1].length >= self.split_body_from;
         let (slot, cookie) = self.sends.reserve(self.shared);
         let wire_tag = self.links.wire_tag(peer, tag);
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
-        let first = unsafe {
-            if split {
-                tag_send(
-                    ep,
-                    iov[0].buffer,
-                    iov[0].length,
-                    contig_datatype(),
-                    wire_tag | SPLIT_BIT,
-                    cookie,
-                )
-            } else {
-                tag_send(
-                    ep,
-                    iov.as_ptr() as *mut c_void,
-                    iov_count,
-                    sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
-                    wire_tag,
-                    cookie,
-                )
-            }
-        };
+        let first = unsafe { send_whole_or_head(ep, &iov, iov_count, split, wire_tag, cookie) };
         if let Some(status) = ptr_status(first) {
             self.sends.unreserve(slot);
             if status == sys::UCS_ERR_NO_RESOURCE {
@@ -1359,6 +1310,89 @@ impl Endpoint {
     fn has_news(&self) -> bool {
         // SAFETY: read while no UCX call runs.
         !self.ready.is_empty() || unsafe { !(*self.shared).done.is_empty() }
+    }
+}
+
+/// Refuses a send whose body range lies outside its buffer or whose tag has
+/// bits beyond the caller's (checked before anything is reserved).
+#[inline]
+fn check_send_args(tag: u64, body: Option<&(Body, std::ops::Range<usize>)>) -> Result<(), Error> {
+    if let Some((data, range)) = body {
+        let len = (**data).as_ref().len();
+        if range.start > range.end || range.end > len {
+            return Err(Error::BadRange {
+                start: range.start,
+                end: range.end,
+                len,
+            });
+        }
+    }
+    if tag > TAG_MASK {
+        return Err(Error::BadTag(tag));
+    }
+    Ok(())
+}
+
+/// The gather list of `head ++ body[range]` and how many of its two entries
+/// are used: the head, then the body's bytes if there are any. The range
+/// must have passed [`check_send_args`].
+#[inline]
+fn gather_list(
+    head: &[u8],
+    body: Option<&(Body, std::ops::Range<usize>)>,
+) -> (Box<[sys::ucp_dt_iov; 2]>, usize) {
+    let mut iov = Box::new(
+        [sys::ucp_dt_iov {
+            buffer: head.as_ptr() as *mut c_void,
+            length: head.len(),
+        }; 2],
+    );
+    let mut iov_count = 1;
+    if let Some((data, range)) = body {
+        if !range.is_empty() {
+            // SAFETY: range checked against data.len() by check_send_args.
+            iov[1] = sys::ucp_dt_iov {
+                buffer: unsafe { (**data).as_ref().as_ptr().add(range.start) } as *mut c_void,
+                length: range.len(),
+            };
+            iov_count = 2;
+        }
+    }
+    (iov, iov_count)
+}
+
+/// The first send of a message: all of it as one iov send, or, when its body
+/// goes as its own message (`split`), only its head, marked SPLIT.
+///
+/// # Safety
+/// The buffers `iov` points to stay valid until the send completes.
+#[inline]
+unsafe fn send_whole_or_head(
+    ep: sys::ucp_ep_h,
+    iov: &[sys::ucp_dt_iov; 2],
+    iov_count: usize,
+    split: bool,
+    wire_tag: u64,
+    cookie: *mut c_void,
+) -> *mut c_void {
+    if split {
+        tag_send(
+            ep,
+            iov[0].buffer,
+            iov[0].length,
+            contig_datatype(),
+            wire_tag | SPLIT_BIT,
+            cookie,
+        )
+    } else {
+        tag_send(
+            ep,
+            iov.as_ptr() as *mut c_void,
+            iov_count,
+            sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
+            wire_tag,
+            cookie,
+        )
     }
 }
 
