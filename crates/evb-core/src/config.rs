@@ -490,6 +490,11 @@ pub struct TransportSection {
     /// live in shared memory and a BU builds in place from them (the local
     /// analogue of an RDMA read). Off: one copy, with process_vm_readv.
     pub shm_zero_copy: bool,
+    /// `shm`: every inbox keeps its name in /dev/shm for the whole run, so
+    /// that a restarted node can find its peers' and rejoin (`evb run`
+    /// sets it in the configuration it gives its nodes when it plans
+    /// restarts; then only it removes what a killed node leaves there).
+    pub shm_rejoin: bool,
     /// A file holding the run key connections must prove (HMAC handshake);
     /// empty: the key from EVB_RUN_KEY if set (`evb run` sets a fresh one),
     /// else none.
@@ -517,6 +522,7 @@ impl Default for TransportSection {
             progress: Progress::Blocking,
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
+            shm_rejoin: false,
             run_key_file: String::new(),
             ucx_split_body_from: 0,
             ucx_spin_us: 0,

@@ -180,7 +180,10 @@ enum FromNode {
 
 /// Runs the event builder; returns the result and whether it was clean.
 pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
-    let config = effective_config(opts)?;
+    let mut config = effective_config(opts)?;
+    let restarts = opts.faults.iter().any(|f| f.kind == FaultKind::Restart);
+    // shm nodes keep their inboxes for a rejoin only when one is planned.
+    config.transport.shm_rejoin = restarts;
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
@@ -209,7 +212,6 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         exe,
         config_path,
         run_key,
-        rejoin: opts.faults.iter().any(|f| f.kind == FaultKind::Restart),
         tx,
         spawned: std::cell::RefCell::new(Vec::new()),
         em: layout.em as usize,
@@ -305,8 +307,6 @@ struct NodeStarter {
     exe: PathBuf,
     config_path: PathBuf,
     run_key: String,
-    /// The run has restarts: shm nodes keep their inboxes for a rejoin.
-    rejoin: bool,
     /// Where each node's output goes, read by a thread per node.
     tx: mpsc::Sender<FromNode>,
     /// Every node process started: (rank, pid).
@@ -337,10 +337,6 @@ impl NodeStarter {
         ])
         .arg(&self.config_path)
         .env(evb_transport::auth::KEY_ENV, &self.run_key)
-        .env(
-            evb_transport::shm::REJOIN_ENV,
-            if self.rejoin { "1" } else { "0" },
-        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());

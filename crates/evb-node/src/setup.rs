@@ -83,8 +83,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // shm keeps its inbox's name in /dev/shm for restarted peers to find,
     // and only `evb run` removes what a killed node leaves there: rejoin is
     // offered when it plans restarts (or asked for).
-    let shm_restarts = opts.control == Control::Stdio
-        && std::env::var(transport::shm::REJOIN_ENV).is_ok_and(|v| v == "1");
+    let shm_restarts = opts.control == Control::Stdio && config.transport.shm_rejoin;
     let offer_rejoin = opts.rejoin || shm_restarts || kind != TransportKind::Shm;
     let rejoin_ok = offer_rejoin && transport.enable_rejoin(opts.rejoin);
     if opts.rejoin && !rejoin_ok {
