@@ -2,10 +2,10 @@
 # The whole test suite: installs what is needed, then format, lint and every test.
 #
 # Time on the 2-core CI machine goes to compiling and to the tests, and the
-# order is chosen for that: MinIO's Go build (minutes, for the S3 tests),
-# evb's build against MPICH and clippy run in the background at low
-# priority, taking the cores the Rust build and the tests leave idle (the
-# tests use about one of the two). The tests that need them (names with `s3_` or
+# order is chosen for that: MinIO's Go build (minutes, for the S3 tests)
+# and evb's build against MPICH run in the background at low priority,
+# taking the cores the Rust build and the tests leave idle (the tests use
+# about one of the two). The tests that need them (names with `s3_` or
 # `mpich`) run last, in a second pass, so that no test waits for a build
 # while a core idles; each test runs exactly once. `cargo test` builds the
 # binaries itself, with the tests' features: a separate `cargo build` first
@@ -35,29 +35,21 @@ in_background 19 ./scripts/minio.sh install >"$minio_log" 2>&1
 minio_build=${background[-1]}
 
 cargo fmt --all -- --check
-phase "format"
+cargo clippy --workspace --all-targets --release -- -D warnings
+phase "format and lint"
 cargo test --release --workspace --no-run
 phase "build"
 # evb linked against MPICH starts from a copy of what was just built.
 in_background 10 ./scripts/evb-mpich.sh >target/evb-mpich-build.log 2>&1
 mpich_build=${background[-1]}
-# The lint (a check build of its own, about 120 CPU-s from cold) runs
-# beside the tests too, in a target directory of its own (cargo locks one
-# while it compiles): it takes the idle core instead of delaying the tests.
-lint_log=target/clippy.log
-in_background 19 env CARGO_TARGET_DIR=target/lint \
-  cargo clippy --workspace --all-targets --release -- -D warnings >"$lint_log" 2>&1
-lint=${background[-1]}
 late=(s3_ mpich)
 skips=()
 for t in "${late[@]}"; do skips+=(--skip "$t"); done
 cargo test --release --workspace -- "${skips[@]}"
 phase "tests"
-# The lint's verdict, then the tests that needed the background builds
-# (they wait for them too: scripts/minio.sh and scripts/evb-mpich.sh take
-# locks). A lint or build that failed shows its log here.
-wait "$lint" || { cat "$lint_log"; exit 1; }
-phase "lint"
+# The tests that needed the background builds (they wait for them too:
+# scripts/minio.sh and scripts/evb-mpich.sh take locks). A build that
+# failed shows its log here.
 wait "$mpich_build" || { cat target/evb-mpich-build.log; exit 1; }
 wait "$minio_build" || { cat "$minio_log"; exit 1; }
 phase "background builds"
