@@ -30,6 +30,13 @@ if [ ! -d "$dir/release" ] && [ -d target/release ]; then
   rm -rf "$dir"/release.partial/.fingerprint/mpi-sys-* "$dir"/release.partial/build/mpi-sys-*
   mv "$dir/release.partial" "$dir/release"
 fi
+# Called from a test, this process has the variables cargo sets for the
+# crate under test (CARGO_MANIFEST_DIR, CARGO_PKG_*, ...); some build scripts
+# (ring's) track them, so the build would redo ring and everything above it
+# (a minute) each time a caller's differ: build without them.
+for v in $(compgen -e | grep -E '^CARGO_(MANIFEST_|PKG_|CRATE_|BIN_|PRIMARY_PACKAGE|TARGET_TMPDIR|RUSTC_CURRENT_DIR)'); do
+  unset "$v"
+done
 MPICC=mpicc.mpich CARGO_TARGET_DIR="$dir" cargo build --release --quiet --bin evb >&2
 bin="$PWD/$dir/release/evb"
 libs=$(ldd "$bin")

@@ -114,7 +114,7 @@ impl BenchSpec {
     }
 
     /// The configuration the workers run their transport with.
-    fn config(&self) -> Result<Config> {
+    pub fn config(&self) -> Result<Config> {
         let biggest = self.sizes.iter().copied().max().unwrap_or(64).max(64);
         let overrides = vec![
             format!("transport.kind={}", self.transport),
@@ -669,14 +669,10 @@ pub fn run_worker(
     let mut t = open_transport(&config, &layout, rank, control, None)?;
     let peers = match launcher_dir {
         None => rendezvous(&config, &layout, rank, Control::Stdio, t.as_ref())?,
-        Some(_)
-            if evb_transport::TransportKind::parse(&spec.transport)?
-                == evb_transport::TransportKind::Mpi =>
-        {
-            (0..spec.ranks)
-                .map(|r| evb_transport::msg::to_hex(&i32::from(r).to_le_bytes()))
-                .collect()
-        }
+        Some(_) if config.transport.kind.on_node() == evb_transport::TransportKind::Mpi => (0
+            ..spec.ranks)
+            .map(|r| evb_transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+            .collect(),
         Some(dir) => {
             let mut token = t.local_token();
             if token.parse::<u16>().is_ok() {

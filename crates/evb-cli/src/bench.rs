@@ -122,9 +122,10 @@ pub fn run(cmd: BenchCommand) -> Result<ExitCode> {
             spec,
             rendezvous,
         } => {
-            // Buffers as a node has them (EVB_HUGEPAGES overrides).
-            evb_transport::hugepages::choose(evb_core::Config::default().event_builder.huge_pages);
             let spec: BenchSpec = serde_json::from_str(&spec).context("--spec")?;
+            // Buffers as a node has them (the environment's overrides
+            // applied), chosen before any is allocated.
+            evb_transport::hugepages::choose(spec.config()?.event_builder.huge_pages);
             let rank = match (rank, evb_control::cluster::launcher_rank()) {
                 (Some(r), _) => r,
                 (None, Some((r, _, _))) if rendezvous.is_some() => r,

@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use evb_core::fault::{FaultKind, NodeFault, TimeUnit};
 use evb_core::Config;
-use evb_launch::{format_summary, loss_error, run_local, InjectedFault, RunOptions};
+use evb_launch::{fault_option, format_summary, loss_error, run_local, RunOptions};
 use evb_node::start::StartOptions;
 use evb_node::Control;
 use evb_transport::hugepages;
@@ -207,6 +208,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         "never" => Some(false),
         other => anyhow::bail!("--progress takes auto, always or never, not `{other}`"),
     };
+    let faults = run_faults(&args)?;
     let mut overrides = args.config.overrides;
     if let Some(t) = &args.transport {
         overrides.push(format!("transport.kind={t}"));
@@ -221,26 +223,7 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         allow_loss: args.allow_loss,
         progress,
         exe: None,
-        faults: args
-            .kill
-            .iter()
-            .map(|k| InjectedFault::parse(k, libc::SIGKILL))
-            .chain(
-                args.stop
-                    .iter()
-                    .map(|s| InjectedFault::parse(s, libc::SIGSTOP)),
-            )
-            .chain(
-                args.resume
-                    .iter()
-                    .map(|s| InjectedFault::parse(s, libc::SIGCONT)),
-            )
-            .collect::<anyhow::Result<_>>()?,
-        restarts: args
-            .restart
-            .iter()
-            .map(|r| InjectedFault::parse(r, 0))
-            .collect::<anyhow::Result<_>>()?,
+        faults,
     };
     let (result, clean) = run_local(&opts)?;
     print!("{}", format_summary(&result));
@@ -250,6 +233,25 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::error!("evb: error: {:#}", loss_error(&result));
         Ok(ExitCode::from(1))
     }
+}
+
+/// The faults of `--kill`, `--stop`, `--resume` and `--restart`, in that
+/// order (the order the launcher applies those due together).
+fn run_faults(args: &RunArgs) -> anyhow::Result<Vec<NodeFault>> {
+    let mut faults = Vec::new();
+    for (specs, kind) in [
+        (&args.kill, FaultKind::Crash),
+        (&args.stop, FaultKind::Hang),
+        (&args.resume, FaultKind::Resume),
+        (&args.restart, FaultKind::Restart),
+    ] {
+        for spec in specs {
+            let fault = NodeFault::parse(spec, kind, TimeUnit::Seconds)
+                .map_err(|e| anyhow::anyhow!("{} {e}", fault_option(kind)))?;
+            faults.push(fault);
+        }
+    }
+    Ok(faults)
 }
 
 fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {

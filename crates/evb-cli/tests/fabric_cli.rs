@@ -533,9 +533,26 @@ fn slurm_topology(cluster: &Cluster) -> Vec<(String, u32, BTreeSet<String>)> {
 fn production_dump_hostfile_and_slurm_topology() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path();
-    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let ibnd = production_dump(dir);
     let names = names_map(dir);
+    let guid_conf = export_named_by_guid(dir, &ibnd);
+    let (want, conf) = export_named_by_map(dir, &ibnd, &names);
+    assert_conflicts_report_uses_names(dir, &ibnd, &names);
+
+    // The real slurmctld reads it.
+    let extra = "TopologyPlugin=topology/tree\n\
+                 NodeName=evbn[01-14] NodeAddr=127.0.0.1 CPUs=1 State=FUTURE\n";
+    let cluster = Cluster::start_with("topo", extra, &[("topology.conf", &conf)]);
+    assert_slurmctld_sees_fabric_leaves(&cluster, &want);
+    assert_hostlists_expand_in_slurm(&cluster);
+    assert_slurmctld_finds_guid_hosts_unknown(&cluster, &guid_conf);
+}
+
+/// Without a names map: GUID host names, with a note and warnings saying
+/// so, one per machine in the hostfile and topology.conf. Returns that
+/// topology.conf.
+fn export_named_by_guid(dir: &Path, ibnd: &Path) -> String {
+    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let (st, out, err) = evb(&[
         "export",
         "--topology",
@@ -576,7 +593,13 @@ fn production_dump_hostfile_and_slurm_topology() {
     assert_eq!(switch_names.len(), 8, "{guid_conf}");
     assert_eq!(switch_names.iter().collect::<BTreeSet<_>>().len(), 8);
     assert!(!guid_conf.contains("Voltaire"), "{guid_conf}");
+    guid_conf
+}
 
+/// With `--names`: the cluster's names in the hostfile and topology.conf.
+/// Returns the host names (evbn01..evbn14) and that topology.conf.
+fn export_named_by_map(dir: &Path, ibnd: &Path, names: &Path) -> (Vec<String>, String) {
+    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
     let (st, out, err) = evb(&[
         "export",
         "--topology",
@@ -602,7 +625,12 @@ fn production_dump_hostfile_and_slurm_topology() {
     assert!(conf.contains("SwitchName=spine-a Switches="), "{conf}");
     // Leaves of 4, 4, 3 and 3 hosts (spread populations).
     assert!(conf.contains(" Nodes=evbn[09-11]\n"), "{conf}");
-    // The conflicts report names hosts and the degraded link by the map.
+    (want, conf)
+}
+
+/// The conflicts report names hosts and the degraded link by the map.
+fn assert_conflicts_report_uses_names(dir: &Path, ibnd: &Path, names: &Path) {
+    let report = dir.join("c.json");
     ok(&[
         "conflicts",
         "--topology",
@@ -610,9 +638,9 @@ fn production_dump_hostfile_and_slurm_topology() {
         "--names",
         names.to_str().unwrap(),
         "--json",
-        &f("c.json"),
+        report.to_str().unwrap(),
     ]);
-    let v = json(Path::new(&f("c.json")));
+    let v = json(&report);
     let bad = &v["degraded_links"][0];
     assert_eq!(bad["node"], "evbn02", "{bad}");
     assert_eq!(
@@ -622,12 +650,13 @@ fn production_dump_hostfile_and_slurm_topology() {
     assert_eq!(bad["usual_rate"], "4xQDR");
     assert_eq!(v["link_rates"][0]["rate"], "4xQDR");
     assert_eq!(v["link_rates"][0]["cables"], 29);
+}
 
-    // The real slurmctld reads it.
-    let extra = "TopologyPlugin=topology/tree\n\
-                 NodeName=evbn[01-14] NodeAddr=127.0.0.1 CPUs=1 State=FUTURE\n";
-    let cluster = Cluster::start_with("topo", extra, &[("topology.conf", &conf)]);
-    let topo = slurm_topology(&cluster);
+/// slurmctld read the named topology.conf without a complaint, and each of
+/// its leaf switches holds the hosts the fabric's leaf has; the spines
+/// reach every host (`want`).
+fn assert_slurmctld_sees_fabric_leaves(cluster: &Cluster, want: &[String]) {
+    let topo = slurm_topology(cluster);
     let log = cluster.ctld_log();
     for complaint in [
         "Invalid hostnames",
@@ -665,9 +694,11 @@ fn production_dump_hostfile_and_slurm_topology() {
     }
     assert_eq!((leaves, topo.len()), (4, 8), "{topo:?}");
     assert!(topo.iter().any(|t| t.0 == "spine-a"));
+}
 
-    // evb's hostlists expand, in Slurm, to exactly the names given:
-    // padded and natural numbers, runs across digit counts, long numbers.
+/// evb's hostlists expand, in Slurm, to exactly the names given:
+/// padded and natural numbers, runs across digit counts, long numbers.
+fn assert_hostlists_expand_in_slurm(cluster: &Cluster) {
     let tricky: Vec<String> = [
         "n9",
         "n10",
@@ -689,7 +720,7 @@ fn production_dump_hostfile_and_slurm_topology() {
     .collect();
     let compressed = evb_fabric::io::hostlist(&tricky);
     assert_eq!(
-        expand(&cluster, &compressed),
+        expand(cluster, &compressed),
         tricky.iter().cloned().collect::<BTreeSet<_>>(),
         "{compressed}"
     );
@@ -697,10 +728,12 @@ fn production_dump_hostfile_and_slurm_topology() {
         compressed.contains("n[01-02,007,9-11,099-100]"),
         "{compressed}"
     );
+}
 
-    // GUID names are valid Slurm names but not slurm.conf's nodes: Slurm
-    // reads the file and says so.
-    std::fs::write(cluster.dir.join("topology.conf"), &guid_conf).unwrap();
+/// GUID names are valid Slurm names but not slurm.conf's nodes: Slurm
+/// reads the file and says so.
+fn assert_slurmctld_finds_guid_hosts_unknown(cluster: &Cluster, guid_conf: &str) {
+    std::fs::write(cluster.dir.join("topology.conf"), guid_conf).unwrap();
     cluster.client("scontrol", &["reconfigure"]);
     let t0 = std::time::Instant::now();
     while !cluster

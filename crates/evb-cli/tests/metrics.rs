@@ -3,7 +3,7 @@
 //! are checked through its HTTP API, the consumer and producer series
 //! against the run's own JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,8 @@ use evb_testkit::net::{free_ports, http_get as get};
 use evb_testkit::{evb, KillOnDrop};
 use serde_json::Value;
 
+/// One cluster and one prometheus for the whole test: the checks below
+/// share them, in the order the run goes (while it runs, then after).
 #[test]
 fn prometheus_scrapes_every_node() {
     let prometheus = Command::new("prometheus").arg("--version").output();
@@ -21,52 +23,104 @@ fn prometheus_scrapes_every_node() {
     let dir = std::env::temp_dir().join(format!("evb-metrics-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    // 4 nodes (endpoints 0..4) and 2 consumers (endpoints 4 and 5), each
-    // busy 10 ms per batch: slow enough that BUs wait for consumer credit.
-    let base = free_ports(6);
-    let prom_port = free_ports(1);
-    let json = dir.join("run.json");
+    let scrape = Scrape::start(&dir);
 
-    let mut run = KillOnDrop(
-        evb()
-            .args(["run", "--progress", "never", "-n", "4", "-d", "12"])
-            .args(["--consumers", "2"])
-            .args(["--set", "output.consumer_busy_us=10000"])
-            .args(["--set", &format!("metrics.base_port={base}")])
-            .arg("--json")
-            .arg(&json)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let targets: Vec<String> = (0..6)
-        .map(|i| format!("'127.0.0.1:{}'", base + i))
-        .collect();
-    let config: PathBuf = dir.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    static_configs:\n      - targets: [{}]\n",
-            targets.join(", ")
-        ),
-    )
-    .unwrap();
-    let prom = KillOnDrop(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    assert_node_serves_counters_and_histogram(scrape.base);
+    wait_for_growing_built_series(scrape.prom_port);
+    assert_prometheus_stored_histogram(scrape.prom_port);
+    assert_consumer_and_producer_series(scrape.base);
 
-    // A node's endpoint answers directly, with counters and a histogram.
+    // Wait for the run to end, then compare what prometheus stored last
+    // with the run's final figures.
+    let Scrape {
+        mut run,
+        prom,
+        prom_port,
+        json,
+        ..
+    } = scrape;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "evb run did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let result: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let received = assert_scraped_deliveries_match_run(prom_port, &result);
+    assert_scraped_busy_credits_and_stalls(prom_port, &received, &result);
+    drop(run);
+    drop(prom);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A running `evb run` and the prometheus that scrapes its endpoints.
+struct Scrape {
+    /// The first metrics port: endpoint `i` listens on `base + i`.
+    base: u16,
+    prom_port: u16,
+    /// Where the run writes its JSON.
+    json: PathBuf,
+    run: KillOnDrop,
+    prom: KillOnDrop,
+}
+
+impl Scrape {
+    fn start(dir: &Path) -> Scrape {
+        // 4 nodes (endpoints 0..4) and 2 consumers (endpoints 4 and 5), each
+        // busy 10 ms per batch: slow enough that BUs wait for consumer credit.
+        let base = free_ports(6);
+        let prom_port = free_ports(1);
+        let json = dir.join("run.json");
+
+        let run = KillOnDrop(
+            evb()
+                .args(["run", "--progress", "never", "-n", "4", "-d", "12"])
+                .args(["--consumers", "2"])
+                .args(["--set", "output.consumer_busy_us=10000"])
+                .args(["--set", &format!("metrics.base_port={base}")])
+                .arg("--json")
+                .arg(&json)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let targets: Vec<String> = (0..6)
+            .map(|i| format!("'127.0.0.1:{}'", base + i))
+            .collect();
+        let config: PathBuf = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: evb\n    static_configs:\n      - targets: [{}]\n",
+                targets.join(", ")
+            ),
+        )
+        .unwrap();
+        let prom = KillOnDrop(
+            Command::new("prometheus")
+                .arg(format!("--config.file={}", config.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        Scrape {
+            base,
+            prom_port,
+            json,
+            run,
+            prom,
+        }
+    }
+}
+
+/// A node's endpoint answers directly, with counters and a histogram.
+fn assert_node_serves_counters_and_histogram(base: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
         if let Some((status, body)) = get(base + 2, "/metrics") {
@@ -99,8 +153,10 @@ fn prometheus_scrapes_every_node() {
         let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
         assert!(value >= 0.0 && value.is_finite(), "{line}");
     }
+}
 
-    // Prometheus stores a growing built-events series for all four nodes.
+/// Prometheus stores a growing built-events series for all four nodes.
+fn wait_for_growing_built_series(prom_port: u16) {
     let query = "/api/v1/query?query=evb_events_built_total{role!=%22FU%22}";
     let deadline = Instant::now() + Duration::from_secs(40);
     let mut first: Option<Vec<f64>> = None;
@@ -132,7 +188,10 @@ fn prometheus_scrapes_every_node() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    // The histogram made it too: a quantile over it is a positive latency.
+}
+
+/// The histogram made it too: a quantile over it is a positive latency.
+fn assert_prometheus_stored_histogram(prom_port: u16) {
     let q = "/api/v1/query?query=histogram_quantile(0.5,sum(rate(evb_batch_latency_seconds_bucket[5s]))by(le))";
     let (_, body) = get(prom_port, q).unwrap();
     let v: Value = serde_json::from_str(&body).unwrap();
@@ -142,8 +201,10 @@ fn prometheus_scrapes_every_node() {
         .parse()
         .unwrap_or(0.0);
     assert!(p50 > 0.0 && p50 < 2.5, "p50 from prometheus: {body}");
+}
 
-    // A consumer's endpoint serves the consumer series, a BU's the producer side.
+/// A consumer's endpoint serves the consumer series, a BU's the producer side.
+fn assert_consumer_and_producer_series(base: u16) {
     let fu = get(base + 4, "/metrics")
         .expect("consumer 4 serves /metrics")
         .1;
@@ -165,15 +226,33 @@ fn prometheus_scrapes_every_node() {
         assert!(bu.contains(name), "no {name} in\n{bu}");
     }
     assert!(!bu.contains("evb_consumer_"), "consumer series on a BU");
+}
 
-    // Wait for the run to end, then compare what prometheus stored last
-    // with the run's final figures.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while run.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "evb run did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let result: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+/// Per series, the last value prometheus scraped (max over the run:
+/// counters), labelled by `label`, in label order.
+fn last_scraped(prom_port: u16, metric: &str, label: &str) -> Vec<(String, f64)> {
+    let q = format!("/api/v1/query?query=max_over_time({metric}[5m])");
+    let (_, body) = get(prom_port, &q).unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let mut out: Vec<(String, f64)> = v["data"]["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{q}: {body}"))
+        .iter()
+        .map(|s| {
+            (
+                s["metric"][label].as_str().unwrap_or("").to_string(),
+                s["value"][1].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// The batches the consumers received and the BUs delivered, as last
+/// scraped, against the run JSON's final figures. Returns the consumers'
+/// last scraped batches received.
+fn assert_scraped_deliveries_match_run(prom_port: u16, result: &Value) -> Vec<(String, f64)> {
     let c = &result["summary"]["consumers"];
     let per_consumer: Vec<(u64, u64)> = c["per_consumer"]
         .as_array()
@@ -188,26 +267,7 @@ fn prometheus_scrapes_every_node() {
         delivered,
         "consumed = delivered in the run JSON"
     );
-    // Per series, the last value prometheus scraped (max over the run: counters).
-    let last = |metric: &str, label: &str| -> Vec<(String, f64)> {
-        let q = format!("/api/v1/query?query=max_over_time({metric}[5m])");
-        let (_, body) = get(prom_port, &q).unwrap();
-        let v: Value = serde_json::from_str(&body).unwrap();
-        let mut out: Vec<(String, f64)> = v["data"]["result"]
-            .as_array()
-            .unwrap_or_else(|| panic!("{q}: {body}"))
-            .iter()
-            .map(|s| {
-                (
-                    s["metric"][label].as_str().unwrap_or("").to_string(),
-                    s["value"][1].as_str().unwrap().parse().unwrap(),
-                )
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    };
-    let received = last("evb_consumer_batches_received_total", "node");
+    let received = last_scraped(prom_port, "evb_consumer_batches_received_total", "node");
     eprintln!("consumer batches received, last scraped: {received:?}; final per consumer {per_consumer:?}");
     assert_eq!(received.len(), 2, "{received:?}");
     for ((node, scraped), (fin_node, fin)) in received.iter().zip(&per_consumer) {
@@ -218,7 +278,7 @@ fn prometheus_scrapes_every_node() {
             "consumer {node}: scraped {scraped}, final {fin}"
         );
     }
-    let scraped_delivered: f64 = last("evb_bu_batches_delivered_total", "node")
+    let scraped_delivered: f64 = last_scraped(prom_port, "evb_bu_batches_delivered_total", "node")
         .iter()
         .map(|s| s.1)
         .sum();
@@ -229,30 +289,41 @@ fn prometheus_scrapes_every_node() {
         (scraped_delivered - scraped_received).abs() <= 0.2 * delivered as f64,
         "delivered {scraped_delivered} vs received {scraped_received}"
     );
-    let busy = last("evb_consumer_busy_seconds_total", "node");
+    received
+}
+
+/// The consumers' busy time follows from the batches they `received`,
+/// credits stay within `consumer_credits`, and the slow consumers made the
+/// BUs wait for credit.
+fn assert_scraped_busy_credits_and_stalls(
+    prom_port: u16,
+    received: &[(String, f64)],
+    result: &Value,
+) {
+    let busy = last_scraped(prom_port, "evb_consumer_busy_seconds_total", "node");
     eprintln!("consumer busy seconds, last scraped: {busy:?}");
     // 10 ms per batch: busy time is the batches received times 10 ms,
     // less those still queued (at most 2 credits x 4 BUs).
-    for ((_, b), (_, n)) in busy.iter().zip(&received) {
+    for ((_, b), (_, n)) in busy.iter().zip(received) {
         assert!(
             (b - n * 0.01).abs() <= 0.1 * n * 0.01 + 0.1,
             "busy {b} s for {n} batches"
         );
     }
-    let credits = last("evb_consumer_credits_outstanding", "bu");
+    let credits = last_scraped(prom_port, "evb_consumer_credits_outstanding", "bu");
     assert_eq!(credits.len(), 2 * 4, "per consumer and BU: {credits:?}");
     assert!(
         credits.iter().all(|c| c.1 <= 2.0),
         "at most consumer_credits: {credits:?}"
     );
-    let held = last("evb_bu_consumer_credits", "consumer");
+    let held = last_scraped(prom_port, "evb_bu_consumer_credits", "consumer");
     assert_eq!(held.len(), 4 * 2, "per BU and consumer: {held:?}");
     assert!(held.iter().all(|c| c.1 <= 2.0), "{held:?}");
-    let stalls: f64 = last("evb_bu_consumer_credit_stalls_total", "node")
+    let stalls: f64 = last_scraped(prom_port, "evb_bu_consumer_credit_stalls_total", "node")
         .iter()
         .map(|s| s.1)
         .sum();
-    let queue_max: f64 = last("evb_bu_output_queue_batches", "node")
+    let queue_max: f64 = last_scraped(prom_port, "evb_bu_output_queue_batches", "node")
         .iter()
         .map(|s| s.1)
         .fold(0.0, f64::max);
@@ -264,9 +335,6 @@ fn prometheus_scrapes_every_node() {
             .unwrap()
             > 0
     );
-    drop(run);
-    drop(prom);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every metric the shipped Grafana dashboard queries is one a node serves.

@@ -55,7 +55,7 @@ fn preallocated_pools_are_resident_from_the_start_and_memory_stays_flat() {
     config.nodes.count = 4;
     config.source.max_fragment_bytes = 512;
     config.event_builder.preallocate_buffers = true;
-    config.transport.kind = "shm".into();
+    config.transport.kind = evb_transport::TransportKind::Shm;
     let layout = Layout::from_config(&config);
     let (_, planned) = BufferPlan::for_run(&config, &layout).unwrap();
     let pre = u(&v, "buffers_preallocated_bytes");

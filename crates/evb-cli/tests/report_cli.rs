@@ -389,6 +389,14 @@ fn report_of_real_outputs_renders_in_chromium() {
 fn files_evb_did_not_write_are_named_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    assert_foreign_files_named(dir);
+    assert_other_evb_json_and_missing_files_named(dir);
+    assert_mangled_fabric_json_refused(dir);
+}
+
+/// JSON (or not) that evb did not write: refused with the reason, and no
+/// report written.
+fn assert_foreign_files_named(dir: &Path) {
     let cases: [(&str, &str, &str); 7] = [
         (
             "package.json",
@@ -444,7 +452,11 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
             "{name}: wrote a report anyway"
         );
     }
-    // The other JSON evb writes, named for what it is.
+}
+
+/// The other JSON evb writes, named for what it is; a missing file and
+/// deeply nested input named too.
+fn assert_other_evb_json_and_missing_files_named(dir: &Path) {
     evb_ok(
         dir,
         &[
@@ -487,8 +499,10 @@ fn files_evb_did_not_write_are_named_with_the_reason() {
         "{}",
         out.stderr
     );
+}
 
-    // Mangled real files: errors or reports, never a panic or a hang.
+/// Mangled real files: errors or reports, never a panic or a hang.
+fn assert_mangled_fabric_json_refused(dir: &Path) {
     evb_ok(
         dir,
         &[
@@ -664,6 +678,31 @@ fn chart_titled<'a>(html: &'a str, title: &str) -> &'a str {
 fn consumer_figures_and_link_heat_map_render_in_chromium() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
+    make_consumer_run_and_small_fabric(dir);
+    let shared = assert_small_fabric_link_loads(dir);
+    let run = assert_consumer_run_figures(dir);
+
+    evb_ok(
+        dir,
+        &[
+            "report",
+            "run-fu.json",
+            "fabric-small.json",
+            "-o",
+            "fu.html",
+        ],
+    );
+    let html = std::fs::read_to_string(dir.join("fu.html")).unwrap();
+    assert_self_contained(&html);
+    assert_output_stage_charts(&html, &run);
+    assert_link_heat_map(&html, &shared);
+    assert_chromium_draws_consumer_charts_and_heat_map(dir, &html);
+}
+
+/// The inputs: a 4 s run of 2 nodes with 2 slow consumers that accept a
+/// quarter of the events (run-fu.json), and the conflicts of a small
+/// fabric with per-link loads (fabric-small.json).
+fn make_consumer_run_and_small_fabric(dir: &Path) {
     evb_ok(
         dir,
         &[
@@ -700,6 +739,11 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
             "fabric-small.json",
         ],
     );
+}
+
+/// The small fabric's per-link loads are as worked out by hand; returns the
+/// 4 links that carry 2 flows in step 2.
+fn assert_small_fabric_link_loads(dir: &Path) -> Vec<Value> {
     let fabric = read_json(&dir.join("fabric-small.json"));
     let loads = &fabric["link_loads"];
     assert_eq!(loads["steps"], serde_json::json!([1, 2, 3]));
@@ -712,7 +756,12 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
         assert!(l["name"].as_str().unwrap().contains("->"));
     }
     assert_eq!(fabric["total"]["conflicts"], 4);
+    shared.into_iter().cloned().collect()
+}
 
+/// The run consumed batches and its timeline shows busy consumers; returns
+/// the run's JSON.
+fn assert_consumer_run_figures(dir: &Path) -> Value {
     let run = read_json(&dir.join("run-fu.json"));
     let c = &run["summary"]["consumers"];
     assert!(c["batches_consumed"].as_u64().unwrap() > 0, "{c}");
@@ -725,19 +774,14 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
         with_busy >= 2,
         "busy consumers in the timeline: {timeline:?}"
     );
+    run
+}
 
-    evb_ok(
-        dir,
-        &[
-            "report",
-            "run-fu.json",
-            "fabric-small.json",
-            "-o",
-            "fu.html",
-        ],
-    );
-    let html = std::fs::read_to_string(dir.join("fu.html")).unwrap();
-    assert_self_contained(&html);
+/// The report's output stage: the trigger's figures, the throughput and
+/// busy-consumer charts and the per-consumer table, as `run` counted them.
+fn assert_output_stage_charts(html: &str, run: &Value) {
+    let c = &run["summary"]["consumers"];
+    let timeline = run["timeline"].as_array().unwrap();
     assert!(html.contains("<h3>Output stage: producers and consumers</h3>"));
     // The trigger's figures, as the run counted them.
     let trigger = format!(
@@ -749,12 +793,12 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
     // Each series is a line through one point per timeline sample, in the
     // first and second colours of the palette.
     let samples = |key: &str| timeline.iter().filter(|s| s[key].is_number()).count();
-    let throughput = chart_titled(&html, "Producer (BUs delivering) and consumer throughput");
+    let throughput = chart_titled(html, THROUGHPUT_CHART);
     assert!(throughput.contains("producer: delivered by the BUs"));
     assert!(throughput.contains("consumer: consumed by the FUs"));
     assert_eq!(line_points(throughput, RED), samples("producer_gbps"));
     assert_eq!(line_points(throughput, GREEN), samples("consumer_gbps"));
-    let busy = chart_titled(&html, "Busy consumers over time");
+    let busy = chart_titled(html, BUSY_CHART);
     assert!(busy.contains("busy consumers") && busy.contains("consumers in the run"));
     assert_eq!(line_points(busy, RED), samples("busy_consumers"));
     assert_eq!(line_points(busy, GREEN), 2, "the ceiling line");
@@ -767,19 +811,24 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
         );
         assert!(html.contains(&row), "no row {row}");
     }
-    // The heat map: one row per loaded link (12), one column per step (3),
-    // the link names on the axis, and the colour scale.
-    let heat = chart_titled(&html, "Link load per step (flows on each directed link)");
+}
+
+/// The heat map: one row per loaded link (12), one column per step (3),
+/// the `shared` link names on the axis, and the colour scale.
+fn assert_link_heat_map(html: &str, shared: &[Value]) {
+    let heat = chart_titled(html, HEAT_MAP_CHART);
     assert!(
         heat.matches("<rect").count() >= 12 * 3 + 100,
         "heat map cells"
     );
-    for l in &shared {
+    for l in shared {
         let name = l["name"].as_str().unwrap().replace('>', "&gt;");
         assert!(heat.contains(&name), "no row for {name}");
     }
+}
 
-    // Chromium parses every chart and draws them.
+/// Chromium parses every chart of `html` and draws the three new ones.
+fn assert_chromium_draws_consumer_charts_and_heat_map(dir: &Path, html: &str) {
     let svgs = html.matches("<svg").count();
     let dom = chromium(
         dir,
@@ -788,10 +837,8 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
     );
     assert_eq!(dom.code, Some(0), "chromium --dump-dom: {}", dom.stderr);
     assert_eq!(dom.stdout.matches("<svg").count(), svgs, "SVGs in the DOM");
-    assert!(dom.stdout.contains("Busy consumers over time"));
-    assert!(dom
-        .stdout
-        .contains("Link load per step (flows on each directed link)"));
+    assert!(dom.stdout.contains(BUSY_CHART));
+    assert!(dom.stdout.contains(HEAT_MAP_CHART));
     // The three new charts alone on a page, as Chromium draws them: the
     // lines in their colours, the heat map in strong colour.
     let page = |charts: &[&str]| {
@@ -800,6 +847,9 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
             charts.join("</svg>")
         )
     };
+    let throughput = chart_titled(html, THROUGHPUT_CHART);
+    let busy = chart_titled(html, BUSY_CHART);
+    let heat = chart_titled(html, HEAT_MAP_CHART);
     std::fs::write(dir.join("lines.html"), page(&[throughput, busy])).unwrap();
     std::fs::write(dir.join("heat.html"), page(&[heat])).unwrap();
     let (_, _, pixels) = screenshot(dir, &dir.join("lines.html"), "lines.png");
@@ -830,6 +880,11 @@ fn consumer_figures_and_link_heat_map_render_in_chromium() {
         colourful(&pixels)
     );
 }
+
+/// The titles of the output-stage charts and of the link heat map.
+const THROUGHPUT_CHART: &str = "Producer (BUs delivering) and consumer throughput";
+const BUSY_CHART: &str = "Busy consumers over time";
+const HEAT_MAP_CHART: &str = "Link load per step (flows on each directed link)";
 
 const RED: &str = "#E6194B";
 const GREEN: &str = "#3CB44B";

@@ -28,6 +28,19 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// most of a second, and these scenarios are about order and flow control.
 const PATIENT: &str = "--peer-timeout-ms=5000";
 
+/// Messages each rank sends every peer in the all-to-all: three rounds of
+/// the conformance sizes (17 powers of two, 64 B to 4 MiB), every size
+/// three times over each link.
+const MESSAGES: u64 = 51;
+/// The slow receiver's scenario: enough messages for every sender to fill
+/// its window many times over (each takes the slow rank 3 ms).
+const SLOW_MESSAGES: u64 = 60;
+/// The death scenario: rank 3 dies after receiving a third of what it is
+/// sent, so each survivor has messages to take from it when it dies and
+/// carries on with the living after.
+const DEATH_MESSAGES: u64 = 120;
+const DIE_AFTER: u64 = 40;
+
 fn tmp(name: &str) -> PathBuf {
     scratch_file("transports", name)
 }
@@ -68,12 +81,14 @@ fn received(w: &Value) -> Vec<u64> {
 /// arrives once, in order, intact; everyone finishes cleanly.
 fn all_to_all_in_order(transport: &str) {
     let _serial = serial();
-    let (code, workers, text) =
-        conformance(transport, &["--ranks", "4", "--messages", "150", PATIENT]);
+    let (code, workers, text) = conformance(
+        transport,
+        &["--ranks", "4", "--messages", &MESSAGES.to_string(), PATIENT],
+    );
     assert_eq!(code, 0, "{transport}\n{text}");
     assert_eq!(workers.len(), 4);
     for (rank, w) in workers.iter().enumerate() {
-        let mut expected = vec![150u64; 4];
+        let mut expected = vec![MESSAGES; 4];
         expected[rank] = 0;
         assert_eq!(received(w), expected, "{transport} rank {rank}\n{text}");
         assert_eq!(w["order_errors"], 0, "{transport} rank {rank}");
@@ -96,7 +111,7 @@ fn slow_receiver_backpressure(transport: &str) {
             "--ranks",
             "3",
             "--messages",
-            "150",
+            &SLOW_MESSAGES.to_string(),
             "--slow-us",
             "3000",
             "--window",
@@ -106,7 +121,7 @@ fn slow_receiver_backpressure(transport: &str) {
     );
     assert_eq!(code, 0, "{transport}\n{text}");
     for (rank, w) in workers.iter().enumerate() {
-        let mut expected = vec![150u64; 3];
+        let mut expected = vec![SLOW_MESSAGES; 3];
         expected[rank] = 0;
         assert_eq!(received(w), expected, "{transport} rank {rank}\n{text}");
         assert!(
@@ -125,7 +140,14 @@ fn slow_receiver_backpressure(transport: &str) {
 fn run_with_a_death(transport: &str) -> (Vec<Value>, String) {
     let (code, workers, text) = conformance(
         transport,
-        &["--ranks", "4", "--messages", "300", "--die-after", "100"],
+        &[
+            "--ranks",
+            "4",
+            "--messages",
+            &DEATH_MESSAGES.to_string(),
+            "--die-after",
+            &DIE_AFTER.to_string(),
+        ],
     );
     assert_eq!(code, 0, "{transport}\n{text}");
     assert!(workers[3].is_null(), "rank 3 should have died\n{text}");
@@ -142,7 +164,7 @@ fn dead_peer_detected(transport: &str) {
         for (p, &n) in got.iter().enumerate().take(3) {
             assert_eq!(
                 n,
-                if p == rank { 0 } else { 300 },
+                if p == rank { 0 } else { DEATH_MESSAGES },
                 "{transport} rank {rank}\n{text}"
             );
         }
@@ -359,12 +381,15 @@ mod mpi {
         Mpich,
     }
 
+    /// Messages each rank sends every peer: six rounds of the 7 sizes.
+    const MPI_MESSAGES: u64 = 42;
+
     fn spec(extra: &[(&str, Value)]) -> String {
         let mut v = serde_json::json!({
             "scenario": "conformance", "transport": "mpi", "progress": "blocking",
             "ranks": 4, "sizes": [64, 1000, 4096, 65536, 1048576, 4194304, 100],
             "window": 16, "seconds": 0.5, "bidir": false, "pingpong": 0,
-            "messages": 150, "slow_rank": null, "slow_us": 0, "die_rank": null, "die_after": 0
+            "messages": MPI_MESSAGES, "slow_rank": null, "slow_us": 0, "die_rank": null, "die_after": 0
         });
         for (k, val) in extra {
             v[*k] = val.clone();
@@ -438,7 +463,7 @@ mod mpi {
             let r = r
                 .as_ref()
                 .unwrap_or_else(|| panic!("rank {rank}: no result\n{text}"));
-            let mut expected = vec![150u64; 4];
+            let mut expected = vec![MPI_MESSAGES; 4];
             expected[rank] = 0;
             assert_eq!(super::received(r), expected, "rank {rank}\n{text}");
             assert_eq!(r["order_errors"], 0);
@@ -470,7 +495,7 @@ mod mpi {
             let r = r
                 .as_ref()
                 .unwrap_or_else(|| panic!("rank {rank}: no result\n{text}"));
-            let mut expected = vec![150u64; 4];
+            let mut expected = vec![MPI_MESSAGES; 4];
             expected[rank] = 0;
             assert_eq!(super::received(r), expected, "rank {rank}\n{text}");
             assert!(r["max_outstanding"].as_u64().unwrap() <= 4);
@@ -493,8 +518,8 @@ mod mpi {
     fn dead_rank_ends_the_job_under(mpi: Mpi) {
         let extra = [
             ("die_rank", Value::from(3)),
-            ("die_after", Value::from(100)),
-            ("messages", Value::from(300)),
+            ("die_after", Value::from(super::DIE_AFTER)),
+            ("messages", Value::from(super::DEATH_MESSAGES)),
         ];
         let (ok, results, text) = launch(mpi, "dead", &spec(&extra));
         assert!(

@@ -38,6 +38,18 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Writes a closed set's TOML spelling, so that messages and reports show
+/// the value as the configuration names it.
+macro_rules! display_as_str {
+    ($($t:ty),*) => {$(
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
@@ -237,6 +249,10 @@ pub struct EventBuilderSection {
     /// between processes and the TLB to walk, more resident memory. Where the kernel has no
     /// THP they are ordinary pages.
     pub huge_pages: bool,
+    /// MEP buffers of each RU: 0 (the default) as many as its BUs' credits
+    /// can hold at once (docs/transports.md); fewer make MEPs wait for a
+    /// buffer (a test of the readout's back-pressure).
+    pub mep_buffers: u32,
     /// What a BU checks of each fragment (and so what the RU computes).
     pub verify: Verify,
     /// `verify = "sample"`: the CRC of one fragment in this many is checked.
@@ -290,6 +306,7 @@ impl Default for EventBuilderSection {
             ru_buffer_meps: 16,
             preallocate_buffers: false,
             huge_pages: true,
+            mep_buffers: 0,
             verify: Verify::Sample,
             verify_sample: 64,
         }
@@ -333,10 +350,121 @@ impl Default for SourceSection {
     }
 }
 
+/// `transport.progress`: how a node waits for its transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Progress {
+    /// Sleeps on the library's wait object (right when processes outnumber
+    /// cores).
+    Blocking,
+    /// Spins on progress (lowest latency with a core to spare).
+    Busy,
+}
+
+impl Progress {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Progress::Blocking => "blocking",
+            Progress::Busy => "busy",
+        }
+    }
+}
+
+display_as_str!(Progress);
+
+/// `transport.kind`: the transport the nodes talk over, spelled in the
+/// configuration as `auto`, `tcp`, `shm`, `mpi`, `ofi[:<provider>]` or
+/// `ucx[:<UCX_TLS>]` (docs/transports.md), parsed once here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum TransportKind {
+    /// `evb run` picks: shared memory on one machine, TCP with an output
+    /// network; a node started by hand takes TCP ([`TransportKind::on_node`]).
+    Auto,
+    Tcp,
+    Shm,
+    /// libfabric with a provider as users write it (`tcp`, `shm`, ...);
+    /// `None`: `ofi` alone, which is libfabric's tcp provider.
+    Ofi(Option<String>),
+    /// UCX with an optional UCX_TLS value.
+    Ucx(Option<String>),
+    Mpi,
+}
+
+impl TransportKind {
+    /// What a node runs for this kind: `auto` is TCP on a node (`evb run`
+    /// resolves it before it starts them, and so does a node given no
+    /// launcher).
+    pub fn on_node(&self) -> TransportKind {
+        match self {
+            TransportKind::Auto => TransportKind::Tcp,
+            kind => kind.clone(),
+        }
+    }
+
+    /// libfabric's provider, for `ofi` and `ofi:<provider>`.
+    pub fn ofi_provider(&self) -> Option<&str> {
+        match self {
+            TransportKind::Ofi(p) => Some(p.as_deref().unwrap_or("tcp")),
+            _ => None,
+        }
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = String;
+    fn from_str(kind: &str) -> Result<TransportKind, String> {
+        Ok(match kind.split_once(':') {
+            None if kind == "auto" => TransportKind::Auto,
+            None if kind == "tcp" => TransportKind::Tcp,
+            None if kind == "shm" => TransportKind::Shm,
+            None if kind == "mpi" => TransportKind::Mpi,
+            None if kind == "ucx" => TransportKind::Ucx(None),
+            None if kind == "ofi" => TransportKind::Ofi(None),
+            Some(("ofi", p)) if !p.is_empty() => TransportKind::Ofi(Some(p.into())),
+            Some(("ucx", t)) if !t.is_empty() => TransportKind::Ucx(Some(t.into())),
+            _ => {
+                return Err(format!(
+                    "unknown transport `{kind}` (one of auto, tcp, shm, ofi, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
+                ))
+            }
+        })
+    }
+}
+
+impl TryFrom<String> for TransportKind {
+    type Error = String;
+    fn try_from(kind: String) -> Result<TransportKind, String> {
+        kind.parse()
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TransportKind::Auto => f.write_str("auto"),
+            TransportKind::Tcp => f.write_str("tcp"),
+            TransportKind::Shm => f.write_str("shm"),
+            TransportKind::Mpi => f.write_str("mpi"),
+            TransportKind::Ofi(None) => f.write_str("ofi"),
+            TransportKind::Ofi(Some(p)) => write!(f, "ofi:{p}"),
+            TransportKind::Ucx(None) => f.write_str("ucx"),
+            TransportKind::Ucx(Some(t)) => write!(f, "ucx:{t}"),
+        }
+    }
+}
+
+impl From<TransportKind> for String {
+    fn from(kind: TransportKind) -> String {
+        kind.to_string()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportSection {
-    pub kind: String,
+    pub kind: TransportKind,
     /// Interface nodes listen on.
     pub bind: String,
     /// 0: the OS picks ports (`evb run`); otherwise node i listens on base_port + i.
@@ -353,7 +481,7 @@ pub struct TransportSection {
     /// How a node waits for its transport: `blocking` sleeps on the
     /// library's wait object (right when processes outnumber cores),
     /// `busy` spins on progress (lowest latency with a core to spare).
-    pub progress: String,
+    pub progress: Progress,
     /// `shm`: bytes of each sender-to-receiver ring (control messages and
     /// small fragments go through it; large payloads are copied once,
     /// straight from the sender's memory).
@@ -362,26 +490,42 @@ pub struct TransportSection {
     /// live in shared memory and a BU builds in place from them (the local
     /// analogue of an RDMA read). Off: one copy, with process_vm_readv.
     pub shm_zero_copy: bool,
+    /// `shm`: every inbox keeps its name in /dev/shm for the whole run, so
+    /// that a restarted node can find its peers' and rejoin (`evb run`
+    /// sets it in the configuration it gives its nodes when it plans
+    /// restarts; then only it removes what a killed node leaves there).
+    pub shm_rejoin: bool,
     /// A file holding the run key connections must prove (HMAC handshake);
     /// empty: the key from EVB_RUN_KEY if set (`evb run` sets a fresh one),
     /// else none.
     pub run_key_file: String,
+    /// `ucx`: bodies of this many bytes and more go as their own contiguous
+    /// message (zero-copy rendezvous) instead of one iov message with their
+    /// header; 0 (the default): never (docs/transports.md).
+    pub ucx_split_body_from: u64,
+    /// `ucx` with `progress = "blocking"`: how long a wait that found
+    /// nothing spins before it sleeps, microseconds (experimental; 0: no
+    /// spinning).
+    pub ucx_spin_us: u64,
 }
 
 impl Default for TransportSection {
     fn default() -> Self {
         TransportSection {
-            kind: "auto".into(),
+            kind: TransportKind::Auto,
             bind: "127.0.0.1".into(),
             base_port: 0,
             socket_buffer_bytes: 4 << 20,
             addresses: Vec::new(),
             peer_timeout_ms: 800,
             heartbeat_ms: 100,
-            progress: "blocking".into(),
+            progress: Progress::Blocking,
             shm_ring_bytes: 1 << 20,
             shm_zero_copy: true,
+            shm_rejoin: false,
             run_key_file: String::new(),
+            ucx_split_body_from: 0,
+            ucx_spin_us: 0,
         }
     }
 }
@@ -506,6 +650,13 @@ pub struct MetricsSection {
     pub bind: String,
     /// 0: no metrics; otherwise endpoint i serves `/metrics` on base_port + i.
     pub base_port: u16,
+    /// A node under a cluster launcher prints its periodic STATS lines too
+    /// (by default only FINAL: ranks share the launcher's stdout), for when
+    /// each rank's output is its own (`srun --output=evb-%t.out`).
+    pub stats_lines: bool,
+    /// Each node logs where its memory is (resident, heap, pools) every
+    /// time it trims its pools: a diagnostic of memory growth.
+    pub log_memory: bool,
 }
 
 impl Default for MetricsSection {
@@ -513,9 +664,108 @@ impl Default for MetricsSection {
         MetricsSection {
             bind: "127.0.0.1".into(),
             base_port: 0,
+            stats_lines: false,
+            log_memory: false,
         }
     }
 }
+
+/// `sim.traffic`: what the simulated hosts send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimTraffic {
+    /// The event builder itself (EM, RUs, BUs, FUs).
+    Eb,
+    /// Barrel shift with a fixed message size.
+    ShiftFixed,
+    /// Barrel shift in windows with a quiet grace at each end.
+    ShiftWindow,
+    /// Random destinations at an offered load.
+    Uniform,
+    /// A fixed random permutation of the hosts.
+    Permutation,
+    /// Every host sends to one.
+    Incast,
+    /// Every host sends to every other.
+    AllToAll,
+}
+
+impl SimTraffic {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SimTraffic::Eb => "eb",
+            SimTraffic::ShiftFixed => "shift-fixed",
+            SimTraffic::ShiftWindow => "shift-window",
+            SimTraffic::Uniform => "uniform",
+            SimTraffic::Permutation => "permutation",
+            SimTraffic::Incast => "incast",
+            SimTraffic::AllToAll => "all-to-all",
+        }
+    }
+}
+
+/// `sim.granularity`: the unit the simulated links move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Granularity {
+    /// Whole packets, virtual cut-through (the fast default).
+    Packet,
+    /// 64-byte flits.
+    Flit,
+}
+
+impl Granularity {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Granularity::Packet => "packet",
+            Granularity::Flit => "flit",
+        }
+    }
+}
+
+/// `sim.output.network`: where the consumers sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputNetwork {
+    /// A network of its own, reached through the BUs' second NICs.
+    Ethernet,
+    /// Hosts of the event-building fabric: deliveries share the BUs' links.
+    Fabric,
+}
+
+impl OutputNetwork {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputNetwork::Ethernet => "ethernet",
+            OutputNetwork::Fabric => "fabric",
+        }
+    }
+}
+
+/// `sim.output.flow_control`: what a full output queue does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlowControl {
+    /// Lossless: pause frames.
+    Pfc,
+    /// Drops, recovered by go-back-N retransmission.
+    Lossy,
+}
+
+impl FlowControl {
+    /// The value as written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowControl::Pfc => "pfc",
+            FlowControl::Lossy => "lossy",
+        }
+    }
+}
+
+display_as_str!(SimTraffic, Granularity, OutputNetwork, FlowControl);
 
 /// The simulated fabric and traffic (`evb sim`). Defaults are InfiniBand EDR.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -545,7 +795,7 @@ pub struct SimSection {
     /// that is longer, at most half the run).
     pub warmup_us: f64,
     /// Traffic: eb, shift-fixed, shift-window, uniform, permutation, incast, all-to-all.
-    pub traffic: String,
+    pub traffic: SimTraffic,
     /// Message size of the synthetic traffic, bytes.
     pub message_bytes: u64,
     /// shift-window: length of a window, ns.
@@ -557,14 +807,16 @@ pub struct SimSection {
     /// Interval of the throughput time series, microseconds.
     pub sample_us: f64,
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
-    pub granularity: String,
+    pub granularity: Granularity,
     /// MTU packets of one message moved as one unit of the model (their
     /// headers still counted one by one): k times fewer events, the
     /// interleaving of messages on a link k times coarser. 1: every packet.
     pub train_packets: u32,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
-    /// none): it stops, and the others find it by its silence.
-    pub crash: String,
+    /// none): it stops, and the others find it by its silence (a
+    /// [`FaultKind::Hang`](crate::fault::FaultKind::Hang)).
+    #[serde(with = "crate::fault::sim_crash_spelling")]
+    pub crash: Option<crate::fault::NodeFault>,
     /// With `crash`: the simulated nodes' peer timeout (what
     /// `transport.peer_timeout_ms` is to real ones, on the simulator's time
     /// scale), microseconds.
@@ -586,7 +838,7 @@ pub struct SimSection {
 pub struct SimOutputSection {
     /// `ethernet`: a network of its own; `fabric`: the consumers are hosts
     /// of the event-building fabric and deliveries share the BUs' links.
-    pub network: String,
+    pub network: OutputNetwork,
     /// `switch` (one switch) or `fat-tree:radix=R[,...]` (an `evb-fabric`
     /// fat tree without `hosts`, routed by ftree).
     pub topology: String,
@@ -598,7 +850,7 @@ pub struct SimOutputSection {
     pub uplink_gbps: f64,
     /// `pfc`: lossless, pause frames; `lossy`: a full output queue drops
     /// (go-back-N retransmission).
-    pub flow_control: String,
+    pub flow_control: FlowControl,
     /// Switch buffer per port per priority, bytes (shallow: a 16 MB switch
     /// of 32 ports has 512 KiB a port).
     pub buffer_bytes: u32,
@@ -618,37 +870,17 @@ pub struct SimOutputSection {
 impl Default for SimOutputSection {
     fn default() -> Self {
         SimOutputSection {
-            network: "ethernet".into(),
+            network: OutputNetwork::Ethernet,
             topology: "switch".into(),
             producer_gbps: 100.0,
             consumer_gbps: 100.0,
             uplink_gbps: 100.0,
-            flow_control: "pfc".into(),
+            flow_control: FlowControl::Pfc,
             buffer_bytes: 512 * 1024,
             switch_latency_ns: 400,
             mtu_bytes: 4096,
             rto_us: 100.0,
             producer_messages: 0,
-        }
-    }
-}
-
-impl SimSection {
-    /// The node that dies and when (microseconds), from `crash`.
-    pub fn crash_at(&self) -> Result<Option<(u16, f64)>, String> {
-        if self.crash.is_empty() {
-            return Ok(None);
-        }
-        let parsed = self.crash.split_once('@').and_then(|(node, at)| {
-            let at: f64 = at.trim().parse().ok()?;
-            Some((node.trim().parse::<u16>().ok()?, at))
-        });
-        match parsed {
-            Some((node, at)) if at.is_finite() && at >= 0.0 => Ok(Some((node, at))),
-            _ => Err(format!(
-                "`{}` is not NODE@MICROSECONDS (for example \"2@300\")",
-                self.crash
-            )),
         }
     }
 }
@@ -666,15 +898,15 @@ impl Default for SimSection {
             host_latency: String::new(),
             duration_us: 20000.0,
             warmup_us: 0.0,
-            traffic: "eb".into(),
+            traffic: SimTraffic::Eb,
             message_bytes: 1 << 20,
             window_ns: 100_000,
             grace_ns: 5_000,
             load: 1.0,
             sample_us: 10.0,
-            granularity: "packet".into(),
+            granularity: Granularity::Packet,
             train_packets: 1,
-            crash: String::new(),
+            crash: None,
             peer_timeout_us: 100.0,
             heartbeat_us: 25.0,
             output: SimOutputSection::default(),
@@ -718,6 +950,103 @@ pub struct Config {
     pub slot_table: Option<std::sync::Arc<crate::slots::SlotTable>>,
 }
 
+/// An environment variable that overrides a configuration key: for a knob
+/// one wants to turn for a whole shell or job (a benchmark sweep, a batch
+/// script) without editing its TOML. [`Config::load`] applies them after
+/// the file and before `--set`, which wins; nothing else reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvOverride {
+    pub var: &'static str,
+    pub key: &'static str,
+    /// How the variable's value is written.
+    pub form: EnvForm,
+}
+
+/// How an [`EnvOverride`]'s value is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvForm {
+    /// `0` or `1`.
+    ZeroOrOne,
+    /// Set (to anything) turns the key on.
+    Presence,
+    /// A whole number.
+    Count,
+    /// A byte count, or `never` (the key's 0).
+    BytesOrNever,
+}
+
+/// Every environment variable that stands for a configuration key
+/// (docs/config.md lists them; a test keeps the two in step).
+pub const ENV_OVERRIDES: &[EnvOverride] = &[
+    EnvOverride {
+        var: "EVB_HUGEPAGES",
+        key: "event_builder.huge_pages",
+        form: EnvForm::ZeroOrOne,
+    },
+    EnvOverride {
+        var: "EVB_MEP_BUFFERS",
+        key: "event_builder.mep_buffers",
+        form: EnvForm::Count,
+    },
+    EnvOverride {
+        var: "EVB_UCX_SPLIT_BODY_FROM",
+        key: "transport.ucx_split_body_from",
+        form: EnvForm::BytesOrNever,
+    },
+    EnvOverride {
+        var: "EVB_UCX_SPIN_US",
+        key: "transport.ucx_spin_us",
+        form: EnvForm::Count,
+    },
+    EnvOverride {
+        var: "EVB_STATS_LINES",
+        key: "metrics.stats_lines",
+        form: EnvForm::ZeroOrOne,
+    },
+    EnvOverride {
+        var: "EVB_MEMDEBUG",
+        key: "metrics.log_memory",
+        form: EnvForm::Presence,
+    },
+];
+
+/// The `key=value` overrides the environment (read through `var`) asks for,
+/// in the order of [`ENV_OVERRIDES`]; a value of the wrong form is an error
+/// naming the variable and the key.
+pub fn env_overrides(var: impl Fn(&str) -> Option<String>) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for o in ENV_OVERRIDES {
+        let Some(raw) = var(o.var) else { continue };
+        let v = raw.trim();
+        let value = match o.form {
+            EnvForm::Presence => Some("true".to_string()),
+            EnvForm::ZeroOrOne => match v {
+                "0" => Some("false".into()),
+                "1" => Some("true".into()),
+                _ => None,
+            },
+            EnvForm::Count => v.parse::<u64>().ok().map(|n| n.to_string()),
+            EnvForm::BytesOrNever if v == "never" => Some("0".into()),
+            EnvForm::BytesOrNever => v.parse::<u64>().ok().map(|n| n.to_string()),
+        };
+        let Some(value) = value else {
+            let expected = match o.form {
+                EnvForm::ZeroOrOne => "0 or 1",
+                EnvForm::Count | EnvForm::Presence => "a whole number",
+                EnvForm::BytesOrNever => "a byte count or `never`",
+            };
+            return Err(ConfigError {
+                origin: format!("environment variable {}", o.var),
+                line: None,
+                key: Some(o.key.into()),
+                message: format!("{}={raw:?}: expected {expected}", o.var),
+            });
+        };
+        out.push(format!("{}={value}", o.key));
+    }
+    Ok(out)
+}
+
 /// The documented default configuration, as TOML.
 pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
 
@@ -741,7 +1070,10 @@ impl Config {
                 PathBuf::new(),
             ),
         };
-        Config::from_str_with_overrides(&origin, &text, overrides, &base_dir)
+        // The environment's overrides first, so that `--set` wins over them.
+        let mut all = env_overrides(|var| std::env::var(var).ok())?;
+        all.extend_from_slice(overrides);
+        Config::from_str_with_overrides(&origin, &text, &all, &base_dir)
     }
 
     /// Parses `text` (named `origin` in errors), applies overrides, validates.
@@ -854,7 +1186,7 @@ impl Config {
                 ),
             ));
         }
-        if !["auto", "tcp"].contains(&self.transport.kind.as_str()) {
+        if ![TransportKind::Auto, TransportKind::Tcp].contains(&self.transport.kind) {
             return Err((
                 "transport.kind",
                 format!(
@@ -917,6 +1249,9 @@ impl Config {
         crate::wire::batch_payload_len(rus, rus as u64 * self.max_fragment_payload())
     }
 
+    /// Checks every key against the others, loads the files the
+    /// configuration names (histograms, the slot schedule); the first
+    /// error found names its key and, in `text`, its line.
     fn validate(&mut self, origin: &str, text: &str, base_dir: &Path) -> Result<(), ConfigError> {
         let err = |key: &str, message: String| ConfigError {
             origin: origin.into(),
@@ -924,129 +1259,10 @@ impl Config {
             key: Some(key.into()),
             message,
         };
-        let eb = &self.event_builder;
-        if eb.credits == 0 {
-            return Err(err("event_builder.credits", "must be at least 1".into()));
-        }
-        if eb.parallel_sends == 0 {
-            return Err(err(
-                "event_builder.parallel_sends",
-                "must be at least 1".into(),
-            ));
-        }
-        if self.nodes.count == 0 {
-            return Err(err("nodes.count", "must be at least 1".into()));
-        }
-        let n = self.nodes.count;
-        for (key, list) in [
-            ("nodes.ru_only", &self.nodes.ru_only),
-            ("nodes.bu_only", &self.nodes.bu_only),
-        ] {
-            if let Some(bad) = list.iter().find(|&&i| i >= n) {
-                return Err(err(
-                    key,
-                    format!("node {bad} does not exist (nodes.count = {n})"),
-                ));
-            }
-            // Duplicates would miscount the units (and underflow in
-            // `unit_counts` when the list is longer than `nodes.count`).
-            if let Some((_, twice)) = list
-                .iter()
-                .enumerate()
-                .find(|&(k, i)| list[..k].contains(i))
-            {
-                return Err(err(key, format!("node {twice} is listed twice")));
-            }
-        }
-        if let Some(both) = self
-            .nodes
-            .ru_only
-            .iter()
-            .find(|i| self.nodes.bu_only.contains(i))
-        {
-            return Err(err(
-                "nodes.bu_only",
-                format!("node {both} is also listed in nodes.ru_only"),
-            ));
-        }
-        let (rus, bus) = self.unit_counts();
-        if rus == 0 || bus == 0 {
-            return Err(err(
-                "nodes.ru_only",
-                "the event builder needs at least one RU and one BU".into(),
-            ));
-        }
-        let peers = match eb.protocol {
-            Protocol::Push => bus,
-            Protocol::Pull => rus,
-        };
-        if eb.schedule != Schedule::All && eb.parallel_sends as usize > peers {
-            return Err(err(
-                "event_builder.parallel_sends",
-                format!(
-                    "{} transfers in flight but only {peers} {} to send to",
-                    eb.parallel_sends,
-                    if eb.protocol == Protocol::Push {
-                        "BUs"
-                    } else {
-                        "RUs"
-                    }
-                ),
-            ));
-        }
-        if self.transport.heartbeat_ms == 0 {
-            return Err(err("transport.heartbeat_ms", "must be at least 1".into()));
-        }
-        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
-            return Err(err(
-                "transport.peer_timeout_ms",
-                format!(
-                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
-                    3 * self.transport.heartbeat_ms,
-                    self.transport.heartbeat_ms
-                ),
-            ));
-        }
-        if eb.batch_timeout_ms == 0 {
-            return Err(err(
-                "event_builder.batch_timeout_ms",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.em_lost_wait_ms == 0 {
-            return Err(err(
-                "event_builder.em_lost_wait_ms",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
-            return Err(err(
-                "event_builder.max_message_bytes",
-                "must be between 64 B and 4 GiB".into(),
-            ));
-        }
-        if self.source.events_per_mep == 0 {
-            return Err(err("source.events_per_mep", "must be at least 1".into()));
-        }
-        if !(self.source.mep_rate_hz.is_finite() && (0.0..=1e9).contains(&self.source.mep_rate_hz))
-        {
-            return Err(err(
-                "source.mep_rate_hz",
-                "must be between 0 (unpaced) and 1e9 MEPs per second".into(),
-            ));
-        }
-        if eb.ru_buffer_meps == 0 {
-            return Err(err(
-                "event_builder.ru_buffer_meps",
-                "must be at least 1".into(),
-            ));
-        }
-        if eb.verify_sample == 0 {
-            return Err(err(
-                "event_builder.verify_sample",
-                "must be at least 1 (1: every fragment's CRC, as verify = \"crc\")".into(),
-            ));
-        }
+        let checked = |r: Result<(), (&'static str, String)>| r.map_err(|(key, m)| err(key, m));
+        checked(self.validate_units())?;
+        checked(self.validate_timers())?;
+        checked(self.validate_source())?;
         match self.source.size {
             SizeModel::Histogram => {
                 if self.source.histogram.is_empty() {
@@ -1066,6 +1282,7 @@ impl Config {
             }
             _ => {}
         }
+        let eb = &self.event_builder;
         let biggest = self.max_fragment_payload();
         if biggest + crate::wire::FRAGMENT_HEADER_LEN as u64 > eb.max_message_bytes {
             return Err(err(
@@ -1087,21 +1304,161 @@ impl Config {
             let path = base_dir.join(&self.sim.host_latency);
             self.host_latency_bins = load_histogram(&path, "sim.host_latency")?;
         }
-        let sim = &self.sim;
-        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
-            return Err(err("sim.link_gbps", "must be a positive number".into()));
+        checked(self.validate_sim())?;
+        checked(self.validate_sim_output())?;
+        checked(self.validate_output())?;
+        checked(self.validate_output_network())?;
+        checked(self.validate_transport_and_slots())?;
+        crate::slots::load_schedule(self, base_dir, &err)?;
+        Ok(())
+    }
+
+    /// Units and their counts: credits, sends in flight, which node runs what.
+    fn validate_units(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if eb.credits == 0 {
+            return Err(("event_builder.credits", "must be at least 1".into()));
         }
-        if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
-            return Err(err(
-                "sim.mtu_bytes",
-                "must be between 64 and 1048576".into(),
+        if eb.parallel_sends == 0 {
+            return Err(("event_builder.parallel_sends", "must be at least 1".into()));
+        }
+        if self.nodes.count == 0 {
+            return Err(("nodes.count", "must be at least 1".into()));
+        }
+        let n = self.nodes.count;
+        for (key, list) in [
+            ("nodes.ru_only", &self.nodes.ru_only),
+            ("nodes.bu_only", &self.nodes.bu_only),
+        ] {
+            if let Some(bad) = list.iter().find(|&&i| i >= n) {
+                return Err((
+                    key,
+                    format!("node {bad} does not exist (nodes.count = {n})"),
+                ));
+            }
+            // Duplicates would miscount the units (and underflow in
+            // `unit_counts` when the list is longer than `nodes.count`).
+            if let Some((_, twice)) = list
+                .iter()
+                .enumerate()
+                .find(|&(k, i)| list[..k].contains(i))
+            {
+                return Err((key, format!("node {twice} is listed twice")));
+            }
+        }
+        if let Some(both) = self
+            .nodes
+            .ru_only
+            .iter()
+            .find(|i| self.nodes.bu_only.contains(i))
+        {
+            return Err((
+                "nodes.bu_only",
+                format!("node {both} is also listed in nodes.ru_only"),
             ));
         }
+        let (rus, bus) = self.unit_counts();
+        if rus == 0 || bus == 0 {
+            return Err((
+                "nodes.ru_only",
+                "the event builder needs at least one RU and one BU".into(),
+            ));
+        }
+        let peers = match eb.protocol {
+            Protocol::Push => bus,
+            Protocol::Pull => rus,
+        };
+        if eb.schedule != Schedule::All && eb.parallel_sends as usize > peers {
+            return Err((
+                "event_builder.parallel_sends",
+                format!(
+                    "{} transfers in flight but only {peers} {} to send to",
+                    eb.parallel_sends,
+                    if eb.protocol == Protocol::Push {
+                        "BUs"
+                    } else {
+                        "RUs"
+                    }
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Liveness timers and message bounds.
+    fn validate_timers(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if self.transport.heartbeat_ms == 0 {
+            return Err(("transport.heartbeat_ms", "must be at least 1".into()));
+        }
+        if self.transport.peer_timeout_ms < 3 * self.transport.heartbeat_ms {
+            return Err((
+                "transport.peer_timeout_ms",
+                format!(
+                    "must be at least 3 heartbeats, {} (heartbeats go every transport.heartbeat_ms = {} ms)",
+                    3 * self.transport.heartbeat_ms,
+                    self.transport.heartbeat_ms
+                ),
+            ));
+        }
+        if eb.batch_timeout_ms == 0 {
+            return Err((
+                "event_builder.batch_timeout_ms",
+                "must be at least 1".into(),
+            ));
+        }
+        if eb.em_lost_wait_ms == 0 {
+            return Err(("event_builder.em_lost_wait_ms", "must be at least 1".into()));
+        }
+        if eb.max_message_bytes < 64 || eb.max_message_bytes > u64::from(u32::MAX) {
+            return Err((
+                "event_builder.max_message_bytes",
+                "must be between 64 B and 4 GiB".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The source model and the readout's bounds (the histogram is loaded
+    /// by `validate`).
+    fn validate_source(&self) -> Result<(), (&'static str, String)> {
+        let eb = &self.event_builder;
+        if self.source.events_per_mep == 0 {
+            return Err(("source.events_per_mep", "must be at least 1".into()));
+        }
+        if !(self.source.mep_rate_hz.is_finite() && (0.0..=1e9).contains(&self.source.mep_rate_hz))
+        {
+            return Err((
+                "source.mep_rate_hz",
+                "must be between 0 (unpaced) and 1e9 MEPs per second".into(),
+            ));
+        }
+        if eb.ru_buffer_meps == 0 {
+            return Err(("event_builder.ru_buffer_meps", "must be at least 1".into()));
+        }
+        if eb.verify_sample == 0 {
+            return Err((
+                "event_builder.verify_sample",
+                "must be at least 1 (1: every fragment's CRC, as verify = \"crc\")".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The simulated fabric (`[sim]`).
+    fn validate_sim(&self) -> Result<(), (&'static str, String)> {
+        let sim = &self.sim;
+        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
+            return Err(("sim.link_gbps", "must be a positive number".into()));
+        }
+        if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
+            return Err(("sim.mtu_bytes", "must be between 64 and 1048576".into()));
+        }
         if sim.vls == 0 || sim.vls > 15 {
-            return Err(err("sim.vls", "must be between 1 and 15".into()));
+            return Err(("sim.vls", "must be between 1 and 15".into()));
         }
         if u64::from(sim.vl_buffer_bytes) < u64::from(sim.mtu_bytes) + 64 {
-            return Err(err(
+            return Err((
                 "sim.vl_buffer_bytes",
                 "must hold at least one MTU-sized packet".into(),
             ));
@@ -1109,90 +1466,62 @@ impl Config {
         if !sim.vl_weights.is_empty()
             && (sim.vl_weights.len() != sim.vls as usize || sim.vl_weights.contains(&0))
         {
-            return Err(err(
-                "sim.vl_weights",
-                "needs one positive weight per VL".into(),
-            ));
+            return Err(("sim.vl_weights", "needs one positive weight per VL".into()));
         }
         if !(sim.duration_us.is_finite() && sim.duration_us > 0.0) {
-            return Err(err("sim.duration_us", "must be a positive number".into()));
+            return Err(("sim.duration_us", "must be a positive number".into()));
         }
         if !(sim.warmup_us.is_finite() && sim.warmup_us >= 0.0 && sim.warmup_us < sim.duration_us) {
-            return Err(err(
+            return Err((
                 "sim.warmup_us",
                 "must be from 0 (auto) to less than sim.duration_us".into(),
             ));
         }
         if !(sim.sample_us.is_finite() && sim.sample_us > 0.0) {
-            return Err(err("sim.sample_us", "must be a positive number".into()));
+            return Err(("sim.sample_us", "must be a positive number".into()));
         }
         if !(sim.load.is_finite() && sim.load > 0.0 && sim.load <= 1.0) {
-            return Err(err("sim.load", "must be in (0, 1]".into()));
+            return Err(("sim.load", "must be in (0, 1]".into()));
         }
         if sim.grace_ns >= sim.window_ns {
-            return Err(err(
-                "sim.grace_ns",
-                "must be shorter than sim.window_ns".into(),
-            ));
-        }
-        const TRAFFIC: [&str; 7] = [
-            "eb",
-            "shift-fixed",
-            "shift-window",
-            "uniform",
-            "permutation",
-            "incast",
-            "all-to-all",
-        ];
-        if !TRAFFIC.contains(&sim.traffic.as_str()) {
-            return Err(err(
-                "sim.traffic",
-                format!(
-                    "unknown traffic `{}` (one of {})",
-                    sim.traffic,
-                    TRAFFIC.join(", ")
-                ),
-            ));
-        }
-        if !["packet", "flit"].contains(&sim.granularity.as_str()) {
-            return Err(err("sim.granularity", "must be `packet` or `flit`".into()));
+            return Err(("sim.grace_ns", "must be shorter than sim.window_ns".into()));
         }
         if !(1..=64).contains(&sim.train_packets)
             || u64::from(sim.vl_buffer_bytes)
                 < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
         {
-            return Err(err(
+            return Err((
                 "sim.train_packets",
                 "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
                     .into(),
             ));
         }
         if sim.message_bytes == 0 {
-            return Err(err("sim.message_bytes", "must be at least 1".into()));
+            return Err(("sim.message_bytes", "must be at least 1".into()));
         }
-        if let Some((node, _)) = sim.crash_at().map_err(|e| err("sim.crash", e))? {
+        if let Some(crate::fault::NodeFault { node, .. }) = sim.crash {
             let layout = crate::Layout::from_config(self);
             if node >= self.nodes.count {
-                return Err(err(
+                return Err((
                     "sim.crash",
                     format!("node {node} does not exist ({} nodes)", self.nodes.count),
                 ));
             }
             if node == layout.em {
-                return Err(err(
+                return Err((
                     "sim.crash",
                     format!("node {node} hosts the EM, without which the run cannot go on"),
                 ));
             }
         }
         if !(sim.heartbeat_us.is_finite() && sim.heartbeat_us >= 0.001) {
-            return Err(err(
+            return Err((
                 "sim.heartbeat_us",
                 "must be at least 0.001 (a nanosecond)".into(),
             ));
         }
         if !(sim.peer_timeout_us.is_finite() && sim.peer_timeout_us >= 3.0 * sim.heartbeat_us) {
-            return Err(err(
+            return Err((
                 "sim.peer_timeout_us",
                 format!(
                     "must be at least 3 heartbeats, {} (sim.heartbeat_us = {})",
@@ -1201,15 +1530,14 @@ impl Config {
                 ),
             ));
         }
-        let so = &sim.output;
-        if !["ethernet", "fabric"].contains(&so.network.as_str()) {
-            return Err(err(
-                "sim.output.network",
-                format!("`{}`: must be `ethernet` or `fabric`", so.network),
-            ));
-        }
+        Ok(())
+    }
+
+    /// The simulated output network (`[sim.output]`).
+    fn validate_sim_output(&self) -> Result<(), (&'static str, String)> {
+        let (sim, so) = (&self.sim, &self.sim.output);
         if so.topology != "switch" && !so.topology.starts_with("fat-tree:") {
-            return Err(err(
+            return Err((
                 "sim.output.topology",
                 format!(
                     "`{}`: must be `switch` or `fat-tree:radix=R[,...]`",
@@ -1222,7 +1550,7 @@ impl Config {
             .split(',')
             .any(|kv| kv.trim_start_matches("fat-tree:").starts_with("hosts="))
         {
-            return Err(err(
+            return Err((
                 "sim.output.topology",
                 "takes no `hosts`: the producers and consumers are its hosts".into(),
             ));
@@ -1233,17 +1561,11 @@ impl Config {
             ("sim.output.uplink_gbps", so.uplink_gbps),
         ] {
             if !(v.is_finite() && v > 0.0 && v <= 1e5) {
-                return Err(err(key, "must be a positive number of Gb/s".into()));
+                return Err((key, "must be a positive number of Gb/s".into()));
             }
         }
-        if !["pfc", "lossy"].contains(&so.flow_control.as_str()) {
-            return Err(err(
-                "sim.output.flow_control",
-                format!("`{}`: must be `pfc` or `lossy`", so.flow_control),
-            ));
-        }
         if so.mtu_bytes < 256 || so.mtu_bytes > 9000 {
-            return Err(err(
+            return Err((
                 "sim.output.mtu_bytes",
                 "must be between 256 and 9000".into(),
             ));
@@ -1254,7 +1576,7 @@ impl Config {
         let headroom =
             fastest / 8.0 * (2 * sim.link_latency_ns + so.switch_latency_ns) as f64 + 2.0 * frame;
         if f64::from(so.buffer_bytes) < headroom + 2.0 * frame {
-            return Err(err(
+            return Err((
                 "sim.output.buffer_bytes",
                 format!(
                     "{} bytes cannot hold PFC's headroom at {fastest} Gb/s ({headroom:.0} bytes) and two frames more",
@@ -1263,29 +1585,22 @@ impl Config {
             ));
         }
         if so.switch_latency_ns > 1_000_000 {
-            return Err(err(
+            return Err((
                 "sim.output.switch_latency_ns",
                 "must be at most 1 ms".into(),
             ));
         }
         if !(so.rto_us.is_finite() && so.rto_us > 0.0 && so.rto_us <= 1e7) {
-            return Err(err(
+            return Err((
                 "sim.output.rto_us",
                 "must be a positive number of microseconds, at most 10 s".into(),
             ));
         }
-        let kind = self.transport.kind.as_str();
-        let known = ["auto", "tcp", "shm", "mpi", "ucx", "ofi"]
-            .iter()
-            .any(|k| kind == *k || kind.strip_prefix(k).is_some_and(|r| r.starts_with(':')));
-        if !known || kind == "ofi:" || kind == "ucx:" {
-            return Err(err(
-                "transport.kind",
-                format!(
-                    "unknown transport `{kind}` (one of auto, tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
-                ),
-            ));
-        }
+        Ok(())
+    }
+
+    /// Metrics ports, consumers and what they receive.
+    fn validate_output(&self) -> Result<(), (&'static str, String)> {
         if self.metrics.base_port != 0
             && u32::from(self.metrics.base_port)
                 + u32::from(self.nodes.count)
@@ -1293,7 +1608,7 @@ impl Config {
                 + u32::from(self.output.consumers)
                 > 65535
         {
-            return Err(err(
+            return Err((
                 "metrics.base_port",
                 format!(
                     "base_port {} + {} endpoints runs past port 65535",
@@ -1304,31 +1619,31 @@ impl Config {
         }
         let out = &self.output;
         if out.consumers > 0 && out.consumer_credits == 0 {
-            return Err(err(
+            return Err((
                 "output.consumer_credits",
                 "must be at least 1 when there are consumers".into(),
             ));
         }
         if out.consumer_busy_us > 3_600_000_000 {
-            return Err(err(
+            return Err((
                 "output.consumer_busy_us",
                 "must be at most one hour (3600000000 us)".into(),
             ));
         }
         if out.consumer_work_passes > 10_000 {
-            return Err(err(
+            return Err((
                 "output.consumer_work_passes",
                 "must be at most 10000 passes over each batch".into(),
             ));
         }
         if !(0.0..=1.0).contains(&out.accept_fraction) {
-            return Err(err(
+            return Err((
                 "output.accept_fraction",
                 format!("{} is not a fraction between 0 and 1", out.accept_fraction),
             ));
         }
         if out.consumers > 0 && self.event_builder.preallocate_buffers {
-            return Err(err(
+            return Err((
                 "event_builder.preallocate_buffers",
                 "is not supported with output.consumers yet (batches delivered to consumers \
                  are not pooled): turn one of them off"
@@ -1336,7 +1651,7 @@ impl Config {
             ));
         }
         if out.consumers > 0 && out.sink == SinkKind::File {
-            return Err(err(
+            return Err((
                 "output.sink",
                 "`file` writes on the BU; with output.consumers the batches go to the consumers"
                     .into(),
@@ -1347,7 +1662,7 @@ impl Config {
             // must still fit the 32-bit length of a frame.
             let batch = self.max_batch_payload() + crate::wire::FRAGMENT_HEADER_LEN as u64;
             if batch > u64::from(u32::MAX) {
-                return Err(err(
+                return Err((
                     "output.consumers",
                     format!(
                         "a built batch can reach {batch} bytes, more than a frame can carry (4 GiB): fewer nodes or smaller MEPs"
@@ -1356,23 +1671,20 @@ impl Config {
             }
         }
         if u32::from(self.nodes.count) + 1 + u32::from(out.consumers) > u32::from(u16::MAX) {
-            return Err(err(
+            return Err((
                 "output.consumers",
                 "nodes.count + output.consumers must fit in 65534 endpoints".into(),
             ));
         }
-        self.validate_output_network()
-            .map_err(|(key, m)| err(key, m))?;
-        if !["blocking", "busy"].contains(&self.transport.progress.as_str()) {
-            return Err(err(
-                "transport.progress",
-                "must be `blocking` or `busy`".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// The shm ring and the slotted barrel's timing keys.
+    fn validate_transport_and_slots(&self) -> Result<(), (&'static str, String)> {
         if !(1 << 16..=1 << 30).contains(&self.transport.shm_ring_bytes)
             || !self.transport.shm_ring_bytes.is_power_of_two()
         {
-            return Err(err(
+            return Err((
                 "transport.shm_ring_bytes",
                 "must be a power of two from 65536 to 1073741824".into(),
             ));
@@ -1383,31 +1695,30 @@ impl Config {
             ("event_builder.slot_grace_us", eb.slot_grace_us),
         ] {
             if !(v.is_finite() && (0.0..=1e7).contains(&v)) {
-                return Err(err(
+                return Err((
                     key,
                     format!("{v} is not a number of microseconds from 0 to 10 s"),
                 ));
             }
         }
         if !(1..=60_000).contains(&eb.clock_probe_ms) {
-            return Err(err(
+            return Err((
                 "event_builder.clock_probe_ms",
                 "must be from 1 to 60000 ms".into(),
             ));
         }
         if eb.assign_flush_us > 10_000_000 {
-            return Err(err(
+            return Err((
                 "event_builder.assign_flush_us",
                 "must be at most 10 s (10000000 us)".into(),
             ));
         }
         if eb.assign_batch > 1 << 20 {
-            return Err(err(
+            return Err((
                 "event_builder.assign_batch",
                 "must be at most 1048576 MEPs".into(),
             ));
         }
-        crate::slots::load_schedule(self, base_dir, &err)?;
         Ok(())
     }
 }
@@ -1660,6 +1971,73 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("sim.heartbeat_us"), "{e}");
     }
 
+    /// A fake environment of `pairs`.
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn environment_variables_override_their_keys_and_set_wins() {
+        assert!(env_overrides(env(&[])).unwrap().is_empty());
+        let ov = env_overrides(env(&[
+            ("EVB_HUGEPAGES", "0"),
+            ("EVB_MEP_BUFFERS", "2"),
+            ("EVB_UCX_SPLIT_BODY_FROM", "never"),
+            ("EVB_UCX_SPIN_US", "50"),
+            ("EVB_STATS_LINES", "1"),
+            ("EVB_MEMDEBUG", ""),
+            ("EVB_NOT_A_KNOB", "1"),
+        ]))
+        .unwrap();
+        let mut all: Vec<&str> = ov.iter().map(String::as_str).collect();
+        let c = load("", &all).unwrap();
+        assert!(!c.event_builder.huge_pages);
+        assert_eq!(c.event_builder.mep_buffers, 2);
+        assert_eq!(c.transport.ucx_split_body_from, 0);
+        assert_eq!(c.transport.ucx_spin_us, 50);
+        assert!(c.metrics.stats_lines && c.metrics.log_memory);
+        // `--set` comes after the environment: it wins.
+        all.push("event_builder.mep_buffers=5");
+        assert_eq!(load("", &all).unwrap().event_builder.mep_buffers, 5);
+        let ov = env_overrides(env(&[("EVB_UCX_SPLIT_BODY_FROM", "65536")])).unwrap();
+        assert_eq!(ov, ["transport.ucx_split_body_from=65536"]);
+        for (var, bad) in [
+            ("EVB_HUGEPAGES", "yes"),
+            ("EVB_MEP_BUFFERS", "two"),
+            ("EVB_UCX_SPLIT_BODY_FROM", "lots"),
+            ("EVB_UCX_SPIN_US", "-1"),
+        ] {
+            let pairs: &'static [(&'static str, &'static str)] =
+                Box::leak(vec![(var, bad)].into_boxed_slice());
+            let e = env_overrides(env(pairs)).unwrap_err();
+            let key = ENV_OVERRIDES.iter().find(|o| o.var == var).unwrap().key;
+            assert_eq!(e.key.as_deref(), Some(key), "{e}");
+            assert!(e.to_string().contains(&format!("{var}=\"{bad}\"")), "{e}");
+        }
+    }
+
+    #[test]
+    fn every_environment_override_names_a_key_and_is_documented() {
+        let docs = include_str!("../../../docs/config.md");
+        let keys = toml::to_string(&Config::default()).unwrap();
+        for o in ENV_OVERRIDES {
+            let (section, key) = o.key.split_once('.').unwrap();
+            let table: toml::Table = toml::from_str(&keys).unwrap();
+            assert!(table[section].get(key).is_some(), "{} is no key", o.key);
+            assert!(
+                docs.contains(&format!("| `{}` | `{}` |", o.var, o.key)),
+                "docs/config.md does not list {} -> {}",
+                o.var,
+                o.key
+            );
+        }
+    }
+
     #[test]
     fn overrides_apply_and_are_checked() {
         let c = load(
@@ -1734,9 +2112,9 @@ mod tests {
         let text = "[sim.output]\nconsumer_gbps = 25\nflow_control = \"lossy\"\n";
         let c = load(text, &["sim.output.buffer_bytes=262144"]).unwrap();
         assert_eq!(c.sim.output.consumer_gbps, 25.0);
-        assert_eq!(c.sim.output.flow_control, "lossy");
+        assert_eq!(c.sim.output.flow_control, FlowControl::Lossy);
         assert_eq!(c.sim.output.buffer_bytes, 262144);
-        assert_eq!(c.sim.output.network, "ethernet", "the default");
+        assert_eq!(c.sim.output.network, OutputNetwork::Ethernet, "the default");
         let e = load("[sim.output]\nflow_control = \"xon\"\n", &[]).unwrap_err();
         assert_eq!(
             (e.line, e.key.as_deref()),
@@ -1758,6 +2136,118 @@ mod tests {
         // Four parts is no key of ours.
         let e = load("", &["sim.output.x.y=1"]).unwrap_err();
         assert_eq!(e.key.as_deref(), Some("sim.output.x.y"), "{e}");
+    }
+
+    /// Each closed set of values round-trips through its TOML spelling, and
+    /// an unknown value is reported with the file, the line, the key and the
+    /// values allowed.
+    #[test]
+    fn closed_sets_round_trip_and_name_the_key() {
+        let cases: Vec<(&str, Vec<String>)> = vec![
+            (
+                "sim.traffic",
+                [
+                    SimTraffic::Eb,
+                    SimTraffic::ShiftFixed,
+                    SimTraffic::ShiftWindow,
+                    SimTraffic::Uniform,
+                    SimTraffic::Permutation,
+                    SimTraffic::Incast,
+                    SimTraffic::AllToAll,
+                ]
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            ),
+            (
+                "sim.granularity",
+                [Granularity::Packet, Granularity::Flit]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
+            (
+                "sim.output.network",
+                [OutputNetwork::Ethernet, OutputNetwork::Fabric]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
+            (
+                "sim.output.flow_control",
+                [FlowControl::Pfc, FlowControl::Lossy]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
+            (
+                "transport.progress",
+                [Progress::Blocking, Progress::Busy]
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            ),
+        ];
+        let value_of = |c: &Config, key: &str| match key {
+            "sim.traffic" => c.sim.traffic.to_string(),
+            "sim.granularity" => c.sim.granularity.to_string(),
+            "sim.output.network" => c.sim.output.network.to_string(),
+            "transport.progress" => c.transport.progress.to_string(),
+            _ => c.sim.output.flow_control.to_string(),
+        };
+        for (key, values) in &cases {
+            for value in values {
+                let c = load("", &[&format!("{key}=\"{value}\"")]).unwrap();
+                assert_eq!(&value_of(&c, key), value);
+                // Written back, the value reads the same.
+                let again: Config = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+                assert_eq!(again, c, "{key} = {value}");
+            }
+            let (table, name) = key.rsplit_once('.').unwrap();
+            let text = format!("[{table}]\n{name} = \"nope\"\n");
+            let e = load(&text, &[]).unwrap_err();
+            assert_eq!((e.line, e.key.as_deref()), (Some(2), Some(*key)), "{e}");
+            assert!(e.message.contains("nope"), "{e}");
+            for value in values {
+                assert!(e.message.contains(&format!("`{value}`")), "{e}");
+            }
+            let e = load("", &[&format!("{key}=nope")]).unwrap_err();
+            assert_eq!((e.origin.as_str(), e.key.as_deref()), ("--set", Some(*key)));
+        }
+    }
+
+    #[test]
+    fn transport_kind_is_parsed_once_and_keeps_its_spelling() {
+        for (text, kind) in [
+            ("auto", TransportKind::Auto),
+            ("tcp", TransportKind::Tcp),
+            ("shm", TransportKind::Shm),
+            ("mpi", TransportKind::Mpi),
+            ("ofi", TransportKind::Ofi(None)),
+            ("ofi:shm", TransportKind::Ofi(Some("shm".into()))),
+            ("ucx", TransportKind::Ucx(None)),
+            ("ucx:tcp,self", TransportKind::Ucx(Some("tcp,self".into()))),
+        ] {
+            let c = load(&format!("[transport]\nkind = \"{text}\"\n"), &[]).unwrap();
+            assert_eq!(c.transport.kind, kind, "{text}");
+            // Written back (a launcher hands its nodes the config) as read.
+            assert_eq!(c.transport.kind.to_string(), text);
+            let back: Config = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+            assert_eq!(back.transport.kind, kind, "{text}");
+        }
+        assert_eq!(TransportKind::Ofi(None).ofi_provider(), Some("tcp"));
+        assert_eq!(TransportKind::Auto.on_node(), TransportKind::Tcp);
+        for bad in ["carrier-pigeon", "ofi:", "ucx:", "tcp:x", ""] {
+            let e = load(&format!("\n[transport]\nkind = \"{bad}\"\n"), &[]).unwrap_err();
+            assert_eq!(
+                (e.line, e.key.as_deref()),
+                (Some(3), Some("transport.kind")),
+                "{bad}: {e}"
+            );
+            assert!(e.message.contains("unknown transport"), "{e}");
+        }
+        let e = load("", &["transport.kind=pigeon"]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("transport.kind"), "{e}");
     }
 
     #[test]

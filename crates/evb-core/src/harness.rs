@@ -3,10 +3,11 @@
 //!
 //! Each connection delivers in order (as TCP does) with a seeded random
 //! latency; fragments take time in proportion to their size. Faults can be
-//! injected: corrupt one fragment, silence one source, crash a node (and
-//! restart it: a fresh incarnation that rejoins the run), hang a node (it
-//! stops, its connections stay open: only the silence timers find it), or
-//! stall one for a while (a process descheduled on a loaded machine).
+//! injected: corrupt one fragment, silence one source, and the node faults
+//! every driver shares ([`NodeFault`]): crash a node (and restart it: a
+//! fresh incarnation that rejoins the run), hang a node (it stops, its
+//! connections stay open: only the silence timers find it), or hang one
+//! then resume it, a stall (a process descheduled on a loaded machine).
 //! Every action is logged, so the same seed must give the same log, and
 //! the harness checks the credit invariant at every step. With consumers,
 //! deliveries travel like fragments and the consumer credits are checked
@@ -26,6 +27,7 @@ use rand_pcg::Pcg64Mcg;
 
 use crate::bu::{Nanos, Outcome};
 use crate::config::Config;
+use crate::fault::{FaultKind, NodeFault};
 use crate::layout::Layout;
 use crate::node::{Action, Node};
 use crate::source::SourceModel;
@@ -83,21 +85,64 @@ pub struct Faults {
     pub corrupt: BTreeSet<(MepId, u16)>,
     /// Source indices whose fragments are never delivered.
     pub silent_sources: BTreeSet<u16>,
-    /// A node that dies at this time (ns); the others learn of it
-    /// `detection_ns` later.
-    pub crash: Option<(NodeId, Nanos)>,
+    /// Node faults, in any order, each at its time (ns):
+    /// - [`FaultKind::Crash`]: the node dies; its connections close, and
+    ///   every other node learns of it `detection_ns` later (after what
+    ///   was already on the connection arrived).
+    /// - [`FaultKind::Restart`] of a crashed node: the first one at or
+    ///   after its crash brings it back, fresh, at that time or once every
+    ///   survivor has noticed the death if that is later (as a real
+    ///   restart on the same port can only be accepted then). Not after
+    ///   the end of the run.
+    /// - [`FaultKind::Hang`]: no more input or output, its connections
+    ///   stay open; the others find it by its silence.
+    /// - [`FaultKind::Hang`] then [`FaultKind::Resume`] of the same node: a
+    ///   stall. What is sent to it waits, its timers wait, it sends
+    ///   nothing; then it carries on, its timers first (a process
+    ///   descheduled, then run again).
+    pub nodes: Vec<NodeFault>,
+    /// How long a crash takes to reach the other nodes: the transport's
+    /// report of a closed connection (a hang has none: only the core's
+    /// silence timers find it).
     pub detection_ns: Nanos,
-    /// The crashed node restarts at this time, or once every survivor has
-    /// noticed its death if that is later (as a real restart on the same
-    /// port can only be accepted then). Not after the end of the run.
-    pub restart_at: Option<Nanos>,
-    /// A node that hangs at this time (ns): no more input or output, its
-    /// connections stay open; the others find it by its silence.
-    pub hang: Option<(NodeId, Nanos)>,
-    /// A node frozen from the first time to the second (ns): what is sent
-    /// to it waits, its timers wait, it sends nothing; then it carries on,
-    /// its timers first (a process descheduled, then run again).
-    pub stall: Option<(NodeId, Nanos, Nanos)>,
+}
+
+impl Faults {
+    /// The first fault of `kind` of `node` at or after `from` and before
+    /// the next fault of kind `until` of that node, if any: the restart
+    /// that follows a crash, the resume that ends a hang.
+    fn next_of(
+        &self,
+        node: NodeId,
+        from: Nanos,
+        kind: FaultKind,
+        until: FaultKind,
+    ) -> Option<Nanos> {
+        let next = self
+            .nodes
+            .iter()
+            .filter(|f| f.node == node && f.kind == kind && f.at >= from)
+            .map(|f| f.at)
+            .min()?;
+        let interrupted = self
+            .nodes
+            .iter()
+            .any(|f| f.node == node && f.kind == until && from < f.at && f.at < next);
+        (!interrupted).then_some(next)
+    }
+
+    /// The stalls: a hang and the resume that ends it, (node, from, until).
+    fn stalls(&self) -> Vec<(NodeId, Nanos, Nanos)> {
+        self.nodes
+            .iter()
+            .filter(|f| f.kind == FaultKind::Hang)
+            .filter_map(|f| {
+                let after = f.at.saturating_add(1);
+                let until = self.next_of(f.node, after, FaultKind::Resume, FaultKind::Hang)?;
+                Some((f.node, f.at, until))
+            })
+            .collect()
+    }
 }
 
 /// What a harness run produced.
@@ -155,6 +200,9 @@ pub struct Harness {
     pub layout: Layout,
     pub nodes: Vec<Node>,
     pub faults: Faults,
+    /// The stalls of `faults` (a hang, then a resume), found at the start
+    /// of the run: (node, from, until).
+    stalls: Vec<(NodeId, Nanos, Nanos)>,
     rng: Pcg64Mcg,
     now: Nanos,
     seq: u64,
@@ -194,6 +242,7 @@ impl Harness {
             layout,
             nodes,
             faults: Faults::default(),
+            stalls: Vec::new(),
             rng: Pcg64Mcg::seed_from_u64(seed),
             now: 0,
             seq: 0,
@@ -233,11 +282,18 @@ impl Harness {
         if let Some(t) = stop_at {
             self.schedule(t, Event::Stop);
         }
-        if let Some((node, t)) = self.faults.crash {
-            self.schedule(t, Event::Crash { node });
-        }
-        if let Some((node, t)) = self.faults.hang {
-            self.schedule(t, Event::Hang { node });
+        self.stalls = self.faults.stalls();
+        for fault in self.faults.nodes.clone() {
+            let NodeFault { node, at, kind } = fault;
+            match kind {
+                FaultKind::Crash => self.schedule(at, Event::Crash { node }),
+                // A hang that a resume ends is a stall, not an event.
+                FaultKind::Hang if !self.stalls.iter().any(|s| (s.0, s.1) == (node, at)) => {
+                    self.schedule(at, Event::Hang { node });
+                }
+                // Resumes end stalls; restarts follow their crash.
+                FaultKind::Hang | FaultKind::Resume | FaultKind::Restart => {}
+            }
         }
         for i in 0..self.nodes.len() {
             self.nodes[i].start(0);
@@ -313,20 +369,23 @@ impl Harness {
         self.report
     }
 
-    /// Node `node` is stalled at `t` (a [`Faults::stall`]).
+    /// The stall of node `node` at `t`, if it is stalled then: its end.
+    fn stall_end(&self, node: NodeId, t: Nanos) -> Option<Nanos> {
+        self.stalls
+            .iter()
+            .find(|&&(n, from, until)| n == node && from <= t && t < until)
+            .map(|s| s.2)
+    }
+
+    /// Node `node` is stalled at `t` (a hang that a resume ends).
     fn frozen(&self, node: NodeId, t: Nanos) -> bool {
-        self.faults
-            .stall
-            .is_some_and(|(n, from, until)| n == node && from <= t && t < until)
+        self.stall_end(node, t).is_some()
     }
 
     /// When something due at `t` for `node` happens: at `t`, or when its
     /// stall ends.
     fn thawed(&self, node: NodeId, t: Nanos) -> Nanos {
-        match self.faults.stall {
-            Some((n, _, until)) if self.frozen(node, t) && n == node => until,
-            _ => t,
-        }
+        self.stall_end(node, t).unwrap_or(t)
     }
 
     /// Indices of the nodes that have not crashed.
@@ -379,7 +438,10 @@ impl Harness {
                         self.schedule(lost_at, Event::PeerLost { to, peer: node });
                     }
                 }
-                if let Some(t) = self.faults.restart_at {
+                let restart = self
+                    .faults
+                    .next_of(node, now, FaultKind::Restart, FaultKind::Crash);
+                if let Some(t) = restart {
                     self.schedule(t.max(all_noticed + 1), Event::Restart { node });
                 }
             }
@@ -457,6 +519,124 @@ impl Harness {
         }
     }
 
+    /// Node `id` sends `msg` to `to`: the consumer credit and BU
+    /// assignments it carries are counted, and it arrives after the link's
+    /// latency.
+    fn send_message(&mut self, id: NodeId, to: NodeId, msg: Message) {
+        if let Message::ConsumerCredit { fu, credits } = msg {
+            *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
+        }
+        let mut assigned = msg.assignments(&self.layout.bu_nodes);
+        if let Message::Reassign { mep, bu } = msg {
+            assigned.push((mep, bu));
+        }
+        for (mep, bu) in assigned {
+            if to == bu {
+                let set = self.outstanding.entry(bu).or_default();
+                set.insert(mep);
+                self.report.max_outstanding = self.report.max_outstanding.max(set.len() as u32);
+            }
+        }
+        let at = self.delivery_time(id, to, 0);
+        self.schedule(
+            at,
+            Event::Message {
+                to,
+                from: id,
+                msg: encode_key(msg),
+            },
+        );
+    }
+
+    /// RU `id` reads out MEP `mep`: its header (with a stand-in CRC) is
+    /// kept for the fragments and the RU learns the MEP is ready.
+    fn produce(&mut self, id: NodeId, mep: u64) {
+        let now = self.now;
+        let source = self.layout.ru_of[id as usize].expect("an RU produces");
+        let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
+        // No bytes here: a stand-in CRC that corruption can break.
+        h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
+        self.headers.insert((mep, source, 0), h);
+        self.nodes[id as usize].on_mep_ready(now, h);
+    }
+
+    /// Node `id` sends a fragment to `to`: the send completes after the
+    /// transfer, and the fragment arrives then unless its source is silent.
+    fn send_fragment(&mut self, id: NodeId, to: NodeId, header: &FragmentHeader) {
+        self.report.send_order.entry(id).or_default().push(to);
+        let transfer = (f64::from(header.payload_len) / self.bytes_per_ns) as Nanos;
+        let at = self.delivery_time(id, to, transfer);
+        self.schedule(
+            at,
+            Event::SendComplete {
+                node: id,
+                mep: header.mep,
+            },
+        );
+        if !self.faults.silent_sources.contains(&header.source) {
+            let crc = self.crc_for(header);
+            self.schedule(
+                at,
+                Event::Fragment {
+                    to,
+                    from: id,
+                    header: HeaderKey(header.mep, header.source, header.flags),
+                    crc,
+                },
+            );
+        }
+    }
+
+    /// BU `id` delivers batch `mep` to consumer `to`: the consumer's credit
+    /// and the batches it holds are counted, and the batch arrives as a
+    /// fragment after its transfer.
+    fn deliver_batch(
+        &mut self,
+        id: NodeId,
+        to: NodeId,
+        mep: u64,
+        events: u64,
+        bytes: u64,
+        partial: bool,
+    ) {
+        *self.report.delivered.entry(mep).or_insert(0) += 1;
+        let credit = self.consumer_credit.entry((id, to)).or_insert(0);
+        if *credit <= 0 {
+            self.report.consumer_credit_violations += 1;
+        }
+        *credit -= 1;
+        let held = self.consumer_outstanding.entry((id, to)).or_insert(0);
+        *held += 1;
+        self.report.max_consumer_outstanding = self.report.max_consumer_outstanding.max(*held);
+        let sources = self.layout.rus();
+        let h = FragmentHeader {
+            run_id: self.config.run.run_id,
+            source: self.layout.bu_of[id as usize].expect("a BU delivers"),
+            flags: crate::wire::FLAG_BATCH
+                | if partial {
+                    crate::wire::FLAG_PARTIAL
+                } else {
+                    0
+                },
+            mep,
+            event_count: events as u32,
+            payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,
+            crc32c: crate::source::mix64(mep ^ 0xba7c) as u32,
+        };
+        self.headers.insert((mep, h.source, h.flags), h);
+        let transfer = (f64::from(h.payload_len) / self.bytes_per_ns) as Nanos;
+        let at = self.delivery_time(id, to, transfer);
+        self.schedule(
+            at,
+            Event::Fragment {
+                to,
+                from: id,
+                header: HeaderKey(mep, h.source, h.flags),
+                crc: h.crc32c,
+            },
+        );
+    }
+
     /// Carries out every action node `id` has queued.
     fn drain(&mut self, id: NodeId) {
         while let Some(action) = self.nodes[id as usize].poll_action() {
@@ -465,64 +645,9 @@ impl Harness {
                 .push(format!("t={} n{id} {action:?}", self.now));
             let now = self.now;
             match action {
-                Action::Send { to, msg } => {
-                    if let Message::ConsumerCredit { fu, credits } = msg {
-                        *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
-                    }
-                    let mut assigned = msg.assignments(&self.layout.bu_nodes);
-                    if let Message::Reassign { mep, bu } = msg {
-                        assigned.push((mep, bu));
-                    }
-                    for (mep, bu) in assigned {
-                        if to == bu {
-                            let set = self.outstanding.entry(bu).or_default();
-                            set.insert(mep);
-                            self.report.max_outstanding =
-                                self.report.max_outstanding.max(set.len() as u32);
-                        }
-                    }
-                    let at = self.delivery_time(id, to, 0);
-                    self.schedule(
-                        at,
-                        Event::Message {
-                            to,
-                            from: id,
-                            msg: encode_key(msg),
-                        },
-                    );
-                }
-                Action::Produce { mep } => {
-                    let source = self.layout.ru_of[id as usize].expect("an RU produces");
-                    let mut h = self.sources[source as usize].describe(mep, &mut self.scratch);
-                    // No bytes here: a stand-in CRC that corruption can break.
-                    h.crc32c = crate::source::mix64(mep ^ u64::from(source)) as u32;
-                    self.headers.insert((mep, source, 0), h);
-                    self.nodes[id as usize].on_mep_ready(now, h);
-                }
-                Action::SendFragment { to, header } => {
-                    self.report.send_order.entry(id).or_default().push(to);
-                    let transfer = (f64::from(header.payload_len) / self.bytes_per_ns) as Nanos;
-                    let at = self.delivery_time(id, to, transfer);
-                    self.schedule(
-                        at,
-                        Event::SendComplete {
-                            node: id,
-                            mep: header.mep,
-                        },
-                    );
-                    if !self.faults.silent_sources.contains(&header.source) {
-                        let crc = self.crc_for(&header);
-                        self.schedule(
-                            at,
-                            Event::Fragment {
-                                to,
-                                from: id,
-                                header: HeaderKey(header.mep, header.source, header.flags),
-                                crc,
-                            },
-                        );
-                    }
-                }
+                Action::Send { to, msg } => self.send_message(id, to, msg),
+                Action::Produce { mep } => self.produce(id, mep),
+                Action::SendFragment { to, header } => self.send_fragment(id, to, &header),
                 Action::HandOver { header } => {
                     self.report.send_order.entry(id).or_default().push(id);
                     if self.faults.silent_sources.contains(&header.source) {
@@ -559,45 +684,7 @@ impl Harness {
                     events,
                     bytes,
                     partial,
-                } => {
-                    *self.report.delivered.entry(mep).or_insert(0) += 1;
-                    let credit = self.consumer_credit.entry((id, to)).or_insert(0);
-                    if *credit <= 0 {
-                        self.report.consumer_credit_violations += 1;
-                    }
-                    *credit -= 1;
-                    let held = self.consumer_outstanding.entry((id, to)).or_insert(0);
-                    *held += 1;
-                    self.report.max_consumer_outstanding =
-                        self.report.max_consumer_outstanding.max(*held);
-                    let sources = self.layout.rus();
-                    let h = FragmentHeader {
-                        run_id: self.config.run.run_id,
-                        source: self.layout.bu_of[id as usize].expect("a BU delivers"),
-                        flags: crate::wire::FLAG_BATCH
-                            | if partial {
-                                crate::wire::FLAG_PARTIAL
-                            } else {
-                                0
-                            },
-                        mep,
-                        event_count: events as u32,
-                        payload_len: crate::wire::batch_payload_len(sources, bytes) as u32,
-                        crc32c: crate::source::mix64(mep ^ 0xba7c) as u32,
-                    };
-                    self.headers.insert((mep, h.source, h.flags), h);
-                    let transfer = (f64::from(h.payload_len) / self.bytes_per_ns) as Nanos;
-                    let at = self.delivery_time(id, to, transfer);
-                    self.schedule(
-                        at,
-                        Event::Fragment {
-                            to,
-                            from: id,
-                            header: HeaderKey(mep, h.source, h.flags),
-                            crc: h.crc32c,
-                        },
-                    );
-                }
+                } => self.deliver_batch(id, to, mep, events, bytes, partial),
                 Action::Confirmed { mep } => {
                     *self.report.confirmed.entry(mep).or_insert(0) += 1;
                 }

@@ -16,12 +16,15 @@
 //! the measurement of each node's offset to the EM's clock ([`clock`]) and
 //! the liveness timers: heartbeats, silent peers, the drain and the linger
 //! ([`liveness`]), which every driver runs through the same [`node::Node`].
+//! A node broken on purpose (crashed, hung, resumed, restarted) is one
+//! [`fault::NodeFault`] in the harness, the launcher and the simulator.
 
 pub mod bu;
 pub mod checksum;
 pub mod clock;
 pub mod config;
 pub mod em;
+pub mod fault;
 pub mod fu;
 pub mod harness;
 pub mod layout;

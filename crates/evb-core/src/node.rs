@@ -103,6 +103,17 @@ pub struct NodeStats {
 /// node loop for ever.
 pub const MAX_ASSIGN_RUN: u32 = 1 << 20;
 
+/// The roles the sender of a control message holds in the layout (an
+/// endpoint may hold several): what it may send.
+#[derive(Clone, Copy)]
+struct SenderRoles {
+    em: bool,
+    bu: bool,
+    /// The sender's RU index, if it hosts an RU.
+    ru: Option<u16>,
+    fu: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct Node {
     id: NodeId,
@@ -758,23 +769,39 @@ impl Node {
         self.fu.as_mut()
     }
 
+    /// The roles endpoint `from` holds in the layout: which control
+    /// messages it may send.
+    #[inline]
+    fn roles_of(&self, from: NodeId) -> SenderRoles {
+        let role = |of: &[Option<u16>]| of.get(from as usize).copied().flatten();
+        SenderRoles {
+            em: from == self.layout.em,
+            bu: role(&self.layout.bu_of).is_some(),
+            ru: role(&self.layout.ru_of),
+            fu: role(&self.layout.fu_of).is_some(),
+        }
+    }
+
+    /// Sends `msg` to endpoint `to`, or keeps it for this node's own units
+    /// when `to` is this node.
+    #[inline]
+    fn route(&mut self, to: NodeId, msg: Message) {
+        if to == self.id {
+            self.internal.push_back(msg);
+        } else {
+            self.actions.push_back(Action::Send { to, msg });
+        }
+    }
+
+    /// Handles a control message from endpoint `from`: one its roles do not
+    /// allow counts as rejected.
     fn dispatch(&mut self, now: Nanos, from: NodeId, msg: Message) {
-        let from_em = from == self.layout.em;
-        let from_bu = self
-            .layout
-            .bu_of
-            .get(from as usize)
-            .copied()
-            .flatten()
-            .is_some();
-        let from_ru = self.layout.ru_of.get(from as usize).copied().flatten();
-        let from_fu = self
-            .layout
-            .fu_of
-            .get(from as usize)
-            .copied()
-            .flatten()
-            .is_some();
+        let SenderRoles {
+            em: from_em,
+            bu: from_bu,
+            ru: from_ru,
+            fu: from_fu,
+        } = self.roles_of(from);
         match msg {
             // A re-assignment is an assignment to the BU; the RUs treat it
             // apart (they ship what they kept instead of producing).
@@ -784,20 +811,7 @@ impl Node {
                 first,
                 count,
                 first_bu,
-            } if from_em => {
-                let b = self.layout.bus();
-                if count > MAX_ASSIGN_RUN
-                    || usize::from(first_bu) >= b
-                    || first.checked_add(u64::from(count)).is_none()
-                {
-                    self.control_rejected += 1;
-                    return;
-                }
-                for k in 0..u64::from(count) {
-                    let bu = self.layout.bu_nodes[(usize::from(first_bu) + k as usize) % b];
-                    self.on_assigned(now, first + k, bu, false);
-                }
-            }
+            } if from_em => self.on_assign_run(now, first, count, first_bu),
             Message::ClockProbe { sent } => match &self.em {
                 Some(_) => self.actions.push_back(Action::Send {
                     to: from,
@@ -806,15 +820,7 @@ impl Node {
                 None => self.control_rejected += 1,
             },
             Message::ClockReply { sent, em_time } if from_em => {
-                if let Some(clock) = &mut self.clock {
-                    clock.on_reply(sent, em_time, now);
-                    if let Some(ru) = &mut self.ru {
-                        ru.set_clock_offset(clock.is_settled().then(|| clock.offset()));
-                        // Held fragments may go now that the slots are known.
-                        ru.on_timeout(&mut self.ru_out);
-                    }
-                }
-                self.probe_clock(now);
+                self.on_clock_reply(now, sent, em_time);
             }
             Message::EndOfRun { meps } if from_em => {
                 self.end_of_run.get_or_insert(meps);
@@ -840,28 +846,7 @@ impl Node {
                 }
                 None => self.control_rejected += 1,
             },
-            Message::BuLost { bu, round } if from_em => match &mut self.ru {
-                Some(r) => {
-                    // Listed to the EM on this node's connection to it, in
-                    // order, closed by HoldingDone.
-                    let held = r.on_bu_lost(bu, round);
-                    let replies = held
-                        .into_iter()
-                        .map(|mep| Message::Holding { round, mep })
-                        .chain([Message::HoldingDone { round }]);
-                    for msg in replies {
-                        if self.layout.em == self.id {
-                            self.internal.push_back(msg);
-                        } else {
-                            self.actions.push_back(Action::Send {
-                                to: self.layout.em,
-                                msg,
-                            });
-                        }
-                    }
-                }
-                None => self.control_rejected += 1,
-            },
+            Message::BuLost { bu, round } if from_em => self.on_bu_lost(bu, round),
             Message::ReleaseHeld { round } if from_em => match &mut self.ru {
                 Some(r) => r.on_release_held(round, &mut self.ru_out),
                 None => self.control_rejected += 1,
@@ -910,6 +895,58 @@ impl Node {
         }
     }
 
+    /// The EM assigned `count` consecutive MEPs from `first` to the BUs in
+    /// turn, starting at BU index `first_bu`; a run out of bounds is
+    /// rejected whole.
+    fn on_assign_run(&mut self, now: Nanos, first: MepId, count: u32, first_bu: u16) {
+        let b = self.layout.bus();
+        if count > MAX_ASSIGN_RUN
+            || usize::from(first_bu) >= b
+            || first.checked_add(u64::from(count)).is_none()
+        {
+            self.control_rejected += 1;
+            return;
+        }
+        for k in 0..u64::from(count) {
+            let bu = self.layout.bu_nodes[(usize::from(first_bu) + k as usize) % b];
+            self.on_assigned(now, first + k, bu, false);
+        }
+    }
+
+    /// The EM answered a clock probe: the clock takes the sample, the RU
+    /// its slot offset once the clock has settled, and the next probe is
+    /// planned.
+    fn on_clock_reply(&mut self, now: Nanos, sent: u64, em_time: u64) {
+        if let Some(clock) = &mut self.clock {
+            clock.on_reply(sent, em_time, now);
+            if let Some(ru) = &mut self.ru {
+                ru.set_clock_offset(clock.is_settled().then(|| clock.offset()));
+                // Held fragments may go now that the slots are known.
+                ru.on_timeout(&mut self.ru_out);
+            }
+        }
+        self.probe_clock(now);
+    }
+
+    /// The EM asks which MEPs of lost BU `bu` this RU still holds (decision
+    /// round `round`).
+    fn on_bu_lost(&mut self, bu: NodeId, round: u32) {
+        let Some(r) = &mut self.ru else {
+            self.control_rejected += 1;
+            return;
+        };
+        // Listed to the EM on this node's connection to it, in order,
+        // closed by HoldingDone.
+        let held = r.on_bu_lost(bu, round);
+        let replies = held
+            .into_iter()
+            .map(|mep| Message::Holding { round, mep })
+            .chain([Message::HoldingDone { round }]);
+        for msg in replies {
+            self.route(self.layout.em, msg);
+        }
+    }
+
     /// MEP `mep` is built on node `bu` (`again`: re-assigned from a lost BU).
     fn on_assigned(&mut self, now: Nanos, mep: MepId, bu: NodeId, again: bool) {
         self.seen_up_to = self.seen_up_to.max(mep.saturating_add(1));
@@ -934,100 +971,16 @@ impl Node {
             let mut progressed = false;
             for (to, msg) in std::mem::take(&mut self.em_out) {
                 progressed = true;
-                if to == self.id {
-                    self.internal.push_back(msg);
-                } else {
-                    self.actions.push_back(Action::Send { to, msg });
-                }
+                self.route(to, msg);
             }
             for a in std::mem::take(&mut self.ru_out) {
                 progressed = true;
-                self.actions.push_back(match a {
-                    RuAction::Produce { mep } => Action::Produce { mep },
-                    RuAction::Send { to, header }
-                        if to == self.id && self.local == LocalTraffic::Memory =>
-                    {
-                        Action::HandOver { header }
-                    }
-                    RuAction::Send { to, header } => Action::SendFragment { to, header },
-                    RuAction::Release { mep } => Action::Release { mep },
-                });
+                let action = self.ru_action(a);
+                self.actions.push_back(action);
             }
             for a in std::mem::take(&mut self.bu_out) {
                 progressed = true;
-                match a {
-                    BuAction::Request { mep, ru } | BuAction::Abandon { mep, ru } => {
-                        let msg = match a {
-                            BuAction::Request { .. } => Message::Request { mep, bu: self.id },
-                            _ => Message::Abandon { mep, bu: self.id },
-                        };
-                        if ru == self.id {
-                            self.internal.push_back(msg);
-                        } else {
-                            self.actions.push_back(Action::Send { to: ru, msg });
-                        }
-                    }
-                    BuAction::Credit { credits } => {
-                        let msg = Message::Credit {
-                            bu: self.id,
-                            credits,
-                        };
-                        if self.layout.em == self.id {
-                            self.internal.push_back(msg);
-                        } else if self.end_of_run.is_none() {
-                            self.actions.push_back(Action::Send {
-                                to: self.layout.em,
-                                msg,
-                            });
-                        }
-                    }
-                    BuAction::Finished { mep, outcome } => {
-                        // Always, even after the end of the run: it is the
-                        // EM's accounting.
-                        let msg = Message::Finished {
-                            mep,
-                            bu: self.id,
-                            outcome,
-                        };
-                        if self.layout.em == self.id {
-                            self.internal.push_back(msg);
-                        } else {
-                            self.actions.push_back(Action::Send {
-                                to: self.layout.em,
-                                msg,
-                            });
-                        }
-                    }
-                    BuAction::Deliver {
-                        to,
-                        mep,
-                        events,
-                        bytes,
-                        partial,
-                    } => self.actions.push_back(Action::Deliver {
-                        to,
-                        mep,
-                        events,
-                        bytes,
-                        partial,
-                    }),
-                    BuAction::Confirmed { mep } => {
-                        self.actions.push_back(Action::Confirmed { mep })
-                    }
-                    BuAction::Finish {
-                        mep,
-                        outcome,
-                        events,
-                        bytes,
-                        partial,
-                    } => self.actions.push_back(Action::Finish {
-                        mep,
-                        outcome,
-                        events,
-                        bytes,
-                        partial,
-                    }),
-                }
+                self.on_bu_action(a);
             }
             for a in std::mem::take(&mut self.fu_out) {
                 progressed = true;
@@ -1055,6 +1008,83 @@ impl Node {
         let ended = self.end_of_run.is_some();
         if !self.done {
             self.drain.update(now, &self.timers, ended, em_lost);
+        }
+    }
+
+    /// What the driver does for an output of the RU: a fragment to this
+    /// node's own BU goes in memory when `event_builder.local` says so.
+    #[inline]
+    fn ru_action(&self, a: RuAction) -> Action {
+        match a {
+            RuAction::Produce { mep } => Action::Produce { mep },
+            RuAction::Send { to, header }
+                if to == self.id && self.local == LocalTraffic::Memory =>
+            {
+                Action::HandOver { header }
+            }
+            RuAction::Send { to, header } => Action::SendFragment { to, header },
+            RuAction::Release { mep } => Action::Release { mep },
+        }
+    }
+
+    /// Carries out an output of the BU: a message to an RU or the EM (kept
+    /// here when that unit is on this node), or an action for the driver.
+    #[inline]
+    fn on_bu_action(&mut self, a: BuAction) {
+        match a {
+            BuAction::Request { mep, ru } => self.route(ru, Message::Request { mep, bu: self.id }),
+            BuAction::Abandon { mep, ru } => self.route(ru, Message::Abandon { mep, bu: self.id }),
+            BuAction::Credit { credits } => {
+                let msg = Message::Credit {
+                    bu: self.id,
+                    credits,
+                };
+                if self.layout.em == self.id {
+                    self.internal.push_back(msg);
+                } else if self.end_of_run.is_none() {
+                    self.actions.push_back(Action::Send {
+                        to: self.layout.em,
+                        msg,
+                    });
+                }
+            }
+            BuAction::Finished { mep, outcome } => {
+                // Always, even after the end of the run: it is the EM's
+                // accounting.
+                let msg = Message::Finished {
+                    mep,
+                    bu: self.id,
+                    outcome,
+                };
+                self.route(self.layout.em, msg);
+            }
+            BuAction::Deliver {
+                to,
+                mep,
+                events,
+                bytes,
+                partial,
+            } => self.actions.push_back(Action::Deliver {
+                to,
+                mep,
+                events,
+                bytes,
+                partial,
+            }),
+            BuAction::Confirmed { mep } => self.actions.push_back(Action::Confirmed { mep }),
+            BuAction::Finish {
+                mep,
+                outcome,
+                events,
+                bytes,
+                partial,
+            } => self.actions.push_back(Action::Finish {
+                mep,
+                outcome,
+                events,
+                bytes,
+                partial,
+            }),
         }
     }
 

@@ -4,6 +4,7 @@
 //! configuration and seed and replays exactly.
 
 use evb_core::config::{Config, EmPlacement, LocalTraffic, Protocol, Schedule};
+use evb_core::fault::NodeFault;
 use evb_core::harness::Harness;
 use evb_core::Outcome;
 use rand::{Rng, SeedableRng};
@@ -199,7 +200,7 @@ fn a_node_dying_is_survived_and_accounted_for() {
         for seed in 0..3u64 {
             let mut h = Harness::new(config.clone(), seed);
             let crash_at = rng.gen_range(0..400_000);
-            h.faults.crash = Some((victim, crash_at));
+            h.faults.nodes.push(NodeFault::crash(victim, crash_at));
             h.faults.detection_ns = 1_000_000;
             let report = h.run(None, 600_000_000_000);
             let what = format!("case {case} seed {seed}: node {victim} dies: {config:?}");
@@ -264,10 +265,11 @@ fn crash_during_a_timed_run(case: u64, seed: u64) -> Option<(u64, u64, Vec<Strin
     let victim = candidates[rng.gen_range(0..candidates.len())];
     let mut h = Harness::new(config.clone(), seed);
     let crash_at = rng.gen_range(50_000..400_000);
-    h.faults.crash = Some((victim, crash_at));
+    h.faults.nodes.push(NodeFault::crash(victim, crash_at));
     h.faults.detection_ns = rng.gen_range(1..4) * 100_000;
     if rng.gen_bool(0.3) {
-        h.faults.restart_at = Some(crash_at + rng.gen_range(0..2_000_000));
+        let restart_at = crash_at + rng.gen_range(0..2_000_000);
+        h.faults.nodes.push(NodeFault::restart(victim, restart_at));
     }
     let stop_at = crash_at + 3_000_000;
     let limit = std::env::var("DST_LIMIT").map_or(600_000_000_000, |v| v.parse().unwrap());
@@ -482,7 +484,8 @@ fn a_dead_consumers_unconfirmed_batches_are_delivered_again() {
         for seed in 0..5u64 {
             let mut h = Harness::new(config.clone(), seed);
             let fu = layout.fu_nodes[rng.gen_range(0..layout.fus())];
-            h.faults.crash = Some((fu, rng.gen_range(0..3_000_000)));
+            let crash_at = rng.gen_range(0..3_000_000);
+            h.faults.nodes.push(NodeFault::crash(fu, crash_at));
             h.faults.detection_ns = rng.gen_range(100_000..2_000_000);
             let report = h.run(None, 600_000_000_000);
             let what = format!("case {case} seed {seed}: FU {fu} crashes: {config:?}");
@@ -641,9 +644,10 @@ fn a_restarted_node_rejoins_and_builds_again() {
         for seed in 0..3u64 {
             let mut h = Harness::new(config.clone(), seed);
             let crash_at = rng.gen_range(0..400_000);
-            h.faults.crash = Some((victim, crash_at));
+            h.faults.nodes.push(NodeFault::crash(victim, crash_at));
             h.faults.detection_ns = 1_000_000;
-            h.faults.restart_at = Some(crash_at + rng.gen_range(0..3_000_000));
+            let restart_at = crash_at + rng.gen_range(0..3_000_000);
+            h.faults.nodes.push(NodeFault::restart(victim, restart_at));
             let report = h.run(None, 600_000_000_000);
             let what =
                 format!("case {case} seed {seed}: node {victim} dies and restarts: {config:?}");
@@ -706,9 +710,10 @@ fn a_restarted_em_takes_the_run_over() {
         for seed in 0..3u64 {
             let mut h = Harness::new(config.clone(), seed);
             let crash_at = rng.gen_range(0..400_000);
-            h.faults.crash = Some((em_node, crash_at));
+            h.faults.nodes.push(NodeFault::crash(em_node, crash_at));
             h.faults.detection_ns = 1_000_000;
-            h.faults.restart_at = Some(crash_at + rng.gen_range(0..3_000_000));
+            let restart_at = crash_at + rng.gen_range(0..3_000_000);
+            h.faults.nodes.push(NodeFault::restart(em_node, restart_at));
             let report = h.run(None, 600_000_000_000);
             let what = format!("case {case} seed {seed}: the EM dies and restarts: {config:?}");
             assert!(report.restarted_at.is_some(), "{what}");
@@ -801,7 +806,7 @@ fn a_silent_peer_is_found_by_its_silence_and_the_run_accounts_for_it() {
         for seed in 0..2u64 {
             let mut h = Harness::new(config.clone(), seed);
             let hang_at = rng.gen_range(50_000..400_000);
-            h.faults.hang = Some((victim, hang_at));
+            h.faults.nodes.push(NodeFault::hang(victim, hang_at));
             let report = h.run(Some(hang_at + 12 * MS), 600_000_000_000);
             let what =
                 format!("case {case} seed {seed}: node {victim} hangs at {hang_at} ns: {config:?}");
@@ -876,7 +881,9 @@ fn a_slow_peer_is_never_taken_for_lost() {
             // Timeout 4 ms, heartbeat 1 ms: up to 2.9 ms late is alive.
             let stall = rng.gen_range(MS / 2..2_900_000);
             let mut h = Harness::new(config.clone(), seed);
-            h.faults.stall = Some((slow, from, from + stall));
+            h.faults
+                .nodes
+                .extend(NodeFault::stall(slow, from, from + stall));
             let report = h.run(Some(from + stall + 5 * MS), 600_000_000_000);
             let what = format!(
                 "case {case} seed {seed}: node {slow} stalls {stall} ns from {from}: {config:?}"
@@ -898,7 +905,9 @@ fn a_slow_peer_is_never_taken_for_lost() {
             // through their closed links.
             let stall = rng.gen_range(8 * MS..40 * MS);
             let mut h = Harness::new(config.clone(), seed);
-            h.faults.stall = Some((victim, from, from + stall));
+            h.faults
+                .nodes
+                .extend(NodeFault::stall(victim, from, from + stall));
             let report = h.run(Some(from + stall + 5 * MS), 600_000_000_000);
             let what = format!(
                 "case {case} seed {seed}: node {victim} stalls {stall} ns from {from}: {config:?}"
@@ -946,7 +955,7 @@ fn the_drain_timer_ends_the_run() {
         let crash_at = rng.gen_range(50_000..400_000);
         let detection = rng.gen_range(1..4) * 100_000;
         let mut h = Harness::new(config.clone(), case);
-        h.faults.crash = Some((layout.em, crash_at));
+        h.faults.nodes.push(NodeFault::crash(layout.em, crash_at));
         h.faults.detection_ns = detection;
         let report = h.run(None, 600_000_000_000);
         let what = format!("case {case}: the EM's node dies at {crash_at} ns: {config:?}");

@@ -175,6 +175,8 @@ impl Analysis {
     }
 }
 
+/// The figures of a share of the steps, per step and per directed link;
+/// the shares of all threads add up to the analysis ([`Partial::absorb`]).
 struct Partial {
     steps: Vec<StepStats>,
     link_conf: Vec<u64>,
@@ -183,6 +185,31 @@ struct Partial {
     link_max: Vec<u32>,
     /// With loads: per step, (link, flows) of every link used.
     loads: Vec<(usize, Vec<(u32, u32)>)>,
+}
+
+impl Partial {
+    fn new(nlinks: usize) -> Partial {
+        Partial {
+            steps: vec![],
+            link_conf: vec![0; nlinks],
+            link_weighted: vec![0.0; nlinks],
+            link_steps: vec![0; nlinks],
+            link_max: vec![0; nlinks],
+            loads: vec![],
+        }
+    }
+
+    /// Adds another share's steps and per-link figures to these.
+    fn absorb(&mut self, other: Partial) {
+        self.steps.extend(other.steps);
+        self.loads.extend(other.loads);
+        for l in 0..self.link_conf.len() {
+            self.link_conf[l] += other.link_conf[l];
+            self.link_weighted[l] += other.link_weighted[l];
+            self.link_steps[l] += other.link_steps[l];
+            self.link_max[l] = self.link_max[l].max(other.link_max[l]);
+        }
+    }
 }
 
 /// Traces all flows of `steps` for the rank order `order` (host node ids).
@@ -215,234 +242,387 @@ pub fn analyze_with_loads(
 ) -> Result<Analysis> {
     let (offsets, nlinks) = topo.port_offsets();
     let keep_loads = max_cells > 0 && nlinks.saturating_mul(steps.len()) <= max_cells;
-    let n = order.len();
-    // Precompute per host: first link, first switch and LID, so the inner
-    // loop is table lookups only.
-    let mut first_link = vec![0u32; n];
-    let mut first_node = vec![0usize; n];
-    for (i, &h) in order.iter().enumerate() {
-        let node = &topo.nodes[h];
-        let p = node.first_port().ok_or_else(|| {
-            crate::FabricError::Route(format!("host '{}' is not cabled", node.name))
-        })?;
-        first_link[i] = offsets[h] + p as u32;
-        first_node[i] = node.ports[p as usize].expect("cabled").node;
+    let tracer = StepTracer::new(topo, lfts, order, &offsets, nlinks, keep_loads)?;
+    let mut sum = Partial::new(nlinks);
+    for part in tracer.trace_in_threads(steps) {
+        sum.absorb(part?);
     }
-    let lids: Vec<u16> = order.iter().map(|&h| topo.nodes[h].lid).collect();
-    // Rates: each host link's, and each directed link's (unknown: the
-    // hosts' most common rate, or 1 when none is known: only ratios count).
-    let host_gbps: Vec<Option<f64>> = order
-        .iter()
-        .map(|&h| {
-            let p = topo.nodes[h].first_port().expect("checked above");
-            topo.link_gbps(h, p)
+    let mut per_step = std::mem::take(&mut sum.steps);
+    per_step.sort_by_key(|s| s.step);
+    let total = totals(&per_step);
+    let worst_links = worst_link_ids(&sum, top)
+        .into_iter()
+        .map(|l| link_report(topo, &offsets, &sum, l))
+        .collect();
+    let link_loads =
+        keep_loads.then(|| link_loads(topo, &offsets, nlinks, std::mem::take(&mut sum.loads)));
+    Ok(Analysis {
+        hosts: order.len(),
+        total,
+        per_step,
+        worst_links,
+        link_loads,
+    })
+}
+
+/// Where each rank's flows enter the fabric, precomputed so that the inner
+/// loop is table lookups only.
+struct HostEntries {
+    /// Per rank: the directed link out of its host.
+    first_link: Vec<u32>,
+    /// Per rank: the node at the far end of that link (its switch).
+    first_node: Vec<usize>,
+    /// Per rank: its host's LID.
+    lids: Vec<u16>,
+}
+
+impl HostEntries {
+    fn new(topo: &Topology, order: &[usize], offsets: &[u32]) -> Result<HostEntries> {
+        let n = order.len();
+        let mut first_link = vec![0u32; n];
+        let mut first_node = vec![0usize; n];
+        for (i, &h) in order.iter().enumerate() {
+            let node = &topo.nodes[h];
+            let p = node.first_port().ok_or_else(|| {
+                crate::FabricError::Route(format!("host '{}' is not cabled", node.name))
+            })?;
+            first_link[i] = offsets[h] + p as u32;
+            first_node[i] = node.ports[p as usize].expect("cabled").node;
+        }
+        let lids = order.iter().map(|&h| topo.nodes[h].lid).collect();
+        Ok(HostEntries {
+            first_link,
+            first_node,
+            lids,
         })
-        .collect();
-    let base = {
-        let mut known: Vec<f64> = host_gbps.iter().flatten().copied().collect();
-        known.sort_by(f64::total_cmp);
-        let mut best = (0usize, 1.0);
-        let mut k = 0;
-        while k < known.len() {
-            let run = known[k..].iter().take_while(|&&g| g == known[k]).count();
-            if run > best.0 {
-                best = (run, known[k]);
-            }
-            k += run;
-        }
-        best.1
-    };
-    let host_rate: Vec<f64> = host_gbps.iter().map(|g| g.unwrap_or(base)).collect();
-    let mut link_rate = vec![base; nlinks];
-    for (i, node) in topo.nodes.iter().enumerate() {
-        for p in 0..node.ports.len() {
-            if let Some(g) = topo.link_gbps(i, p as u8) {
-                link_rate[offsets[i] as usize + p] = g;
-            }
-        }
     }
-    // Every flow asks the same when all hosts run at one rate: the weighted
-    // count then follows from the flow counts; otherwise each link sums
-    // what its flows ask.
-    let uniform = host_rate.iter().all(|&g| g == host_rate[0]);
-    // Flat tables for the inner loop: the LFTs one switch after another
-    // (consecutive flows of a step have consecutive destinations, so they
-    // reuse cache lines of each switch's table) and the far end of every
-    // directed link.
-    let sw_nodes = topo.switches();
-    let nsw = sw_nodes.len();
-    let mut sw_of = vec![u32::MAX; topo.nodes.len()];
-    for (i, &s) in sw_nodes.iter().enumerate() {
-        sw_of[s] = i as u32;
-    }
-    let nl = lids.iter().copied().max().unwrap_or(0) as usize + 1;
-    let mut lft_t = vec![NO_PATH; nl * nsw];
-    for (i, &s) in sw_nodes.iter().enumerate() {
-        for (lid, &p) in lfts.tables[s].iter().enumerate().take(nl) {
-            lft_t[i * nl + lid] = p;
-        }
-    }
-    let mut next = vec![u32::MAX; nlinks];
-    let mut ends = vec![0u32; topo.nodes.len()];
-    for (i, node) in topo.nodes.iter().enumerate() {
-        ends[i] = offsets[i] + node.ports.len() as u32;
-        for (p, r) in node.ports.iter().enumerate() {
-            if let Some(r) = r {
-                next[offsets[i] as usize + p] = r.node as u32;
-            }
-        }
-    }
-    let threads = std::thread::available_parallelism()
-        .map(|x| x.get())
-        .unwrap_or(1)
-        .clamp(1, 8)
-        .min(steps.len().max(1));
-    let chunks: Vec<Vec<usize>> = (0..threads)
-        .map(|t| steps.iter().copied().skip(t).step_by(threads).collect())
-        .collect();
-    let work = |mine: &Vec<usize>| -> Result<Partial> {
-        let mut counts = vec![0u32; nlinks];
-        let mut demand = vec![0f64; if uniform { 0 } else { nlinks }];
-        let mut touched: Vec<u32> = Vec::with_capacity(n * 6);
-        let mut part = Partial {
-            steps: vec![],
-            link_conf: vec![0; nlinks],
-            link_weighted: vec![0.0; nlinks],
-            link_steps: vec![0; nlinks],
-            link_max: vec![0; nlinks],
-            loads: vec![],
-        };
-        let limit = topo.nodes.len();
-        for &s in mine {
-            touched.clear();
-            for i in 0..n {
-                let j = (i + s) % n;
-                let dst = order[j];
-                let dl = lids[j] as usize;
-                let mut link = first_link[i];
-                let mut cur = first_node[i];
-                let mut hops = 0;
-                let asks = if uniform {
-                    0.0
-                } else {
-                    host_rate[i].min(host_rate[j])
-                };
-                loop {
-                    let c = &mut counts[link as usize];
-                    if *c == 0 {
-                        touched.push(link);
-                    }
-                    *c += 1;
-                    if !uniform {
-                        demand[link as usize] += asks;
-                    }
-                    if cur == dst {
-                        break;
-                    }
-                    let swi = sw_of[cur];
-                    let port = if swi == u32::MAX {
-                        NO_PATH
-                    } else {
-                        lft_t[swi as usize * nl + dl]
-                    };
-                    let l = offsets[cur] + port as u32;
-                    hops += 1;
-                    let nx = if port == 0 || port == NO_PATH || l >= ends[cur] || hops > limit {
-                        u32::MAX
-                    } else {
-                        next[l as usize]
-                    };
-                    match nx {
-                        nx if nx != u32::MAX => {
-                            link = l;
-                            cur = nx as usize;
-                        }
-                        _ => {
-                            // Slow path: let `trace` explain what is wrong.
-                            let mut v = vec![];
-                            trace(topo, lfts, &offsets, order[i], dst, &mut v)?;
-                            return Err(crate::FabricError::Route(format!(
-                                "flow {} -> {} is not delivered (routing loop?)",
-                                topo.nodes[order[i]].name, topo.nodes[dst].name
-                            )));
-                        }
-                    }
+}
+
+/// What flows ask and links offer, in Gb/s. Unknown rates count at the
+/// hosts' most common rate, or 1 when none is known: only ratios count.
+struct Rates {
+    /// Per rank: its host link's rate.
+    host: Vec<f64>,
+    /// Per directed link.
+    link: Vec<f64>,
+    /// Every host at one rate: every flow asks the same, so the weighted
+    /// count follows from the flow counts; otherwise each link sums what
+    /// its flows ask.
+    uniform: bool,
+}
+
+impl Rates {
+    /// `order`'s hosts are cabled ([`HostEntries::new`] checked).
+    fn new(topo: &Topology, order: &[usize], offsets: &[u32], nlinks: usize) -> Rates {
+        let host_gbps: Vec<Option<f64>> = order
+            .iter()
+            .map(|&h| {
+                let p = topo.nodes[h].first_port().expect("checked above");
+                topo.link_gbps(h, p)
+            })
+            .collect();
+        let base = most_common_rate(host_gbps.iter().flatten().copied().collect());
+        let host: Vec<f64> = host_gbps.iter().map(|g| g.unwrap_or(base)).collect();
+        let mut link = vec![base; nlinks];
+        for (i, node) in topo.nodes.iter().enumerate() {
+            for p in 0..node.ports.len() {
+                if let Some(g) = topo.link_gbps(i, p as u8) {
+                    link[offsets[i] as usize + p] = g;
                 }
             }
-            let mut st = StepStats {
-                step: s,
-                flows: n as u64,
-                conflicts: 0,
-                weighted_conflicts: 0.0,
-                max_link_load: 0,
-                shared_links: 0,
-                flows_on_shared_links: 0,
-            };
-            if keep_loads {
-                let used = touched.iter().map(|&l| (l, counts[l as usize])).collect();
-                part.loads.push((s, used));
-            }
-            for &l in &touched {
-                let c = counts[l as usize];
-                counts[l as usize] = 0;
-                let asked = if uniform {
-                    f64::from(c) * host_rate[0]
-                } else {
-                    std::mem::take(&mut demand[l as usize])
-                };
-                // A hair of slack: sums of rates are not exact.
-                let over = (asked / link_rate[l as usize] - 1.0).max(0.0);
-                if over > 1e-9 {
-                    st.weighted_conflicts += over;
-                    part.link_weighted[l as usize] += over;
-                }
-                st.max_link_load = st.max_link_load.max(c);
-                if c > 1 {
-                    st.conflicts += (c - 1) as u64;
-                    st.shared_links += 1;
-                    st.flows_on_shared_links += c as u64;
-                    part.link_conf[l as usize] += (c - 1) as u64;
-                    part.link_steps[l as usize] += 1;
-                }
-                part.link_max[l as usize] = part.link_max[l as usize].max(c);
-            }
-            part.steps.push(st);
         }
-        Ok(part)
-    };
-    let parts: Vec<Result<Partial>> = if threads <= 1 {
-        chunks.iter().map(work).collect()
-    } else {
+        let uniform = host.iter().all(|&g| g == host[0]);
+        Rates {
+            host,
+            link,
+            uniform,
+        }
+    }
+}
+
+/// The most common of the `known` rates (of equally common ones the
+/// slowest), or 1 when none is known.
+fn most_common_rate(mut known: Vec<f64>) -> f64 {
+    known.sort_by(f64::total_cmp);
+    let mut best = (0usize, 1.0);
+    let mut k = 0;
+    while k < known.len() {
+        let run = known[k..].iter().take_while(|&&g| g == known[k]).count();
+        if run > best.0 {
+            best = (run, known[k]);
+        }
+        k += run;
+    }
+    best.1
+}
+
+/// The LFTs and the cabling as flat tables for the inner loop: the LFTs one
+/// switch after another (consecutive flows of a step have consecutive
+/// destinations, so they reuse cache lines of each switch's table) and the
+/// far end of every directed link.
+struct FlatRoutes {
+    /// Per node: its index among the switches (`u32::MAX`: a host).
+    switch_index: Vec<u32>,
+    /// Entries per switch in `lft`: the largest analysed LID + 1.
+    lids_per_switch: usize,
+    /// The output port of each switch for each LID.
+    lft: Vec<u8>,
+    /// Per directed link: the node at its far end (`u32::MAX`: uncabled).
+    far_node: Vec<u32>,
+    /// Per node: the end of its range of directed link ids.
+    links_end: Vec<u32>,
+}
+
+impl FlatRoutes {
+    fn new(topo: &Topology, lfts: &Lfts, lids: &[u16], offsets: &[u32], nlinks: usize) -> Self {
+        let switches = topo.switches();
+        let mut switch_index = vec![u32::MAX; topo.nodes.len()];
+        for (i, &s) in switches.iter().enumerate() {
+            switch_index[s] = i as u32;
+        }
+        let lids_per_switch = lids.iter().copied().max().unwrap_or(0) as usize + 1;
+        let mut lft = vec![NO_PATH; lids_per_switch * switches.len()];
+        for (i, &s) in switches.iter().enumerate() {
+            let table = lfts.tables[s].iter().take(lids_per_switch);
+            for (lid, &p) in table.enumerate() {
+                lft[i * lids_per_switch + lid] = p;
+            }
+        }
+        let mut far_node = vec![u32::MAX; nlinks];
+        let mut links_end = vec![0u32; topo.nodes.len()];
+        for (i, node) in topo.nodes.iter().enumerate() {
+            links_end[i] = offsets[i] + node.ports.len() as u32;
+            for (p, r) in node.ports.iter().enumerate() {
+                if let Some(r) = r {
+                    far_node[offsets[i] as usize + p] = r.node as u32;
+                }
+            }
+        }
+        FlatRoutes {
+            switch_index,
+            lids_per_switch,
+            lft,
+            far_node,
+            links_end,
+        }
+    }
+}
+
+/// The flows on each directed link in the step being traced. `touched`
+/// lists the links used, so clearing costs what the step used, not the
+/// fabric's size.
+struct StepLoad {
+    counts: Vec<u32>,
+    /// What the flows on each link ask (empty when all hosts ask the same).
+    demand: Vec<f64>,
+    touched: Vec<u32>,
+}
+
+/// Traces the flows of shift steps through [`FlatRoutes`] and scores each
+/// step from the load of its links.
+struct StepTracer<'a> {
+    topo: &'a Topology,
+    lfts: &'a Lfts,
+    order: &'a [usize],
+    offsets: &'a [u32],
+    hosts: HostEntries,
+    rates: Rates,
+    routes: FlatRoutes,
+    keep_loads: bool,
+}
+
+impl<'a> StepTracer<'a> {
+    fn new(
+        topo: &'a Topology,
+        lfts: &'a Lfts,
+        order: &'a [usize],
+        offsets: &'a [u32],
+        nlinks: usize,
+        keep_loads: bool,
+    ) -> Result<Self> {
+        let hosts = HostEntries::new(topo, order, offsets)?;
+        let rates = Rates::new(topo, order, offsets, nlinks);
+        let routes = FlatRoutes::new(topo, lfts, &hosts.lids, offsets, nlinks);
+        Ok(StepTracer {
+            topo,
+            lfts,
+            order,
+            offsets,
+            hosts,
+            rates,
+            routes,
+            keep_loads,
+        })
+    }
+
+    fn nlinks(&self) -> usize {
+        self.rates.link.len()
+    }
+
+    /// Traces `steps` dealt round-robin to up to 8 threads: one share's
+    /// figures per thread, in thread order.
+    fn trace_in_threads(&self, steps: &[usize]) -> Vec<Result<Partial>> {
+        let threads = std::thread::available_parallelism()
+            .map(|x| x.get())
+            .unwrap_or(1)
+            .clamp(1, 8)
+            .min(steps.len().max(1));
+        let shares: Vec<Vec<usize>> = (0..threads)
+            .map(|t| steps.iter().copied().skip(t).step_by(threads).collect())
+            .collect();
+        if threads <= 1 {
+            return shares.iter().map(|s| self.trace_share(s)).collect();
+        }
         std::thread::scope(|sc| {
-            let hs: Vec<_> = chunks.iter().map(|c| sc.spawn(|| work(c))).collect();
+            let hs: Vec<_> = shares
+                .iter()
+                .map(|s| sc.spawn(|| self.trace_share(s)))
+                .collect();
             hs.into_iter()
                 .map(|h| h.join().expect("analysis thread panicked"))
                 .collect()
         })
-    };
-    let mut per_step = vec![];
-    let mut link_conf = vec![0u64; nlinks];
-    let mut link_weighted = vec![0f64; nlinks];
-    let mut link_steps = vec![0u64; nlinks];
-    let mut link_max = vec![0u32; nlinks];
-    let mut step_loads = vec![];
-    for p in parts {
-        let p = p?;
-        per_step.extend(p.steps);
-        step_loads.extend(p.loads);
-        for l in 0..nlinks {
-            link_conf[l] += p.link_conf[l];
-            link_weighted[l] += p.link_weighted[l];
-            link_steps[l] += p.link_steps[l];
-            link_max[l] = link_max[l].max(p.link_max[l]);
-        }
     }
-    per_step.sort_by_key(|s| s.step);
+
+    /// Traces and scores every step of `mine`.
+    fn trace_share(&self, mine: &[usize]) -> Result<Partial> {
+        let nlinks = self.nlinks();
+        let mut load = StepLoad {
+            counts: vec![0u32; nlinks],
+            demand: vec![0f64; if self.rates.uniform { 0 } else { nlinks }],
+            touched: Vec::with_capacity(self.order.len() * 6),
+        };
+        let mut part = Partial::new(nlinks);
+        for &s in mine {
+            load.touched.clear();
+            self.trace_step(s, &mut load)?;
+            self.score_step(s, &mut load, &mut part);
+        }
+        Ok(part)
+    }
+
+    /// Adds every flow of step `s` to the load of the links it crosses.
+    fn trace_step(&self, s: usize, load: &mut StepLoad) -> Result<()> {
+        let (hosts, rates, routes) = (&self.hosts, &self.rates, &self.routes);
+        let n = self.order.len();
+        let limit = self.topo.nodes.len();
+        for i in 0..n {
+            let j = (i + s) % n;
+            let dst = self.order[j];
+            let dl = hosts.lids[j] as usize;
+            let mut link = hosts.first_link[i];
+            let mut cur = hosts.first_node[i];
+            let mut hops = 0;
+            let asks = if rates.uniform {
+                0.0
+            } else {
+                rates.host[i].min(rates.host[j])
+            };
+            loop {
+                let c = &mut load.counts[link as usize];
+                if *c == 0 {
+                    load.touched.push(link);
+                }
+                *c += 1;
+                if !rates.uniform {
+                    load.demand[link as usize] += asks;
+                }
+                if cur == dst {
+                    break;
+                }
+                let swi = routes.switch_index[cur];
+                let port = if swi == u32::MAX {
+                    NO_PATH
+                } else {
+                    routes.lft[swi as usize * routes.lids_per_switch + dl]
+                };
+                let l = self.offsets[cur] + port as u32;
+                hops += 1;
+                let nx =
+                    if port == 0 || port == NO_PATH || l >= routes.links_end[cur] || hops > limit {
+                        u32::MAX
+                    } else {
+                        routes.far_node[l as usize]
+                    };
+                if nx == u32::MAX {
+                    return Err(self.undelivered(self.order[i], dst));
+                }
+                link = l;
+                cur = nx as usize;
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a flow from host `src` to host `dst` the tables do not
+    /// deliver: the slow path, [`trace`], explains what is wrong.
+    fn undelivered(&self, src: usize, dst: usize) -> crate::FabricError {
+        let mut hops = vec![];
+        if let Err(e) = trace(self.topo, self.lfts, self.offsets, src, dst, &mut hops) {
+            return e;
+        }
+        crate::FabricError::Route(format!(
+            "flow {} -> {} is not delivered (routing loop?)",
+            self.topo.nodes[src].name, self.topo.nodes[dst].name
+        ))
+    }
+
+    /// Scores step `s` from the load of its links into `part`, and clears
+    /// the load for the next step.
+    fn score_step(&self, s: usize, load: &mut StepLoad, part: &mut Partial) {
+        let uniform = self.rates.uniform;
+        let mut st = StepStats {
+            step: s,
+            flows: self.order.len() as u64,
+            conflicts: 0,
+            weighted_conflicts: 0.0,
+            max_link_load: 0,
+            shared_links: 0,
+            flows_on_shared_links: 0,
+        };
+        if self.keep_loads {
+            let used = load
+                .touched
+                .iter()
+                .map(|&l| (l, load.counts[l as usize]))
+                .collect();
+            part.loads.push((s, used));
+        }
+        for &l in &load.touched {
+            let c = load.counts[l as usize];
+            load.counts[l as usize] = 0;
+            let asked = if uniform {
+                f64::from(c) * self.rates.host[0]
+            } else {
+                std::mem::take(&mut load.demand[l as usize])
+            };
+            // A hair of slack: sums of rates are not exact.
+            let over = (asked / self.rates.link[l as usize] - 1.0).max(0.0);
+            if over > 1e-9 {
+                st.weighted_conflicts += over;
+                part.link_weighted[l as usize] += over;
+            }
+            st.max_link_load = st.max_link_load.max(c);
+            if c > 1 {
+                st.conflicts += (c - 1) as u64;
+                st.shared_links += 1;
+                st.flows_on_shared_links += c as u64;
+                part.link_conf[l as usize] += (c - 1) as u64;
+                part.link_steps[l as usize] += 1;
+            }
+            part.link_max[l as usize] = part.link_max[l as usize].max(c);
+        }
+        part.steps.push(st);
+    }
+}
+
+/// The totals over `per_step`.
+fn totals(per_step: &[StepStats]) -> Totals {
     let mut total = Totals {
         steps: per_step.len(),
         ..Default::default()
     };
-    for s in &per_step {
+    for s in per_step {
         total.flows += s.flows;
         total.conflicts += s.conflicts;
         total.weighted_conflicts += s.weighted_conflicts;
@@ -450,89 +630,98 @@ pub fn analyze_with_loads(
         total.max_link_load = total.max_link_load.max(s.max_link_load);
         total.flows_on_shared_links += s.flows_on_shared_links;
     }
-    // Worst first by weighted conflicts (a conflict on a faster link weighs
-    // less), then by count.
-    let mut worst: Vec<usize> = (0..nlinks)
-        .filter(|&l| link_conf[l] > 0 || link_weighted[l] > 0.0)
+    total
+}
+
+/// The `top` links with conflicts, worst first by weighted conflicts (a
+/// conflict on a faster link weighs less), then by count.
+fn worst_link_ids(sum: &Partial, top: usize) -> Vec<usize> {
+    let (conf, weighted) = (&sum.link_conf, &sum.link_weighted);
+    let mut worst: Vec<usize> = (0..conf.len())
+        .filter(|&l| conf[l] > 0 || weighted[l] > 0.0)
         .collect();
     worst.sort_by(|&a, &b| {
-        link_weighted[b]
-            .total_cmp(&link_weighted[a])
-            .then(link_conf[b].cmp(&link_conf[a]))
+        weighted[b]
+            .total_cmp(&weighted[a])
+            .then(conf[b].cmp(&conf[a]))
             .then(a.cmp(&b))
     });
     worst.truncate(top);
-    let link_loads = keep_loads.then(|| {
-        step_loads.sort_by_key(|s| s.0);
-        let columns = step_loads.len();
-        let mut dense: Vec<Option<Vec<u32>>> = vec![None; nlinks];
-        for (column, (_, used)) in step_loads.iter().enumerate() {
-            for &(l, c) in used {
-                dense[l as usize].get_or_insert_with(|| vec![0; columns])[column] = c;
-            }
+    worst
+}
+
+/// The far end of `node`'s `port`: node name and port ("" and 0 when uncabled).
+fn far_end(topo: &Topology, node: usize, port: u8) -> (String, u8) {
+    let r = topo.nodes[node].ports[port as usize];
+    let to = r
+        .map(|r| topo.nodes[r.node].name.clone())
+        .unwrap_or_default();
+    (to, r.map(|r| r.port).unwrap_or(0))
+}
+
+/// Directed link `l` and its figures summed over the steps.
+fn link_report(topo: &Topology, offsets: &[u32], sum: &Partial, l: usize) -> LinkReport {
+    let (node, port) = link_of(offsets, l as u32);
+    let (to, to_port) = far_end(topo, node, port);
+    LinkReport {
+        node: topo.nodes[node].name.clone(),
+        port,
+        to,
+        to_port,
+        conflicts: sum.link_conf[l],
+        weighted_conflicts: sum.link_weighted[l],
+        steps_shared: sum.link_steps[l],
+        max_load: sum.link_max[l],
+        rate: topo.link_rate(node, port).map(|r| r.to_string()),
+        gbps: topo.link_gbps(node, port),
+    }
+}
+
+/// The links x steps matrix from each step's used links, steps in order,
+/// links by id; links no step uses are only counted.
+fn link_loads(
+    topo: &Topology,
+    offsets: &[u32],
+    nlinks: usize,
+    mut step_loads: Vec<(usize, Vec<(u32, u32)>)>,
+) -> LinkLoads {
+    step_loads.sort_by_key(|s| s.0);
+    let columns = step_loads.len();
+    let mut dense: Vec<Option<Vec<u32>>> = vec![None; nlinks];
+    for (column, (_, used)) in step_loads.iter().enumerate() {
+        for &(l, c) in used {
+            dense[l as usize].get_or_insert_with(|| vec![0; columns])[column] = c;
         }
-        let links: Vec<LinkLoad> = dense
-            .into_iter()
-            .enumerate()
-            .filter_map(|(l, loads)| {
-                let loads = loads?;
-                let (node, port) = link_of(&offsets, l as u32);
-                let r = topo.nodes[node].ports[port as usize];
-                let name = &topo.nodes[node].name;
-                let to = r
-                    .map(|r| topo.nodes[r.node].name.clone())
-                    .unwrap_or_default();
-                let to_port = r.map(|r| r.port).unwrap_or(0);
-                Some(LinkLoad {
-                    id: l as u32,
-                    name: format!("{name}:{port}->{to}:{to_port}"),
-                    node: name.clone(),
-                    port,
-                    to,
-                    to_port,
-                    loads,
-                })
-            })
-            .collect();
-        let cabled = topo
-            .nodes
-            .iter()
-            .map(|n| n.ports.iter().filter(|p| p.is_some()).count())
-            .sum::<usize>();
-        LinkLoads {
-            steps: step_loads.iter().map(|s| s.0).collect(),
-            idle_links: cabled.saturating_sub(links.len()),
-            links,
-        }
-    });
-    let worst_links = worst
+    }
+    let links: Vec<LinkLoad> = dense
         .into_iter()
-        .map(|l| {
-            let (node, port) = link_of(&offsets, l as u32);
-            let r = topo.nodes[node].ports[port as usize];
-            LinkReport {
-                node: topo.nodes[node].name.clone(),
+        .enumerate()
+        .filter_map(|(l, loads)| {
+            let loads = loads?;
+            let (node, port) = link_of(offsets, l as u32);
+            let name = &topo.nodes[node].name;
+            let (to, to_port) = far_end(topo, node, port);
+            Some(LinkLoad {
+                id: l as u32,
+                name: format!("{name}:{port}->{to}:{to_port}"),
+                node: name.clone(),
                 port,
-                to: r
-                    .map(|r| topo.nodes[r.node].name.clone())
-                    .unwrap_or_default(),
-                to_port: r.map(|r| r.port).unwrap_or(0),
-                conflicts: link_conf[l],
-                weighted_conflicts: link_weighted[l],
-                steps_shared: link_steps[l],
-                max_load: link_max[l],
-                rate: topo.link_rate(node, port).map(|r| r.to_string()),
-                gbps: topo.link_gbps(node, port),
-            }
+                to,
+                to_port,
+                loads,
+            })
         })
         .collect();
-    Ok(Analysis {
-        hosts: n,
-        total,
-        per_step,
-        worst_links,
-        link_loads,
-    })
+    let cabled = topo
+        .nodes
+        .iter()
+        .map(|n| n.ports.iter().filter(|p| p.is_some()).count())
+        .sum::<usize>();
+    LinkLoads {
+        steps: step_loads.iter().map(|s| s.0).collect(),
+        idle_links: cabled.saturating_sub(links.len()),
+        links,
+    }
 }
 
 impl Analysis {

@@ -123,8 +123,46 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
             .collect(),
         groups: vec![],
     };
+    let (rank, max_switch_rank) = rank_switches(topo, &sw_nodes, &hca_nodes, &sw_of)?;
+    for (s, r) in rank.iter().enumerate() {
+        ft.sws[s].rank = *r;
+    }
+    build_port_groups(&mut ft, topo, &sw_nodes, &sw_of);
+    let leaf_rank = max_switch_rank;
+    if leaf_rank as usize >= TUPLE_LEN {
+        return Err(FabricError::Invalid("ftree: tree too deep".into()));
+    }
+    ft.mark_leaves(topo, &sw_nodes, &hca_nodes, &sw_of, leaf_rank)?;
+    ft.make_indexing(leaf_rank)?;
+    let leaves = ft.leaf_array(leaf_rank)?;
+    let max_cn = ft.most_hosts_on_a_leaf(&leaves);
+    ft.validate(topo, &sw_nodes, max_switch_rank + 1)?;
+
+    let (ca_order, positions) = ft.route_to_hosts(&leaves, max_cn);
+    // Route to switches (after hosts, so host routes are unaffected).
+    ft.route_to_switches();
+    let mut lfts = Lfts::empty(topo);
+    for s in &ft.sws {
+        lfts.tables[s.node] = s.lft.clone();
+    }
+    Ok(FtreeResult {
+        lfts,
+        ca_order,
+        positions,
+    })
+}
+
+/// Ranks the switches as OpenSM's ftree does: by distance from the hosts,
+/// reversed, then by distance from the roots found. Returns each switch's
+/// rank (`UNRANKED` if cut off) and the highest rank.
+fn rank_switches(
+    topo: &Topology,
+    sw_nodes: &[usize],
+    hca_nodes: &[usize],
+    sw_of: &HashMap<usize, usize>,
+) -> Result<(Vec<u32>, u32)> {
     let neighbours = |s: usize| -> Vec<usize> {
-        let n = &topo.nodes[ft_node(&sw_nodes, s)];
+        let n = &topo.nodes[ft_node(sw_nodes, s)];
         (1..n.ports.len())
             .filter_map(|p| n.ports[p])
             .filter_map(|r| sw_of.get(&r.node).copied())
@@ -133,7 +171,7 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
     // Rank from the hosts, reverse, then rank again from the roots found.
     let mut queue = std::collections::VecDeque::new();
     let mut dist = vec![UNRANKED; sw_nodes.len()];
-    for &h in &hca_nodes {
+    for &h in hca_nodes {
         let n = &topo.nodes[h];
         for r in n.ports.iter().flatten() {
             if let Some(&s) = sw_of.get(&r.node) {
@@ -176,10 +214,17 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
             "ftree: fabric has a single switch level".into(),
         ));
     }
-    for (s, r) in rank.iter().enumerate() {
-        ft.sws[s].rank = *r;
-    }
-    // Port groups, in port order, one per neighbour.
+    Ok((rank, max_switch_rank))
+}
+
+/// Port groups of each ranked switch, in port order, one per neighbour:
+/// up, sibling or down by the neighbour's rank.
+fn build_port_groups(
+    ft: &mut Ftree,
+    topo: &Topology,
+    sw_nodes: &[usize],
+    sw_of: &HashMap<usize, usize>,
+) {
     #[allow(clippy::needless_range_loop)] // `s` indexes several tables
     for s in 0..ft.sws.len() {
         if ft.sws[s].rank == UNRANKED {
@@ -244,103 +289,6 @@ pub fn route_ftree(topo: &Topology) -> Result<FtreeResult> {
             }
         }
     }
-    let leaf_rank = max_switch_rank;
-    if leaf_rank as usize >= TUPLE_LEN {
-        return Err(FabricError::Invalid("ftree: tree too deep".into()));
-    }
-    // Mark leaves: switches with hosts must sit at the leaf rank.
-    for &h in &hca_nodes {
-        for r in topo.nodes[h].ports.iter().flatten() {
-            if let Some(&s) = sw_of.get(&r.node) {
-                if ft.sws[s].rank != leaf_rank {
-                    return Err(FabricError::Invalid(format!(
-                        "ftree: host '{}' is cabled to switch '{}' of rank {} but the leaf rank is {leaf_rank}: not a fat tree",
-                        topo.nodes[h].name, topo.nodes[sw_nodes[s]].name, ft.sws[s].rank
-                    )));
-                }
-                ft.sws[s].is_leaf = true;
-            }
-        }
-    }
-    ft.make_indexing(leaf_rank)?;
-    // Leaf array: leaf-rank switches sorted by tuple, trimmed to the span
-    // holding hosts.
-    let mut all: Vec<usize> = (0..ft.sws.len())
-        .filter(|&s| ft.sws[s].rank == leaf_rank)
-        .collect();
-    all.sort_by(|&a, &b| ft.sws[a].tuple.cmp(&ft.sws[b].tuple));
-    let first = all.iter().position(|&s| ft.sws[s].is_leaf);
-    let last = all.iter().rposition(|&s| ft.sws[s].is_leaf);
-    let (Some(first), Some(last)) = (first, last) else {
-        return Err(FabricError::Invalid("ftree: no leaf switches".into()));
-    };
-    if first >= last {
-        return Err(FabricError::Invalid(
-            "ftree: failed to find leaf switches, not a fat tree".into(),
-        ));
-    }
-    let leaves: Vec<usize> = all[first..=last].to_vec();
-    let max_cn = leaves
-        .iter()
-        .map(|&s| {
-            ft.sws[s]
-                .down
-                .iter()
-                .filter(|&&g| !ft.groups[g].remote_is_sw)
-                .count()
-        })
-        .max()
-        .unwrap_or(0);
-    ft.validate(topo, &sw_nodes, max_switch_rank + 1)?;
-
-    // Route to hosts.
-    let mut ca_order = vec![];
-    let mut positions = vec![];
-    for &leaf in &leaves {
-        let mut routed = 0;
-        let downs = ft.sws[leaf].down.clone();
-        for g in downs {
-            if ft.groups[g].remote_is_sw {
-                continue;
-            }
-            let lid = ft.groups[g].remote_lid;
-            let port = ft.groups[g].ports[0].port;
-            ft.sws[leaf].lft[lid as usize] = port;
-            ft.sws[leaf].hops[lid as usize] = 1;
-            ft.down_by_up(leaf, None, lid, true, 1);
-            ca_order.push(lid);
-            positions.push(Some(lid));
-            routed += 1;
-        }
-        for _ in routed..max_cn {
-            positions.push(None);
-            ft.sws[leaf].hops[0] = 1;
-            ft.down_by_up(leaf, None, 0, true, 1);
-            for s in ft.sws.iter_mut() {
-                s.hops[0] = NO_PATH;
-                s.lft[0] = NO_PATH;
-            }
-        }
-    }
-    // Route to switches (after hosts, so host routes are unaffected).
-    for s in 0..ft.sws.len() {
-        if ft.sws[s].rank == UNRANKED {
-            continue;
-        }
-        let lid = ft.sws[s].lid;
-        ft.sws[s].lft[lid as usize] = 0;
-        ft.sws[s].hops[lid as usize] = 0;
-        ft.down_by_up(s, None, lid, false, 0);
-    }
-    let mut lfts = Lfts::empty(topo);
-    for s in &ft.sws {
-        lfts.tables[s.node] = s.lft.clone();
-    }
-    Ok(FtreeResult {
-        lfts,
-        ca_order,
-        positions,
-    })
 }
 
 fn ft_node(sw_nodes: &[usize], s: usize) -> usize {
@@ -348,6 +296,116 @@ fn ft_node(sw_nodes: &[usize], s: usize) -> usize {
 }
 
 impl Ftree {
+    /// Marks the switches with hosts as leaves; they must all sit at the
+    /// leaf rank, or the fabric is not a fat tree.
+    fn mark_leaves(
+        &mut self,
+        topo: &Topology,
+        sw_nodes: &[usize],
+        hca_nodes: &[usize],
+        sw_of: &HashMap<usize, usize>,
+        leaf_rank: u32,
+    ) -> Result<()> {
+        for &h in hca_nodes {
+            for r in topo.nodes[h].ports.iter().flatten() {
+                if let Some(&s) = sw_of.get(&r.node) {
+                    if self.sws[s].rank != leaf_rank {
+                        return Err(FabricError::Invalid(format!(
+                            "ftree: host '{}' is cabled to switch '{}' of rank {} but the leaf rank is {leaf_rank}: not a fat tree",
+                            topo.nodes[h].name, topo.nodes[sw_nodes[s]].name, self.sws[s].rank
+                        )));
+                    }
+                    self.sws[s].is_leaf = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The leaf array: leaf-rank switches sorted by tuple, trimmed to the
+    /// span holding hosts.
+    fn leaf_array(&self, leaf_rank: u32) -> Result<Vec<usize>> {
+        let mut all: Vec<usize> = (0..self.sws.len())
+            .filter(|&s| self.sws[s].rank == leaf_rank)
+            .collect();
+        all.sort_by(|&a, &b| self.sws[a].tuple.cmp(&self.sws[b].tuple));
+        let first = all.iter().position(|&s| self.sws[s].is_leaf);
+        let last = all.iter().rposition(|&s| self.sws[s].is_leaf);
+        let (Some(first), Some(last)) = (first, last) else {
+            return Err(FabricError::Invalid("ftree: no leaf switches".into()));
+        };
+        if first >= last {
+            return Err(FabricError::Invalid(
+                "ftree: failed to find leaf switches, not a fat tree".into(),
+            ));
+        }
+        Ok(all[first..=last].to_vec())
+    }
+
+    /// The most hosts any leaf holds: shorter leaves route dummy
+    /// destinations up to this count.
+    fn most_hosts_on_a_leaf(&self, leaves: &[usize]) -> usize {
+        leaves
+            .iter()
+            .map(|&s| {
+                self.sws[s]
+                    .down
+                    .iter()
+                    .filter(|&&g| !self.groups[g].remote_is_sw)
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Routes every host, leaf by leaf, host by host in port order, then
+    /// `max_cn` minus the leaf's hosts dummy destinations. Returns the host
+    /// LIDs in routing order and the destination positions (`None`: dummy).
+    fn route_to_hosts(&mut self, leaves: &[usize], max_cn: usize) -> (Vec<u16>, Vec<Option<u16>>) {
+        let mut ca_order = vec![];
+        let mut positions = vec![];
+        for &leaf in leaves {
+            let mut routed = 0;
+            let downs = self.sws[leaf].down.clone();
+            for g in downs {
+                if self.groups[g].remote_is_sw {
+                    continue;
+                }
+                let lid = self.groups[g].remote_lid;
+                let port = self.groups[g].ports[0].port;
+                self.sws[leaf].lft[lid as usize] = port;
+                self.sws[leaf].hops[lid as usize] = 1;
+                self.down_by_up(leaf, None, lid, true, 1);
+                ca_order.push(lid);
+                positions.push(Some(lid));
+                routed += 1;
+            }
+            for _ in routed..max_cn {
+                positions.push(None);
+                self.sws[leaf].hops[0] = 1;
+                self.down_by_up(leaf, None, 0, true, 1);
+                for s in self.sws.iter_mut() {
+                    s.hops[0] = NO_PATH;
+                    s.lft[0] = NO_PATH;
+                }
+            }
+        }
+        (ca_order, positions)
+    }
+
+    /// Routes to every ranked switch's own LID.
+    fn route_to_switches(&mut self) {
+        for s in 0..self.sws.len() {
+            if self.sws[s].rank == UNRANKED {
+                continue;
+            }
+            let lid = self.sws[s].lid;
+            self.sws[s].lft[lid as usize] = 0;
+            self.sws[s].hops[lid as usize] = 0;
+            self.down_by_up(s, None, lid, false, 0);
+        }
+    }
+
     fn remote_tuple(&self, g: usize) -> Tuple {
         let gr = &self.groups[g];
         if gr.remote_is_sw {

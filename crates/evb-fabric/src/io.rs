@@ -96,10 +96,7 @@ pub fn parse_ibnetdiscover(path: &Path) -> Result<Topology> {
 pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
     let mut topo = Topology::default();
     let mut ids: HashMap<String, usize> = HashMap::new();
-    // (line, node, port, remote id, remote port, link rate)
-    let mut cables: Vec<(usize, usize, u8, String, u8, Option<LinkRate>)> = vec![];
-    // Line of the first sighting of each cable end, for rate mismatches.
-    let mut seen_at: HashMap<(usize, u8), usize> = HashMap::new();
+    let mut cables: Vec<Cable> = vec![];
     let mut cur: Option<usize> = None;
     let mut pending_guid: Option<u64> = None;
     let mut synthetic = 1u64;
@@ -179,42 +176,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             continue;
         }
         if line.starts_with('[') {
-            let n =
-                cur.ok_or_else(|| parse_err(path, ln, "port line outside a Switch/Ca record"))?;
-            let (port, mut rest) = bracket_num(line)
-                .ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))?;
-            if port == 0 || port as usize > topo.nodes[n].nports() {
-                return Err(parse_err(
-                    path,
-                    ln,
-                    format!("port {port} out of range for '{}'", topo.nodes[n].name),
-                ));
-            }
-            // Some versions print an extra [ext port]; Ca lines carry (portguid).
-            if let Some((_, r)) = bracket_num(rest) {
-                rest = r;
-            }
-            if let Some((g, r)) = paren_hex(rest) {
-                if !topo.nodes[n].is_switch() {
-                    topo.nodes[n].port_guid = g;
-                }
-                rest = r;
-            }
-            let (rid, after) = quoted(rest)
-                .ok_or_else(|| parse_err(path, ln, format!("missing remote node in '{line}'")))?;
-            let (rport, after) = bracket_num(after)
-                .ok_or_else(|| parse_err(path, ln, format!("missing remote port in '{line}'")))?;
-            if rport == 0 || rport > 254 {
-                return Err(parse_err(path, ln, format!("bad remote port {rport}")));
-            }
-            let comment = after.split_once('#').map(|x| x.1).unwrap_or("");
-            if !topo.nodes[n].is_switch() {
-                if let Some(l) = lid_after(comment, "lid") {
-                    topo.nodes[n].lid = l;
-                }
-            }
-            let rate = link_rate_in(comment).map_err(|e| parse_err(path, ln, e))?;
-            cables.push((ln, n, port as u8, rid.to_string(), rport as u8, rate));
+            cables.push(parse_port_line(path, ln, line, &mut topo, cur)?);
             continue;
         }
         if ["vendid", "devid", "sysimgguid"]
@@ -236,6 +198,85 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             "no Switch or Ca records (empty or not an ibnetdiscover file)",
         ));
     }
+    connect_cables(path, &mut topo, &ids, cables)?;
+    crate::names::assign_unique_names(&mut topo, &[]);
+    // Hosts whose LID was not printed keep LID 0 and are unusable: say so.
+    for n in &topo.nodes {
+        if n.lid == 0 && n.first_port().is_some() {
+            return Err(parse_err(
+                path,
+                lines,
+                format!(
+                    "node '{}' has no LID (run ibnetdiscover on a configured subnet)",
+                    n.name
+                ),
+            ));
+        }
+    }
+    Ok(topo)
+}
+
+/// One cable end as an ibnetdiscover port line gives it: (line, node,
+/// port, remote node id, remote port, link rate). Connected once every
+/// node is read.
+type Cable = (usize, usize, u8, String, u8, Option<LinkRate>);
+
+/// A `[port] ... "remote" [rport]` line of node `cur`: the cable end it
+/// describes (and the host's LID and port GUID it may carry).
+fn parse_port_line(
+    path: &Path,
+    ln: usize,
+    line: &str,
+    topo: &mut Topology,
+    cur: Option<usize>,
+) -> Result<Cable> {
+    let n = cur.ok_or_else(|| parse_err(path, ln, "port line outside a Switch/Ca record"))?;
+    let (port, mut rest) =
+        bracket_num(line).ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))?;
+    if port == 0 || port as usize > topo.nodes[n].nports() {
+        return Err(parse_err(
+            path,
+            ln,
+            format!("port {port} out of range for '{}'", topo.nodes[n].name),
+        ));
+    }
+    // Some versions print an extra [ext port]; Ca lines carry (portguid).
+    if let Some((_, r)) = bracket_num(rest) {
+        rest = r;
+    }
+    if let Some((g, r)) = paren_hex(rest) {
+        if !topo.nodes[n].is_switch() {
+            topo.nodes[n].port_guid = g;
+        }
+        rest = r;
+    }
+    let (rid, after) = quoted(rest)
+        .ok_or_else(|| parse_err(path, ln, format!("missing remote node in '{line}'")))?;
+    let (rport, after) = bracket_num(after)
+        .ok_or_else(|| parse_err(path, ln, format!("missing remote port in '{line}'")))?;
+    if rport == 0 || rport > 254 {
+        return Err(parse_err(path, ln, format!("bad remote port {rport}")));
+    }
+    let comment = after.split_once('#').map(|x| x.1).unwrap_or("");
+    if !topo.nodes[n].is_switch() {
+        if let Some(l) = lid_after(comment, "lid") {
+            topo.nodes[n].lid = l;
+        }
+    }
+    let rate = link_rate_in(comment).map_err(|e| parse_err(path, ln, e))?;
+    Ok((ln, n, port as u8, rid.to_string(), rport as u8, rate))
+}
+
+/// Connects the cables read, checking that both ends of each agree (on the
+/// ports and on the rate).
+fn connect_cables(
+    path: &Path,
+    topo: &mut Topology,
+    ids: &HashMap<String, usize>,
+    cables: Vec<Cable>,
+) -> Result<()> {
+    // Line of the first sighting of each cable end, for rate mismatches.
+    let mut seen_at: HashMap<(usize, u8), usize> = HashMap::new();
     for (ln, n, p, rid, rp, rate) in cables {
         let r = *ids.get(&rid).ok_or_else(|| {
             parse_err(
@@ -284,21 +325,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             }
         }
     }
-    crate::names::assign_unique_names(&mut topo, &[]);
-    // Hosts whose LID was not printed keep LID 0 and are unusable: say so.
-    for n in &topo.nodes {
-        if n.lid == 0 && n.first_port().is_some() {
-            return Err(parse_err(
-                path,
-                lines,
-                format!(
-                    "node '{}' has no LID (run ibnetdiscover on a configured subnet)",
-                    n.name
-                ),
-            ));
-        }
-    }
-    Ok(topo)
+    Ok(())
 }
 
 /// The id of a node in the net files evb writes for ibsim: its GUID name

@@ -496,14 +496,52 @@ struct Link {
 
 const INF: u64 = 0x7FFF_FFFF;
 
-/// OpenSM's `dfsssp` (and `sssp`) tables, or why OpenSM would give up.
-pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
-    let sw = Sw::new(topo);
+/// OpenSM's dry run: every switch must be reachable from the first one
+/// over switch links, or dfsssp gives up.
+fn check_all_switches_reachable(
+    topo: &Topology,
+    sw: &Sw,
+    links: &[Link],
+    out_links: &[Vec<usize>],
+) -> Result<()> {
     let n = sw.nodes.len();
-    if n == 0 {
-        return Err(FabricError::Invalid("dfsssp: not a switched fabric".into()));
+    let mut seen = vec![false; n];
+    let mut q = VecDeque::from([0usize]);
+    seen[0] = true;
+    while let Some(s) = q.pop_front() {
+        for &l in &out_links[s + 1] {
+            let t = links[l].to - 1;
+            if !seen[t] {
+                seen[t] = true;
+                q.push_back(t);
+            }
+        }
     }
-    // Vertex 0 is the host a round starts from; switches are 1..=n.
+    if let Some(s) = seen.iter().position(|&x| !x) {
+        return Err(FabricError::Invalid(format!(
+            "dfsssp: switch '{}' cannot be reached from switch '{}' (detached switches); \
+             OpenSM's dfsssp gives up here",
+            topo.nodes[sw.nodes[s]].name, topo.nodes[sw.nodes[0]].name
+        )));
+    }
+    Ok(())
+}
+
+/// The dfsssp graph: vertex 0 is the host a round starts from; switches
+/// are 1..=n.
+struct SwitchGraph {
+    /// Per vertex: 1 plus the hosts cabled to the switch (what its routes
+    /// add to the weight of the links they use).
+    num_hca: Vec<u64>,
+    links: Vec<Link>,
+    /// Per vertex: its links (indices into `links`) leaving it.
+    out_links: Vec<Vec<usize>>,
+}
+
+/// The switch-to-switch links with their starting weight (host ports plus
+/// switches, squared) and each switch's host count.
+fn switch_graph(topo: &Topology, sw: &Sw) -> SwitchGraph {
+    let n = sw.nodes.len();
     let mut num_hca = vec![0u64; n + 1];
     let mut links: Vec<Link> = vec![];
     let mut out_links: Vec<Vec<usize>> = vec![vec![]; n + 1];
@@ -535,30 +573,17 @@ pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
             });
         }
     }
-    // OpenSM's dry run: every switch must be reachable.
-    {
-        let mut seen = vec![false; n];
-        let mut q = VecDeque::from([0usize]);
-        seen[0] = true;
-        while let Some(s) = q.pop_front() {
-            for &l in &out_links[s + 1] {
-                let t = links[l].to - 1;
-                if !seen[t] {
-                    seen[t] = true;
-                    q.push_back(t);
-                }
-            }
-        }
-        if let Some(s) = seen.iter().position(|&x| !x) {
-            return Err(FabricError::Invalid(format!(
-                "dfsssp: switch '{}' cannot be reached from switch '{}' (detached switches); \
-                 OpenSM's dfsssp gives up here",
-                topo.nodes[sw.nodes[s]].name, topo.nodes[sw.nodes[0]].name
-            )));
-        }
+    SwitchGraph {
+        num_hca,
+        links,
+        out_links,
     }
-    // Sources: hosts by switch (most hosts first), then switch LIDs in the
-    // same switch order.
+}
+
+/// The destinations dfsssp routes, in its order: hosts by switch (most
+/// hosts first), then switch LIDs in the same switch order.
+fn dfsssp_sources(topo: &Topology, sw: &Sw, num_hca: &[u64]) -> Vec<Dest> {
+    let n = sw.nodes.len();
     let mut by_hca: Vec<usize> = (1..=n).collect();
     by_hca.sort_by_key(|&v| std::cmp::Reverse(num_hca[v]));
     let mut sources: Vec<Dest> = vec![];
@@ -582,6 +607,23 @@ pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
             });
         }
     }
+    sources
+}
+
+/// OpenSM's `dfsssp` (and `sssp`) tables, or why OpenSM would give up.
+pub fn route_dfsssp(topo: &Topology) -> Result<Lfts> {
+    let sw = Sw::new(topo);
+    let n = sw.nodes.len();
+    if n == 0 {
+        return Err(FabricError::Invalid("dfsssp: not a switched fabric".into()));
+    }
+    let SwitchGraph {
+        num_hca,
+        mut links,
+        mut out_links,
+    } = switch_graph(topo, &sw);
+    check_all_switches_reachable(topo, &sw, &links, &out_links)?;
+    let sources = dfsssp_sources(topo, &sw, &num_hca);
     let mut lfts = Lfts::empty(topo);
     for &node in &sw.nodes {
         let lid = topo.nodes[node].lid;

@@ -460,11 +460,25 @@ impl FatTreeSpec {
                 "a fabric needs at least 2 hosts".into(),
             ));
         }
-        let k = self.radix;
         let mut t = Topology::default();
-        let width = self.hosts.to_string().len().max(3);
-        // Leaves per group: all leaves in 2 levels, k - k/2 ... per pod in 3 levels.
-        let (leaves, spines_per_group) = if self.levels == 2 {
+        let (leaves, spines_per_group) = self.leaves_and_spines_per_group()?;
+        let per_leaf = self.hosts_per_leaf(leaves);
+        let leaf_ids = self.add_leaves_with_hosts(&mut t, &per_leaf)?;
+        if self.levels == 2 {
+            self.add_spines(&mut t, &leaf_ids)?;
+        } else {
+            self.add_mids_and_roots(&mut t, &leaf_ids, spines_per_group)?;
+        }
+        t.assign_lids();
+        Ok(t)
+    }
+
+    /// How many leaves the fabric has and, in 3 levels, how many roots sit
+    /// above each mid position (0 in 2 levels): all leaves in 2 levels,
+    /// k/2 per pod in 3 levels. Fails if the hosts do not fit the radix.
+    fn leaves_and_spines_per_group(&self) -> Result<(usize, usize)> {
+        let k = self.radix;
+        if self.levels == 2 {
             let min_leaves = self.hosts.div_ceil(self.down);
             let leaves = if self.groups > 0 {
                 self.groups
@@ -477,7 +491,7 @@ impl FatTreeSpec {
                     self.hosts, self.down
                 )));
             }
-            (leaves, 0)
+            Ok((leaves, 0))
         } else {
             let mid_down = k / 2;
             let per_pod = mid_down * self.down;
@@ -493,9 +507,12 @@ impl FatTreeSpec {
                     self.hosts
                 )));
             }
-            (pods * mid_down, k - mid_down)
-        };
-        // Host count per leaf.
+            Ok((pods * mid_down, k - mid_down))
+        }
+    }
+
+    /// The host count of each leaf, as the placement spreads them.
+    fn hosts_per_leaf(&self, leaves: usize) -> Vec<usize> {
         let mut per_leaf = vec![0usize; leaves];
         match self.placement {
             Placement::Fill => {
@@ -511,6 +528,14 @@ impl FatTreeSpec {
                 }
             }
         }
+        per_leaf
+    }
+
+    /// Adds the leaves and their hosts (numbered across leaves, cabled to
+    /// the leaf's first ports); returns the leaves' node ids.
+    fn add_leaves_with_hosts(&self, t: &mut Topology, per_leaf: &[usize]) -> Result<Vec<usize>> {
+        let k = self.radix;
+        let width = self.hosts.to_string().len().max(3);
         let mut hostno = 0usize;
         let mut leaf_ids = Vec::new();
         for (l, &count) in per_leaf.iter().enumerate() {
@@ -532,77 +557,89 @@ impl FatTreeSpec {
                 t.connect_rated(h, 1, leaf, (p + 1) as u8, Some(self.host_rate))?;
             }
         }
-        if self.levels == 2 {
-            for s in 0..self.up {
-                let sp = t.add_node(
+        Ok(leaf_ids)
+    }
+
+    /// 2 levels: `up` spines, each cabled to every leaf.
+    fn add_spines(&self, t: &mut Topology, leaf_ids: &[usize]) -> Result<()> {
+        for s in 0..self.up {
+            let sp = t.add_node(
+                NodeKind::Switch,
+                &format!("spine{:02}", s + 1),
+                0x0002_c902_0020_0000 + s as u64,
+                self.radix,
+            );
+            for (l, &leaf) in leaf_ids.iter().enumerate() {
+                t.connect_rated(
+                    leaf,
+                    (self.down + s + 1) as u8,
+                    sp,
+                    (l + 1) as u8,
+                    Some(self.uplink_rate),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// 3 levels: the mid switches of each pod, then the roots above them.
+    fn add_mids_and_roots(
+        &self,
+        t: &mut Topology,
+        leaf_ids: &[usize],
+        spines_per_group: usize,
+    ) -> Result<()> {
+        let k = self.radix;
+        let mid_down = k / 2;
+        let pods = leaf_ids.len() / mid_down;
+        // Mid switches: `up` per pod, each cabled to every leaf of its pod.
+        let mut mids = vec![];
+        for pod in 0..pods {
+            let mut row = vec![];
+            for m in 0..self.up {
+                let id = pod * self.up + m;
+                let mid = t.add_node(
                     NodeKind::Switch,
-                    &format!("spine{:02}", s + 1),
-                    0x0002_c902_0020_0000 + s as u64,
+                    &format!("mid{:03}", id + 1),
+                    0x0002_c902_0030_0000 + id as u64,
                     k,
                 );
-                for (l, &leaf) in leaf_ids.iter().enumerate() {
+                for j in 0..mid_down {
+                    let leaf = leaf_ids[pod * mid_down + j];
                     t.connect_rated(
                         leaf,
-                        (self.down + s + 1) as u8,
-                        sp,
-                        (l + 1) as u8,
+                        (self.down + m + 1) as u8,
+                        mid,
+                        (j + 1) as u8,
+                        Some(self.uplink_rate),
+                    )?;
+                }
+                row.push(mid);
+            }
+            mids.push(row);
+        }
+        // Roots: group m holds the roots above mid m of every pod.
+        for m in 0..self.up {
+            for r in 0..spines_per_group {
+                let id = m * spines_per_group + r;
+                let root = t.add_node(
+                    NodeKind::Switch,
+                    &format!("root{:03}", id + 1),
+                    0x0002_c902_0040_0000 + id as u64,
+                    k,
+                );
+                for (pod, row) in mids.iter().enumerate() {
+                    t.connect_rated(
+                        row[m],
+                        (mid_down + r + 1) as u8,
+                        root,
+                        (pod + 1) as u8,
                         Some(self.uplink_rate),
                     )?;
                 }
             }
-        } else {
-            let mid_down = k / 2;
-            let pods = leaves / mid_down;
-            // Mid switches: `up` per pod, each cabled to every leaf of its pod.
-            let mut mids = vec![];
-            for pod in 0..pods {
-                let mut row = vec![];
-                for m in 0..self.up {
-                    let id = pod * self.up + m;
-                    let mid = t.add_node(
-                        NodeKind::Switch,
-                        &format!("mid{:03}", id + 1),
-                        0x0002_c902_0030_0000 + id as u64,
-                        k,
-                    );
-                    for j in 0..mid_down {
-                        let leaf = leaf_ids[pod * mid_down + j];
-                        t.connect_rated(
-                            leaf,
-                            (self.down + m + 1) as u8,
-                            mid,
-                            (j + 1) as u8,
-                            Some(self.uplink_rate),
-                        )?;
-                    }
-                    row.push(mid);
-                }
-                mids.push(row);
-            }
-            // Roots: group m holds the roots above mid m of every pod.
-            for m in 0..self.up {
-                for r in 0..spines_per_group {
-                    let id = m * spines_per_group + r;
-                    let root = t.add_node(
-                        NodeKind::Switch,
-                        &format!("root{:03}", id + 1),
-                        0x0002_c902_0040_0000 + id as u64,
-                        k,
-                    );
-                    for (pod, row) in mids.iter().enumerate() {
-                        t.connect_rated(
-                            row[m],
-                            (mid_down + r + 1) as u8,
-                            root,
-                            (pod + 1) as u8,
-                            Some(self.uplink_rate),
-                        )?;
-                    }
-                }
-            }
         }
-        t.assign_lids();
-        Ok(t)
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@
 //! node hosting the EM, and adds the nodes' final reports up into the
 //! summary table and the JSON (`docs/run-json.md`, [`summary`]). Faults
 //! are injected here too (`--kill`, `--stop`, `--resume`, `--restart`:
-//! [`InjectedFault`]).
+//! [`RunOptions::faults`], core [`NodeFault`]s whose kind picks the signal).
 //!
 //! A crate of its own: the launcher does not link the node's event loop.
 //! It starts `evb node` processes and speaks to them only through the
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::config::{Readout, Verify};
+use evb_core::fault::{FaultKind, NodeFault, TimeUnit};
 use evb_core::{Config, Layout};
 use serde::Serialize;
 
@@ -50,51 +51,84 @@ pub struct RunOptions {
     pub progress: Option<bool>,
     /// The `evb` executable to start nodes with (default: this one).
     pub exe: Option<PathBuf>,
-    /// Faults to inject: signal a node at a time into the run.
-    pub faults: Vec<InjectedFault>,
-    /// Nodes to restart (after a `--kill`) at a time into the run: a fresh
-    /// `evb node --rejoin` with the same rank and address (`signal` unused).
-    pub restarts: Vec<InjectedFault>,
+    /// Faults to inject, each at a time into the run (testing aid; applied
+    /// in this order when due together): a crash is a real `kill -9`
+    /// (`--kill`), a hang a SIGSTOP that leaves the connections open and
+    /// silent (`--stop`), a resume a SIGCONT that lets a stopped node go
+    /// on (`--resume`), a restart a fresh `evb node --rejoin` with the same
+    /// rank and address for a node killed earlier (`--restart`).
+    pub faults: Vec<NodeFault>,
 }
 
-/// A signal sent to a node process at a time into the run (testing aid:
-/// `--kill RANK@SECONDS` is a real `kill -9`, `--stop` a SIGSTOP that leaves
-/// the connections open and silent, `--resume` a SIGCONT that lets a stopped
-/// node go on).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct InjectedFault {
-    pub node: u16,
-    pub at_s: f64,
-    pub signal: i32,
-}
-
-impl InjectedFault {
-    /// Parses `RANK@SECONDS`.
-    pub fn parse(spec: &str, signal: i32) -> Result<InjectedFault> {
-        let (node, at) = spec
-            .split_once('@')
-            .ok_or_else(|| anyhow!("`{spec}`: expected RANK@SECONDS, e.g. 2@3.5"))?;
-        Ok(InjectedFault {
-            node: node
-                .trim()
-                .parse()
-                .with_context(|| format!("`{spec}`: bad rank"))?,
-            at_s: at
-                .trim()
-                .parse()
-                .with_context(|| format!("`{spec}`: bad time"))?,
-            signal,
-        })
+/// The `evb run` option that injects a fault of `kind`.
+pub fn fault_option(kind: FaultKind) -> &'static str {
+    match kind {
+        FaultKind::Crash => "--kill",
+        FaultKind::Hang => "--stop",
+        FaultKind::Resume => "--resume",
+        FaultKind::Restart => "--restart",
     }
+}
 
-    fn name(&self) -> &'static str {
-        match self.signal {
-            libc::SIGKILL => "killed (SIGKILL)",
-            libc::SIGSTOP => "stopped (SIGSTOP)",
-            libc::SIGCONT => "resumed (SIGCONT)",
-            _ => "signalled",
+/// The signal the launcher sends a node for a fault of `kind` (a restart
+/// starts a process instead).
+fn fault_signal(kind: FaultKind) -> Option<i32> {
+    match kind {
+        FaultKind::Crash => Some(libc::SIGKILL),
+        FaultKind::Hang => Some(libc::SIGSTOP),
+        FaultKind::Resume => Some(libc::SIGCONT),
+        FaultKind::Restart => None,
+    }
+}
+
+/// What the failure timeline says the launcher did.
+fn fault_done(kind: FaultKind) -> &'static str {
+    match kind {
+        FaultKind::Crash => "killed (SIGKILL)",
+        FaultKind::Hang => "stopped (SIGSTOP)",
+        FaultKind::Resume => "resumed (SIGCONT)",
+        FaultKind::Restart => "restarted (rejoins the run)",
+    }
+}
+
+/// Refuses faults the run cannot carry out: of a node it does not have, a
+/// resume of a node not stopped before, a restart of a node not killed
+/// before or over a transport that cannot rejoin.
+fn check_faults(faults: &[NodeFault], config: &Config, endpoints: usize) -> Result<()> {
+    let spelled =
+        |f: &NodeFault| format!("{} {}", fault_option(f.kind), f.spelling(TimeUnit::Seconds));
+    for f in faults {
+        if f.node as usize >= endpoints {
+            bail!(
+                "{}: there is no node {} (the run has nodes 0 to {})",
+                spelled(f),
+                f.node,
+                endpoints - 1
+            );
         }
     }
+    let before = |r: &NodeFault, kind: FaultKind| {
+        faults
+            .iter()
+            .any(|f| f.node == r.node && f.kind == kind && f.at < r.at)
+    };
+    for r in faults.iter().filter(|f| f.kind == FaultKind::Resume) {
+        if !before(r, FaultKind::Hang) {
+            bail!("{}: resume a node stopped earlier with --stop", spelled(r));
+        }
+    }
+    for r in faults.iter().filter(|f| f.kind == FaultKind::Restart) {
+        if !before(r, FaultKind::Crash) {
+            bail!("{}: restart a node killed earlier with --kill", spelled(r));
+        }
+        if !evb_transport::can_rejoin(&config.transport.kind) {
+            bail!(
+                "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
+                config.transport.kind
+            );
+        }
+    }
+    Ok(())
 }
 
 /// One progress sample, also kept in the JSON timeline.
@@ -146,34 +180,10 @@ enum FromNode {
 
 /// Runs the event builder; returns the result and whether it was clean.
 pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
-    let mut overrides = opts.overrides.clone();
-    if let Some(n) = opts.nodes {
-        overrides.push(format!("nodes.count={n}"));
-    }
-    if let Some(d) = opts.duration_s {
-        overrides.push(format!("run.duration_s={d}"));
-    }
-    if let Some(m) = opts.consumers {
-        overrides.push(format!("output.consumers={m}"));
-    }
-    let mut config = Config::load(opts.config.as_deref(), &overrides)?;
-    // Nodes read the configuration again from elsewhere: make the files it
-    // names absolute.
-    let base = opts
-        .config
-        .as_deref()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("."));
-    for file in [&mut config.source.histogram, &mut config.sim.host_latency] {
-        if !file.is_empty() {
-            *file = std::path::absolute(base.join(&*file))?
-                .display()
-                .to_string();
-        }
-    }
-    // `auto` is shm on one machine (restarted nodes rejoin over it too),
-    // tcp with an output network.
-    config.transport.kind = evb_transport::resolve_auto(&config).into();
+    let mut config = effective_config(opts)?;
+    let restarts = opts.faults.iter().any(|f| f.kind == FaultKind::Restart);
+    // shm nodes keep their inboxes for a rejoin only when one is planned.
+    config.transport.shm_rejoin = restarts;
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
     check_memory(&config, machine_memory_bytes())?;
@@ -181,6 +191,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         // Every node runs here: one look at the address before starting them.
         evb_transport::outnet::published_ip(&config)?;
     }
+    check_faults(&opts.faults, &config, endpoints)?;
     let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let config_path = workdir.join("config.toml");
@@ -196,101 +207,20 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Ok(k) => k,
         Err(_) => evb_transport::auth::fresh_key_hex(),
     };
-    for f in opts.faults.iter().chain(&opts.restarts) {
-        if f.node as usize >= endpoints {
-            let what = match f.signal {
-                libc::SIGKILL => "--kill",
-                libc::SIGSTOP => "--stop",
-                libc::SIGCONT => "--resume",
-                _ => "--restart",
-            };
-            bail!(
-                "{what} {}@{}: there is no node {} (the run has nodes 0 to {})",
-                f.node,
-                f.at_s,
-                f.node,
-                endpoints - 1
-            );
-        }
-    }
-    for r in opts.faults.iter().filter(|f| f.signal == libc::SIGCONT) {
-        let stopped_before = opts
-            .faults
-            .iter()
-            .any(|f| f.node == r.node && f.signal == libc::SIGSTOP && f.at_s < r.at_s);
-        if !stopped_before {
-            bail!(
-                "--resume {}@{}: resume a node stopped earlier with --stop",
-                r.node,
-                r.at_s
-            );
-        }
-    }
-    for r in &opts.restarts {
-        let killed_before = opts
-            .faults
-            .iter()
-            .any(|f| f.node == r.node && f.signal == libc::SIGKILL && f.at_s < r.at_s);
-        if !killed_before {
-            bail!(
-                "--restart {}@{}: restart a node killed earlier with --kill",
-                r.node,
-                r.at_s
-            );
-        }
-        if !evb_transport::can_rejoin(&config.transport.kind) {
-            bail!(
-                "--restart: only the tcp, shm, ucx and ofi:tcp transports can rejoin, not `{}`",
-                config.transport.kind
-            );
-        }
-    }
     let (tx, rx) = mpsc::channel();
-    // Every node process started: (rank, pid).
-    let spawned = std::cell::RefCell::new(Vec::new());
-    // Starts node `rank` (`rejoin`: a restarted node joining the run).
-    // `extra`: more arguments (a restarted EM's remaining run time).
-    let mut spawn =
-        |rank: usize, rejoin: bool, extra: &[String]| -> Result<(Child, Option<ChildStdin>)> {
-            let mut cmd = Command::new(&exe);
-            cmd.args([
-                "node",
-                "--control",
-                "stdio",
-                "--rank",
-                &rank.to_string(),
-                "--config",
-            ])
-            .arg(&config_path)
-            .env(evb_transport::auth::KEY_ENV, &run_key)
-            .env(
-                evb_transport::shm::REJOIN_ENV,
-                if opts.restarts.is_empty() { "0" } else { "1" },
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-            if rejoin {
-                cmd.arg("--rejoin");
-            }
-            cmd.args(extra);
-            // Own process group: Ctrl-C reaches the launcher only, which then
-            // asks for an orderly drain.
-            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-            let mut child = cmd
-                .spawn()
-                .with_context(|| format!("starting node {rank} ({})", exe.display()))?;
-            spawned.borrow_mut().push((rank, child.id()));
-            let stdin = child.stdin.take();
-            let stdout = child.stdout.take().expect("piped");
-            let tx = tx.clone();
-            std::thread::spawn(move || read_node_output(rank, stdout, tx));
-            Ok((child, stdin))
-        };
+    let starter = NodeStarter {
+        exe,
+        config_path,
+        run_key,
+        tx,
+        spawned: std::cell::RefCell::new(Vec::new()),
+        em: layout.em as usize,
+        duration_s: config.run.duration_s,
+    };
     let mut children: Vec<Child> = Vec::new();
     let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
     for rank in 0..endpoints {
-        let (child, stdin) = spawn(rank, false, &[])?;
+        let (child, stdin) = starter.start(rank, false, &[])?;
         stdins.push(stdin);
         children.push(child);
     }
@@ -301,7 +231,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         &mut children,
         &mut stdins,
         &rx,
-        &mut spawn,
+        &starter,
     );
     // Whatever happened, no node outlives the launcher.
     for c in &mut children {
@@ -312,60 +242,157 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         .map(|c| c.wait().ok().and_then(|s| s.code()))
         .collect();
     let _ = std::fs::remove_dir_all(&workdir);
-    if config.transport.kind == "shm" {
+    if config.transport.kind == evb_transport::TransportKind::Shm {
         // With rejoin, an shm inbox keeps its name until its process ends
         // normally: remove those of the nodes that were killed.
-        for &(rank, pid) in spawned.borrow().iter() {
+        for &(rank, pid) in starter.spawned.borrow().iter() {
             let path = evb_transport::shm::inbox_path(config.run.run_id, rank, pid);
             let _ = std::fs::remove_file(path);
         }
     }
-    let Supervised {
-        finals,
-        latest,
-        earlier_reports,
-        timeline,
-        mut failures,
-        started_unix,
-    } = result?;
-    // A node without a final report died: use what it last reported.
+    let supervised = result?;
+    let summary = summarize(&config, &layout, &supervised)?;
+    let clean = summary.clean() && codes.iter().all(|c| *c == Some(0));
+    let result = RunResult {
+        evb_version: env!("CARGO_PKG_VERSION"),
+        kind: "evb-run",
+        config,
+        summary,
+        nodes: supervised.finals,
+        timeline: supervised.timeline,
+        node_exit_codes: codes,
+    };
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&result)?;
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok((result, clean))
+}
+
+/// The configuration the nodes run: the file and overrides with the
+/// command line's options, the files it names made absolute (the nodes
+/// read it again from elsewhere), `auto` transport resolved.
+fn effective_config(opts: &RunOptions) -> Result<Config> {
+    let mut overrides = opts.overrides.clone();
+    if let Some(n) = opts.nodes {
+        overrides.push(format!("nodes.count={n}"));
+    }
+    if let Some(d) = opts.duration_s {
+        overrides.push(format!("run.duration_s={d}"));
+    }
+    if let Some(m) = opts.consumers {
+        overrides.push(format!("output.consumers={m}"));
+    }
+    let mut config = Config::load(opts.config.as_deref(), &overrides)?;
+    let base = opts
+        .config
+        .as_deref()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
+    for file in [&mut config.source.histogram, &mut config.sim.host_latency] {
+        if !file.is_empty() {
+            *file = std::path::absolute(base.join(&*file))?
+                .display()
+                .to_string();
+        }
+    }
+    // `auto` is shm on one machine (restarted nodes rejoin over it too),
+    // tcp with an output network.
+    config.transport.kind = evb_transport::resolve_auto(&config);
+    Ok(config)
+}
+
+/// Starts `evb node` processes for this run, and remembers each one.
+struct NodeStarter {
+    exe: PathBuf,
+    config_path: PathBuf,
+    run_key: String,
+    /// Where each node's output goes, read by a thread per node.
+    tx: mpsc::Sender<FromNode>,
+    /// Every node process started: (rank, pid).
+    spawned: std::cell::RefCell<Vec<(usize, u32)>>,
+    /// The EM's node and the run's length (`run.duration_s`), for a
+    /// restarted EM.
+    em: usize,
+    duration_s: f64,
+}
+
+impl NodeStarter {
+    /// Starts node `rank` (`rejoin`: a restarted node joining the run).
+    /// `extra`: more arguments (a restarted EM's remaining run time).
+    fn start(
+        &self,
+        rank: usize,
+        rejoin: bool,
+        extra: &[String],
+    ) -> Result<(Child, Option<ChildStdin>)> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.args([
+            "node",
+            "--control",
+            "stdio",
+            "--rank",
+            &rank.to_string(),
+            "--config",
+        ])
+        .arg(&self.config_path)
+        .env(evb_transport::auth::KEY_ENV, &self.run_key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        if rejoin {
+            cmd.arg("--rejoin");
+        }
+        cmd.args(extra);
+        // Own process group: Ctrl-C reaches the launcher only, which then
+        // asks for an orderly drain.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting node {rank} ({})", self.exe.display()))?;
+        self.spawned.borrow_mut().push((rank, child.id()));
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("piped");
+        let tx = self.tx.clone();
+        std::thread::spawn(move || read_node_output(rank, stdout, tx));
+        Ok((child, stdin))
+    }
+
+    /// Starts node `rank` again, `elapsed` seconds into the run, to rejoin
+    /// it; a restarted EM ends the run when the first one would have.
+    fn restart(&self, rank: usize, elapsed: f64) -> Result<(Child, Option<ChildStdin>)> {
+        let extra = if rank == self.em && self.duration_s > 0.0 {
+            let left = (self.duration_s - elapsed).max(0.001);
+            vec!["--set".to_string(), format!("run.duration_s={left}")]
+        } else {
+            Vec::new()
+        };
+        self.start(rank, true, &extra)
+    }
+}
+
+/// The run's summary from what the nodes reported: a node without a
+/// final report died, and what it last reported counts.
+fn summarize(config: &Config, layout: &Layout, run: &Supervised) -> Result<Summary> {
+    let finals = &run.finals;
     let missing: Vec<u16> = (0..finals.len())
         .filter(|&i| finals[i].is_none())
         .map(|i| i as u16)
         .collect();
     let reports: Vec<Option<NodeReport>> = finals
         .iter()
-        .zip(latest)
-        .map(|(f, l)| f.clone().or((l.elapsed_s > 0.0).then_some(l)))
+        .zip(&run.latest)
+        .map(|(f, l)| f.clone().or((l.elapsed_s > 0.0).then(|| l.clone())))
         .collect();
-    for r in reports.iter().flatten() {
-        for loss in &r.peers_lost {
-            failures.push(FailureEvent {
-                at_s: loss.at_unix_s - started_unix,
-                node: loss.peer,
-                seen_by: format!("node {}", r.node),
-                what: format!("lost: {}", loss.reason),
-            });
-        }
-        for back in &r.rejoins {
-            failures.push(FailureEvent {
-                at_s: back.at_unix_s - started_unix,
-                node: back.peer,
-                seen_by: format!("node {}", r.node),
-                what: "rejoined".into(),
-            });
-        }
-    }
-    failures.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
     let mut summary = Summary::from_reports(
         &reports,
-        &earlier_reports,
+        &run.earlier_reports,
         &missing,
         layout.em as usize,
         config.source.events_per_mep,
         config.nodes.count,
     );
-    summary.failures = failures;
+    summary.failures = failure_timeline(&reports, run.failures.clone(), run.started_unix);
     summary.cpu = CpuSummary::from_reports(&reports, summary.bytes_built);
     summary.readout = match config.source.readout {
         Readout::Ring => "ring".into(),
@@ -376,14 +403,11 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         Verify::Crc => "crc".into(),
         Verify::Sample => format!("sample 1/{}", config.event_builder.verify_sample),
     };
-    summary.zero_copy = evb_transport::buffers::zero_copy(
-        &config,
-        &evb_transport::TransportKind::parse(evb_transport::resolve_auto(&config))?,
-    );
+    summary.zero_copy =
+        evb_transport::buffers::zero_copy(config, &evb_transport::resolve_auto(config));
     summary.slot_clock = SlotClockSummary::from_reports(&reports, config.slot_ns() as f64 / 1000.0)
         .map(|mut c| {
-            c.rotation_slots =
-                evb_core::slots::SlotPlan::for_source(&config, &layout, 0).rotation();
+            c.rotation_slots = evb_core::slots::SlotPlan::for_source(config, layout, 0).rotation();
             if !config.event_builder.schedule_file.is_empty() {
                 c.schedule_file = Some(config.event_builder.schedule_file.clone());
             }
@@ -392,25 +416,40 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     if layout.fus() > 0 {
         summary.consumers = Some(ConsumersSummary::from_reports(
             &reports,
-            &layout,
+            layout,
             summary.duration_s,
         ));
     }
-    let clean = summary.clean() && codes.iter().all(|c| *c == Some(0));
-    let result = RunResult {
-        evb_version: env!("CARGO_PKG_VERSION"),
-        kind: "evb-run",
-        config,
-        summary,
-        nodes: finals,
-        timeline,
-        node_exit_codes: codes,
-    };
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&result)?;
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(summary)
+}
+
+/// The launcher's own failure events (`injected`) with what the nodes saw
+/// (peers lost, peers back), in time order.
+fn failure_timeline(
+    reports: &[Option<NodeReport>],
+    mut injected: Vec<FailureEvent>,
+    started_unix: f64,
+) -> Vec<FailureEvent> {
+    for r in reports.iter().flatten() {
+        for loss in &r.peers_lost {
+            injected.push(FailureEvent {
+                at_s: loss.at_unix_s - started_unix,
+                node: loss.peer,
+                seen_by: format!("node {}", r.node),
+                what: format!("lost: {}", loss.reason),
+            });
+        }
+        for back in &r.rejoins {
+            injected.push(FailureEvent {
+                at_s: back.at_unix_s - started_unix,
+                node: back.peer,
+                seen_by: format!("node {}", r.node),
+                what: "rejoined".into(),
+            });
+        }
     }
-    Ok((result, clean))
+    injected.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    injected
 }
 
 fn read_node_output(rank: usize, stdout: std::process::ChildStdout, tx: mpsc::Sender<FromNode>) {
@@ -441,19 +480,23 @@ struct Supervised {
     started_unix: f64,
 }
 
-type Spawn<'a> = dyn FnMut(usize, bool, &[String]) -> Result<(Child, Option<ChildStdin>)> + 'a;
+/// Where node `token` (its LISTEN line) is reached: a TCP node announces
+/// its port (and with an output network, `,` and its address there) on
+/// `bind`; other transports an opaque token.
+fn peer_address(bind: &str, token: String) -> String {
+    match evb_transport::outnet::split_token(&token) {
+        (port, None) if port.parse::<u16>().is_ok() => format!("{bind}:{port}"),
+        (port, Some(out)) if port.parse::<u16>().is_ok() => format!("{bind}:{port},{out}"),
+        _ => token,
+    }
+}
 
-fn supervise(
-    opts: &RunOptions,
+/// Rendezvous: every node's address, as its LISTEN line gives it.
+fn collect_addresses(
     config: &Config,
-    layout: &Layout,
-    children: &mut [Child],
-    stdins: &mut [Option<ChildStdin>],
+    endpoints: usize,
     rx: &mpsc::Receiver<FromNode>,
-    spawn: &mut Spawn<'_>,
-) -> Result<Supervised> {
-    let endpoints = children.len();
-    // Rendezvous: every node's port, then everyone gets the list.
+) -> Result<Vec<String>> {
     let mut ports = vec![None; endpoints];
     let setup_deadline = Instant::now() + Duration::from_secs(30);
     while ports.iter().any(Option::is_none) {
@@ -468,42 +511,285 @@ fn supervise(
             Err(_) => bail!("nodes did not report their ports within 30 s"),
         }
     }
-    let bind = &config.transport.bind;
-    // A TCP node announces its port (and with an output network, `,` and
-    // its address there); other transports an opaque token.
-    let address = |token: String| match evb_transport::outnet::split_token(&token) {
-        (port, None) if port.parse::<u16>().is_ok() => format!("{bind}:{port}"),
-        (port, Some(out)) if port.parse::<u16>().is_ok() => format!("{bind}:{port},{out}"),
-        _ => token,
-    };
-    let mut peers: Vec<String> = ports
+    Ok(ports
         .into_iter()
-        .map(|p| address(p.expect("all known")))
-        .collect();
-    let mut line = ToNode::Peers(peers.clone()).encode();
-    let mut pending_restarts = opts.restarts.clone();
-    // Counters of earlier incarnations of restarted nodes, so the timeline
-    // does not step back: (events_built, bytes_built) per node.
-    let mut earlier: Vec<(u64, u64)> = vec![(0, 0); endpoints];
-    // The last reports of the incarnations that restarts replaced: what
-    // their BUs built counts when the EM's own accounting is incomplete.
-    let mut earlier_reports: Vec<NodeReport> = Vec::new();
+        .map(|p| peer_address(&config.transport.bind, p.expect("all known")))
+        .collect())
+}
+
+/// Counts Ctrl-C presses: the first asks for a drain, the second kills.
+fn count_interrupts() -> Arc<AtomicUsize> {
+    let interrupts = Arc::new(AtomicUsize::new(0));
+    let counter = interrupts.clone();
+    // Only the first handler registration in a process succeeds; a
+    // second `run_local` in the same process (tests) keeps the first.
+    let _ = ctrlc::set_handler(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    interrupts
+}
+
+/// What the launcher knows of its nodes while the run goes on.
+struct Watch {
+    latest: Vec<NodeReport>,
+    finals: Finals,
+    /// The node's output has not ended.
+    open: Vec<bool>,
+    last_heard: Vec<Instant>,
+    /// Every node's address, and the PEERS line that lists them (sent to
+    /// a restarted node).
+    peers: Vec<String>,
+    peers_line: String,
+    /// Counters of earlier incarnations of restarted nodes, so the
+    /// timeline does not step back: (events_built, bytes_built) per node.
+    earlier: Vec<(u64, u64)>,
+    /// The last reports of the incarnations that restarts replaced: what
+    /// their BUs built counts when the EM's own accounting is incomplete.
+    earlier_reports: Vec<NodeReport>,
+    failures: Vec<FailureEvent>,
+}
+
+impl Watch {
+    fn new(peers: Vec<String>) -> Watch {
+        let endpoints = peers.len();
+        Watch {
+            latest: vec![NodeReport::default(); endpoints],
+            finals: vec![None; endpoints],
+            open: vec![true; endpoints],
+            last_heard: vec![Instant::now(); endpoints],
+            peers_line: ToNode::Peers(peers.clone()).encode(),
+            peers,
+            earlier: vec![(0, 0); endpoints],
+            earlier_reports: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// Takes in what a node said (or that nothing came).
+    fn take(&mut self, msg: Result<FromNode, mpsc::RecvTimeoutError>, bind: &str) {
+        if let Ok(FromNode::Stats(r, _) | FromNode::Final(r, _) | FromNode::Garbage(r, _)) = &msg {
+            self.last_heard[*r] = Instant::now();
+        }
+        match msg {
+            Ok(FromNode::Stats(rank, r)) => self.latest[rank] = r,
+            Ok(FromNode::Final(rank, r)) => {
+                self.latest[rank] = r.clone();
+                self.finals[rank] = Some(r);
+            }
+            Ok(FromNode::Closed(rank)) => self.open[rank] = false,
+            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
+            // A restarted shm node has a new inbox: a node restarted after
+            // it must find that one.
+            Ok(FromNode::Listen(rank, token)) => {
+                self.peers[rank] = peer_address(bind, token);
+                self.peers_line = ToNode::Peers(self.peers.clone()).encode();
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Everyone else is finished and a node has gone quiet (stopped,
+    /// hung): it will not finish; end it.
+    fn end_quiet_nodes(&self, children: &mut [Child]) {
+        let endpoints = children.len();
+        let others_done = (0..endpoints).all(|i| {
+            self.finals[i].is_some() || self.last_heard[i].elapsed() > Duration::from_secs(3)
+        });
+        if others_done {
+            for i in (0..endpoints).filter(|&i| self.finals[i].is_none() && self.open[i]) {
+                let _ = children[i].kill();
+            }
+        }
+    }
+
+    /// Signals the nodes whose faults are due at `elapsed` (s), and takes
+    /// them off `pending`.
+    fn signal_due(&mut self, pending: &mut Vec<NodeFault>, children: &[Child], elapsed: f64) {
+        let due = |f: &NodeFault| f.at_in(TimeUnit::Seconds) <= elapsed;
+        for f in pending.iter().filter(|f| due(f)) {
+            let (Some(child), Some(signal)) = (children.get(f.node as usize), fault_signal(f.kind))
+            else {
+                continue;
+            };
+            // SAFETY: signalling our own child process by its pid.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, signal);
+            }
+            self.failures.push(FailureEvent {
+                at_s: elapsed,
+                node: f.node,
+                seen_by: "launcher".into(),
+                what: fault_done(f.kind).into(),
+            });
+        }
+        pending.retain(|f| !due(f));
+    }
+
+    /// Restarts the nodes whose restart is due at `elapsed` (s) once the
+    /// killed process's output has ended, and takes them off `pending`.
+    fn restart_due(
+        &mut self,
+        pending: &mut Vec<NodeFault>,
+        children: &mut [Child],
+        stdins: &mut [Option<ChildStdin>],
+        starter: &NodeStarter,
+        elapsed: f64,
+    ) -> Result<()> {
+        let due: Vec<NodeFault> = pending
+            .iter()
+            .copied()
+            .filter(|r| r.at_in(TimeUnit::Seconds) <= elapsed && !self.open[r.node as usize])
+            .collect();
+        pending.retain(|r| !due.contains(r));
+        for r in due {
+            let rank = r.node as usize;
+            let _ = children[rank].wait();
+            let (child, mut stdin) = starter.restart(rank, elapsed)?;
+            if let Some(s) = stdin.as_mut() {
+                s.write_all(self.peers_line.as_bytes())
+                    .and_then(|_| s.flush())
+                    .with_context(|| format!("sending the peer list to restarted node {rank}"))?;
+            }
+            children[rank] = child;
+            stdins[rank] = stdin;
+            self.open[rank] = true;
+            self.last_heard[rank] = Instant::now();
+            self.earlier[rank].0 += self.latest[rank].events_built;
+            self.earlier[rank].1 += self.latest[rank].bytes_built;
+            self.earlier_reports
+                .push(std::mem::take(&mut self.latest[rank]));
+            self.failures.push(FailureEvent {
+                at_s: elapsed,
+                node: r.node,
+                seen_by: "launcher".into(),
+                what: fault_done(r.kind).into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The once-a-second progress samples: the counters at the last one.
+struct Sampler {
+    last_tick: Instant,
+    last_bytes: u64,
+    last_node_bytes: Vec<u64>,
+    last_events: u64,
+    /// Delivered bytes, consumed bytes, busy seconds, at the last sample.
+    last_output: (u64, u64, f64),
+}
+
+impl Sampler {
+    fn new() -> Sampler {
+        Sampler {
+            last_tick: Instant::now(),
+            last_bytes: 0,
+            last_node_bytes: Vec::new(),
+            last_events: 0,
+            last_output: (0, 0, 0.0),
+        }
+    }
+
+    /// A sample of the rates since the last one, if a second has passed.
+    fn sample(&mut self, watch: &Watch, layout: &Layout, start: Instant) -> Option<Sample> {
+        if self.last_tick.elapsed() < Duration::from_secs(1) {
+            return None;
+        }
+        let latest = &watch.latest;
+        let dt = self.last_tick.elapsed().as_secs_f64();
+        self.last_tick = Instant::now();
+        let node_bytes: Vec<u64> = latest
+            .iter()
+            .zip(&watch.earlier)
+            .map(|(r, e)| r.bytes_built + e.1)
+            .collect();
+        let bytes: u64 = node_bytes.iter().sum();
+        let events: u64 = latest
+            .iter()
+            .zip(&watch.earlier)
+            .map(|(r, e)| r.events_built + e.0)
+            .sum();
+        self.last_node_bytes.resize(node_bytes.len(), 0);
+        let node_built_gbps = node_bytes
+            .iter()
+            .zip(&self.last_node_bytes)
+            .map(|(&now, &before)| (now - before.min(now)) as f64 * 8.0 / dt / 1e9)
+            .collect();
+        self.last_node_bytes = node_bytes;
+        let output = (
+            latest.iter().map(|r| r.bytes_delivered).sum::<u64>(),
+            latest.iter().map(|r| r.bytes_consumed).sum::<u64>(),
+            latest.iter().map(|r| r.busy_s).sum::<f64>(),
+        );
+        let gbps = |now: u64, before: u64| (now - before.min(now)) as f64 * 8.0 / dt / 1e9;
+        let with_consumers = layout.fus() > 0;
+        let last_output = self.last_output;
+        let producer_gbps = with_consumers.then(|| gbps(output.0, last_output.0));
+        let consumer_gbps = with_consumers.then(|| gbps(output.1, last_output.1));
+        let busy_consumers = with_consumers.then(|| ((output.2 - last_output.2) / dt).max(0.0));
+        self.last_output = output;
+        let sample = Sample {
+            producer_gbps,
+            consumer_gbps,
+            busy_consumers,
+            node_built_gbps,
+            t_s: start.elapsed().as_secs_f64(),
+            events_built: events,
+            bytes_built: bytes,
+            built_gbps: (bytes - self.last_bytes.min(bytes)) as f64 * 8.0 / dt / 1e9,
+            events_per_second: (events - self.last_events.min(events)) as f64 / dt,
+            events_incomplete: latest.iter().map(|r| r.events_incomplete).sum(),
+            events_corrupt: latest.iter().map(|r| r.events_corrupt).sum(),
+            rss_bytes: latest.iter().map(|r| r.rss_bytes).sum(),
+        };
+        self.last_bytes = bytes;
+        self.last_events = events;
+        Some(sample)
+    }
+}
+
+/// Shows the latest sample on the bar.
+fn show_sample(
+    bar: &indicatif::ProgressBar,
+    sample: &Sample,
+    config: &Config,
+    em_report: Option<&NodeReport>,
+) {
+    let per_node = sample.built_gbps / f64::from(config.nodes.count.max(1));
+    if config.run.duration_s == 0.0 {
+        bar.set_position(em_report.map_or(0, |r| r.meps_assigned));
+    }
+    bar.set_message(format!(
+        "{:>8.3} M events/s  built {:7.2} Gb/s ({:6.2} per node)  incomplete {}  corrupt {}",
+        sample.events_per_second / 1e6,
+        sample.built_gbps,
+        per_node,
+        sample.events_incomplete,
+        sample.events_corrupt
+    ));
+}
+
+/// Hands the nodes their peers, then watches the run until every node's
+/// output has ended: progress, injected faults and restarts, Ctrl-C.
+fn supervise(
+    opts: &RunOptions,
+    config: &Config,
+    layout: &Layout,
+    children: &mut [Child],
+    stdins: &mut [Option<ChildStdin>],
+    rx: &mpsc::Receiver<FromNode>,
+    starter: &NodeStarter,
+) -> Result<Supervised> {
+    let endpoints = children.len();
+    let bind = &config.transport.bind;
+    let mut watch = Watch::new(collect_addresses(config, endpoints, rx)?);
     for (rank, s) in stdins.iter_mut().enumerate() {
         let s = s.as_mut().expect("piped");
-        s.write_all(line.as_bytes())
+        s.write_all(watch.peers_line.as_bytes())
             .and_then(|_| s.flush())
             .with_context(|| format!("sending the peer list to node {rank}"))?;
     }
-
-    let interrupts = Arc::new(AtomicUsize::new(0));
-    {
-        let interrupts = interrupts.clone();
-        // Only the first handler registration in a process succeeds; a
-        // second `run_local` in the same process (tests) keeps the first.
-        let _ = ctrlc::set_handler(move || {
-            interrupts.fetch_add(1, Ordering::SeqCst);
-        });
-    }
+    let interrupts = count_interrupts();
     // A bar is for a person at a terminal: not in pipes, logs or CI.
     let progress = opts.progress.unwrap_or_else(|| {
         let ci = matches!(std::env::var_os("CI"), Some(v) if !v.is_empty());
@@ -512,8 +798,10 @@ fn supervise(
     let bar = progress.then(|| progress_bar(config));
     let start = Instant::now();
     let started_unix = evb_control::report::unix_now();
-    let mut pending_faults = opts.faults.clone();
-    let mut failures = Vec::new();
+    let (mut pending_restarts, mut pending_signals): (Vec<NodeFault>, Vec<NodeFault>) = opts
+        .faults
+        .iter()
+        .partition(|f| f.kind == FaultKind::Restart);
     let run_for = Duration::from_secs_f64(config.run.duration_s);
     let hard_deadline = start
         + run_for
@@ -524,105 +812,20 @@ fn supervise(
                 .max(config.event_builder.em_lost_wait_ms),
         )
         + Duration::from_secs(30);
-    let mut latest: Vec<NodeReport> = vec![NodeReport::default(); endpoints];
-    let mut finals: Finals = vec![None; endpoints];
-    let mut open = vec![true; endpoints];
-    let mut last_heard = vec![Instant::now(); endpoints];
     let mut timeline = Vec::new();
-    let mut last_tick = Instant::now();
-    let mut last_bytes = 0u64;
-    let mut last_node_bytes: Vec<u64> = Vec::new();
-    let mut last_events = 0u64;
-    // Delivered bytes, consumed bytes, busy seconds, at the last sample.
-    let mut last_output = (0u64, 0u64, 0f64);
+    let mut sampler = Sampler::new();
     let mut stop_sent = false;
     let em = layout.em as usize;
-    while open.iter().any(|&o| o) {
+    while watch.open.iter().any(|&o| o) {
         let msg = rx.recv_timeout(Duration::from_millis(100));
         if let Some(bar) = bar.as_ref().filter(|_| config.run.duration_s > 0.0) {
             bar.set_position((start.elapsed().as_secs_f64() * 10.0) as u64);
         }
-        if let Ok(FromNode::Stats(r, _) | FromNode::Final(r, _) | FromNode::Garbage(r, _)) = &msg {
-            last_heard[*r] = Instant::now();
-        }
-        match msg {
-            Ok(FromNode::Stats(rank, r)) => latest[rank] = r,
-            Ok(FromNode::Final(rank, r)) => {
-                latest[rank] = r.clone();
-                finals[rank] = Some(r);
-            }
-            Ok(FromNode::Closed(rank)) => open[rank] = false,
-            Ok(FromNode::Garbage(rank, line)) => tracing::info!("node {rank}: {line}"),
-            // A restarted shm node has a new inbox: a node restarted after
-            // it must find that one.
-            Ok(FromNode::Listen(rank, token)) => {
-                peers[rank] = address(token);
-                line = ToNode::Peers(peers.clone()).encode();
-            }
-            Err(_) => {}
-        }
-        // Everyone else is finished and a node has gone quiet (stopped,
-        // hung): it will not finish; end it.
-        let others_done = (0..endpoints)
-            .all(|i| finals[i].is_some() || last_heard[i].elapsed() > Duration::from_secs(3));
-        if others_done {
-            for i in (0..endpoints).filter(|&i| finals[i].is_none() && open[i]) {
-                let _ = children[i].kill();
-            }
-        }
+        watch.take(msg, bind);
+        watch.end_quiet_nodes(children);
         let elapsed = start.elapsed().as_secs_f64();
-        for f in pending_faults.iter().filter(|f| f.at_s <= elapsed) {
-            if let Some(child) = children.get(f.node as usize) {
-                // SAFETY: signalling our own child process by its pid.
-                unsafe {
-                    libc::kill(child.id() as libc::pid_t, f.signal);
-                }
-                failures.push(FailureEvent {
-                    at_s: elapsed,
-                    node: f.node,
-                    seen_by: "launcher".into(),
-                    what: f.name().into(),
-                });
-            }
-        }
-        pending_faults.retain(|f| f.at_s > elapsed);
-        // Restart once the killed process's output has ended.
-        let due: Vec<InjectedFault> = pending_restarts
-            .iter()
-            .copied()
-            .filter(|r| r.at_s <= elapsed && !open[r.node as usize])
-            .collect();
-        pending_restarts.retain(|r| !due.contains(r));
-        for r in due {
-            let rank = r.node as usize;
-            let _ = children[rank].wait();
-            // A restarted EM ends the run when the first one would have.
-            let extra = if rank == em && config.run.duration_s > 0.0 {
-                let left = (config.run.duration_s - elapsed).max(0.001);
-                vec!["--set".to_string(), format!("run.duration_s={left}")]
-            } else {
-                Vec::new()
-            };
-            let (child, mut stdin) = spawn(rank, true, &extra)?;
-            if let Some(s) = stdin.as_mut() {
-                s.write_all(line.as_bytes())
-                    .and_then(|_| s.flush())
-                    .with_context(|| format!("sending the peer list to restarted node {rank}"))?;
-            }
-            children[rank] = child;
-            stdins[rank] = stdin;
-            open[rank] = true;
-            last_heard[rank] = Instant::now();
-            earlier[rank].0 += latest[rank].events_built;
-            earlier[rank].1 += latest[rank].bytes_built;
-            earlier_reports.push(std::mem::take(&mut latest[rank]));
-            failures.push(FailureEvent {
-                at_s: elapsed,
-                node: r.node,
-                seen_by: "launcher".into(),
-                what: "restarted (rejoins the run)".into(),
-            });
-        }
+        watch.signal_due(&mut pending_signals, children, elapsed);
+        watch.restart_due(&mut pending_restarts, children, stdins, starter, elapsed)?;
         let n_int = interrupts.load(Ordering::SeqCst);
         if n_int >= 1 && !stop_sent {
             stop_sent = true;
@@ -642,67 +845,9 @@ fn supervise(
             }
             break;
         }
-        if last_tick.elapsed() >= Duration::from_secs(1) {
-            let dt = last_tick.elapsed().as_secs_f64();
-            last_tick = Instant::now();
-            let node_bytes: Vec<u64> = latest
-                .iter()
-                .zip(&earlier)
-                .map(|(r, e)| r.bytes_built + e.1)
-                .collect();
-            let bytes: u64 = node_bytes.iter().sum();
-            let events: u64 = latest
-                .iter()
-                .zip(&earlier)
-                .map(|(r, e)| r.events_built + e.0)
-                .sum();
-            last_node_bytes.resize(node_bytes.len(), 0);
-            let node_built_gbps = node_bytes
-                .iter()
-                .zip(&last_node_bytes)
-                .map(|(&now, &before)| (now - before.min(now)) as f64 * 8.0 / dt / 1e9)
-                .collect();
-            last_node_bytes = node_bytes;
-            let output = (
-                latest.iter().map(|r| r.bytes_delivered).sum::<u64>(),
-                latest.iter().map(|r| r.bytes_consumed).sum::<u64>(),
-                latest.iter().map(|r| r.busy_s).sum::<f64>(),
-            );
-            let gbps = |now: u64, before: u64| (now - before.min(now)) as f64 * 8.0 / dt / 1e9;
-            let with_consumers = layout.fus() > 0;
-            let producer_gbps = with_consumers.then(|| gbps(output.0, last_output.0));
-            let consumer_gbps = with_consumers.then(|| gbps(output.1, last_output.1));
-            let busy_consumers = with_consumers.then(|| ((output.2 - last_output.2) / dt).max(0.0));
-            last_output = output;
-            let sample = Sample {
-                producer_gbps,
-                consumer_gbps,
-                busy_consumers,
-                node_built_gbps,
-                t_s: start.elapsed().as_secs_f64(),
-                events_built: events,
-                bytes_built: bytes,
-                built_gbps: (bytes - last_bytes.min(bytes)) as f64 * 8.0 / dt / 1e9,
-                events_per_second: (events - last_events.min(events)) as f64 / dt,
-                events_incomplete: latest.iter().map(|r| r.events_incomplete).sum(),
-                events_corrupt: latest.iter().map(|r| r.events_corrupt).sum(),
-                rss_bytes: latest.iter().map(|r| r.rss_bytes).sum(),
-            };
-            last_bytes = bytes;
-            last_events = events;
+        if let Some(sample) = sampler.sample(&watch, layout, start) {
             if let Some(bar) = &bar {
-                let per_node = sample.built_gbps / f64::from(config.nodes.count.max(1));
-                if config.run.duration_s == 0.0 {
-                    bar.set_position(latest.get(em).map_or(0, |r| r.meps_assigned));
-                }
-                bar.set_message(format!(
-                    "{:>8.3} M events/s  built {:7.2} Gb/s ({:6.2} per node)  incomplete {}  corrupt {}",
-                    sample.events_per_second / 1e6,
-                    sample.built_gbps,
-                    per_node,
-                    sample.events_incomplete,
-                    sample.events_corrupt
-                ));
+                show_sample(bar, &sample, config, watch.latest.get(em));
             }
             timeline.push(sample);
         }
@@ -716,11 +861,11 @@ fn supervise(
         bar.abandon();
     }
     Ok(Supervised {
-        finals,
-        latest,
-        earlier_reports,
+        finals: watch.finals,
+        latest: watch.latest,
+        earlier_reports: watch.earlier_reports,
         timeline,
-        failures,
+        failures: watch.failures,
         started_unix,
     })
 }
@@ -799,6 +944,40 @@ fn check_preallocation(config: &Config, machine: Option<u64>) -> Result<()> {
 
 /// The summary table printed at the end of `evb run`.
 pub fn format_summary(result: &RunResult) -> String {
+    let s = &result.summary;
+    let mut out = format_node_table(result);
+    if s.batches_delivered_partial > 0 {
+        out += &format!(
+            "incomplete batches delivered anyway, flagged partial (output.deliver_partial): {}\n",
+            s.batches_delivered_partial
+        );
+    }
+    if let Some(mep) = s.em_resumed_at_mep {
+        out += &format!(
+            "the Event Manager was restarted and resumed at MEP {mep}: MEP fates are the BUs' own \
+             counts (a BU that died with the old EM counts up to its last report)\n"
+        );
+    }
+    out += &format_totals(s);
+    if !s.failures.is_empty() {
+        out += "failure timeline:\n";
+        for f in &s.failures {
+            out += &format!(
+                "  {:8.3} s  node {:<3} {} (seen by {})\n",
+                f.at_s, f.node, f.what, f.seen_by
+            );
+        }
+    }
+    if let Some(c) = &s.consumers {
+        out += &format_consumers(c);
+    }
+    out += &format_losses(s);
+    out
+}
+
+/// The run's line and a line per node, and the nodes that did not report
+/// at the end.
+fn format_node_table(result: &RunResult) -> String {
     let c = &result.config;
     let s = &result.summary;
     let eb = &c.event_builder;
@@ -857,19 +1036,12 @@ pub fn format_summary(result: &RunResult) -> String {
                     produced\n";
         }
     }
-    if s.batches_delivered_partial > 0 {
-        out += &format!(
-            "incomplete batches delivered anyway, flagged partial (output.deliver_partial): {}\n",
-            s.batches_delivered_partial
-        );
-    }
-    if let Some(mep) = s.em_resumed_at_mep {
-        out += &format!(
-            "the Event Manager was restarted and resumed at MEP {mep}: MEP fates are the BUs' own \
-             counts (a BU that died with the old EM counts up to its last report)\n"
-        );
-    }
-    out += &format!(
+    out
+}
+
+/// Events, throughput, latency, CPU, the slot clock and dropped fragments.
+fn format_totals(s: &Summary) -> String {
+    let mut out = format!(
         "events: generated {}  built {}  incomplete {}  corrupt {}  lost {}\n",
         s.events_generated, s.events_built, s.events_incomplete, s.events_corrupt, s.events_lost
     );
@@ -916,76 +1088,77 @@ pub fn format_summary(result: &RunResult) -> String {
             s.fragments_corrupt, s.fragments_duplicate, s.fragments_unexpected
         );
     }
-    if !s.failures.is_empty() {
-        out += "failure timeline:\n";
-        for f in &s.failures {
-            out += &format!(
-                "  {:8.3} s  node {:<3} {} (seen by {})\n",
-                f.at_s, f.node, f.what, f.seen_by
-            );
-        }
-    }
-    if let Some(c) = &s.consumers {
-        out += &format!(
-            "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s)  not consumed {}  undelivered {}  corrupt {}\n",
-            c.consumers,
-            c.batches_delivered,
-            c.producer_gbps,
-            c.batches_consumed,
-            c.consumer_gbps,
-            c.batches_not_consumed,
-            c.batches_undelivered,
-            c.batches_corrupt
-        );
-        let network = if c.network == "output" {
-            let at = |addrs: Vec<&str>| {
-                let mut a: Vec<&str> = addrs
-                    .into_iter()
-                    .map(|a| a.rsplit_once(':').map_or(a, |(ip, _)| ip))
-                    .collect();
-                a.dedup();
-                a.join(" ")
-            };
-            format!(
-                "over the output network (producers at {}, consumers at {})",
-                at(c.per_producer.iter().map(|p| p.address.as_str()).collect()),
-                at(c.per_consumer.iter().map(|p| p.address.as_str()).collect())
-            )
-        } else {
-            "over the event-building links".into()
+    out
+}
+
+/// The output stage: deliveries, their network, backpressure, the trigger.
+fn format_consumers(c: &ConsumersSummary) -> String {
+    let mut out = format!(
+        "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s)  not consumed {}  undelivered {}  corrupt {}\n",
+        c.consumers,
+        c.batches_delivered,
+        c.producer_gbps,
+        c.batches_consumed,
+        c.consumer_gbps,
+        c.batches_not_consumed,
+        c.batches_undelivered,
+        c.batches_corrupt
+    );
+    let network = if c.network == "output" {
+        let at = |addrs: Vec<&str>| {
+            let mut a: Vec<&str> = addrs
+                .into_iter()
+                .map(|a| a.rsplit_once(':').map_or(a, |(ip, _)| ip))
+                .collect();
+            a.dedup();
+            a.join(" ")
         };
+        format!(
+            "over the output network (producers at {}, consumers at {})",
+            at(c.per_producer.iter().map(|p| p.address.as_str()).collect()),
+            at(c.per_consumer.iter().map(|p| p.address.as_str()).collect())
+        )
+    } else {
+        "over the event-building links".into()
+    };
+    out += &format!(
+        "deliveries {network}: {:.2} Gb/s per producer ({} BUs), {:.2} Gb/s per consumer\n",
+        c.producer_gbps_per_producer, c.producers, c.consumer_gbps_per_consumer
+    );
+    let busy: Vec<String> = c
+        .per_consumer
+        .iter()
+        .map(|f| format!("{}:{:.0}%", f.node, f.busy_fraction * 100.0))
+        .collect();
+    out += &format!(
+        "backpressure: EM credit stalls {}  BU output full {:.3} s  longest output queue {}; consumers busy {}\n",
+        c.em_credit_stalls,
+        c.output_full_s,
+        c.max_output_queue,
+        busy.join(" ")
+    );
+    if c.batches_redelivered > 0 {
         out += &format!(
-            "deliveries {network}: {:.2} Gb/s per producer ({} BUs), {:.2} Gb/s per consumer\n",
-            c.producer_gbps_per_producer, c.producers, c.consumer_gbps_per_consumer
+            "delivered again: {} batches a dead consumer had not confirmed; confirmed {} of {} delivered\n",
+            c.batches_redelivered, c.batches_confirmed, c.batches_delivered
         );
-        let busy: Vec<String> = c
-            .per_consumer
-            .iter()
-            .map(|f| format!("{}:{:.0}%", f.node, f.busy_fraction * 100.0))
-            .collect();
-        out += &format!(
-            "backpressure: EM credit stalls {}  BU output full {:.3} s  longest output queue {}; consumers busy {}\n",
-            c.em_credit_stalls,
-            c.output_full_s,
-            c.max_output_queue,
-            busy.join(" ")
-        );
-        if c.batches_redelivered > 0 {
-            out += &format!(
-                "delivered again: {} batches a dead consumer had not confirmed; confirmed {} of {} delivered\n",
-                c.batches_redelivered, c.batches_confirmed, c.batches_delivered
-            );
-        }
-        if c.events_accepted < c.events_consumed {
-            out += &format!(
-                "trigger: accepted {} of {} events consumed ({:.1} %), in {} batches\n",
-                c.events_accepted,
-                c.events_consumed,
-                100.0 * c.events_accepted as f64 / c.events_consumed.max(1) as f64,
-                c.batches_accepted
-            );
-        }
     }
+    if c.events_accepted < c.events_consumed {
+        out += &format!(
+            "trigger: accepted {} of {} events consumed ({:.1} %), in {} batches\n",
+            c.events_accepted,
+            c.events_consumed,
+            100.0 * c.events_accepted as f64 / c.events_consumed.max(1) as f64,
+            c.batches_accepted
+        );
+    }
+    out
+}
+
+/// The store, what was re-assigned or lost, the readout throttle, the
+/// preallocated buffers and the sources missing from incomplete batches.
+fn format_losses(s: &Summary) -> String {
+    let mut out = String::new();
     if s.store_objects > 0 {
         out += &format!(
             "event store: {} objects, {} events, {:.3} GB written\n",

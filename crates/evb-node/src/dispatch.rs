@@ -77,23 +77,7 @@ impl Runtime {
                     }
                     tracing::warn!("evb node {}: drain timed out: {pending}", self.rank);
                 }
-                Action::Produce { mep } => {
-                    let e = &mut self.engine;
-                    let buf = if e.waiting_for_buffer.is_empty() {
-                        e.take_mep_buffer()
-                    } else {
-                        None
-                    };
-                    match buf {
-                        Some(buf) => self.produce(mep, buf),
-                        // A fixed set of MEP buffers with none free: the
-                        // MEP waits for one, in order (counted).
-                        None => {
-                            e.mep_buffer_waits += 1;
-                            e.waiting_for_buffer.push_back(mep);
-                        }
-                    }
-                }
+                Action::Produce { mep } => self.produce_or_wait(mep),
                 Action::SendFragment { header, .. } | Action::HandOver { header }
                     if self.dropped(&header) =>
                 {
@@ -111,20 +95,7 @@ impl Runtime {
                         self.engine.node.on_send_complete(now, header.mep);
                     }
                 }
-                Action::HandOver { header } => {
-                    let data = self.mep_data(header.mep);
-                    let e = &mut self.engine;
-                    let now = e.now();
-                    if let Some((data, header)) = data {
-                        if e.node.admit_fragment(now, self.rank, &header) == Admit::Keep {
-                            let crc = e.verdict(&header, &data, None);
-                            let src = header.source as usize;
-                            e.batch(header.mep).slots[src] = Some(Slot::Local(data));
-                            e.node.on_fragment(now, &header, crc);
-                        }
-                    }
-                    e.node.on_send_complete(now, header.mep);
-                }
+                Action::HandOver { header } => self.hand_over(header),
                 Action::Release { mep } => {
                     if let Some((data, _, _)) = self.engine.meps.remove(&mep) {
                         self.engine.give_back_shared(data);
@@ -146,55 +117,98 @@ impl Runtime {
                         self.engine.give_back_shared(rc);
                     }
                 }
-                Action::Consumed { mep, bu } => {
-                    if let Some(d) = self.engine.consuming.remove(&(bu, mep)) {
-                        let passes = self.config.output.consumer_work_passes;
-                        if passes > 0 {
-                            let started = Instant::now();
-                            trigger_work(&d.buf[d.start..d.start + d.len], passes);
-                            let ns = started.elapsed().as_nanos() as u64;
-                            if let Some(fu) = self.engine.node.fu_mut() {
-                                fu.record_work(ns);
-                            }
-                        }
-                        if let (Some(store), Some(fu)) =
-                            (self.store.as_mut(), self.engine.node.fu())
-                        {
-                            store_accepted(store, fu, mep, &d)?;
-                        }
-                        self.engine.give_back_rx(d.buf);
-                    }
-                }
+                Action::Consumed { mep, bu } => self.consume(mep, bu)?,
                 Action::Finish {
                     mep,
                     outcome,
                     partial,
                     ..
-                } => {
-                    let batch = self.engine.batches.remove(&mep);
-                    // `partial`: what arrived of an incomplete batch goes
-                    // to the sink too, flagged (`output.deliver_partial`).
-                    if outcome == Outcome::Built || partial {
-                        if let (Some(file), Some(b)) = (self.engine.sink.as_mut(), batch.as_ref()) {
-                            write_batch(file, mep, b, partial)
-                                .context("writing to the output file")?;
-                        }
-                        if let (Some(store), Some(b)) = (self.store.as_mut(), batch.as_ref()) {
-                            store_batch(store, mep, self.config.source.events_per_mep, b)?;
-                        }
-                    }
-                    if let Some(b) = batch {
-                        for slot in b.slots.into_iter().flatten() {
-                            match slot {
-                                Slot::Received { data, .. } => self.engine.give_back_rx(data),
-                                Slot::Local(rc) => self.engine.give_back_shared(rc),
-                                // Released to its RU.
-                                Slot::Shared(view) => drop(view),
-                            }
-                        }
-                    }
-                }
+                } => self.finish(mep, outcome, partial)?,
                 Action::Done => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Produces a MEP into a free buffer, or queues it (in order, counted)
+    /// until one is given back.
+    fn produce_or_wait(&mut self, mep: MepId) {
+        let e = &mut self.engine;
+        let buf = if e.waiting_for_buffer.is_empty() {
+            e.take_mep_buffer()
+        } else {
+            None
+        };
+        match buf {
+            Some(buf) => self.produce(mep, buf),
+            // A fixed set of MEP buffers with none free: the
+            // MEP waits for one, in order (counted).
+            None => {
+                e.mep_buffer_waits += 1;
+                e.waiting_for_buffer.push_back(mep);
+            }
+        }
+    }
+
+    /// Hands a local fragment over in memory to this node's own BU.
+    fn hand_over(&mut self, header: FragmentHeader) {
+        let data = self.mep_data(header.mep);
+        let e = &mut self.engine;
+        let now = e.now();
+        if let Some((data, header)) = data {
+            if e.node.admit_fragment(now, self.rank, &header) == Admit::Keep {
+                let crc = e.verdict(&header, &data, None);
+                let src = header.source as usize;
+                e.batch(header.mep).slots[src] = Some(Slot::Local(data));
+                e.node.on_fragment(now, &header, crc);
+            }
+        }
+        e.node.on_send_complete(now, header.mep);
+    }
+
+    /// A consumer is done with a delivered batch: its work, the store,
+    /// the buffer given back.
+    fn consume(&mut self, mep: MepId, bu: NodeId) -> Result<()> {
+        if let Some(d) = self.engine.consuming.remove(&(bu, mep)) {
+            let passes = self.config.output.consumer_work_passes;
+            if passes > 0 {
+                let started = Instant::now();
+                trigger_work(&d.buf[d.start..d.start + d.len], passes);
+                let ns = started.elapsed().as_nanos() as u64;
+                if let Some(fu) = self.engine.node.fu_mut() {
+                    fu.record_work(ns);
+                }
+            }
+            if let (Some(store), Some(fu)) = (self.store.as_mut(), self.engine.node.fu()) {
+                store_accepted(store, fu, mep, &d)?;
+            }
+            self.engine.give_back_rx(d.buf);
+        }
+        Ok(())
+    }
+
+    /// A batch is finished: written to the sink or the store when built (or
+    /// partial and asked for), its buffers given back.
+    fn finish(&mut self, mep: MepId, outcome: Outcome, partial: bool) -> Result<()> {
+        let batch = self.engine.batches.remove(&mep);
+        // `partial`: what arrived of an incomplete batch goes
+        // to the sink too, flagged (`output.deliver_partial`).
+        if outcome == Outcome::Built || partial {
+            if let (Some(file), Some(b)) = (self.engine.sink.as_mut(), batch.as_ref()) {
+                write_batch(file, mep, b, partial).context("writing to the output file")?;
+            }
+            if let (Some(store), Some(b)) = (self.store.as_mut(), batch.as_ref()) {
+                store_batch(store, mep, self.config.source.events_per_mep, b)?;
+            }
+        }
+        if let Some(b) = batch {
+            for slot in b.slots.into_iter().flatten() {
+                match slot {
+                    Slot::Received { data, .. } => self.engine.give_back_rx(data),
+                    Slot::Local(rc) => self.engine.give_back_shared(rc),
+                    // Released to its RU.
+                    Slot::Shared(view) => drop(view),
+                }
             }
         }
         Ok(())

@@ -66,7 +66,6 @@ mod stats;
 
 pub use setup::{open_transport, rendezvous};
 pub use setup::{run_node, Control, NodeOptions};
-pub use stats::STATS_ENV;
 
 use pools::{SparePool, POOL_TRIM};
 use stats::{monotonic_ns, ReportLines};
@@ -188,7 +187,7 @@ struct Runtime {
     events: Vec<LinkEvent>,
     /// Where the final report is also written (launcher mode).
     report_file: Option<PathBuf>,
-    /// Launcher mode: print STATS lines all the same ([`STATS_ENV`]).
+    /// Launcher mode: print STATS lines all the same (`metrics.stats_lines`).
     stats_under_launcher: bool,
     /// Where STATS and FINAL lines go (stdout, from a thread of its own).
     report_lines: ReportLines,
@@ -210,6 +209,7 @@ impl Runtime {
         let node = Node::new(&config, &layout, rank);
         let sources = layout.ru_of[rank as usize].map(|s| SourceModel::new(&config, s));
         let (sink, store) = output::open_outputs(&config, &layout, rank)?;
+        let stats_under_launcher = config.metrics.stats_lines;
         Ok(Runtime {
             engine: Engine {
                 node,
@@ -245,7 +245,7 @@ impl Runtime {
             finished: false,
             events: Vec::new(),
             report_file: None,
-            stats_under_launcher: std::env::var(STATS_ENV).is_ok_and(|v| v == "1"),
+            stats_under_launcher,
             report_lines: ReportLines::start(),
             metrics: None,
             actions_left: false,
@@ -300,7 +300,7 @@ impl Runtime {
             if now_i >= next_trim {
                 next_trim = now_i + POOL_TRIM;
                 self.engine.trim_pools();
-                if std::env::var_os("EVB_MEMDEBUG").is_some() {
+                if self.config.metrics.log_memory {
                     self.engine.print_memory(self.rank);
                 }
             }

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -66,52 +66,24 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     // Before the node announces itself: the start barrier waits for it, and
     // the run's clock does not count it.
     let pools = preallocate(&config, &layout, rank)?;
-    let kind = TransportKind::parse(&config.transport.kind)?;
+    let kind = config.transport.kind.on_node();
     let mep_slots = mep_slots(&config, &layout, rank, &kind)?;
-    // A restarted TCP node listens where its peers know it: under `evb
-    // run`, the address list comes first. (A restarted shm node announces
-    // its new inbox as at the start, and asks the peers to take it back.)
-    let early_peers = match (opts.rejoin, opts.control, &kind) {
-        (true, Control::Stdio, TransportKind::Tcp) => Some(read_peers_line(&layout)?),
-        // Under a cluster launcher: where the job's ranks published.
-        (true, Control::Launcher, TransportKind::Tcp) => {
-            let dir = opts
-                .rendezvous
-                .as_deref()
-                .ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))?;
-            Some(crate::cluster::published_tokens(
-                dir,
-                config.run.run_id,
-                layout.endpoints,
-            )?)
-        }
-        _ => None,
-    };
+    let early_peers = peers_known_early(
+        &config,
+        &layout,
+        &kind,
+        opts.rejoin,
+        opts.control,
+        opts.rendezvous.as_deref(),
+    )?;
     let mut transport = match &early_peers {
-        Some(peers) => {
-            let own = &peers[rank as usize];
-            let listen = outnet::split_token(own)
-                .0
-                .to_socket_addrs()
-                .ok()
-                .and_then(|mut a| a.next())
-                .ok_or_else(|| anyhow!("bad own address `{own}`"))?;
-            let out_listen = output_listen(&config, &layout, rank, opts.control, Some(own))?;
-            Box::new(transport::tcp::TcpTransport::bind(
-                &config,
-                &layout,
-                rank,
-                Some(listen),
-                out_listen.as_ref().map(|(a, k)| (*a, k.as_str())),
-            )?)
-        }
+        Some(peers) => bind_tcp_at_own_token(&config, &layout, rank, opts.control, peers)?,
         None => open_transport(&config, &layout, rank, opts.control, mep_slots.as_ref())?,
     };
     // shm keeps its inbox's name in /dev/shm for restarted peers to find,
     // and only `evb run` removes what a killed node leaves there: rejoin is
     // offered when it plans restarts (or asked for).
-    let shm_restarts = opts.control == Control::Stdio
-        && std::env::var(transport::shm::REJOIN_ENV).is_ok_and(|v| v == "1");
+    let shm_restarts = opts.control == Control::Stdio && config.transport.shm_rejoin;
     let offer_rejoin = opts.rejoin || shm_restarts || kind != TransportKind::Shm;
     let rejoin_ok = offer_rejoin && transport.enable_rejoin(opts.rejoin);
     if opts.rejoin && !rejoin_ok {
@@ -120,41 +92,16 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
             transport.name()
         );
     }
-    let peers = match opts.control {
-        _ if early_peers.is_some() => early_peers.expect("checked"),
-        // MPI knows every rank already: nothing to exchange.
-        Control::Launcher
-            if TransportKind::parse(&config.transport.kind)? == TransportKind::Mpi =>
-        {
-            (0..layout.endpoints)
-                .map(|r| transport::msg::to_hex(&i32::from(r).to_le_bytes()))
-                .collect()
-        }
-        Control::Launcher => {
-            let dir = opts
-                .rendezvous
-                .as_deref()
-                .ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))?;
-            let token = transport.local_token();
-            let token = match outnet::split_token(&token) {
-                // A TCP port: others need our address too (and with an
-                // output network, after a comma, our address there).
-                (port, out) if port.parse::<u16>().is_ok() => {
-                    let out = out.map_or(String::new(), |o| format!(",{o}"));
-                    format!("{}:{port}{out}", config.transport.bind)
-                }
-                _ => token.clone(),
-            };
-            crate::cluster::exchange_tokens(
-                dir,
-                config.run.run_id,
-                rank,
-                layout.endpoints,
-                &token,
-                Duration::from_secs(60),
-            )?
-        }
-        control => rendezvous(&config, &layout, rank, control, transport.as_ref())?,
+    let peers = match (early_peers, opts.control) {
+        (Some(peers), _) => peers,
+        (None, Control::Launcher) => launcher_peers(
+            &config,
+            &layout,
+            rank,
+            opts.rendezvous.as_deref(),
+            transport.as_ref(),
+        )?,
+        (None, control) => rendezvous(&config, &layout, rank, control, transport.as_ref())?,
     };
     let commands = (opts.control == Control::Stdio).then(spawn_stdin_forwarder);
     let run_id = config.run.run_id;
@@ -206,6 +153,98 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     rt.run(transport.as_mut(), commands.as_ref())
 }
 
+/// The directory where a cluster launcher's ranks exchange addresses.
+fn rendezvous_dir(rendezvous: Option<&Path>) -> Result<&Path> {
+    rendezvous.ok_or_else(|| anyhow!("--control launcher needs --rendezvous DIR"))
+}
+
+/// A restarted TCP node's peer tokens, needed before its transport opens
+/// because it listens where its peers know it: under `evb run` the address
+/// list comes first, under a cluster launcher they are where the job's
+/// ranks published. `None` for any other node (a restarted shm node
+/// announces its new inbox as at the start, and asks the peers to take it
+/// back).
+fn peers_known_early(
+    config: &Config,
+    layout: &Layout,
+    kind: &TransportKind,
+    rejoin: bool,
+    control: Control,
+    rendezvous: Option<&Path>,
+) -> Result<Option<Vec<String>>> {
+    Ok(match (rejoin, control, kind) {
+        (true, Control::Stdio, TransportKind::Tcp) => Some(read_peers_line(layout)?),
+        (true, Control::Launcher, TransportKind::Tcp) => Some(crate::cluster::published_tokens(
+            rendezvous_dir(rendezvous)?,
+            config.run.run_id,
+            layout.endpoints,
+        )?),
+        _ => None,
+    })
+}
+
+/// The TCP transport of a restarted node, listening at its own token in
+/// `peers` (on both networks with an output network).
+fn bind_tcp_at_own_token(
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+    control: Control,
+    peers: &[String],
+) -> Result<Box<dyn Transport>> {
+    let own = &peers[rank as usize];
+    let listen = outnet::split_token(own)
+        .0
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| anyhow!("bad own address `{own}`"))?;
+    let out_listen = output_listen(config, layout, rank, control, Some(own))?;
+    Ok(Box::new(transport::tcp::TcpTransport::bind(
+        config,
+        layout,
+        rank,
+        Some(listen),
+        out_listen.as_ref().map(|(a, k)| (*a, k.as_str())),
+    )?))
+}
+
+/// Under a cluster launcher: every rank's token, exchanged through the
+/// rendezvous directory (MPI knows every rank already: nothing to
+/// exchange).
+fn launcher_peers(
+    config: &Config,
+    layout: &Layout,
+    rank: NodeId,
+    rendezvous: Option<&Path>,
+    transport: &dyn Transport,
+) -> Result<Vec<String>> {
+    if config.transport.kind.on_node() == TransportKind::Mpi {
+        return Ok((0..layout.endpoints)
+            .map(|r| transport::msg::to_hex(&i32::from(r).to_le_bytes()))
+            .collect());
+    }
+    let dir = rendezvous_dir(rendezvous)?;
+    let token = transport.local_token();
+    let token = match outnet::split_token(&token) {
+        // A TCP port: others need our address too (and with an output
+        // network, after a comma, our address there).
+        (port, out) if port.parse::<u16>().is_ok() => {
+            let out = out.map_or(String::new(), |o| format!(",{o}"));
+            format!("{}:{port}{out}", config.transport.bind)
+        }
+        _ => token.clone(),
+    };
+    crate::cluster::exchange_tokens(
+        dir,
+        config.run.run_id,
+        rank,
+        layout.endpoints,
+        &token,
+        Duration::from_secs(60),
+    )
+}
+
 /// Where a TCP node listens on the output network, and the setting that
 /// says so; `None` without an output network. `published`: the token a
 /// restarted node published at its start (it listens there again).
@@ -249,7 +288,7 @@ fn preallocate(config: &Config, layout: &Layout, rank: NodeId) -> Result<Option<
     if !config.event_builder.preallocate_buffers {
         return Ok(None);
     }
-    let kind = TransportKind::parse(&config.transport.kind)?;
+    let kind = config.transport.kind.on_node();
     let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, &kind);
     let t = Instant::now();
     let pool = SparePool::fixed(plan.rx_buffers, plan.rx_bytes);
@@ -273,7 +312,7 @@ fn mep_slots(
     rank: NodeId,
     kind: &TransportKind,
 ) -> Result<Option<SlotStore>> {
-    let mut plan = crate::buffers::BufferPlan::for_node(config, layout, rank, kind);
+    let plan = crate::buffers::BufferPlan::for_node(config, layout, rank, kind);
     if plan.mep_buffers == 0 {
         return Ok(None);
     }
@@ -281,14 +320,6 @@ fn mep_slots(
     let prealloc = config.event_builder.preallocate_buffers;
     if !(zero_copy || prealloc || config.source.readout == Readout::Ring) {
         return Ok(None);
-    }
-    if let Some(n) = std::env::var("EVB_MEP_BUFFERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-    {
-        // Tests: fewer MEP buffers than the bound, to make MEPs wait.
-        plan.mep_buffers = n;
     }
     let slots = u32::try_from(plan.mep_buffers).context("MEP buffers")?;
     let t = Instant::now();
@@ -319,8 +350,8 @@ pub fn open_transport(
     control: Control,
     mep_slots: Option<&SlotStore>,
 ) -> Result<Box<dyn Transport>> {
-    let progress = transport::Progress::from_config(config);
-    match TransportKind::parse(&config.transport.kind)? {
+    let progress = config.transport.progress;
+    match config.transport.kind.on_node() {
         TransportKind::Tcp => {
             let listen = match control {
                 Control::Stdio | Control::Launcher => None,
@@ -408,7 +439,7 @@ pub fn rendezvous(
         }
         Control::Launcher => bail!("launcher rendezvous is handled by run_node"),
         Control::Config => {
-            if TransportKind::parse(&config.transport.kind)? != TransportKind::Tcp {
+            if config.transport.kind.on_node() != TransportKind::Tcp {
                 bail!(
                     "transport `{}` needs `evb run` or a launcher (mpirun, srun) to exchange addresses",
                     config.transport.kind

@@ -9,11 +9,6 @@ use crate::report::NodeReport;
 
 use super::*;
 
-/// `EVB_STATS_LINES=1`: a node under a launcher prints its periodic STATS
-/// lines too (by default only FINAL: ranks share the launcher's stdout),
-/// for when each rank's output is its own (`srun --output=evb-%t.out`).
-pub const STATS_ENV: &str = "EVB_STATS_LINES";
-
 impl Runtime {
     pub(super) fn print_report(&self, full: bool) {
         let stats = self.engine.node.stats();

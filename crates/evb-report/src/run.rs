@@ -212,7 +212,19 @@ fn consumers(input: &Input) -> Result<String> {
     }
     let consumers = c.get("consumers").u64()?;
     let mut out = String::from("<h3>Output stage: producers and consumers</h3>\n");
-    // Newer runs also have the trigger, the event store and re-deliveries.
+    let extra = newer_consumer_facts(root, &c)?;
+    out.push_str(&facts(&consumer_facts(&c, consumers)?));
+    if !extra.is_empty() {
+        out.push_str(&facts(&extra));
+    }
+    out.push_str(&consumer_charts(input, consumers)?);
+    out.push_str(&per_consumer_table(&c)?);
+    Ok(out)
+}
+
+/// What newer runs also report about the output stage: the trigger, the
+/// event store and re-deliveries (each only when present).
+fn newer_consumer_facts(root: &At, c: &At) -> Result<Vec<(&'static str, String)>> {
     let mut extra = Vec::new();
     if let (Some(consumed), Some(accepted)) = (
         c.get("events_consumed").opt_u64()?,
@@ -243,7 +255,13 @@ fn consumers(input: &Input) -> Result<String> {
             extra.push(("delivered again (their consumer died)", count(again)));
         }
     }
-    out.push_str(&facts(&[
+    Ok(extra)
+}
+
+/// The output stage's figures every run with consumers has: counts,
+/// throughput and backpressure.
+fn consumer_facts(c: &At, consumers: u64) -> Result<Vec<(&'static str, String)>> {
+    Ok(vec![
         ("consumers", count(consumers)),
         (
             "batches delivered / consumed",
@@ -279,10 +297,14 @@ fn consumers(input: &Input) -> Result<String> {
                 count(c.get("max_output_queue").u64()?)
             ),
         ),
-    ]));
-    if !extra.is_empty() {
-        out.push_str(&facts(&extra));
-    }
+    ])
+}
+
+/// Producer and consumer throughput, and the busy consumers against the
+/// run's consumer count, over time.
+fn consumer_charts(input: &Input, consumers: u64) -> Result<String> {
+    let root = &input.root;
+    let mut out = String::new();
     let mut producer = Vec::new();
     let mut consumer = Vec::new();
     let mut busy = Vec::new();
@@ -338,6 +360,13 @@ fn consumers(input: &Input) -> Result<String> {
             ],
         ),
     )?);
+    Ok(out)
+}
+
+/// Batches, bytes and busy fraction per consumer (empty when the run has
+/// no per-consumer figures).
+fn per_consumer_table(c: &At) -> Result<String> {
+    let mut out = String::new();
     let mut rows = Vec::new();
     for p in c.get("per_consumer").opt_array()? {
         rows.push(vec![

@@ -452,8 +452,23 @@ pub trait Traffic {
     fn sample(&mut self, _now: Ps, _interval: Ps) {}
 }
 
-impl Net {
-    pub fn new(fabric: SimFabric, params: Params, sample_ps: Ps) -> Net {
+/// The fabric's ports as the engine keeps them: one output port per host
+/// and per switch port, the input ports aligned with them (a host's is a
+/// placeholder), and the distinct link rates they run at.
+struct Ports {
+    /// Per switch: the id of its port 0 (hosts come first, ids `0..hosts`).
+    switch_base: Vec<u32>,
+    outs: Vec<OutPort>,
+    ins: Vec<InPort>,
+    /// Every distinct link rate, Gb/s, in the order met; `OutPort::rate`
+    /// indexes it.
+    rates: Vec<f64>,
+    /// Per host: on an Ethernet network.
+    host_eth: Vec<bool>,
+}
+
+impl Ports {
+    fn of(fabric: &SimFabric, params: &Params) -> Ports {
         let hosts = fabric.hosts() as u32;
         let vls = params.vls as usize;
         let buffer_blocks = params.vl_buffer_bytes / CREDIT_BLOCK;
@@ -511,12 +526,32 @@ impl Net {
                     o.credit_based = false;
                     o.eth_switch = true;
                     o.egress = vec![VecDeque::new(); vls];
-                    (inp.xoff, inp.xon) = pfc_thresholds(&params, gbps);
+                    (inp.xoff, inp.xon) = pfc_thresholds(params, gbps);
                 }
                 outs.push(o);
                 ins.push(inp);
             }
         }
+        Ports {
+            switch_base,
+            outs,
+            ins,
+            rates,
+            host_eth,
+        }
+    }
+}
+
+impl Net {
+    pub fn new(fabric: SimFabric, params: Params, sample_ps: Ps) -> Net {
+        let hosts = fabric.hosts() as u32;
+        let Ports {
+            switch_base,
+            mut outs,
+            ins,
+            rates,
+            host_eth,
+        } = Ports::of(&fabric, &params);
         let latency_index = WeightedIndex::new(params.host_latency.iter().map(|b| b.1))
             .expect("validated histogram");
         let rng = Pcg64Mcg::seed_from_u64(params.seed ^ 0x51_u64);

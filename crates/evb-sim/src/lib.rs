@@ -23,6 +23,7 @@ pub mod traffic;
 
 use std::time::Instant;
 
+use evb_core::config::{FlowControl, Granularity, OutputNetwork, SimTraffic};
 use evb_core::Config;
 use serde::{Deserialize, Serialize};
 
@@ -335,13 +336,13 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         vl_weights: s.vl_weights.clone(),
         host_latency,
         seed: config.run.seed,
-        flit: s.granularity == "flit",
+        flit: s.granularity == Granularity::Flit,
         train: s.train_packets,
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,
             buffer_bytes: s.output.buffer_bytes,
-            lossless: s.output.flow_control == "pfc",
+            lossless: s.output.flow_control == FlowControl::Pfc,
             rto_ps: (s.output.rto_us * 1e6) as Ps,
             ..engine::EthParams::default()
         },
@@ -350,9 +351,9 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
 
 /// Whether the consumers sit on an output network of their own.
 pub fn separate_output(config: &Config) -> bool {
-    config.sim.traffic == "eb"
+    config.sim.traffic == SimTraffic::Eb
         && config.output.consumers > 0
-        && config.sim.output.network == "ethernet"
+        && config.sim.output.network == OutputNetwork::Ethernet
 }
 
 /// Adds the output network (`[sim.output]`) to the event-building
@@ -442,21 +443,22 @@ pub fn simulate(
     let n = hosts as u32;
     let seed = config.run.seed;
     let mut eb = None;
-    let mut synthetic: Box<dyn Traffic> = match s.traffic.as_str() {
-        "eb" => {
+    let mut synthetic: Box<dyn Traffic> = match s.traffic {
+        SimTraffic::Eb => {
             eb = Some(traffic::EventBuilder::new(config, hosts)?);
             Box::new(traffic::ShiftFixed::new(0)) // unused
         }
-        "shift-fixed" => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
-        "shift-window" => Box::new(traffic::ShiftWindow {
+        SimTraffic::ShiftFixed => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
+        SimTraffic::ShiftWindow => Box::new(traffic::ShiftWindow {
             window: s.window_ns * PS_PER_NS,
             grace: s.grace_ns * PS_PER_NS,
         }),
-        "uniform" => Box::new(traffic::Uniform::new(s.load, seed)),
-        "permutation" => Box::new(traffic::Streams::permutation(n, s.message_bytes, seed)),
-        "incast" => Box::new(traffic::Streams::incast(n, s.message_bytes)),
-        "all-to-all" => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
-        other => return Err(format!("unknown traffic `{other}`")),
+        SimTraffic::Uniform => Box::new(traffic::Uniform::new(s.load, seed)),
+        SimTraffic::Permutation => {
+            Box::new(traffic::Streams::permutation(n, s.message_bytes, seed))
+        }
+        SimTraffic::Incast => Box::new(traffic::Streams::incast(n, s.message_bytes)),
+        SimTraffic::AllToAll => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
     };
     let topology = fabric.name.clone();
     let mut net = Net::new(fabric, params, sample);
@@ -507,65 +509,10 @@ pub fn simulate(
             drops: r.drops,
         })
         .collect();
-    let warmup = warmup_ps(config);
-    let first_steady = (warmup.div_ceil(sample)) as usize;
-    let rotation = rotation_ps(config);
-    let eb_summary = eb.as_ref().map(|e| {
-        let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
-        let (built, network, drift) = match rotation {
-            Some(r) => (
-                stats::batch_means_periodic(&e.built_series, warmup, r, sample),
-                stats::batch_means_periodic(&e.network_series, warmup, r, sample),
-                stats::drift_periodic(&e.built_series, r, sample),
-            ),
-            None => (
-                stats::batch_means(&e.built_series, first_steady),
-                stats::batch_means(&e.network_series, first_steady),
-                stats::drift(&e.built_series),
-            ),
-        };
-        let network_per_node = network.mean / bus;
-        let mut hist = hdr_merge(e);
-        if hist.is_empty() {
-            hist.push(0);
-        }
-        hist.sort_unstable();
-        let q = |f: f64| hist[((hist.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
-        let em = e.nodes.iter().find_map(evb_core::Node::em);
-        let end_ns = end / PS_PER_NS;
-        EbSummary {
-            throttled_fraction: em.map_or(0.0, |em| {
-                em.throttled_ns_at(end_ns) as f64 / end_ns.max(1) as f64
-            }),
-            events_vetoed: em.map_or(0, |em| {
-                em.stats.meps_vetoed * u64::from(config.source.events_per_mep)
-            }),
-            events_built: e.events_built,
-            batches_incomplete: e.batches_incomplete,
-            built_gbps_per_node: built.mean / bus,
-            built_ci95_gbps: built.ci95 / bus,
-            batch_means: built.batches,
-            warmup_us: match rotation {
-                Some(_) => built.from_ps as f64 * 1e-6,
-                None => first_steady as f64 * sample as f64 * 1e-6,
-            },
-            drift,
-            network_gbps_per_node: network_per_node,
-            network_fraction_of_link: network_per_node / net.params.link_gbps,
-            latency_p50_us: q(0.5),
-            latency_p99_us: q(0.99),
-            latency_max_us: q(1.0),
-            crash: crash_summary(
-                e,
-                config.nodes.count,
-                config.event_builder.schedule == evb_core::config::Schedule::Slotted,
-                sample,
-                end,
-            ),
-            slot_clock: slot_clock_summary(e),
-            built_gbps_series: e.built_series.clone(),
-        }
-    });
+    let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
+    let eb_summary = eb
+        .as_ref()
+        .map(|e| eb_summary(config, e, net.params.link_gbps, end, sample));
     let end_ns = end / PS_PER_NS;
     let consumers = eb
         .as_ref()
@@ -580,7 +527,7 @@ pub fn simulate(
         kind: "evb-sim",
         summary: SimSummary {
             topology,
-            traffic: s.traffic.clone(),
+            traffic: s.traffic.to_string(),
             hosts: fabric_hosts,
             throughput_per_host_gbps: mean,
             link_rate_gbps: net.params.link_gbps,
@@ -601,6 +548,75 @@ pub fn simulate(
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
     })
+}
+
+/// The event-building figures of a finished `eb` simulation: built and
+/// network throughput past the warm-up, latency quantiles, the EM's
+/// throttling and vetoes, crash and slot-clock summaries.
+fn eb_summary(
+    config: &Config,
+    e: &traffic::EventBuilder,
+    link_gbps: f64,
+    end: Ps,
+    sample: Ps,
+) -> EbSummary {
+    let warmup = warmup_ps(config);
+    let first_steady = (warmup.div_ceil(sample)) as usize;
+    let rotation = rotation_ps(config);
+    let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
+    let (built, network, drift) = match rotation {
+        Some(r) => (
+            stats::batch_means_periodic(&e.built_series, warmup, r, sample),
+            stats::batch_means_periodic(&e.network_series, warmup, r, sample),
+            stats::drift_periodic(&e.built_series, r, sample),
+        ),
+        None => (
+            stats::batch_means(&e.built_series, first_steady),
+            stats::batch_means(&e.network_series, first_steady),
+            stats::drift(&e.built_series),
+        ),
+    };
+    let network_per_node = network.mean / bus;
+    let mut hist = hdr_merge(e);
+    if hist.is_empty() {
+        hist.push(0);
+    }
+    hist.sort_unstable();
+    let q = |f: f64| hist[((hist.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
+    let em = e.nodes.iter().find_map(evb_core::Node::em);
+    let end_ns = end / PS_PER_NS;
+    EbSummary {
+        throttled_fraction: em.map_or(0.0, |em| {
+            em.throttled_ns_at(end_ns) as f64 / end_ns.max(1) as f64
+        }),
+        events_vetoed: em.map_or(0, |em| {
+            em.stats.meps_vetoed * u64::from(config.source.events_per_mep)
+        }),
+        events_built: e.events_built,
+        batches_incomplete: e.batches_incomplete,
+        built_gbps_per_node: built.mean / bus,
+        built_ci95_gbps: built.ci95 / bus,
+        batch_means: built.batches,
+        warmup_us: match rotation {
+            Some(_) => built.from_ps as f64 * 1e-6,
+            None => first_steady as f64 * sample as f64 * 1e-6,
+        },
+        drift,
+        network_gbps_per_node: network_per_node,
+        network_fraction_of_link: network_per_node / link_gbps,
+        latency_p50_us: q(0.5),
+        latency_p99_us: q(0.99),
+        latency_max_us: q(1.0),
+        crash: crash_summary(
+            e,
+            config.nodes.count,
+            config.event_builder.schedule == evb_core::config::Schedule::Slotted,
+            sample,
+            end,
+        ),
+        slot_clock: slot_clock_summary(e),
+        built_gbps_series: e.built_series.clone(),
+    }
 }
 
 /// The steady-state distribution figures of a finished `eb` simulation

@@ -284,7 +284,8 @@ const TIMER_CRASH: u64 = 1;
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
         let layout = Layout::from_config(config);
-        let separate = layout.fus() > 0 && config.sim.output.network == "ethernet";
+        let separate = layout.fus() > 0
+            && config.sim.output.network == evb_core::config::OutputNetwork::Ethernet;
         let (mut out_host, mut endpoint_of_host) = (Vec::new(), Vec::new());
         if separate {
             // The fabric's hosts, then the output network's: the BUs'
@@ -321,8 +322,8 @@ impl EventBuilder {
         }
         let crash = config
             .sim
-            .crash_at()?
-            .map(|(node, at_us)| (node, (at_us * 1e6) as Ps, None));
+            .crash
+            .map(|fault| (fault.node, fault.at.saturating_mul(PS_PER_NS), None));
         // A death is found as `evb run` finds a stopped node: by its
         // silence, on the simulator's time scale. Without one, no
         // heartbeats: they would only add control messages to every figure.

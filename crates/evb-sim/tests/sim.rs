@@ -471,7 +471,7 @@ fn eb_with_consumers(nodes: usize, consumers: u16, duration_us: f64, sets: &[&st
     ov.extend(sets.iter().map(|s| s.to_string()));
     let config =
         Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap();
-    let fabric_hosts = if config.sim.output.network == "fabric" {
+    let fabric_hosts = if config.sim.output.network == evb_core::config::OutputNetwork::Fabric {
         nodes + usize::from(consumers)
     } else {
         nodes

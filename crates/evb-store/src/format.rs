@@ -400,46 +400,11 @@ pub fn layout_selected(
         sources,
         fragments,
     } = *batch;
-    if sources.len() != fragments.len() {
-        return Err(FragmentLayoutError {
-            source: fragments.len(),
-            reason: format!(
-                "{} fragments but {} source indices",
-                fragments.len(),
-                sources.len()
-            ),
-        });
-    }
-    let mut previous: Option<u32> = None;
-    for &s in sources {
-        if s >= run_sources || previous.is_some_and(|p| p >= s) {
-            return Err(FragmentLayoutError {
-                source: s as usize,
-                reason: format!(
-                    "source indices must increase strictly and stay below the run's {run_sources} sources"
-                ),
-            });
-        }
-        previous = Some(s);
-    }
-    for (&source, fragment) in sources.iter().zip(fragments) {
-        fragment_data_len(source as usize, fragment, mep_events)?;
-    }
+    check_batch_parts(batch)?;
     let all: Vec<u32>;
     let selected = match selected {
         Some(list) => {
-            let mut previous: Option<u32> = None;
-            for &e in list {
-                if e >= mep_events || previous.is_some_and(|p| p >= e) {
-                    return Err(FragmentLayoutError {
-                        source: 0,
-                        reason: format!(
-                            "selected event {e}: event numbers must increase strictly and stay below the MEP's {mep_events} events"
-                        ),
-                    });
-                }
-                previous = Some(e);
-            }
+            check_selected_events(list, mep_events)?;
             list
         }
         None => {
@@ -447,25 +412,7 @@ pub fn layout_selected(
             &all
         }
     };
-    // Where each fragment's event `e` starts, walking the selected events
-    // in order with one cursor per fragment.
-    let table_len = mep_events as usize * 4;
-    let mut starts: Vec<usize> = Vec::with_capacity(selected.len() * fragments.len());
-    let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
-    let mut next_event = 0u32;
-    let mut payload_len = 0u64;
-    for &e in selected {
-        for (f, cursor) in fragments.iter().zip(cursors.iter_mut()) {
-            for skipped in next_event..e {
-                *cursor += u32_at(f, skipped as usize * 4) as usize;
-            }
-            starts.push(*cursor);
-            let size = u32_at(f, e as usize * 4) as usize;
-            *cursor += size;
-            payload_len += size as u64;
-        }
-        next_event = e + 1;
-    }
+    let (starts, payload_len) = selected_event_starts(fragments, selected, mep_events);
     let event_count = selected.len() as u32;
     let header = ObjectHeader {
         version: VERSION,
@@ -526,6 +473,92 @@ pub fn layout_selected(
     }
     debug_assert_eq!(out.len(), total);
     Ok(())
+}
+
+/// Checks that a batch's fragments match its source indices (one each,
+/// strictly increasing, below the run's source count) and that each
+/// fragment's size table accounts for its data.
+fn check_batch_parts(batch: &BatchParts<'_>) -> Result<(), FragmentLayoutError> {
+    let BatchParts {
+        mep_events,
+        run_sources,
+        sources,
+        fragments,
+        ..
+    } = *batch;
+    if sources.len() != fragments.len() {
+        return Err(FragmentLayoutError {
+            source: fragments.len(),
+            reason: format!(
+                "{} fragments but {} source indices",
+                fragments.len(),
+                sources.len()
+            ),
+        });
+    }
+    let mut previous: Option<u32> = None;
+    for &s in sources {
+        if s >= run_sources || previous.is_some_and(|p| p >= s) {
+            return Err(FragmentLayoutError {
+                source: s as usize,
+                reason: format!(
+                    "source indices must increase strictly and stay below the run's {run_sources} sources"
+                ),
+            });
+        }
+        previous = Some(s);
+    }
+    for (&source, fragment) in sources.iter().zip(fragments) {
+        fragment_data_len(source as usize, fragment, mep_events)?;
+    }
+    Ok(())
+}
+
+/// Checks that the selected event numbers increase strictly and stay below
+/// the MEP's event count.
+fn check_selected_events(selected: &[u32], mep_events: u32) -> Result<(), FragmentLayoutError> {
+    let mut previous: Option<u32> = None;
+    for &e in selected {
+        if e >= mep_events || previous.is_some_and(|p| p >= e) {
+            return Err(FragmentLayoutError {
+                source: 0,
+                reason: format!(
+                    "selected event {e}: event numbers must increase strictly and stay below the MEP's {mep_events} events"
+                ),
+            });
+        }
+        previous = Some(e);
+    }
+    Ok(())
+}
+
+/// Where each fragment's data for each selected event starts (event-major:
+/// entry `i * fragments.len() + k` is fragment `k`'s event `selected[i]`),
+/// and the payload length of the selected events. Walks the selected
+/// events in order with one cursor per fragment.
+fn selected_event_starts(
+    fragments: &[&[u8]],
+    selected: &[u32],
+    mep_events: u32,
+) -> (Vec<usize>, u64) {
+    let table_len = mep_events as usize * 4;
+    let mut starts: Vec<usize> = Vec::with_capacity(selected.len() * fragments.len());
+    let mut cursors: Vec<usize> = vec![table_len; fragments.len()];
+    let mut next_event = 0u32;
+    let mut payload_len = 0u64;
+    for &e in selected {
+        for (f, cursor) in fragments.iter().zip(cursors.iter_mut()) {
+            for skipped in next_event..e {
+                *cursor += u32_at(f, skipped as usize * 4) as usize;
+            }
+            starts.push(*cursor);
+            let size = u32_at(f, e as usize * 4) as usize;
+            *cursor += size;
+            payload_len += size as u64;
+        }
+        next_event = e + 1;
+    }
+    (starts, payload_len)
 }
 
 fn write_header(out: &mut Vec<u8>, h: &ObjectHeader, index_crc: u32, header_crc: u32) {
@@ -786,7 +819,33 @@ pub fn decode_header(bytes: &[u8]) -> Result<ObjectHeader, ObjectError> {
 /// Verifies every checksum and length of an object and returns a view of it.
 pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
     let header = decode_header(bytes)?;
-    let len = bytes.len() as u64;
+    let index_end = index_end_of_whole_object(&header, bytes.len() as u64)?;
+    // From here every range is within `bytes`.
+    let index = &bytes[HEADER_LEN..index_end as usize];
+    let payload = &bytes[index_end as usize..];
+    let stored = u32_at(bytes, 40);
+    let computed = crc32c::crc32c(index);
+    if stored != computed {
+        return Err(ObjectError::IndexCrc { stored, computed });
+    }
+    check_event_table(&header, index, payload)?;
+    if header.version >= 2 {
+        check_source_table(&header, index)?;
+    }
+    if header.version >= 3 {
+        check_event_number_table(&header, index)?;
+    }
+    Ok(StoredBatch {
+        header,
+        index,
+        payload,
+    })
+}
+
+/// Where the index of an object of `len` bytes with this header ends (the
+/// payload starts), once its length is checked: the header, the index and
+/// the payload the header announces, nothing missing and nothing after.
+fn index_end_of_whole_object(header: &ObjectHeader, len: u64) -> Result<u64, ObjectError> {
     let index_len = header.index_len().ok_or(ObjectError::IndexTooLarge {
         event_count: header.event_count,
         source_count: header.source_count,
@@ -822,14 +881,17 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
     if len > expected {
         return Err(ObjectError::TrailingBytes { len, expected });
     }
-    // From here every range is within `bytes`.
-    let index = &bytes[HEADER_LEN..index_end as usize];
-    let payload = &bytes[index_end as usize..];
-    let stored = u32_at(bytes, 40);
-    let computed = crc32c::crc32c(index);
-    if stored != computed {
-        return Err(ObjectError::IndexCrc { stored, computed });
-    }
+    Ok(index_end)
+}
+
+/// Checks the event table against the fragment sizes and the payload: the
+/// events lie end to end, each as long as its fragments, with its CRC, and
+/// together they fill the payload exactly.
+fn check_event_table(
+    header: &ObjectHeader,
+    index: &[u8],
+    payload: &[u8],
+) -> Result<(), ObjectError> {
     let sources = header.source_count as usize;
     let fragment_table = &index[header.event_count as usize * EVENT_ENTRY_LEN..];
     let mut expected_offset = 0u64;
@@ -879,55 +941,58 @@ pub fn decode(bytes: &[u8]) -> Result<StoredBatch<'_>, ObjectError> {
             payload_len: header.payload_len,
         });
     }
-    if header.version >= 2 {
-        let at = header.event_count as usize * EVENT_ENTRY_LEN
-            + header.event_count as usize * sources * FRAGMENT_ENTRY_LEN;
-        let table = &index[at..];
-        let run_sources = u32_at(table, 0);
-        if header.source_count > run_sources {
-            return Err(ObjectError::SourceCount {
-                source_count: header.source_count,
-                run_sources,
-            });
-        }
-        check_increasing(table, header.source_count, run_sources).map_err(
-            |(position, source, below)| ObjectError::SourceTable {
-                position,
-                source,
-                reason: if below {
-                    "source indices must increase strictly"
-                } else {
-                    "not below the run's source count"
-                },
-            },
-        )?;
+    Ok(())
+}
+
+/// Version 2 and later: the source table holds at most the run's sources,
+/// strictly increasing and below the run's source count.
+fn check_source_table(header: &ObjectHeader, index: &[u8]) -> Result<(), ObjectError> {
+    let sources = header.source_count as usize;
+    let at = header.event_count as usize * EVENT_ENTRY_LEN
+        + header.event_count as usize * sources * FRAGMENT_ENTRY_LEN;
+    let table = &index[at..];
+    let run_sources = u32_at(table, 0);
+    if header.source_count > run_sources {
+        return Err(ObjectError::SourceCount {
+            source_count: header.source_count,
+            run_sources,
+        });
     }
-    if header.version >= 3 {
-        let at = index.len() - (header.event_count as usize + 1) * EVENT_NUMBER_ENTRY_LEN;
-        let table = &index[at..];
-        let mep_events = u32_at(table, 0);
-        if header.event_count > mep_events {
-            return Err(ObjectError::EventCount {
-                event_count: header.event_count,
-                mep_events,
-            });
-        }
-        check_increasing(table, header.event_count, mep_events).map_err(
-            |(position, event, below)| ObjectError::EventNumbers {
-                position,
-                event,
-                reason: if below {
-                    "event numbers must increase strictly"
-                } else {
-                    "not below the MEP's event count"
-                },
+    check_increasing(table, header.source_count, run_sources).map_err(
+        |(position, source, below)| ObjectError::SourceTable {
+            position,
+            source,
+            reason: if below {
+                "source indices must increase strictly"
+            } else {
+                "not below the run's source count"
             },
-        )?;
+        },
+    )
+}
+
+/// Version 3 and later: the event-number table holds at most the MEP's
+/// events, strictly increasing and below the MEP's event count.
+fn check_event_number_table(header: &ObjectHeader, index: &[u8]) -> Result<(), ObjectError> {
+    let at = index.len() - (header.event_count as usize + 1) * EVENT_NUMBER_ENTRY_LEN;
+    let table = &index[at..];
+    let mep_events = u32_at(table, 0);
+    if header.event_count > mep_events {
+        return Err(ObjectError::EventCount {
+            event_count: header.event_count,
+            mep_events,
+        });
     }
-    Ok(StoredBatch {
-        header,
-        index,
-        payload,
+    check_increasing(table, header.event_count, mep_events).map_err(|(position, event, below)| {
+        ObjectError::EventNumbers {
+            position,
+            event,
+            reason: if below {
+                "event numbers must increase strictly"
+            } else {
+                "not below the MEP's event count"
+            },
+        }
     })
 }
 

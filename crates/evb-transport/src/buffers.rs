@@ -47,10 +47,10 @@ pub fn zero_copy(config: &Config, kind: &TransportKind) -> bool {
     *kind == TransportKind::Shm && config.transport.shm_zero_copy
 }
 
-/// Whether large buffers go on huge pages: `event_builder.huge_pages`,
-/// unless `EVB_HUGEPAGES=0|1` says otherwise (as the allocator of `evb`).
+/// Whether large buffers go on huge pages: `event_builder.huge_pages`
+/// (which `EVB_HUGEPAGES=0|1` overrides when the config is loaded).
 pub fn huge_pages(config: &Config) -> bool {
-    crate::hugepages::wanted(config.event_builder.huge_pages)
+    config.event_builder.huge_pages
 }
 
 /// The buffers one node preallocates.
@@ -74,7 +74,10 @@ impl BufferPlan {
         let (rus, bus) = (layout.rus(), layout.bus());
         let is_ru = layout.ru_of.get(i).copied().flatten().is_some();
         let is_bu = layout.bu_of.get(i).copied().flatten().is_some();
-        let mep_buffers = if is_ru {
+        let mep_buffers = if is_ru && eb.mep_buffers > 0 {
+            // Fewer than the bound below, to make MEPs wait (a test).
+            eb.mep_buffers as usize
+        } else if is_ru {
             let mut assigned = eb.credits as usize * bus;
             if config.source.mep_rate_hz > 0.0 {
                 assigned = assigned.min(eb.ru_buffer_meps as usize);
@@ -132,7 +135,7 @@ impl BufferPlan {
 
     /// The plan of every endpoint of a run, and their sum in bytes.
     pub fn for_run(config: &Config, layout: &Layout) -> anyhow::Result<(Vec<BufferPlan>, u64)> {
-        let kind = TransportKind::parse(crate::resolve_auto(config))?;
+        let kind = crate::resolve_auto(config);
         let plans: Vec<BufferPlan> = (0..layout.endpoints)
             .map(|r| BufferPlan::for_node(config, layout, r, &kind))
             .collect();

@@ -14,8 +14,8 @@
 //! A block is freed the way it was allocated because its size and the
 //! switch decide both, and the switch only goes from off to on before the
 //! first large allocation (a node turns it on from its configuration,
-//! before it allocates buffers). `EVB_HUGEPAGES=0|1` overrides the
-//! configuration, for experiments.
+//! before it allocates buffers; `EVB_HUGEPAGES=0|1` overrides the
+//! configuration's `event_builder.huge_pages`, docs/config.md).
 //!
 //! The `evb` binary installs [`MaybeHuge`] as its global allocator; the
 //! slot stores of [`crate::mepbuf`] ask for huge pages themselves
@@ -37,24 +37,14 @@ static LARGE_SEEN: AtomicBool = AtomicBool::new(false);
 
 pub struct MaybeHuge;
 
-/// Huge pages for this process's large buffers, as `configured` unless
-/// `EVB_HUGEPAGES` says otherwise. Call once, before buffers are allocated
+/// Huge pages for this process's large buffers, as `configured`
+/// (`event_builder.huge_pages`). Call once, before buffers are allocated
 /// and while the process has one thread. Returns whether they are on.
 pub fn choose(configured: bool) -> bool {
-    if wanted(configured) && !LARGE_SEEN.load(Ordering::SeqCst) {
+    if configured && !LARGE_SEEN.load(Ordering::SeqCst) {
         ON.store(true, Ordering::SeqCst);
     }
     ON.load(Ordering::SeqCst)
-}
-
-/// Huge pages as `configured` (`event_builder.huge_pages`), unless
-/// `EVB_HUGEPAGES=0|1` says otherwise.
-pub fn wanted(configured: bool) -> bool {
-    match std::env::var("EVB_HUGEPAGES").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => configured,
-    }
 }
 
 fn mapped(layout: &Layout) -> bool {

@@ -221,56 +221,29 @@ pub trait Transport {
     }
 }
 
-/// The transport a config asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TransportKind {
-    Tcp,
-    Shm,
-    /// libfabric with a provider name as users write it (`tcp`, `shm`, ...).
-    Ofi(String),
-    /// UCX with an optional UCX_TLS value.
-    Ucx(Option<String>),
-    Mpi,
-}
-
-impl TransportKind {
-    /// `auto` is TCP here: `evb run`, where every node is on one machine,
-    /// turns it into `shm` before starting them ([`resolve_auto`]).
-    pub fn parse(kind: &str) -> Result<TransportKind> {
-        Ok(match kind.split_once(':') {
-            None if kind == "tcp" || kind == "auto" => TransportKind::Tcp,
-            None if kind == "shm" => TransportKind::Shm,
-            None if kind == "mpi" => TransportKind::Mpi,
-            None if kind == "ucx" => TransportKind::Ucx(None),
-            None if kind == "ofi" => TransportKind::Ofi("tcp".into()),
-            Some(("ofi", p)) if !p.is_empty() => TransportKind::Ofi(p.into()),
-            Some(("ucx", t)) if !t.is_empty() => TransportKind::Ucx(Some(t.into())),
-            _ => bail!(
-                "unknown transport `{kind}` (one of tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS>, mpi)"
-            ),
-        })
-    }
-}
+/// The transport a config asks for (`transport.kind`), parsed by the
+/// configuration.
+pub use evb_core::config::TransportKind;
 
 /// The transport `evb run` uses for `transport.kind = "auto"`: its nodes
 /// all run on this machine, where shared memory beats TCP (docs/transports.md);
 /// TCP with an output network (only TCP has one, [`outnet`]).
-pub fn resolve_auto(config: &Config) -> &str {
-    match config.transport.kind.as_str() {
-        "auto" if config.output_network() => "tcp",
-        "auto" => "shm",
-        kind => kind,
+pub fn resolve_auto(config: &Config) -> TransportKind {
+    match &config.transport.kind {
+        TransportKind::Auto if config.output_network() => TransportKind::Tcp,
+        TransportKind::Auto => TransportKind::Shm,
+        kind => kind.clone(),
     }
 }
 
 /// Whether `evb run --restart` can restart a node over the transport
 /// `kind`: one whose [`Transport::enable_rejoin`] takes a restarted node
 /// back (tcp, shm, ucx, ofi:tcp; not mpi, nor libfabric's other providers).
-pub fn can_rejoin(kind: &str) -> bool {
-    match TransportKind::parse(kind) {
-        Ok(TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_)) => true,
+pub fn can_rejoin(kind: &TransportKind) -> bool {
+    match kind.on_node() {
+        TransportKind::Tcp | TransportKind::Shm | TransportKind::Ucx(_) => true,
         #[cfg(feature = "ofi")]
-        Ok(TransportKind::Ofi(provider)) => ofi::can_rejoin(&provider),
+        TransportKind::Ofi(_) => ofi::can_rejoin(kind.ofi_provider().unwrap_or("tcp")),
         _ => false,
     }
 }
@@ -285,19 +258,24 @@ pub fn open_engine(
     rank: NodeId,
 ) -> Result<Box<dyn Transport>> {
     #[cfg(any(feature = "ofi", feature = "ucx", feature = "mpi"))]
-    let progress = Progress::from_config(config);
+    let progress = config.transport.progress;
     #[cfg(not(any(feature = "ofi", feature = "ucx", feature = "mpi")))]
     let _ = (layout, rank);
     match kind {
         #[cfg(feature = "ofi")]
-        TransportKind::Ofi(provider) => {
+        TransportKind::Ofi(_) => {
+            let provider = kind.ofi_provider().unwrap_or("tcp");
             let ep = ofi::OfiEndpoint::open(provider, progress, max_message_bytes(config), rank)?;
             Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
         }
         #[cfg(feature = "ucx")]
         TransportKind::Ucx(tls) => {
-            let ep =
-                ucx::UcxEndpoint::open(tls.as_deref(), progress, max_message_bytes(config), rank)?;
+            let ep = ucx::UcxEndpoint::open(
+                tls.as_deref(),
+                &config.transport,
+                max_message_bytes(config),
+                rank,
+            )?;
             Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
         }
         #[cfg(feature = "mpi")]
@@ -305,7 +283,7 @@ pub fn open_engine(
             let ep = mpi::MpiEndpoint::open(rank, layout.endpoints, progress)?;
             Ok(Box::new(msg::MsgTransport::new(ep, config, layout, rank)?))
         }
-        TransportKind::Tcp | TransportKind::Shm => {
+        TransportKind::Auto | TransportKind::Tcp | TransportKind::Shm => {
             bail!(
                 "`{}` is not a message engine library",
                 config.transport.kind
@@ -326,22 +304,8 @@ pub fn open_engine(
     }
 }
 
-/// Whether this node spins on its transport or sleeps on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Progress {
-    Blocking,
-    Busy,
-}
-
-impl Progress {
-    pub fn from_config(config: &Config) -> Progress {
-        if config.transport.progress == "busy" {
-            Progress::Busy
-        } else {
-            Progress::Blocking
-        }
-    }
-}
+/// Whether this node spins on its transport or sleeps on it (`transport.progress`).
+pub use evb_core::config::Progress;
 
 /// Which endpoints `rank` has a link to: every other one, and itself only
 /// for a folded node that sends its own fragments through the NIC.

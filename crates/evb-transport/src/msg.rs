@@ -177,6 +177,10 @@ pub struct MsgTransport<E: Endpoint> {
     /// Per endpoint: a join is under way; what it sends waits in `held`.
     joining: Vec<bool>,
     held: Vec<Completion>,
+    /// What peers that had said Hello did while this endpoint was still
+    /// setting up (a short run they finished first): the runtime's, handed
+    /// over at the first poll.
+    early_events: Vec<LinkEvent>,
 }
 
 impl<E: Endpoint> MsgTransport<E> {
@@ -211,6 +215,7 @@ impl<E: Endpoint> MsgTransport<E> {
             joins_next: Vec::new(),
             joining: vec![false; n],
             held: Vec::new(),
+            early_events: Vec::new(),
         })
     }
 
@@ -752,8 +757,17 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 bail!("endpoints {missing:?} did not say Hello within {SETUP_TIMEOUT:?}");
             }
             self.poll(Duration::from_millis(20), handler, &mut events)?;
-            for e in &events {
+            for e in events.drain(..) {
                 match e {
+                    // A peer that said Hello is set up with us: if it has
+                    // already finished (a run short enough for it to end
+                    // while this endpoint was still starting), that is the
+                    // runtime's to see, not a failed setup.
+                    LinkEvent::Closed { peer, .. } | LinkEvent::Finished { peer }
+                        if self.hello_from[peer as usize] =>
+                    {
+                        self.early_events.push(e);
+                    }
                     LinkEvent::Closed { peer, error } => bail!(
                         "endpoint {peer} failed during setup: {}",
                         error.as_deref().unwrap_or("it finished")
@@ -808,6 +822,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
         handler: &mut dyn RxHandler,
         events: &mut Vec<LinkEvent>,
     ) -> Result<()> {
+        events.append(&mut self.early_events);
         self.release_held(handler, events);
         if !self.pump(handler, events)? && !timeout.is_zero() && self.joins_next.is_empty() {
             self.ep.wait(timeout)?;
@@ -1033,6 +1048,50 @@ mod tests {
         assert!(events.is_empty(), "{events:?}");
         // The old link dropped for the join is not one to re-establish.
         assert!(t.endpoint().relinks.is_empty());
+    }
+
+    /// A peer that said Hello and finished before this endpoint's setup
+    /// looked (a short run, this endpoint slow to start): the setup
+    /// succeeds and the runtime learns of the finish at its first poll; a
+    /// peer that finished without a Hello is still a failed setup.
+    #[test]
+    fn a_peer_finished_after_its_hello_does_not_fail_the_setup() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut hello = Vec::new();
+        Message::Hello {
+            run_id: config.run.run_id,
+            node: 1,
+            nodes: layout.endpoints,
+        }
+        .encode_into(&mut hello);
+        let len = hello.len();
+        let said_hello = Completion::Received {
+            buf: hello,
+            len,
+            tag: 1,
+        };
+        let bye = || Completion::Received {
+            buf: vec![0; 8],
+            len: 0,
+            tag: 1 | TAG_BYE,
+        };
+        let peers = vec![String::new(); layout.endpoints as usize];
+        let mut seen = Seen::default();
+
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![said_hello, bye()]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        t.connect(&peers, &mut seen).unwrap();
+        let mut events = Vec::new();
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert_eq!(events, vec![LinkEvent::Finished { peer: 1 }]);
+
+        let mut ep = Scripted::default();
+        ep.next.push_back(vec![bye()]);
+        let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+        let e = t.connect(&peers, &mut seen).unwrap_err().to_string();
+        assert!(e.contains("endpoint 1 failed during setup"), "{e}");
     }
 
     /// The runtime dropping a peer asks the engine to re-establish the

@@ -600,10 +600,6 @@ pub fn process_state(pid: i32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
-/// Set to `1` by `evb run` for its nodes when it will restart some: only
-/// then do shm inboxes keep their names for the whole run (rejoin).
-pub const REJOIN_ENV: &str = "EVB_SHM_REJOIN";
-
 /// The name of an inbox in /dev/shm: the run, the rank and the process
 /// that owns it (a restarted node's is new).
 pub fn inbox_path(run_id: u32, rank: usize, pid: u32) -> String {

@@ -15,6 +15,7 @@ use anyhow::Result;
 use super::msg::EngineFailure;
 use super::msg::{Body, Completion, Endpoint, TAG_RANK_MASK};
 use super::Progress;
+use evb_core::config::TransportSection;
 use evb_core::NodeId;
 
 pub struct UcxEndpoint {
@@ -53,23 +54,21 @@ const TCP_TX_SEG_SIZE: &str = "32K";
 /// 29.6-31.0; docs/transports.md).
 const TCP_RX_SEG_SIZE: &str = "128K";
 
-/// `evb_ucx::Options::split_body_from`: bodies this large go as their own
-/// contiguous message (zero-copy rendezvous) instead of one iov message.
-/// Without rendezvous (`eager_only`) every body is copied anyway: not split.
-/// `EVB_UCX_SPLIT_BODY_FROM` (bytes, or `never`) overrides it, as
-/// `EVB_UCX_SPIN_US` does `spin_before_sleep` (`Options::with_env_overrides`).
-fn split_body_from(eager_only: bool) -> usize {
-    if eager_only {
-        usize::MAX
-    } else {
-        evb_ucx::Options::default().split_body_from
+/// `evb_ucx::Options::split_body_from` from `transport.ucx_split_body_from`:
+/// bodies this large go as their own contiguous message (zero-copy
+/// rendezvous) instead of one iov message; 0: never (the default: without
+/// rendezvous, `eager_only`, every body is copied anyway).
+fn split_body_from(configured: u64) -> usize {
+    match configured {
+        0 => usize::MAX,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
     }
 }
 
 impl UcxEndpoint {
     pub fn open(
         tls: Option<&str>,
-        progress: Progress,
+        transport: &TransportSection,
         max_message: usize,
         rank: NodeId,
     ) -> Result<UcxEndpoint> {
@@ -102,10 +101,11 @@ impl UcxEndpoint {
             }
         }
         let opts = evb_ucx::Options {
-            split_body_from: split_body_from(eager_only),
+            split_body_from: split_body_from(transport.ucx_split_body_from),
+            spin_before_sleep: Duration::from_micros(transport.ucx_spin_us),
             ucx_config,
             tls: tls.map(str::to_string),
-            progress: match progress {
+            progress: match transport.progress {
                 Progress::Blocking => evb_ucx::Progress::Blocking,
                 Progress::Busy => evb_ucx::Progress::Busy,
             },
@@ -114,8 +114,7 @@ impl UcxEndpoint {
             // form one ordered stream.
             source_mask: TAG_RANK_MASK,
             ..evb_ucx::Options::default()
-        }
-        .with_env_overrides()?;
+        };
         Ok(UcxEndpoint {
             ep: evb_ucx::Endpoint::open(&opts)?,
             rank,

@@ -92,55 +92,14 @@ pub struct Options {
     /// module docs on ordering).
     pub source_mask: u64,
     /// Bodies of this many bytes and more are sent as their own contiguous
-    /// message (module docs); `usize::MAX` (the default): never.
-    /// [`SPLIT_BODY_FROM_ENV`] overrides it ([`Options::with_env_overrides`]).
+    /// message (module docs); `usize::MAX` (the default): never (evb sets
+    /// it from `transport.ucx_split_body_from`).
     pub split_body_from: usize,
     /// Blocking mode: how long a `wait` that found nothing spins on the
     /// worker before it arms the event fd and sleeps (experimental: it
     /// helps split bodies and hurts iov sends, docs/transports.md); zero
-    /// (the default): no spinning. [`SPIN_BEFORE_SLEEP_ENV`] overrides it.
+    /// (the default): no spinning (evb: `transport.ucx_spin_us`).
     pub spin_before_sleep: Duration,
-}
-
-/// `EVB_UCX_SPLIT_BODY_FROM=BYTES` (or `never`) overrides
-/// [`Options::split_body_from`].
-pub const SPLIT_BODY_FROM_ENV: &str = "EVB_UCX_SPLIT_BODY_FROM";
-/// `EVB_UCX_SPIN_US=MICROSECONDS` overrides [`Options::spin_before_sleep`].
-pub const SPIN_BEFORE_SLEEP_ENV: &str = "EVB_UCX_SPIN_US";
-
-impl Options {
-    /// These options with the environment's overrides applied: the
-    /// variables win over the values set (from evb's configuration or the
-    /// defaults). `Endpoint::open` reads no environment variable itself
-    /// (besides UCX's own), so a library user gets exactly what it asked
-    /// for unless it calls this.
-    pub fn with_env_overrides(self) -> Result<Options, Error> {
-        self.with_overrides_from(|name| std::env::var(name).ok())
-    }
-
-    /// [`Options::with_env_overrides`] reading the variables through `var`.
-    fn with_overrides_from(
-        mut self,
-        var: impl Fn(&str) -> Option<String>,
-    ) -> Result<Options, Error> {
-        if let Some(v) = var(SPLIT_BODY_FROM_ENV) {
-            self.split_body_from = match v.as_str() {
-                "never" => usize::MAX,
-                _ => v.parse().map_err(|_| {
-                    Error::Config(format!(
-                        "{SPLIT_BODY_FROM_ENV}={v:?}: a byte count or `never`"
-                    ))
-                })?,
-            };
-        }
-        if let Some(v) = var(SPIN_BEFORE_SLEEP_ENV) {
-            let us: u64 = v.parse().map_err(|_| {
-                Error::Config(format!("{SPIN_BEFORE_SLEEP_ENV}={v:?}: microseconds"))
-            })?;
-            self.spin_before_sleep = Duration::from_micros(us);
-        }
-        Ok(self)
-    }
 }
 
 /// Tag bits left to the caller; above them: the sequence number (21 bits),
@@ -887,19 +846,7 @@ impl Endpoint {
         let Some(p) = self.peers.get(peer) else {
             return Err(Error::UnknownPeer(peer));
         };
-        if let Some((data, range)) = &body {
-            let len = (**data).as_ref().len();
-            if range.start > range.end || range.end > len {
-                return Err(Error::BadRange {
-                    start: range.start,
-                    end: range.end,
-                    len,
-                });
-            }
-        }
-        if tag > TAG_MASK {
-            return Err(Error::BadTag(tag));
-        }
+        check_send_args(tag, body.as_ref())?;
         if let Some(reason) = &p.failed {
             self.ready.push(Completion::SendFailed {
                 ctx,
@@ -911,52 +858,15 @@ impl Endpoint {
             return Ok(false);
         }
         let ep = p.ep;
-        let mut iov = Box::new(
-            [sys::ucp_dt_iov {
-                buffer: head.as_ptr() as *mut c_void,
-                length: head.len(),
-            }; 2],
-        );
-        let mut iov_count = 1;
-        let mut body_rc = None;
-        if let Some((data, range)) = body {
-            if !range.is_empty() {
-                // SAFETY: range checked against data.len() above.
-                iov[1] = sys::ucp_dt_iov {
-                    buffer: unsafe { (*data).as_ref().as_ptr().add(range.start) } as *mut c_void,
-                    length: range.len(),
-                };
-                iov_count = 2;
-            }
-            body_rc = Some(data);
-        }
+        let (iov, iov_count) = gather_list(&head, body.as_ref());
+        let body_rc = body.map(|(data, _)| data);
         let split = iov_count == 2 && iov[1].length >= self.split_body_from;
         let (slot, cookie) = self.sends.reserve(self.shared);
         let wire_tag = self.links.wire_tag(peer, tag);
         // SAFETY (both sends): the iov array and the buffers it points to are
         // stored in the slot and outlive the operation; the Rc body is never
         // mutated meanwhile.
-        let first = unsafe {
-            if split {
-                tag_send(
-                    ep,
-                    iov[0].buffer,
-                    iov[0].length,
-                    contig_datatype(),
-                    wire_tag | SPLIT_BIT,
-                    cookie,
-                )
-            } else {
-                tag_send(
-                    ep,
-                    iov.as_ptr() as *mut c_void,
-                    iov_count,
-                    sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
-                    wire_tag,
-                    cookie,
-                )
-            }
-        };
+        let first = unsafe { send_whole_or_head(ep, &iov, iov_count, split, wire_tag, cookie) };
         if let Some(status) = ptr_status(first) {
             self.sends.unreserve(slot);
             if status == sys::UCS_ERR_NO_RESOURCE {
@@ -1403,6 +1313,89 @@ impl Endpoint {
     }
 }
 
+/// Refuses a send whose body range lies outside its buffer or whose tag has
+/// bits beyond the caller's (checked before anything is reserved).
+#[inline]
+fn check_send_args(tag: u64, body: Option<&(Body, std::ops::Range<usize>)>) -> Result<(), Error> {
+    if let Some((data, range)) = body {
+        let len = (**data).as_ref().len();
+        if range.start > range.end || range.end > len {
+            return Err(Error::BadRange {
+                start: range.start,
+                end: range.end,
+                len,
+            });
+        }
+    }
+    if tag > TAG_MASK {
+        return Err(Error::BadTag(tag));
+    }
+    Ok(())
+}
+
+/// The gather list of `head ++ body[range]` and how many of its two entries
+/// are used: the head, then the body's bytes if there are any. The range
+/// must have passed [`check_send_args`].
+#[inline]
+fn gather_list(
+    head: &[u8],
+    body: Option<&(Body, std::ops::Range<usize>)>,
+) -> (Box<[sys::ucp_dt_iov; 2]>, usize) {
+    let mut iov = Box::new(
+        [sys::ucp_dt_iov {
+            buffer: head.as_ptr() as *mut c_void,
+            length: head.len(),
+        }; 2],
+    );
+    let mut iov_count = 1;
+    if let Some((data, range)) = body {
+        if !range.is_empty() {
+            // SAFETY: range checked against data.len() by check_send_args.
+            iov[1] = sys::ucp_dt_iov {
+                buffer: unsafe { (**data).as_ref().as_ptr().add(range.start) } as *mut c_void,
+                length: range.len(),
+            };
+            iov_count = 2;
+        }
+    }
+    (iov, iov_count)
+}
+
+/// The first send of a message: all of it as one iov send, or, when its body
+/// goes as its own message (`split`), only its head, marked SPLIT.
+///
+/// # Safety
+/// The buffers `iov` points to stay valid until the send completes.
+#[inline]
+unsafe fn send_whole_or_head(
+    ep: sys::ucp_ep_h,
+    iov: &[sys::ucp_dt_iov; 2],
+    iov_count: usize,
+    split: bool,
+    wire_tag: u64,
+    cookie: *mut c_void,
+) -> *mut c_void {
+    if split {
+        tag_send(
+            ep,
+            iov[0].buffer,
+            iov[0].length,
+            contig_datatype(),
+            wire_tag | SPLIT_BIT,
+            cookie,
+        )
+    } else {
+        tag_send(
+            ep,
+            iov.as_ptr() as *mut c_void,
+            iov_count,
+            sys::UCP_DATATYPE_IOV as sys::ucp_datatype_t,
+            wire_tag,
+            cookie,
+        )
+    }
+}
+
 /// ucp_tag_send_nbx reporting to `cookie` (a Cookie).
 ///
 /// # Safety
@@ -1564,64 +1557,6 @@ impl Drop for Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fake environment of `pairs`.
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn the_environment_overrides_the_options_it_names() {
-        let set = Options {
-            split_body_from: 4096,
-            spin_before_sleep: Duration::from_micros(7),
-            ..Options::default()
-        };
-        let o = set.clone().with_overrides_from(env(&[])).unwrap();
-        assert_eq!(
-            (o.split_body_from, o.spin_before_sleep),
-            (4096, Duration::from_micros(7)),
-            "unset: the values set stay"
-        );
-        let o = set
-            .clone()
-            .with_overrides_from(env(&[
-                (SPLIT_BODY_FROM_ENV, "65536"),
-                (SPIN_BEFORE_SLEEP_ENV, "50"),
-            ]))
-            .unwrap();
-        assert_eq!(
-            (o.split_body_from, o.spin_before_sleep),
-            (65536, Duration::from_micros(50))
-        );
-        let o = set
-            .clone()
-            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "never")]))
-            .unwrap();
-        assert_eq!(o.split_body_from, usize::MAX);
-        let e = set
-            .clone()
-            .with_overrides_from(env(&[(SPLIT_BODY_FROM_ENV, "lots")]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("EVB_UCX_SPLIT_BODY_FROM=\"lots\""), "{e}");
-        let e = set
-            .with_overrides_from(env(&[(SPIN_BEFORE_SLEEP_ENV, "-1")]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("EVB_UCX_SPIN_US=\"-1\""), "{e}");
-        let d = Options::default();
-        assert_eq!(
-            (d.split_body_from, d.spin_before_sleep),
-            (usize::MAX, Duration::ZERO),
-            "the defaults: no split, no spin"
-        );
-    }
 
     #[test]
     fn address_envelope_rejects_garbage() {
