@@ -349,3 +349,37 @@ pub fn max_message_bytes(config: &Config) -> usize {
         largest
     }
 }
+
+/// What the transports' unit tests hand received traffic to: it records
+/// which peers were heard from and takes no fragment.
+#[cfg(test)]
+pub(crate) mod test_rx {
+    use super::{FragmentHeader, Message, NodeId, RxHandler};
+
+    #[derive(Default)]
+    pub struct Seen {
+        pub alive: Vec<NodeId>,
+    }
+
+    impl RxHandler for Seen {
+        fn on_alive(&mut self, peer: NodeId) {
+            self.alive.push(peer);
+        }
+        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
+        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
+            false
+        }
+        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
+            vec![0; min_len]
+        }
+        fn on_fragment(
+            &mut self,
+            _: NodeId,
+            _: FragmentHeader,
+            _: Option<u32>,
+            _: Vec<u8>,
+            _: usize,
+        ) {
+        }
+    }
+}

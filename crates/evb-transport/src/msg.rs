@@ -924,6 +924,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_rx::Seen;
 
     /// An engine that hands out scripted completions.
     #[derive(Default)]
@@ -957,34 +958,6 @@ mod tests {
         }
         fn relink(&mut self, peer: usize, _tag: u64) {
             self.relinks.push(peer);
-        }
-    }
-
-    /// Records what the transport hands over.
-    #[derive(Default)]
-    struct Seen {
-        alive: Vec<NodeId>,
-    }
-
-    impl RxHandler for Seen {
-        fn on_alive(&mut self, peer: NodeId) {
-            self.alive.push(peer);
-        }
-        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
-        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
-            false
-        }
-        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
-            vec![0; min_len]
-        }
-        fn on_fragment(
-            &mut self,
-            _: NodeId,
-            _: FragmentHeader,
-            _: Option<u32>,
-            _: Vec<u8>,
-            _: usize,
-        ) {
         }
     }
 

@@ -1183,29 +1183,7 @@ fn set_socket_buffers(s: &StdTcpStream, bytes: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Ignores everything but liveness.
-    struct Quiet;
-
-    impl RxHandler for Quiet {
-        fn on_alive(&mut self, _peer: NodeId) {}
-        fn on_control(&mut self, _peer: NodeId, _msg: Message) {}
-        fn admit(&mut self, _peer: NodeId, _header: &FragmentHeader) -> bool {
-            false
-        }
-        fn spare_buffer(&mut self, min_len: usize) -> Vec<u8> {
-            vec![0; min_len]
-        }
-        fn on_fragment(
-            &mut self,
-            _: NodeId,
-            _: FragmentHeader,
-            _: Option<u32>,
-            _: Vec<u8>,
-            _: usize,
-        ) {
-        }
-    }
+    use crate::test_rx::Seen;
 
     /// A poll's timeout is kept to the microsecond, not rounded up to the
     /// millisecond `epoll_wait` counts in (a slotted RU waits some 90 us
@@ -1222,7 +1200,7 @@ mod tests {
         let took: Vec<Duration> = (0..20)
             .map(|_| {
                 let t0 = Instant::now();
-                t.poll(want, &mut Quiet, &mut events).unwrap();
+                t.poll(want, &mut Seen::default(), &mut events).unwrap();
                 t0.elapsed()
             })
             .collect();
@@ -1246,12 +1224,13 @@ mod tests {
             std::thread::spawn(move || {
                 let mut t = TcpTransport::bind(&config, &layout, 1, None, None).unwrap();
                 port_tx.send(t.local_token()).unwrap();
-                t.connect(&addr_rx.recv().unwrap(), &mut Quiet).unwrap();
+                t.connect(&addr_rx.recv().unwrap(), &mut Seen::default())
+                    .unwrap();
                 let mut events = Vec::new();
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while !events.iter().any(|e| matches!(e, LinkEvent::Closed { .. })) {
                     assert!(Instant::now() < deadline, "no close seen: {events:?}");
-                    t.poll(Duration::from_millis(20), &mut Quiet, &mut events)
+                    t.poll(Duration::from_millis(20), &mut Seen::default(), &mut events)
                         .unwrap();
                 }
                 events
@@ -1263,14 +1242,14 @@ mod tests {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         addr_tx.send(addrs.clone()).unwrap();
-        t.connect(&addrs, &mut Quiet).unwrap();
+        t.connect(&addrs, &mut Seen::default()).unwrap();
         if orderly {
             t.finish();
             let deadline = Instant::now() + Duration::from_secs(10);
             let mut events = Vec::new();
             while !t.all_finished() {
                 assert!(Instant::now() < deadline, "node 0 never finished");
-                t.poll(Duration::from_millis(20), &mut Quiet, &mut events)
+                t.poll(Duration::from_millis(20), &mut Seen::default(), &mut events)
                     .unwrap();
             }
         }
@@ -1329,7 +1308,7 @@ mod tests {
             std::thread::spawn(move || {
                 let mut t1 = TcpTransport::bind(&config, &layout, 1, None, out).unwrap();
                 addr_tx.send(addr(&t1)).unwrap();
-                let r = t1.connect(&peers_rx.recv().unwrap(), &mut Quiet);
+                let r = t1.connect(&peers_rx.recv().unwrap(), &mut Seen::default());
                 let _ = done_rx.recv_timeout(Duration::from_secs(10));
                 (r.is_ok(), t1.output_network())
             })
@@ -1342,7 +1321,7 @@ mod tests {
             let eb = outnet::split_token(&peers[1]).0.to_string();
             told[1] = format!("{eb},{eb}");
         }
-        t0.connect(&told, &mut Quiet)?;
+        t0.connect(&told, &mut Seen::default())?;
         done_tx.send(()).unwrap();
         let (ok, out1) = consumer.join().unwrap();
         assert!(ok);
