@@ -57,6 +57,8 @@ fn impostor_without_the_key_is_rejected() {
         run_id: 1,
         node: 0,
         nodes: 2,
+        host: 0,
+        pid: 0,
     }
     .encode_into(&mut hello);
     impostor.write_all(&hello).unwrap();

@@ -11,7 +11,7 @@ use thiserror::Error;
 /// First two bytes of every frame: ASCII "EB".
 pub const MAGIC: [u8; 2] = *b"EB";
 /// Version of the frame format this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of [`FrameHeader`] on the wire.
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Size of [`FragmentHeader`] on the wire.
@@ -167,7 +167,7 @@ impl Kind {
     /// Body length of the fixed-size control kinds; `None` for fragments.
     fn fixed_body_len(self) -> Option<usize> {
         match self {
-            Kind::Hello => Some(8),
+            Kind::Hello => Some(24),
             Kind::Credit => Some(8),
             Kind::Assign => Some(12),
             Kind::Request => Some(12),
@@ -338,11 +338,17 @@ impl FragmentHeader {
 /// separately so that it can be received straight into a batch buffer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Message {
-    /// First message on every connection: who is speaking, in which run.
+    /// First message on every connection: who is speaking, in which run,
+    /// and from which process: `host` names the kernel and process-id
+    /// namespace the sender runs in (0: unknown) and `pid` its process
+    /// there, so that a peer on the same host can tell a process starved
+    /// of CPU from a hung one when it falls silent.
     Hello {
         run_id: u32,
         node: NodeId,
         nodes: u16,
+        host: u64,
+        pid: u32,
     },
     /// BU -> EM: the BU can take `credits` more batches.
     Credit { bu: NodeId, credits: u32 },
@@ -492,10 +498,15 @@ impl Message {
                 run_id,
                 node,
                 nodes,
+                host,
+                pid,
             } => {
                 out.extend_from_slice(&run_id.to_le_bytes());
                 out.extend_from_slice(&node.to_le_bytes());
                 out.extend_from_slice(&nodes.to_le_bytes());
+                out.extend_from_slice(&host.to_le_bytes());
+                out.extend_from_slice(&pid.to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
             }
             Message::Credit { bu: id, credits } | Message::ConsumerCredit { fu: id, credits } => {
                 out.extend_from_slice(&id.to_le_bytes());
@@ -585,6 +596,7 @@ impl Message {
             Kind::Finished => &[11],
             Kind::AssignRun => &[14, 15],
             Kind::Fragment => &[28, 29, 30, 31],
+            Kind::Hello => &[20, 21, 22, 23],
             _ => &[],
         };
         if reserved.iter().any(|&i| body[i] != 0) {
@@ -601,6 +613,8 @@ impl Message {
                 run_id: u32_at(0),
                 node: u16_at(4),
                 nodes: u16_at(6),
+                host: u64_at(8),
+                pid: u32_at(16),
             },
             Kind::Credit => Message::Credit {
                 bu: u16_at(0),
@@ -709,13 +723,20 @@ mod tests {
 
     fn any_message() -> impl Strategy<Value = Message> {
         prop_oneof![
-            (any::<u32>(), any::<u16>(), any::<u16>()).prop_map(|(run_id, node, nodes)| {
-                Message::Hello {
+            (
+                any::<u32>(),
+                any::<u16>(),
+                any::<u16>(),
+                any::<u64>(),
+                any::<u32>()
+            )
+                .prop_map(|(run_id, node, nodes, host, pid)| Message::Hello {
                     run_id,
                     node,
                     nodes,
-                }
-            }),
+                    host,
+                    pid,
+                }),
             (any::<u16>(), any::<u32>()).prop_map(|(bu, credits)| Message::Credit { bu, credits }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Assign { mep, bu }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Request { mep, bu }),
@@ -840,7 +861,7 @@ mod tests {
     #[test]
     fn nonzero_padding_is_rejected() {
         let crash = [
-            69, 66, 1, 3, 12, 0, 0, 0, 12, 0, 0, 0, 0, 255, 255, 105, 105, 105, 105, 105,
+            69, 66, VERSION, 3, 12, 0, 0, 0, 12, 0, 0, 0, 0, 255, 255, 105, 105, 105, 105, 105,
         ];
         assert_eq!(
             decode_stream(&crash, 1 << 16),
@@ -964,6 +985,21 @@ mod tests {
         assert_eq!(
             decode_stream(&buf, 64),
             Err(WireError::NonZeroReserved { kind: "AssignRun" })
+        );
+        // Hello's padding too.
+        let mut buf = Vec::new();
+        Message::Hello {
+            run_id: 1,
+            node: 0,
+            nodes: 2,
+            host: 3,
+            pid: 4,
+        }
+        .encode_into(&mut buf);
+        buf[FRAME_HEADER_LEN + 23] = 1;
+        assert_eq!(
+            decode_stream(&buf, 64),
+            Err(WireError::NonZeroReserved { kind: "Hello" })
         );
         // The next kind number is still unknown.
         buf[3] = 24;

@@ -32,8 +32,9 @@
 //! ([`RxHandler::on_alive`]), the node's heartbeats fill the silences, and a
 //! peer silent for `transport.peer_timeout_ms` is dropped. A transport tells
 //! what only it can see: a peer's bytes waiting unread
-//! ([`Transport::peer_active`]), a peer process starved of CPU
-//! ([`Transport::peer_runnable`]).
+//! ([`Transport::peer_active`]), a peer process on this host starved of
+//! CPU ([`Transport::peer_runnable`]; every Hello names its sender's
+//! process for that, see [`process`]).
 //!
 //! Rejoin is the transport's to offer ([`Transport::enable_rejoin`]): TCP
 //! re-establishes connections with a lost peer (restarted, or reachable
@@ -54,6 +55,7 @@ pub mod msg;
 #[cfg(feature = "ofi")]
 pub mod ofi;
 pub mod outnet;
+pub mod process;
 pub mod shm;
 pub mod tcp;
 pub mod tcp_conn;

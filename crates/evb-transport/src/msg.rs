@@ -34,6 +34,7 @@ use evb_core::{Layout, MepId, NodeId};
 
 use super::{linked_peers, max_message_bytes, LinkEvent, RxHandler, Transport};
 use crate::mepbuf::MepBuf;
+use crate::process::PeerProcess;
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tag bit of the message that says "this peer has finished".
@@ -158,6 +159,8 @@ pub struct MsgTransport<E: Endpoint> {
     in_flight: HashMap<u64, (NodeId, Option<MepId>)>,
     next_ctx: u64,
     hello_from: Vec<bool>,
+    /// Each peer's process as its (latest) Hello named it.
+    peer_process: Vec<PeerProcess>,
     bye_from: Vec<bool>,
     dropped: Vec<bool>,
     finished: bool,
@@ -165,6 +168,8 @@ pub struct MsgTransport<E: Endpoint> {
     max_body: u64,
     completions: Vec<Completion>,
     recv_buffers: usize,
+    /// Rejoin is enabled: a lost peer's link can come back.
+    rejoin: bool,
     /// This process is a restarted endpoint (rejoin enabled).
     restarted: bool,
     /// Per endpoint: a restarted endpoint asked it to take it back and has
@@ -203,12 +208,14 @@ impl<E: Endpoint> MsgTransport<E> {
             in_flight: HashMap::new(),
             next_ctx: 1,
             hello_from: vec![false; n],
+            peer_process: vec![PeerProcess::default(); n],
             bye_from: vec![false; n],
             dropped: vec![false; n],
             finished: false,
             max_message: max_message_bytes(config),
             max_body: super::max_body_bytes(config),
             completions: Vec::new(),
+            rejoin: false,
             restarted: false,
             pending_link: vec![false; n],
             joins: Vec::new(),
@@ -411,7 +418,10 @@ impl<E: Endpoint> MsgTransport<E> {
                     return None;
                 }
             }
-            Ok(Message::Hello { .. }) => self.hello_from[peer as usize] = true,
+            Ok(Message::Hello { host, pid, .. }) => {
+                self.hello_from[peer as usize] = true;
+                self.peer_process[peer as usize] = PeerProcess { host, pid };
+            }
             // Goodbye is the byte streams' word; engines send TAG_BYE.
             Ok(Message::Heartbeat | Message::Goodbye) => {}
             Ok(msg) => handler.on_control(peer, msg),
@@ -502,8 +512,7 @@ impl<E: Endpoint> MsgTransport<E> {
             }
         }
         if frame.kind == Kind::Hello {
-            let node = super::tcp::check_hello(&msg, self.run_id, self.endpoints)?;
-            let _ = node;
+            super::tcp::check_hello(&msg, self.run_id, self.endpoints)?;
         }
         Ok(msg)
     }
@@ -730,10 +739,13 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
             let buf = handler.spare_buffer(self.max_message);
             self.ep.post_recv(buf)?;
         }
+        let ours = PeerProcess::ours();
         let hello = Message::Hello {
             run_id: self.run_id,
             node: self.rank,
             nodes: self.endpoints,
+            host: ours.host,
+            pid: ours.pid,
         };
         for &p in &self.linked.clone() {
             if p != self.rank {
@@ -877,8 +889,16 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
             .is_some_and(|i| self.ep.peer_active_tagged(i, u64::from(peer)))
     }
 
+    /// The engine may know the peer's process (shared memory); any other
+    /// knows it from the peer's Hello, and uses it only when a lost link
+    /// stays lost. With rejoin, a link the peer gave up (it found us
+    /// silent: we were stopped) comes back when the higher rank of the two
+    /// declares the other lost in turn and asks to relink (ucx, ofi): a
+    /// grace for a peer that runs, busy with others and silent towards us
+    /// because it dropped us, would hold that relink back by 3 timeouts.
     fn peer_runnable(&self, peer: NodeId) -> bool {
         self.peer_index[peer as usize].is_some_and(|i| self.ep.peer_runnable(i))
+            || (!self.rejoin && self.peer_process[peer as usize].runnable())
     }
 
     fn finish(&mut self) {
@@ -902,6 +922,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
 
     fn enable_rejoin(&mut self, restarted: bool) -> bool {
         let enabled = self.ep.enable_rejoin(restarted);
+        self.rejoin = enabled;
         self.restarted = enabled && restarted;
         enabled
     }
@@ -931,6 +952,8 @@ mod tests {
     struct Scripted {
         next: VecDeque<Vec<Completion>>,
         relinks: Vec<usize>,
+        /// Offers rejoin.
+        rejoins: bool,
     }
 
     impl Endpoint for Scripted {
@@ -958,6 +981,9 @@ mod tests {
         }
         fn relink(&mut self, peer: usize, _tag: u64) {
             self.relinks.push(peer);
+        }
+        fn enable_rejoin(&mut self, _restarted: bool) -> bool {
+            self.rejoins
         }
     }
 
@@ -1036,6 +1062,8 @@ mod tests {
             run_id: config.run.run_id,
             node: 1,
             nodes: layout.endpoints,
+            host: 0,
+            pid: 0,
         }
         .encode_into(&mut hello);
         let len = hello.len();
@@ -1065,6 +1093,53 @@ mod tests {
         let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
         let e = t.connect(&peers, &mut seen).unwrap_err().to_string();
         assert!(e.contains("endpoint 1 failed during setup"), "{e}");
+    }
+
+    /// A peer's Hello names its process: one on this host that runs is
+    /// runnable (a silent peer starved, not hung), whatever the engine; a
+    /// process named from another host is not ours to judge; with rejoin
+    /// the engine's relink, not a grace, takes care of a live peer.
+    #[test]
+    fn a_peer_on_this_host_is_runnable_from_its_hello() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let peers = vec![String::new(); layout.endpoints as usize];
+        let ours = PeerProcess::ours();
+        for (host, rejoins, runnable) in [
+            (ours.host, false, true),
+            (ours.host ^ 1, false, false),
+            (0, false, false),
+            (ours.host, true, false),
+        ] {
+            let mut hello = Vec::new();
+            Message::Hello {
+                run_id: config.run.run_id,
+                node: 1,
+                nodes: layout.endpoints,
+                host,
+                pid: ours.pid,
+            }
+            .encode_into(&mut hello);
+            let len = hello.len();
+            let mut ep = Scripted {
+                rejoins,
+                ..Scripted::default()
+            };
+            ep.next.push_back(vec![Completion::Received {
+                buf: hello,
+                len,
+                tag: 1,
+            }]);
+            let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
+            assert_eq!(t.enable_rejoin(false), rejoins);
+            assert!(!t.peer_runnable(1), "nothing known before the Hello");
+            t.connect(&peers, &mut Seen::default()).unwrap();
+            assert_eq!(
+                t.peer_runnable(1),
+                runnable,
+                "host {host:x}, rejoin {rejoins}"
+            );
+        }
     }
 
     /// The runtime dropping a peer asks the engine to re-establish the

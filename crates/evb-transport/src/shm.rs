@@ -74,6 +74,7 @@ use anyhow::{bail, Context, Result};
 use super::msg::{Body, Completion, Endpoint};
 use super::{CrcPolicy, Progress};
 use crate::mepbuf::{MepBuf, SlotStore};
+use crate::process::process_runnable;
 use evb_core::wire::{FragmentHeader, FRAGMENT_HEADER_LEN, FRAME_HEADER_LEN};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -588,16 +589,6 @@ fn exited(fd: &OwnedFd) -> bool {
     // SAFETY: one valid pollfd; timeout 0 never blocks.
     let n = unsafe { libc::poll(&mut pfd, 1, 0) };
     n > 0 && pfd.revents & libc::POLLIN != 0
-}
-
-/// The state letter of process `pid` from `/proc/PID/stat` (`R` running or
-/// runnable, `S` sleeping, `T` stopped, `Z` zombie, ...), `None` if it is
-/// gone. The field follows the command name, which is in parentheses and
-/// may itself hold spaces or parentheses: read after the last `)`.
-pub fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().next()?.chars().next()
 }
 
 /// The name of an inbox in /dev/shm: the run, the rank and the process
@@ -1785,7 +1776,7 @@ impl Endpoint for ShmEndpoint {
     fn peer_runnable(&self, peer: usize) -> bool {
         self.peers
             .get(peer)
-            .is_some_and(|p| process_state(p.pid) == Some('R'))
+            .is_some_and(|p| process_runnable(p.pid))
     }
 
     fn peer_active(&self, peer: usize) -> bool {
@@ -2305,42 +2296,5 @@ mod tests {
                 .load(Ordering::Acquire),
             0
         );
-    }
-
-    /// A peer's state as the silence check sees it: a spinning process is
-    /// runnable (starved, not hung, when it is silent), a sleeping one is
-    /// not, a stopped one is not, a reaped one is gone.
-    #[test]
-    fn process_state_tells_runnable_from_stopped() {
-        let mut spin = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
-        let mut sleep = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let (spin_pid, sleep_pid) = (spin.id() as i32, sleep.id() as i32);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        // A spinning process is running or waiting for a CPU: R, at once
-        // or within a few looks on a loaded machine.
-        let runnable = (0..50).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            process_state(spin_pid) == Some('R')
-        });
-        assert_eq!(process_state(sleep_pid), Some('S'));
-        // SAFETY: signalling processes this test started.
-        unsafe { libc::kill(spin_pid, libc::SIGSTOP) };
-        let stopped = (0..50).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            process_state(spin_pid) == Some('T')
-        });
-        let _ = spin.kill();
-        let _ = spin.wait();
-        let _ = sleep.kill();
-        let _ = sleep.wait();
-        assert!(runnable, "a spinning process never showed R");
-        assert!(stopped, "a stopped process never showed T");
-        assert_eq!(process_state(spin_pid), None, "reaped");
     }
 }

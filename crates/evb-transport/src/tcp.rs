@@ -43,6 +43,7 @@ use super::auth::{self, MAC_LEN, NONCE_LEN};
 use super::outnet;
 use super::tcp_conn::{Conn, RxStatus};
 use super::{linked_peers, LinkEvent, RxHandler, Transport};
+use crate::process::PeerProcess;
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an accepted connection may take to say Hello: a stranger that
@@ -82,6 +83,14 @@ struct Handshake {
 struct Incoming {
     stream: StdTcpStream,
     peer: NodeId,
+    /// The peer's process, as its Hello named it.
+    process: PeerProcess,
+}
+
+/// Who a Hello says is speaking.
+pub(crate) struct PeerHello {
+    node: NodeId,
+    process: PeerProcess,
 }
 
 pub struct TcpTransport {
@@ -292,12 +301,16 @@ impl TcpTransport {
         let deadline = Instant::now() + SETUP_TIMEOUT;
         let me = self.rank;
         let hello = self.hello();
-        let mut opened: Vec<(StdTcpStream, Option<NodeId>)> = Vec::new();
+        // Each with its peer and the peer's process (for those we opened,
+        // known from the answer: in the handshake with a run key, else
+        // from the Hello that arrives on the connection).
+        let mut opened: Vec<(StdTcpStream, Option<NodeId>, PeerProcess)> = Vec::new();
         // Connections whose handshake already included the peer's answer.
         let mut answered = Vec::new();
         let self_nonce = self.hs.self_nonce;
         for &peer in self.linked.iter().filter(|&&p| p >= me) {
             let addr = addrs[peer as usize];
+            let mut process = PeerProcess::default();
             let mut s =
                 connect_retry(addr, self.hs.source_for(peer), deadline).with_context(|| {
                     format!(
@@ -311,7 +324,8 @@ impl TcpTransport {
                     // Our own acceptor checks this nonce: only we know it.
                     s.write_all(&self_nonce)?;
                 } else {
-                    self.hs
+                    process = self
+                        .hs
                         .prove_as_connector(&mut s, key, peer, deadline)
                         .with_context(|| {
                             format!("run-key handshake with endpoint {peer} at {addr}")
@@ -319,7 +333,7 @@ impl TcpTransport {
                     answered.push(opened.len());
                 }
             }
-            opened.push((s, Some(peer)));
+            opened.push((s, Some(peer), process));
         }
         let outgoing = opened.len();
         let expected_accepts = self.linked.iter().filter(|&&p| p <= me).count();
@@ -336,22 +350,27 @@ impl TcpTransport {
                     s.set_read_timeout(Some(
                         left.min(HELLO_TIMEOUT).max(Duration::from_millis(1)),
                     ))?;
-                    let checked = read_hello(&s, self.run_id, self.endpoints).and_then(|peer| {
-                        self.hs.check_network(peer, on_output)?;
-                        match &self.key {
-                            Some(key) => self.hs.check_as_acceptor(&s, key, peer, &hello)?,
-                            // The answer: tells the peer we are set up (not
-                            // on the receive-only self-link).
-                            None if peer != me => (&s).write_all(&hello)?,
-                            None => {}
-                        }
-                        Ok(peer)
-                    });
+                    let checked =
+                        read_hello(&s, self.run_id, self.endpoints).and_then(|hello_in| {
+                            let peer = hello_in.node;
+                            self.hs.check_network(peer, on_output)?;
+                            match &self.key {
+                                Some(key) => self.hs.check_as_acceptor(&s, key, peer, &hello)?,
+                                // The answer: tells the peer we are set up (not
+                                // on the receive-only self-link).
+                                None if peer != me => (&s).write_all(&hello)?,
+                                None => {}
+                            }
+                            Ok(hello_in)
+                        });
                     match checked {
-                        Ok(peer) => {
+                        Ok(PeerHello {
+                            node: peer,
+                            process,
+                        }) => {
                             // With another node the accepted socket carries
                             // both directions; the self-link only receives.
-                            opened.push((s, (peer != me).then_some(peer)));
+                            opened.push((s, (peer != me).then_some(peer), process));
                             accepted += 1;
                         }
                         Err(e) => tracing::warn!("evb node {me}: rejected a connection: {e:#}"),
@@ -366,8 +385,8 @@ impl TcpTransport {
                 Err(e) => return Err(e.into()),
             }
         }
-        for (k, (s, peer)) in opened.into_iter().enumerate() {
-            let i = self.add_conn(s, peer)?;
+        for (k, (s, peer, process)) in opened.into_iter().enumerate() {
+            let i = self.add_conn(s, peer, process)?;
             if let Some(p) = peer {
                 if k < outgoing && p != me {
                     self.awaiting_hello.push(i);
@@ -382,8 +401,14 @@ impl TcpTransport {
     }
 
     /// Takes in a set-up connection: `peer` is who we send to on it
-    /// (`None`: the receive-only self-link). Returns its index.
-    fn add_conn(&mut self, s: StdTcpStream, peer: Option<NodeId>) -> Result<usize> {
+    /// (`None`: the receive-only self-link), `process` the peer's process
+    /// as far as its Hello was read. Returns its index.
+    fn add_conn(
+        &mut self,
+        s: StdTcpStream,
+        peer: Option<NodeId>,
+        process: PeerProcess,
+    ) -> Result<usize> {
         s.set_read_timeout(None)?;
         s.set_nodelay(true)?;
         if let Some(p) = peer {
@@ -405,7 +430,9 @@ impl TcpTransport {
         if let Some(p) = peer {
             self.tx_conn[p as usize] = Some(i);
         }
-        self.conns.push(Conn::new(stream, rx_peer, self.max_body));
+        let mut conn = Conn::new(stream, rx_peer, self.max_body);
+        conn.peer_process = process;
+        self.conns.push(conn);
         Ok(i)
     }
 
@@ -436,8 +463,15 @@ impl TcpTransport {
                             // Off this thread: a silent stranger must not
                             // hold up the next connection.
                             std::thread::spawn(move || match hs.accept(&s, on_output) {
-                                Ok(peer) => {
-                                    let _ = tx.send(Incoming { stream: s, peer });
+                                Ok(PeerHello {
+                                    node: peer,
+                                    process,
+                                }) => {
+                                    let _ = tx.send(Incoming {
+                                        stream: s,
+                                        peer,
+                                        process,
+                                    });
                                 }
                                 Err(e) => tracing::warn!(
                                     "evb node {}: rejected a connection from {from}: {e:#}",
@@ -484,12 +518,16 @@ impl TcpTransport {
                     }
                     attempts += 1;
                     match hs.dial(addr, peer, DIAL_TIMEOUT) {
-                        Ok(stream) => {
+                        Ok((stream, process)) => {
                             tracing::info!(
                                 "evb node {}: reconnected to endpoint {peer} at {addr} (attempt {attempts})",
                                 hs.rank
                             );
-                            let _ = tx.send(Incoming { stream, peer });
+                            let _ = tx.send(Incoming {
+                                stream,
+                                peer,
+                                process,
+                            });
                             return;
                         }
                         Err(_) => delay = (delay * 2).min(REDIAL_MAX),
@@ -549,7 +587,7 @@ impl TcpTransport {
             cancel.store(true, Ordering::Relaxed);
         }
         let tx_peer = (peer != self.rank).then_some(peer);
-        match self.add_conn(inc.stream, tx_peer) {
+        match self.add_conn(inc.stream, tx_peer, inc.process) {
             Ok(i) => {
                 self.conns[i].hello_seen = true;
                 if peer != self.rank {
@@ -573,13 +611,13 @@ impl TcpTransport {
         for peer in higher {
             let addr = self.addrs[peer as usize];
             let dialed = if peer == me {
-                connect_self(&self.hs, addr)
+                connect_self(&self.hs, addr).map(|s| (s, PeerProcess::ours()))
             } else {
                 self.hs.dial(addr, peer, DIAL_TIMEOUT)
             };
             match dialed {
-                Ok(s) => {
-                    let i = self.add_conn(s, Some(peer))?;
+                Ok((s, process)) => {
+                    let i = self.add_conn(s, Some(peer), process)?;
                     self.conns[i].hello_seen = true;
                 }
                 Err(e) => {
@@ -602,7 +640,7 @@ impl TcpTransport {
             };
             let tx_peer = (inc.peer != me).then_some(inc.peer);
             waiting.retain(|&p| p != inc.peer);
-            let i = self.add_conn(inc.stream, tx_peer)?;
+            let i = self.add_conn(inc.stream, tx_peer, inc.process)?;
             self.conns[i].hello_seen = true;
         }
         Ok(())
@@ -870,6 +908,13 @@ impl Transport for TcpTransport {
         }
     }
 
+    /// From the process the peer's Hello named (on this host or not).
+    fn peer_runnable(&self, peer: NodeId) -> bool {
+        self.conns
+            .iter()
+            .any(|c| c.peer == Some(peer) && !c.closed && c.peer_process.runnable())
+    }
+
     fn peer_active(&self, peer: NodeId) -> bool {
         use std::os::fd::AsRawFd;
         self.conns
@@ -913,10 +958,13 @@ impl Transport for TcpTransport {
 impl Handshake {
     fn hello(&self) -> Vec<u8> {
         let mut hello = Vec::new();
+        let ours = PeerProcess::ours();
         Message::Hello {
             run_id: self.run_id,
             node: self.rank,
             nodes: self.endpoints,
+            host: ours.host,
+            pid: ours.pid,
         }
         .encode_into(&mut hello);
         hello
@@ -956,33 +1004,44 @@ impl Handshake {
     }
 
     /// Opens a connection to `peer` during the run and goes through the
-    /// whole handshake before returning it (the peer answers at once).
-    fn dial(&self, addr: SocketAddr, peer: NodeId, timeout: Duration) -> Result<StdTcpStream> {
+    /// whole handshake before returning it (the peer answers at once),
+    /// with the peer's process its answer named.
+    fn dial(
+        &self,
+        addr: SocketAddr,
+        peer: NodeId,
+        timeout: Duration,
+    ) -> Result<(StdTcpStream, PeerProcess)> {
         let deadline = Instant::now() + timeout;
         let mut s = outnet::connect_from(addr, self.source_for(peer), timeout)?;
         s.write_all(&self.hello())?;
-        match &self.key {
+        let process = match &self.key {
             Some(key) => self.prove_as_connector(&mut s, key, peer, deadline)?,
             None => {
                 s.set_read_timeout(Some(timeout))?;
                 let answered =
                     read_hello(&s, self.run_id, self.endpoints).context("reading the answer")?;
-                if answered != peer {
-                    bail!("endpoint {peer}'s address answered as endpoint {answered}");
+                if answered.node != peer {
+                    bail!(
+                        "endpoint {peer}'s address answered as endpoint {}",
+                        answered.node
+                    );
                 }
                 s.set_read_timeout(None)?;
+                answered.process
             }
-        }
-        Ok(s)
+        };
+        Ok((s, process))
     }
 
     /// Accepting side during the run: the peer's Hello, our answer, the
     /// run-key proof. Returns who the peer is. `on_output`: it arrived on
     /// the output network's listener.
-    fn accept(&self, s: &StdTcpStream, on_output: bool) -> Result<NodeId> {
+    fn accept(&self, s: &StdTcpStream, on_output: bool) -> Result<PeerHello> {
         s.set_nonblocking(false)?;
         s.set_read_timeout(Some(HELLO_TIMEOUT))?;
-        let peer = read_hello(s, self.run_id, self.endpoints)?;
+        let hello_in = read_hello(s, self.run_id, self.endpoints)?;
+        let peer = hello_in.node;
         self.check_network(peer, on_output)?;
         let hello = self.hello();
         match &self.key {
@@ -990,24 +1049,28 @@ impl Handshake {
             None if peer != self.rank => (&*s).write_all(&hello)?,
             None => {}
         }
-        Ok(peer)
+        Ok(hello_in)
     }
 
-    /// Connecting side of the run-key handshake (after our Hello).
+    /// Connecting side of the run-key handshake (after our Hello). Returns
+    /// the peer's process its answer named.
     fn prove_as_connector(
         &self,
         s: &mut StdTcpStream,
         key: &[u8],
         peer: NodeId,
         deadline: Instant,
-    ) -> Result<()> {
+    ) -> Result<PeerProcess> {
         let nonce_c = auth::nonce();
         s.write_all(&nonce_c)?;
         let left = deadline.saturating_duration_since(Instant::now());
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
         let answered = read_hello(s, self.run_id, self.endpoints).context("reading the answer")?;
-        if answered != peer {
-            bail!("endpoint {peer}'s address answered as endpoint {answered}");
+        if answered.node != peer {
+            bail!(
+                "endpoint {peer}'s address answered as endpoint {}",
+                answered.node
+            );
         }
         let mut challenge = [0u8; NONCE_LEN + MAC_LEN];
         s.read_exact(&mut challenge)
@@ -1036,7 +1099,7 @@ impl Handshake {
             &nonce_c,
         ))?;
         s.set_read_timeout(None)?;
-        Ok(())
+        Ok(answered.process)
     }
 
     /// Accepting side: the peer's Hello was read; answer and check its proof.
@@ -1134,9 +1197,12 @@ fn connect_retry(
     }
 }
 
+/// Bytes of a Hello on the wire.
+const HELLO_LEN: usize = FRAME_HEADER_LEN + 24;
+
 /// Reads and checks the Hello that opens every connection.
-fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<NodeId> {
-    let mut buf = [0u8; FRAME_HEADER_LEN + 8];
+fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<PeerHello> {
+    let mut buf = [0u8; HELLO_LEN];
     s.read_exact(&mut buf).context("reading Hello")?;
     let (msg, _) =
         evb_core::wire::decode_stream(&buf, 64)?.ok_or_else(|| anyhow!("short Hello"))?;
@@ -1144,12 +1210,14 @@ fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<NodeI
 }
 
 /// The peer a Hello names, if it belongs to this run.
-pub(crate) fn check_hello(msg: &Message, run_id: u32, endpoints: u16) -> Result<NodeId> {
+pub(crate) fn check_hello(msg: &Message, run_id: u32, endpoints: u16) -> Result<PeerHello> {
     match *msg {
         Message::Hello {
             run_id: r,
             node,
             nodes,
+            host,
+            pid,
         } => {
             if r != run_id {
                 bail!("peer is in run {r}, this node in run {run_id}");
@@ -1157,7 +1225,10 @@ pub(crate) fn check_hello(msg: &Message, run_id: u32, endpoints: u16) -> Result<
             if nodes != endpoints || node >= endpoints {
                 bail!("peer says it is endpoint {node} of {nodes}; this run has {endpoints}");
             }
-            Ok(node)
+            Ok(PeerHello {
+                node,
+                process: PeerProcess { host, pid },
+            })
         }
         ref other => bail!("expected Hello, got {other:?}"),
     }
@@ -1255,6 +1326,44 @@ mod tests {
         }
         drop(t);
         node1.join().unwrap()
+    }
+
+    /// Each end of a link knows the other's process from its Hello (the
+    /// connecting end from the answer, the accepting end from the opening
+    /// Hello): here both are this running process, so each finds the other
+    /// runnable, which a peer silent on a loaded host needs to be spared.
+    #[test]
+    fn each_end_knows_the_other_process_from_its_hello() {
+        let overrides = ["nodes.count=2".into(), "transport.bind=127.0.0.1".into()];
+        let config = Config::load(None, &overrides).unwrap();
+        let layout = Layout::from_config(&config);
+        let (port_tx, port_rx) = mpsc::channel();
+        let (addr_tx, addr_rx) = mpsc::channel::<Vec<String>>();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let node1 = {
+            let (config, layout) = (config.clone(), layout.clone());
+            std::thread::spawn(move || {
+                let mut t = TcpTransport::bind(&config, &layout, 1, None, None).unwrap();
+                port_tx.send(t.local_token()).unwrap();
+                t.connect(&addr_rx.recv().unwrap(), &mut Seen::default())
+                    .unwrap();
+                let knows = t.peer_runnable(0);
+                // Open until node 0 has read our answer.
+                let _ = done_rx.recv_timeout(Duration::from_secs(10));
+                knows
+            })
+        };
+        let mut t = TcpTransport::bind(&config, &layout, 0, None, None).unwrap();
+        let addrs: Vec<String> = [t.local_token(), port_rx.recv().unwrap()]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        addr_tx.send(addrs.clone()).unwrap();
+        t.connect(&addrs, &mut Seen::default()).unwrap();
+        let knows = t.peer_runnable(1);
+        done_tx.send(()).unwrap();
+        assert!(knows, "node 0 knows node 1's process");
+        assert!(node1.join().unwrap(), "node 1 knows node 0's process");
     }
 
     /// The regression: a peer that finished before this node heard the

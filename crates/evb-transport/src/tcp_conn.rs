@@ -18,6 +18,7 @@ use mio::net::TcpStream;
 
 use super::RxHandler;
 use crate::mepbuf::MepBuf;
+use crate::process::PeerProcess;
 
 enum Rx {
     Frame {
@@ -89,6 +90,8 @@ pub struct Conn {
     /// The peer's Hello has arrived on this connection (for an opened
     /// connection: the peer has accepted it and is set up).
     pub hello_seen: bool,
+    /// The peer's process, as its Hello named it (default until then).
+    pub peer_process: PeerProcess,
     /// The peer said Goodbye (it finished the run, its close is orderly)
     /// and the transport has not reported it yet.
     pub goodbye_seen: bool,
@@ -115,6 +118,7 @@ impl Conn {
             last_rx: std::time::Instant::now(),
             last_tx_progress: std::time::Instant::now(),
             hello_seen: false,
+            peer_process: PeerProcess::default(),
             goodbye_seen: false,
             shut_when_flushed: false,
         }
@@ -308,14 +312,18 @@ impl Conn {
                             return self.finish_payload(handler).map(|_| true);
                         }
                     }
-                    Message::Hello { node, .. } if self.peer.is_none() => {
+                    Message::Hello {
+                        node, host, pid, ..
+                    } if self.peer.is_none() => {
                         // Identifies the peer of an accepted connection.
                         self.peer = Some(node);
+                        self.peer_process = PeerProcess { host, pid };
                         self.hello_seen = true;
                         self.reset_rx();
                     }
-                    Message::Hello { .. } => {
+                    Message::Hello { host, pid, .. } => {
                         // The answer to our Hello: the peer is set up.
+                        self.peer_process = PeerProcess { host, pid };
                         self.hello_seen = true;
                         self.reset_rx();
                     }
