@@ -232,6 +232,39 @@ impl RxHandler for Rx {
 }
 
 impl Rx {
+    /// The receive side of worker `rank`, before anything arrived; its
+    /// clock starts now.
+    fn new(spec: &BenchSpec, rank: NodeId) -> Rx {
+        let n = spec.ranks as usize;
+        Rx {
+            rank,
+            pool: Vec::new(),
+            count: vec![0; n],
+            bytes: vec![0; n],
+            next_seq: vec![0; n],
+            markers: vec![0; n],
+            first_rx: None,
+            last_rx_data: None,
+            watch: PeerWatch::new(
+                spec.ranks,
+                rank,
+                HEARTBEAT.as_nanos() as Nanos,
+                Duration::from_millis(spec.peer_timeout_ms.max(1)).as_nanos() as Nanos,
+            ),
+            epoch: Instant::now(),
+            order_errors: vec![0; n],
+            content_errors: 0,
+            check_content: false,
+            slow_us: if spec.slow_rank == Some(rank) {
+                spec.slow_us
+            } else {
+                0
+            },
+            die_after: (spec.die_rank == Some(rank)).then_some(spec.die_after),
+            count_at_marker: vec![0; n],
+        }
+    }
+
     fn now(&self) -> Nanos {
         self.epoch.elapsed().as_nanos() as Nanos
     }
@@ -689,33 +722,7 @@ pub fn run_worker(
         }
     };
     let n = spec.ranks as usize;
-    let mut rx = Rx {
-        rank,
-        pool: Vec::new(),
-        count: vec![0; n],
-        bytes: vec![0; n],
-        next_seq: vec![0; n],
-        markers: vec![0; n],
-        first_rx: None,
-        last_rx_data: None,
-        watch: PeerWatch::new(
-            spec.ranks,
-            rank,
-            HEARTBEAT.as_nanos() as Nanos,
-            Duration::from_millis(spec.peer_timeout_ms.max(1)).as_nanos() as Nanos,
-        ),
-        epoch: Instant::now(),
-        order_errors: vec![0; n],
-        content_errors: 0,
-        check_content: false,
-        slow_us: if spec.slow_rank == Some(rank) {
-            spec.slow_us
-        } else {
-            0
-        },
-        die_after: (spec.die_rank == Some(rank)).then_some(spec.die_after),
-        count_at_marker: vec![0; n],
-    };
+    let mut rx = Rx::new(spec, rank);
     t.connect(&peers, &mut rx)
         .with_context(|| format!("setting up the {} transport", t.name()))?;
     // Silence counts from the end of the setup; the first heartbeat and

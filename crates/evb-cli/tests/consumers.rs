@@ -9,7 +9,7 @@
 //! namespaces with two links each) under `evb node`, where the interface
 //! counters show which link carried what.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -453,15 +453,13 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
     let mut lab = Lab::new(tag);
     lab.switch("breb");
     lab.switch("brout");
-    let eb_ip = |r: usize| format!("10.81.{tag}.{}", r + 1);
-    let out_ip = |r: usize| format!("10.82.{tag}.{}", r + 1);
     let hosts: Vec<String> = (0..4)
         .map(|r| {
             let ns = lab.host(&format!("h{r}"));
             if r < 2 {
-                lab.link(&ns, "eb0", "breb", &format!("{}/24", eb_ip(r)));
+                lab.link(&ns, "eb0", "breb", &format!("{}/24", eb_ip(tag, r)));
             }
-            lab.link(&ns, "out0", "brout", &format!("{}/24", out_ip(r)));
+            lab.link(&ns, "out0", "brout", &format!("{}/24", out_ip(tag, r)));
             ns
         })
         .collect();
@@ -474,64 +472,12 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
     std::fs::create_dir_all(&rdv).unwrap();
     let children: Vec<_> = (0..4)
         .map(|r| {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &hosts[r], evb_path_str(), "node"]);
-            let mut sets: Vec<String> = [
-                "transport.kind=tcp",
-                "nodes.count=2",
-                "output.consumers=2",
-                "run.duration_s=0",
-                "source.events_per_mep=1024",
-            ]
-            .map(String::from)
-            .to_vec();
-            sets.push(format!("run.max_meps={NS_MEPS}"));
-            // The consumers have no event-building link: they listen on
-            // loopback for it, and no one dials them there.
-            sets.push(format!(
-                "transport.bind={}",
-                if r < 2 { eb_ip(r) } else { "127.0.0.1".into() }
-            ));
-            match launch {
-                Launch::LauncherInterface => {
-                    cmd.args(["--control", "launcher", "--rendezvous"])
-                        .arg(&rdv)
-                        .env("OMPI_COMM_WORLD_RANK", r.to_string())
-                        .env("OMPI_COMM_WORLD_SIZE", "4");
-                    sets.push("output.interface=out0".into());
-                }
-                Launch::ConfigAddresses => {
-                    cmd.args(["--rank", &r.to_string()]);
-                    let list = |addr: &dyn Fn(usize) -> String| {
-                        let a: Vec<String> = (0..4).map(|p| format!("\"{}\"", addr(p))).collect();
-                        format!("[{}]", a.join(", "))
-                    };
-                    sets.push(format!(
-                        "transport.addresses={}",
-                        list(&|p| if p < 2 {
-                            format!("{}:7100", eb_ip(p))
-                        } else {
-                            "127.0.0.1:7100".into()
-                        })
-                    ));
-                    sets.push(format!(
-                        "output.addresses={}",
-                        list(&|p| format!("{}:7200", out_ip(p)))
-                    ));
-                }
-            }
-            for s in &sets {
-                cmd.args(["--set", s]);
-            }
-            cmd.env(
-                "EVB_RUN_KEY",
-                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            lab_node(r, &hosts[r], tag, launch, &rdv)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
         .collect();
     let outs = wait_all(children, Duration::from_secs(90));
@@ -557,6 +503,79 @@ fn run_in_namespaces(tag: u8, launch: Launch) -> LabRun {
     };
     let _ = std::fs::remove_dir_all(&rdv);
     run
+}
+
+/// Rank `r`'s address on the event-building switch of lab `tag`.
+fn eb_ip(tag: u8, r: usize) -> String {
+    format!("10.81.{tag}.{}", r + 1)
+}
+
+/// Rank `r`'s address on the output switch of lab `tag`.
+fn out_ip(tag: u8, r: usize) -> String {
+    format!("10.82.{tag}.{}", r + 1)
+}
+
+/// `evb node` as rank `r` in namespace `ns`, learning where the others are
+/// as `launch` says (`rdv`: the rendezvous directory under a launcher).
+fn lab_node(r: usize, ns: &str, tag: u8, launch: Launch, rdv: &Path) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, evb_path_str(), "node"]);
+    let mut sets: Vec<String> = [
+        "transport.kind=tcp",
+        "nodes.count=2",
+        "output.consumers=2",
+        "run.duration_s=0",
+        "source.events_per_mep=1024",
+    ]
+    .map(String::from)
+    .to_vec();
+    sets.push(format!("run.max_meps={NS_MEPS}"));
+    // The consumers have no event-building link: they listen on
+    // loopback for it, and no one dials them there.
+    sets.push(format!(
+        "transport.bind={}",
+        if r < 2 {
+            eb_ip(tag, r)
+        } else {
+            "127.0.0.1".into()
+        }
+    ));
+    match launch {
+        Launch::LauncherInterface => {
+            cmd.args(["--control", "launcher", "--rendezvous"])
+                .arg(rdv)
+                .env("OMPI_COMM_WORLD_RANK", r.to_string())
+                .env("OMPI_COMM_WORLD_SIZE", "4");
+            sets.push("output.interface=out0".into());
+        }
+        Launch::ConfigAddresses => {
+            cmd.args(["--rank", &r.to_string()]);
+            let list = |addr: &dyn Fn(usize) -> String| {
+                let a: Vec<String> = (0..4).map(|p| format!("\"{}\"", addr(p))).collect();
+                format!("[{}]", a.join(", "))
+            };
+            sets.push(format!(
+                "transport.addresses={}",
+                list(&|p| if p < 2 {
+                    format!("{}:7100", eb_ip(tag, p))
+                } else {
+                    "127.0.0.1:7100".into()
+                })
+            ));
+            sets.push(format!(
+                "output.addresses={}",
+                list(&|p| format!("{}:7200", out_ip(tag, p)))
+            ));
+        }
+    }
+    for s in &sets {
+        cmd.args(["--set", s]);
+    }
+    cmd.env(
+        "EVB_RUN_KEY",
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+    );
+    cmd
 }
 
 /// Every batch consumed exactly once; the deliveries on the output links,

@@ -36,6 +36,25 @@ fn json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
+/// The conflicts of `order` on `topology` routed by `lfts`, as
+/// `evb fabric conflicts` writes them to `json_out`.
+fn conflicts_with(topology: &str, lfts: &str, order: &str, json_out: &str) -> u64 {
+    ok(&[
+        "conflicts",
+        "--topology",
+        topology,
+        "--lfts",
+        lfts,
+        "--order",
+        order,
+        "--json",
+        json_out,
+    ]);
+    json(Path::new(json_out))["total"]["conflicts"]
+        .as_u64()
+        .unwrap()
+}
+
 #[test]
 fn conflicts_outputs() {
     let d = tempfile::tempdir().unwrap();
@@ -148,20 +167,7 @@ fn export_then_read_back_and_fix() {
         "--order",
         "random:3",
     ]);
-    ok(&[
-        "conflicts",
-        "--topology",
-        &f("ibnd"),
-        "--lfts",
-        &f("lfts"),
-        "--order",
-        &f("rr"),
-        "--json",
-        &f("a.json"),
-    ]);
-    let before = json(Path::new(&f("a.json")))["total"]["conflicts"]
-        .as_u64()
-        .unwrap();
+    let before = conflicts_with(&f("ibnd"), &f("lfts"), &f("rr"), &f("a.json"));
     assert!(before > 0);
     // ...`route --for-shift` gives tables without them...
     let out = ok(&[
@@ -176,20 +182,7 @@ fn export_then_read_back_and_fix() {
         "--time-limit",
         "4",
     ]);
-    ok(&[
-        "conflicts",
-        "--topology",
-        &f("ibnd"),
-        "--lfts",
-        &f("shift.lfts"),
-        "--order",
-        &f("rr"),
-        "--json",
-        &f("b.json"),
-    ]);
-    let after = json(Path::new(&f("b.json")))["total"]["conflicts"]
-        .as_u64()
-        .unwrap();
+    let after = conflicts_with(&f("ibnd"), &f("shift.lfts"), &f("rr"), &f("b.json"));
     assert!(after < before, "{out}");
     // ...and `order` finds an order without them for the original tables.
     let out = ok(&[
@@ -203,22 +196,8 @@ fn export_then_read_back_and_fix() {
         "--time-limit",
         "20",
     ]);
-    ok(&[
-        "conflicts",
-        "--topology",
-        &f("ibnd"),
-        "--lfts",
-        &f("lfts"),
-        "--order",
-        &f("best"),
-        "--json",
-        &f("c.json"),
-    ]);
-    assert_eq!(
-        json(Path::new(&f("c.json")))["total"]["conflicts"],
-        0,
-        "{out}"
-    );
+    let best = conflicts_with(&f("ibnd"), &f("lfts"), &f("best"), &f("c.json"));
+    assert_eq!(best, 0, "{out}");
 }
 
 #[test]
@@ -307,14 +286,10 @@ fn what_if_and_errors() {
     assert!(!s && e.contains("bogus"), "{e}");
 }
 
-/// The command line on files written by the real OpenSM on ibsim: the
-/// issue's example command, and tables from `route --for-shift` handed to
-/// OpenSM's file engine. Fails (never skips) without opensm/ibsim.
-#[test]
-fn with_real_opensm_files() {
-    let d = tempfile::tempdir().unwrap();
-    let dir = d.path();
-    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
+/// The OpenSM and ibsim tools the test runs (it fails, never skips,
+/// without them): the path of ibsim's libumad2sim, which puts OpenSM and
+/// the diagnostics on the simulated fabric.
+fn umad2sim() -> &'static str {
     for p in [
         "/usr/sbin/opensm",
         "/usr/bin/ibsim",
@@ -326,13 +301,24 @@ fn with_real_opensm_files() {
             "{p} missing: install opensm, ibsim-utils, infiniband-diags (scripts/setup.sh)"
         );
     }
-    let umad = [
+    [
         "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so",
         "/usr/lib/aarch64-linux-gnu/umad2sim/libumad2sim.so",
     ]
     .into_iter()
     .find(|p| Path::new(p).exists())
-    .expect("libumad2sim.so missing: install ibsim-utils (scripts/setup.sh)");
+    .expect("libumad2sim.so missing: install ibsim-utils (scripts/setup.sh)")
+}
+
+/// The command line on files written by the real OpenSM on ibsim: the
+/// issue's example command, and tables from `route --for-shift` handed to
+/// OpenSM's file engine. Fails (never skips) without opensm/ibsim.
+#[test]
+fn with_real_opensm_files() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let f = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    let umad = umad2sim();
     ok(&[
         "export",
         "--topology",
@@ -407,22 +393,14 @@ dump_lfts > {d}/back.lfts
         "--json",
         &f("c.json"),
     ]);
-    ok(&[
-        "conflicts",
-        "--topology",
+    let ftree = conflicts_with(
         &f("topo"),
-        "--lfts",
         &f("dump/opensm-lfts.dump"),
-        "--order",
         "random:4",
-        "--json",
         &f("d.json"),
-    ]);
+    );
     let promised = json(Path::new(&f("b.json")))["total"].clone();
     assert_eq!(json(Path::new(&f("c.json")))["total"], promised);
-    let ftree = json(Path::new(&f("d.json")))["total"]["conflicts"]
-        .as_u64()
-        .unwrap();
     assert!(
         promised["conflicts"].as_u64().unwrap() < ftree,
         "for-shift tables should beat ftree on a random order"

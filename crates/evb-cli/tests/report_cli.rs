@@ -351,7 +351,13 @@ fn report_of_real_outputs_renders_in_chromium() {
     );
     assert!(distinct(&pixels) > 200, "{} colours", distinct(&pixels));
 
-    // Per-node throughput when the timeline has `node_built_gbps`.
+    assert_per_node_chart(dir);
+    assert_heat_maps_drawn(dir);
+}
+
+/// Per-node throughput when the timeline has `node_built_gbps`: a line
+/// for each node in the throughput chart.
+fn assert_per_node_chart(dir: &Path) {
     let mut run = read_json(&dir.join("run-3.json"));
     for sample in run["timeline"].as_array_mut().unwrap() {
         let total = sample["built_gbps"].as_f64().unwrap();
@@ -366,8 +372,11 @@ fn report_of_real_outputs_renders_in_chromium() {
     for node in ["node 0", "node 1", "node 2"] {
         assert!(chart.contains(node), "no line for {node}");
     }
+}
 
-    // The heat maps: a report of the scan and the fabric analysis alone.
+/// The heat maps (a report of the scan and the fabric analysis alone)
+/// drawn as a person sees them: large blocks of strong colour.
+fn assert_heat_maps_drawn(dir: &Path) {
     evb_ok(
         dir,
         &["report", "scan.json", "fabric.json", "-o", "heat.html"],

@@ -424,59 +424,8 @@ impl Harness {
             Event::Hang { node } => {
                 self.crashed.insert(node);
             }
-            Event::Crash { node } => {
-                self.crashed.insert(node);
-                let at = now + self.faults.detection_ns;
-                let mut all_noticed = at;
-                for to in 0..self.nodes.len() as NodeId {
-                    if to != node {
-                        // A connection reports its loss after delivering what
-                        // was already on it.
-                        let last = self.last_delivery.get(&(node, to)).copied().unwrap_or(0);
-                        let lost_at = at.max(last + 1);
-                        all_noticed = all_noticed.max(lost_at);
-                        self.schedule(lost_at, Event::PeerLost { to, peer: node });
-                    }
-                }
-                let restart = self
-                    .faults
-                    .next_of(node, now, FaultKind::Restart, FaultKind::Crash);
-                if let Some(t) = restart {
-                    self.schedule(t.max(all_noticed + 1), Event::Restart { node });
-                }
-            }
-            Event::Restart { node } => {
-                let em = self.layout.em as usize;
-                // A restarted EM takes the run over; another node rejoins
-                // only a run that goes on.
-                let ended = node as usize != em
-                    && (self.crashed.contains(&(em as NodeId))
-                        || self.nodes[em].em().is_none_or(|e| e.is_stopped()));
-                if ended {
-                    return; // Too late: the run is over.
-                }
-                self.crashed.remove(&node);
-                self.cut.retain(|&(to, from)| to != node && from != node);
-                self.restart_mark.insert(node, self.seq);
-                self.outstanding.remove(&node);
-                self.report.restarted_at = Some(now);
-                // The survivors accept the new incarnation's connections
-                // before anything arrives on them.
-                for to in 0..self.nodes.len() as NodeId {
-                    if to != node && !self.crashed.contains(&to) {
-                        self.nodes[to as usize].on_peer_joined(now, node);
-                        self.drain(to);
-                    }
-                }
-                self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
-                if node as usize == em {
-                    // It learns from the survivors how far the run got.
-                    let wait = 3 * self.faults.detection_ns.max(1);
-                    self.nodes[node as usize].resume_em(wait);
-                }
-                self.nodes[node as usize].start(now);
-                self.drain(node);
-            }
+            Event::Crash { node } => self.crash(node),
+            Event::Restart { node } => self.restart(node),
             Event::PeerLost { to, peer } => {
                 self.nodes[to as usize].on_peer_lost(now, peer);
                 self.drain(to);
@@ -509,6 +458,68 @@ impl Harness {
                 self.drain(node);
             }
         }
+    }
+
+    /// Node `node` crashes now: each peer notices the lost connection
+    /// after the detection time (and after what was already on the
+    /// connection), and a restart planned for it comes after all of them have.
+    fn crash(&mut self, node: NodeId) {
+        let now = self.now;
+        self.crashed.insert(node);
+        let at = now + self.faults.detection_ns;
+        let mut all_noticed = at;
+        for to in 0..self.nodes.len() as NodeId {
+            if to != node {
+                // A connection reports its loss after delivering what
+                // was already on it.
+                let last = self.last_delivery.get(&(node, to)).copied().unwrap_or(0);
+                let lost_at = at.max(last + 1);
+                all_noticed = all_noticed.max(lost_at);
+                self.schedule(lost_at, Event::PeerLost { to, peer: node });
+            }
+        }
+        let restart = self
+            .faults
+            .next_of(node, now, FaultKind::Restart, FaultKind::Crash);
+        if let Some(t) = restart {
+            self.schedule(t.max(all_noticed + 1), Event::Restart { node });
+        }
+    }
+
+    /// Node `node` comes back as a new incarnation, unless the run it would
+    /// rejoin is over.
+    fn restart(&mut self, node: NodeId) {
+        let now = self.now;
+        let em = self.layout.em as usize;
+        // A restarted EM takes the run over; another node rejoins
+        // only a run that goes on.
+        let ended = node as usize != em
+            && (self.crashed.contains(&(em as NodeId))
+                || self.nodes[em].em().is_none_or(|e| e.is_stopped()));
+        if ended {
+            return; // Too late: the run is over.
+        }
+        self.crashed.remove(&node);
+        self.cut.retain(|&(to, from)| to != node && from != node);
+        self.restart_mark.insert(node, self.seq);
+        self.outstanding.remove(&node);
+        self.report.restarted_at = Some(now);
+        // The survivors accept the new incarnation's connections
+        // before anything arrives on them.
+        for to in 0..self.nodes.len() as NodeId {
+            if to != node && !self.crashed.contains(&to) {
+                self.nodes[to as usize].on_peer_joined(now, node);
+                self.drain(to);
+            }
+        }
+        self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
+        if node as usize == em {
+            // It learns from the survivors how far the run got.
+            let wait = 3 * self.faults.detection_ns.max(1);
+            self.nodes[node as usize].resume_em(wait);
+        }
+        self.nodes[node as usize].start(now);
+        self.drain(node);
     }
 
     fn crc_for(&self, h: &FragmentHeader) -> u32 {

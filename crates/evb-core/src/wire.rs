@@ -575,35 +575,7 @@ impl Message {
     /// Decodes the body of a validated frame. For a fragment, `body` must
     /// hold at least the fragment header; the payload is not looked at.
     pub fn decode_body(frame: &FrameHeader, body: &[u8]) -> Result<Message, WireError> {
-        let need = frame.kind.fixed_body_len().unwrap_or(FRAGMENT_HEADER_LEN);
-        if body.len() < need {
-            return Err(WireError::BadLength {
-                kind: frame.kind.name(),
-                expected: need as u64,
-                got: body.len() as u64,
-            });
-        }
-        // Padding and reserved bytes must be zero: anything else is
-        // corruption or a peer speaking another dialect.
-        let reserved: &[usize] = match frame.kind {
-            Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd | Kind::BuLost => &[2, 3],
-            Kind::Assign
-            | Kind::Request
-            | Kind::Abandon
-            | Kind::SourceDown
-            | Kind::SourceUp
-            | Kind::Reassign => &[10, 11],
-            Kind::Finished => &[11],
-            Kind::AssignRun => &[14, 15],
-            Kind::Fragment => &[28, 29, 30, 31],
-            Kind::Hello => &[20, 21, 22, 23],
-            _ => &[],
-        };
-        if reserved.iter().any(|&i| body[i] != 0) {
-            return Err(WireError::NonZeroReserved {
-                kind: frame.kind.name(),
-            });
-        }
+        Self::check_body(frame, body)?;
         let u16_at = |i: usize| u16::from_le_bytes([body[i], body[i + 1]]);
         let u32_at =
             |i: usize| u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
@@ -696,6 +668,41 @@ impl Message {
                 em_time: u64_at(8),
             },
         })
+    }
+
+    /// What every body must pass before its fields are read: long enough
+    /// for its kind, and zero in its padding and reserved bytes.
+    fn check_body(frame: &FrameHeader, body: &[u8]) -> Result<(), WireError> {
+        let need = frame.kind.fixed_body_len().unwrap_or(FRAGMENT_HEADER_LEN);
+        if body.len() < need {
+            return Err(WireError::BadLength {
+                kind: frame.kind.name(),
+                expected: need as u64,
+                got: body.len() as u64,
+            });
+        }
+        // Padding and reserved bytes must be zero: anything else is
+        // corruption or a peer speaking another dialect.
+        let reserved: &[usize] = match frame.kind {
+            Kind::Credit | Kind::ConsumerCredit | Kind::OutputEnd | Kind::BuLost => &[2, 3],
+            Kind::Assign
+            | Kind::Request
+            | Kind::Abandon
+            | Kind::SourceDown
+            | Kind::SourceUp
+            | Kind::Reassign => &[10, 11],
+            Kind::Finished => &[11],
+            Kind::AssignRun => &[14, 15],
+            Kind::Fragment => &[28, 29, 30, 31],
+            Kind::Hello => &[20, 21, 22, 23],
+            _ => &[],
+        };
+        if reserved.iter().any(|&i| body[i] != 0) {
+            return Err(WireError::NonZeroReserved {
+                kind: frame.kind.name(),
+            });
+        }
+        Ok(())
     }
 }
 

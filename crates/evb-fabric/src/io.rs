@@ -143,21 +143,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
                 quoted(rest).ok_or_else(|| parse_err(path, ln, "missing quoted node id"))?;
             let comment = after.split_once('#').map(|x| x.1).unwrap_or("");
             let desc = quoted(comment).map(|x| x.0);
-            let guid = pending_guid
-                .take()
-                .or_else(|| {
-                    id.get(2..).and_then(|g| {
-                        if id.starts_with("S-") || id.starts_with("H-") {
-                            parse_hex(g)
-                        } else {
-                            None
-                        }
-                    })
-                })
-                .unwrap_or_else(|| {
-                    synthetic += 1;
-                    0x00e0_0000_0000_0000 + synthetic * 2
-                });
+            let guid = record_guid(id, pending_guid.take(), &mut synthetic);
             // Unique names are given once all nodes are read.
             let desc = match desc {
                 Some(d) if !d.trim().is_empty() => d.trim(),
@@ -200,7 +186,33 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
     }
     connect_cables(path, &mut topo, &ids, cables)?;
     crate::names::assign_unique_names(&mut topo, &[]);
-    // Hosts whose LID was not printed keep LID 0 and are unusable: say so.
+    check_lids(path, lines, &topo)?;
+    Ok(topo)
+}
+
+/// The GUID of a node record: the `switchguid=`/`caguid=` line before it
+/// (`pending`), else the one in an `S-`/`H-` id, else a made-up one, unique
+/// in the file (`synthetic` counts them).
+fn record_guid(id: &str, pending: Option<u64>, synthetic: &mut u64) -> u64 {
+    pending
+        .or_else(|| {
+            id.get(2..).and_then(|g| {
+                if id.starts_with("S-") || id.starts_with("H-") {
+                    parse_hex(g)
+                } else {
+                    None
+                }
+            })
+        })
+        .unwrap_or_else(|| {
+            *synthetic += 1;
+            0x00e0_0000_0000_0000 + *synthetic * 2
+        })
+}
+
+/// Hosts whose LID was not printed keep LID 0 and are unusable: an error
+/// that says so (at `lines`, the end of the file).
+fn check_lids(path: &Path, lines: usize, topo: &Topology) -> Result<()> {
     for n in &topo.nodes {
         if n.lid == 0 && n.first_port().is_some() {
             return Err(parse_err(
@@ -213,7 +225,7 @@ pub fn parse_ibnetdiscover_str(path: &Path, text: &str) -> Result<Topology> {
             ));
         }
     }
-    Ok(topo)
+    Ok(())
 }
 
 /// One cable end as an ibnetdiscover port line gives it: (line, node,
@@ -472,23 +484,7 @@ pub fn parse_lfts_str(path: &Path, text: &str, topo: &Topology) -> Result<Lfts> 
             continue;
         }
         if line.starts_with("Unicast lids") {
-            let g = line
-                .split_once(" guid 0x")
-                .and_then(|(_, r)| {
-                    parse_hex(
-                        r.split(|c: char| c.is_whitespace() || c == ':')
-                            .next()
-                            .unwrap_or(""),
-                    )
-                })
-                .ok_or_else(|| parse_err(path, ln, "cannot read the switch GUID of this table"))?;
-            let s = *by_guid.get(&g).ok_or_else(|| {
-                parse_err(
-                    path,
-                    ln,
-                    format!("switch GUID 0x{g:016x} is not in the topology"),
-                )
-            })?;
+            let s = table_switch(path, ln, line, &by_guid)?;
             if header_line[s] != 0 {
                 return Err(parse_err(
                     path,
@@ -507,33 +503,7 @@ pub fn parse_lfts_str(path: &Path, text: &str, topo: &Topology) -> Result<Lfts> 
         if line.starts_with("0x") {
             let s = cur
                 .ok_or_else(|| parse_err(path, ln, "LFT entry before any 'Unicast lids' header"))?;
-            let mut it = line.split_whitespace();
-            let lid = it
-                .next()
-                .and_then(parse_hex)
-                .filter(|&l| l <= 0xBFFF)
-                .ok_or_else(|| parse_err(path, ln, format!("bad LID in '{line}'")))?
-                as u16;
-            let port: u8 = it
-                .next()
-                .and_then(|p| p.parse::<u16>().ok())
-                .filter(|&p| p < 255)
-                .ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))?
-                as u8;
-            if lid as usize >= lid_table.len() || lid_table[lid as usize].is_none() {
-                return Err(parse_err(
-                    path,
-                    ln,
-                    format!("unknown LID {lid} (0x{lid:04x}): no node of the topology has it"),
-                ));
-            }
-            if port as usize > topo.nodes[s].nports() {
-                return Err(parse_err(
-                    path,
-                    ln,
-                    format!("switch '{}' has no port {port}", topo.nodes[s].name),
-                ));
-            }
+            let (lid, port) = lft_entry(path, ln, line, topo, &lid_table, s)?;
             lfts.set(s, lid, port);
             continue;
         }
@@ -565,6 +535,70 @@ pub fn parse_lfts_str(path: &Path, text: &str, topo: &Topology) -> Result<Lfts> 
         header_line,
     });
     Ok(lfts)
+}
+
+/// The switch whose table a `Unicast lids ... guid 0x...:` header starts.
+fn table_switch(
+    path: &Path,
+    ln: usize,
+    line: &str,
+    by_guid: &HashMap<u64, usize>,
+) -> Result<usize> {
+    let g = line
+        .split_once(" guid 0x")
+        .and_then(|(_, r)| {
+            parse_hex(
+                r.split(|c: char| c.is_whitespace() || c == ':')
+                    .next()
+                    .unwrap_or(""),
+            )
+        })
+        .ok_or_else(|| parse_err(path, ln, "cannot read the switch GUID of this table"))?;
+    by_guid.get(&g).copied().ok_or_else(|| {
+        parse_err(
+            path,
+            ln,
+            format!("switch GUID 0x{g:016x} is not in the topology"),
+        )
+    })
+}
+
+/// A `0xLID PORT ...` entry of switch `s`'s table: the LID must be one a
+/// node of the topology has, the port one the switch has.
+fn lft_entry(
+    path: &Path,
+    ln: usize,
+    line: &str,
+    topo: &Topology,
+    lid_table: &[Option<usize>],
+    s: usize,
+) -> Result<(u16, u8)> {
+    let mut it = line.split_whitespace();
+    let lid = it
+        .next()
+        .and_then(parse_hex)
+        .filter(|&l| l <= 0xBFFF)
+        .ok_or_else(|| parse_err(path, ln, format!("bad LID in '{line}'")))? as u16;
+    let port: u8 =
+        it.next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .filter(|&p| p < 255)
+            .ok_or_else(|| parse_err(path, ln, format!("bad port in '{line}'")))? as u8;
+    if lid as usize >= lid_table.len() || lid_table[lid as usize].is_none() {
+        return Err(parse_err(
+            path,
+            ln,
+            format!("unknown LID {lid} (0x{lid:04x}): no node of the topology has it"),
+        ));
+    }
+    if port as usize > topo.nodes[s].nports() {
+        return Err(parse_err(
+            path,
+            ln,
+            format!("switch '{}' has no port {port}", topo.nodes[s].name),
+        ));
+    }
+    Ok((lid, port))
 }
 
 /// Writes LFTs as `opensm-lfts.dump`, loadable by `opensm -R file -U FILE`.

@@ -220,48 +220,7 @@ pub fn parse_name_map_str(path: &Path, text: &str) -> Result<NameMap> {
         if rest.is_empty() {
             return Err(parse_err(path, ln, format!("no name after '{key}'")));
         }
-        let name = if let Some(q) = rest.strip_prefix('"') {
-            let (inner, after) = q
-                .split_once('"')
-                .ok_or_else(|| parse_err(path, ln, "unterminated quoted name"))?;
-            if !after.trim().is_empty() {
-                return Err(parse_err(
-                    path,
-                    ln,
-                    format!("unexpected text after the name: '{}'", after.trim()),
-                ));
-            }
-            // A quoted node description: its first word, as for descriptions.
-            first_word(inner).to_string()
-        } else {
-            let mut words = rest.split_whitespace();
-            let w = words.next().unwrap_or("").to_string();
-            if let Some(extra) = words.next() {
-                return Err(parse_err(
-                    path,
-                    ln,
-                    format!("unexpected text after the name '{w}': '{extra}' (one GUID and one name a line)"),
-                ));
-            }
-            w
-        };
-        if !is_safe_name(&name) {
-            return Err(parse_err(
-                path,
-                ln,
-                format!(
-                    "name '{name}' cannot go into hostfiles and Slurm hostlists: \
-                     use letters, digits, '.', '_' and '-' (not first), at most 64"
-                ),
-            ));
-        }
-        if parse_guid_key(&name).is_some_and(|(_, k)| k.is_some()) {
-            return Err(parse_err(
-                path,
-                ln,
-                format!("name '{name}' looks like a GUID name; give a host name"),
-            ));
-        }
+        let name = map_name(path, ln, rest)?;
         if let Some(&j) = by_key.get(&(guid, kind)) {
             if entries[j].name == name {
                 continue;
@@ -305,6 +264,55 @@ pub fn parse_name_map_str(path: &Path, text: &str) -> Result<NameMap> {
         file: path.to_path_buf(),
         entries,
     })
+}
+
+/// The name part of a name map line (`rest`, after the GUID): one word,
+/// or a quoted node description whose first word is taken; it must be a
+/// name hostfiles and Slurm take and must not look like a GUID name.
+fn map_name(path: &Path, ln: usize, rest: &str) -> Result<String> {
+    let name = if let Some(q) = rest.strip_prefix('"') {
+        let (inner, after) = q
+            .split_once('"')
+            .ok_or_else(|| parse_err(path, ln, "unterminated quoted name"))?;
+        if !after.trim().is_empty() {
+            return Err(parse_err(
+                path,
+                ln,
+                format!("unexpected text after the name: '{}'", after.trim()),
+            ));
+        }
+        // A quoted node description: its first word, as for descriptions.
+        first_word(inner).to_string()
+    } else {
+        let mut words = rest.split_whitespace();
+        let w = words.next().unwrap_or("").to_string();
+        if let Some(extra) = words.next() {
+            return Err(parse_err(
+                path,
+                ln,
+                format!("unexpected text after the name '{w}': '{extra}' (one GUID and one name a line)"),
+            ));
+        }
+        w
+    };
+    if !is_safe_name(&name) {
+        return Err(parse_err(
+            path,
+            ln,
+            format!(
+                "name '{name}' cannot go into hostfiles and Slurm hostlists: \
+                 use letters, digits, '.', '_' and '-' (not first), at most 64"
+            ),
+        ));
+    }
+    if parse_guid_key(&name).is_some_and(|(_, k)| k.is_some()) {
+        return Err(parse_err(
+            path,
+            ln,
+            format!("name '{name}' looks like a GUID name; give a host name"),
+        ));
+    }
+    Ok(name)
 }
 
 /// Names the nodes of `topo` from `map`, then names the rest uniquely

@@ -199,6 +199,54 @@ impl<'a> Loads<'a> {
         }
         Ok(())
     }
+    /// Adds (or removes) the flows `ranks` gives as (step index, source
+    /// rank) under `order`.
+    fn load_ranks(
+        &mut self,
+        lfts: &Lfts,
+        order: &[usize],
+        ranks: &[(usize, usize)],
+        add: bool,
+    ) -> Result<()> {
+        let n = order.len();
+        for &(k, r) in ranks {
+            let s = self.steps[k];
+            self.flow(lfts, k, order[r], order[(r + s) % n], add)?;
+        }
+        Ok(())
+    }
+    /// Swaps ranks `a` and `b` of `order`, and swaps them back if that
+    /// adds conflicts. Only the flows from or to either rank are moved
+    /// (`affected` is scratch space for them).
+    fn try_swap(
+        &mut self,
+        lfts: &Lfts,
+        order: &mut [usize],
+        a: usize,
+        b: usize,
+        affected: &mut Vec<(usize, usize)>,
+    ) -> Result<()> {
+        let n = order.len();
+        // Flows touching ranks a or b, per step: (step index, source rank).
+        affected.clear();
+        for (k, &s) in self.steps.iter().enumerate() {
+            for r in [a, b, (a + n - s % n) % n, (b + n - s % n) % n] {
+                if !affected.contains(&(k, r)) {
+                    affected.push((k, r));
+                }
+            }
+        }
+        let before = self.conflicts;
+        self.load_ranks(lfts, order, affected, false)?;
+        order.swap(a, b);
+        self.load_ranks(lfts, order, affected, true)?;
+        if self.conflicts > before {
+            self.load_ranks(lfts, order, affected, false)?;
+            order.swap(a, b);
+            self.load_ranks(lfts, order, affected, true)?;
+        }
+        Ok(())
+    }
 }
 
 /// Outcome of a search.
@@ -246,19 +294,7 @@ pub fn optimize_order_from(
     seed: u64,
 ) -> Result<(Vec<usize>, SearchReport)> {
     let t0 = Instant::now();
-    let mut best: Option<(u64, String, Vec<usize>)> = None;
-    for (name, o) in cands {
-        let full: Vec<usize> = steps
-            .iter()
-            .copied()
-            .filter(|&s| s % o.len() != 0)
-            .collect();
-        let a = analyze(topo, lfts, &o, &full, 0)?;
-        if best.as_ref().is_none_or(|b| a.total.conflicts < b.0) {
-            best = Some((a.total.conflicts, name, o));
-        }
-    }
-    let (start_conf, start, mut order) = best.expect("at least one candidate");
+    let (start_conf, start, mut order) = best_start(topo, lfts, steps, cands)?;
     let n = order.len();
     let mut moves = 0u64;
     let mut conf = start_conf;
@@ -292,36 +328,7 @@ pub fn optimize_order_from(
                     continue;
                 }
                 moves += 1;
-                // Flows touching ranks a or b, per step: (step index, source rank).
-                affected.clear();
-                for (k, &s) in loads.steps.iter().enumerate() {
-                    for r in [a, b, (a + n - s % n) % n, (b + n - s % n) % n] {
-                        if !affected.contains(&(k, r)) {
-                            affected.push((k, r));
-                        }
-                    }
-                }
-                let before = loads.conflicts;
-                for &(k, r) in &affected {
-                    let s = loads.steps[k];
-                    loads.flow(lfts, k, order[r], order[(r + s) % n], false)?;
-                }
-                order.swap(a, b);
-                for &(k, r) in &affected {
-                    let s = loads.steps[k];
-                    loads.flow(lfts, k, order[r], order[(r + s) % n], true)?;
-                }
-                if loads.conflicts > before {
-                    for &(k, r) in &affected {
-                        let s = loads.steps[k];
-                        loads.flow(lfts, k, order[r], order[(r + s) % n], false)?;
-                    }
-                    order.swap(a, b);
-                    for &(k, r) in &affected {
-                        let s = loads.steps[k];
-                        loads.flow(lfts, k, order[r], order[(r + s) % n], true)?;
-                    }
-                }
+                loads.try_swap(lfts, &mut order, a, b, &mut affected)?;
             }
             conf = loads.conflicts as u64;
         }
@@ -348,6 +355,29 @@ pub fn optimize_order_from(
             reasons,
         },
     ))
+}
+
+/// The candidate order with the fewest conflicts (the first of equals),
+/// where the search starts: (its conflicts, its name, the order).
+fn best_start(
+    topo: &Topology,
+    lfts: &Lfts,
+    steps: &[usize],
+    cands: Vec<(String, Vec<usize>)>,
+) -> Result<(u64, String, Vec<usize>)> {
+    let mut best: Option<(u64, String, Vec<usize>)> = None;
+    for (name, o) in cands {
+        let full: Vec<usize> = steps
+            .iter()
+            .copied()
+            .filter(|&s| s % o.len() != 0)
+            .collect();
+        let a = analyze(topo, lfts, &o, &full, 0)?;
+        if best.as_ref().is_none_or(|b| a.total.conflicts < b.0) {
+            best = Some((a.total.conflicts, name, o));
+        }
+    }
+    Ok(best.expect("at least one candidate"))
 }
 
 /// Computes LFTs that route a given order with as few conflicts as

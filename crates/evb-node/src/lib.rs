@@ -260,27 +260,7 @@ impl Runtime {
         transport: &mut dyn Transport,
         commands: Option<&mpsc::Receiver<Command>>,
     ) -> Result<()> {
-        // The node's time starts with the run: what arrived during the
-        // setup was stamped 0.
-        self.engine.epoch = Instant::now();
-        self.engine.epoch_monotonic_ns = monotonic_ns();
-        self.engine.running = true;
-        if self.restarted {
-            // The peers that did not connect are down for this incarnation
-            // (dead, or slow to re-dial us): they may join later.
-            let missing: Vec<NodeId> = self
-                .linked
-                .iter()
-                .copied()
-                .filter(|&p| p != self.rank && !transport.has_link(p))
-                .collect();
-            for p in missing {
-                self.declare_lost(transport, p, "not connected when this node rejoined".into());
-            }
-        }
-        let now = self.engine.now();
-        self.engine.node.start(now);
-        self.process_actions(transport)?;
+        self.start_run(transport)?;
         let mut next_stats = Instant::now() + STATS_INTERVAL;
         let mut next_trim = Instant::now() + POOL_TRIM;
         let duration = self.config.run.duration_s;
@@ -361,6 +341,39 @@ impl Runtime {
                 }
             }
         }
+        self.finish_run(transport)
+    }
+
+    /// The run begins: the node's clock starts, a restarted node gives up
+    /// the peers that did not connect, and the protocol core starts.
+    fn start_run(&mut self, transport: &mut dyn Transport) -> Result<()> {
+        // The node's time starts with the run: what arrived during the
+        // setup was stamped 0.
+        self.engine.epoch = Instant::now();
+        self.engine.epoch_monotonic_ns = monotonic_ns();
+        self.engine.running = true;
+        if self.restarted {
+            // The peers that did not connect are down for this incarnation
+            // (dead, or slow to re-dial us): they may join later.
+            let missing: Vec<NodeId> = self
+                .linked
+                .iter()
+                .copied()
+                .filter(|&p| p != self.rank && !transport.has_link(p))
+                .collect();
+            for p in missing {
+                self.declare_lost(transport, p, "not connected when this node rejoined".into());
+            }
+        }
+        let now = self.engine.now();
+        self.engine.node.start(now);
+        self.process_actions(transport)?;
+        Ok(())
+    }
+
+    /// The run is over: the event store closed, then the final report
+    /// written (and the STATS lines that had to be dropped counted).
+    fn finish_run(&mut self, transport: &mut dyn Transport) -> Result<()> {
         if let Some(store) = self.store.take() {
             // Everything queued is written before the final report.
             let stats = store.close().context("closing the event store")?;

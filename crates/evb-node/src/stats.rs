@@ -27,6 +27,54 @@ impl Runtime {
         if let Some(fu) = self.engine.node.fu() {
             r.busy_s = fu.busy_time(self.engine.now()) as f64 * 1e-9;
         }
+        self.add_resources(&mut r);
+        r.mep_buffer_waits = self.engine.mep_buffer_waits;
+        if let Some(em) = &stats.em {
+            r.em_meps_built = em.meps_built;
+            r.em_meps_incomplete = em.meps_incomplete;
+            r.em_meps_corrupt = em.meps_corrupt;
+            r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
+            r.em_meps_reassigned = em.meps_reassigned;
+            r.em_resumed_at = em.resumed_at;
+        }
+        r.drain_timed_out = self.engine.node.drain_timed_out();
+        if full {
+            r.output_network = self.output_network.clone();
+        }
+        r.clock = self.clock_report(&stats);
+        if let Some(m) = &self.metrics {
+            m.update(&r, &self.gauges());
+        }
+        if !full {
+            // STATS lines stay small: the histogram only in FINAL.
+            r.latency_buckets.clear();
+            r.incidents.clear();
+        }
+        if let (Some(path), true) = (&self.report_file, full) {
+            let line = serde_json::to_string(&r).expect("report serialises");
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(path, &line));
+            if let Err(e) = written {
+                tracing::warn!("evb node {}: writing {}: {e}", self.rank, path.display());
+            }
+        }
+        if self.report_file.is_some() && !full && !self.stats_under_launcher {
+            return; // No STATS lines on a launcher's shared stdout.
+        }
+        if full {
+            self.report_lines
+                .write(ToLauncher::Final(Box::new(r)).encode());
+        } else {
+            self.report_lines
+                .offer(ToLauncher::Stats(Box::new(r)).encode());
+        }
+    }
+
+    /// What the node uses besides its figures: memory, CPU time (also per
+    /// GB built), what it stored, the buffers it allocated up front.
+    fn add_resources(&self, r: &mut NodeReport) {
         r.rss_bytes = crate::report::resident_bytes();
         (r.cpu_user_s, r.cpu_system_s) = crate::report::cpu_times();
         if r.bytes_built > 0 {
@@ -54,74 +102,43 @@ impl Runtime {
             let s = store.store();
             r.buffers_preallocated_bytes += u64::from(s.slots()) * s.slot_bytes() as u64;
         }
-        r.mep_buffer_waits = self.engine.mep_buffer_waits;
-        if let Some(em) = &stats.em {
-            r.em_meps_built = em.meps_built;
-            r.em_meps_incomplete = em.meps_incomplete;
-            r.em_meps_corrupt = em.meps_corrupt;
-            r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
-            r.em_meps_reassigned = em.meps_reassigned;
-            r.em_resumed_at = em.resumed_at;
-        }
-        r.drain_timed_out = self.engine.node.drain_timed_out();
-        if full {
-            r.output_network = self.output_network.clone();
-        }
+    }
+
+    /// The slot clock as this node knows it: with a slotted barrel, at the
+    /// EM and wherever the clock is measured.
+    fn clock_report(&self, stats: &evb_core::NodeStats) -> Option<crate::report::ClockReport> {
         let slotted = self.config.event_builder.schedule == evb_core::config::Schedule::Slotted;
         let is_em = self.layout.em == self.rank;
-        if slotted && (is_em || stats.clock.is_some()) {
-            let c = stats.clock.unwrap_or_default();
-            r.clock = Some(crate::report::ClockReport {
-                host: hostname(),
-                epoch_monotonic_ns: self.engine.epoch_monotonic_ns,
-                offset_ns: c.offset_ns,
-                uncertainty_ns: c.uncertainty_ns,
-                probes: c.probes,
-                replies: c.replies,
-                max_step_ns: c.max_step_ns,
-                em: is_em,
-            });
+        if !(slotted && (is_em || stats.clock.is_some())) {
+            return None;
         }
-        if let Some(m) = &self.metrics {
-            let (bu_output, consumer) =
-                crate::metrics::output_gauges(&self.engine.node, &self.layout);
-            let gauges = crate::metrics::Gauges {
-                bu_output,
-                consumer,
-                ru_meps_held: self.engine.meps.len(),
-                bu_open_batches: self.engine.batches.len(),
-                peers_up: self
-                    .linked
-                    .iter()
-                    .filter(|&&p| p != self.rank && !self.is_lost(p))
-                    .count(),
-            };
-            m.update(&r, &gauges);
-        }
-        if !full {
-            // STATS lines stay small: the histogram only in FINAL.
-            r.latency_buckets.clear();
-            r.incidents.clear();
-        }
-        if let (Some(path), true) = (&self.report_file, full) {
-            let line = serde_json::to_string(&r).expect("report serialises");
-            let written = path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(path, &line));
-            if let Err(e) = written {
-                tracing::warn!("evb node {}: writing {}: {e}", self.rank, path.display());
-            }
-        }
-        if self.report_file.is_some() && !full && !self.stats_under_launcher {
-            return; // No STATS lines on a launcher's shared stdout.
-        }
-        if full {
-            self.report_lines
-                .write(ToLauncher::Final(Box::new(r)).encode());
-        } else {
-            self.report_lines
-                .offer(ToLauncher::Stats(Box::new(r)).encode());
+        let c = stats.clock.unwrap_or_default();
+        Some(crate::report::ClockReport {
+            host: hostname(),
+            epoch_monotonic_ns: self.engine.epoch_monotonic_ns,
+            offset_ns: c.offset_ns,
+            uncertainty_ns: c.uncertainty_ns,
+            probes: c.probes,
+            replies: c.replies,
+            max_step_ns: c.max_step_ns,
+            em: is_em,
+        })
+    }
+
+    /// The figures `/metrics` shows that are not in the report: what is
+    /// queued and open now, and how many peers are up.
+    fn gauges(&self) -> crate::metrics::Gauges {
+        let (bu_output, consumer) = crate::metrics::output_gauges(&self.engine.node, &self.layout);
+        crate::metrics::Gauges {
+            bu_output,
+            consumer,
+            ru_meps_held: self.engine.meps.len(),
+            bu_open_batches: self.engine.batches.len(),
+            peers_up: self
+                .linked
+                .iter()
+                .filter(|&&p| p != self.rank && !self.is_lost(p))
+                .count(),
         }
     }
 }

@@ -141,6 +141,66 @@ fn flush(ep: &mut Endpoint) {
     }
 }
 
+/// Streams `n` messages of `size` bytes with up to WINDOW in flight; the
+/// sink's ack ends it. Returns the seconds it took.
+fn stream(ep: &mut Endpoint, body: &Rc<Vec<u8>>, size: usize, n: u64) -> f64 {
+    let t0 = Instant::now();
+    let mut posted = 0;
+    loop {
+        while posted < n && ep.outstanding_sends() < WINDOW {
+            let range = 0..size - 16;
+            if !ep
+                .send(
+                    0,
+                    TAG_BW,
+                    vec![0u8; 16],
+                    Some((body.clone(), range)),
+                    posted,
+                )
+                .unwrap()
+            {
+                break;
+            }
+            posted += 1;
+        }
+        let mut acked = false;
+        let mut out = Vec::new();
+        ep.progress(&mut out).unwrap();
+        for c in out {
+            if let Completion::Received { buf, .. } = c {
+                ep.post_recv(buf).unwrap();
+                acked = true;
+            }
+        }
+        if acked {
+            break;
+        }
+        if posted == n || ep.outstanding_sends() >= WINDOW {
+            ep.wait(Duration::from_millis(100)).unwrap();
+        }
+    }
+    t0.elapsed().as_secs_f64()
+}
+
+/// Half the mean round trip of a `size`-byte message and the sink's
+/// answer, microseconds.
+fn round_trip_us(ep: &mut Endpoint, body: &Rc<Vec<u8>>, size: usize) -> f64 {
+    let lat_n = lat_iterations(size);
+    let l0 = Instant::now();
+    for _ in 0..lat_n {
+        send(ep, TAG_LAT, size, body);
+        let mut back = false;
+        drive(ep, |ep, c| {
+            if let Completion::Received { buf, .. } = c {
+                ep.post_recv(buf).unwrap();
+                back = true;
+            }
+            back && ep.outstanding_sends() == 0
+        });
+    }
+    l0.elapsed().as_secs_f64() / lat_n as f64 / 2.0 * 1e6
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let is_sink = args.first().map(|a| a == "--sink").unwrap_or(false);
@@ -192,58 +252,9 @@ fn main() {
     let mut size = 64;
     while size <= max {
         let n = iterations(size);
-        let t0 = Instant::now();
-        let mut posted = 0;
-        // Stream n messages with up to WINDOW in flight; the ack ends it.
-        loop {
-            while posted < n && ep.outstanding_sends() < WINDOW {
-                let range = 0..size - 16;
-                if !ep
-                    .send(
-                        0,
-                        TAG_BW,
-                        vec![0u8; 16],
-                        Some((body.clone(), range)),
-                        posted,
-                    )
-                    .unwrap()
-                {
-                    break;
-                }
-                posted += 1;
-            }
-            let mut acked = false;
-            let mut out = Vec::new();
-            ep.progress(&mut out).unwrap();
-            for c in out {
-                if let Completion::Received { buf, .. } = c {
-                    ep.post_recv(buf).unwrap();
-                    acked = true;
-                }
-            }
-            if acked {
-                break;
-            }
-            if posted == n || ep.outstanding_sends() >= WINDOW {
-                ep.wait(Duration::from_millis(100)).unwrap();
-            }
-        }
-        let bw_s = t0.elapsed().as_secs_f64();
+        let bw_s = stream(&mut ep, &body, size, n);
         flush(&mut ep);
-        let lat_n = lat_iterations(size);
-        let l0 = Instant::now();
-        for _ in 0..lat_n {
-            send(&mut ep, TAG_LAT, size, &body);
-            let mut back = false;
-            drive(&mut ep, |ep, c| {
-                if let Completion::Received { buf, .. } = c {
-                    ep.post_recv(buf).unwrap();
-                    back = true;
-                }
-                back && ep.outstanding_sends() == 0
-            });
-        }
-        let lat_us = l0.elapsed().as_secs_f64() / lat_n as f64 / 2.0 * 1e6;
+        let lat_us = round_trip_us(&mut ep, &body, size);
         println!(
             "{size:>12} {:>12.1} {lat_us:>10.2}",
             (size as u64 * n) as f64 / bw_s / 1e6

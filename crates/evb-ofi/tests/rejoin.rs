@@ -9,6 +9,9 @@ use evb_ofi::{Completion, Endpoint, Options, Progress};
 const S: usize = 0;
 const OLD: usize = 1;
 const NEW: usize = 2;
+/// The endpoints of the relink test; their sources are the same numbers.
+const LOW: usize = 0;
+const HIGH: usize = 1;
 
 fn open_rejoin() -> Endpoint {
     let mut opts = Options::new("tcp");
@@ -156,8 +159,6 @@ fn a_new_incarnation_joins_and_the_old_ones_messages_are_dropped() {
 /// and the new link's messages arrive in order from their first, both ways.
 #[test]
 fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
-    const LOW: usize = 0;
-    const HIGH: usize = 1;
     let mut eps: Vec<Endpoint> = (0..2).map(|_| open_rejoin()).collect();
     eps[LOW].enable_rejoin(LOW as u64);
     eps[HIGH].enable_rejoin(HIGH as u64);
@@ -220,22 +221,7 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
         "the old link's messages are dropped: {got:?}"
     );
     assert_eq!(eps[HIGH].stale_dropped(), 4);
-    let new_peer = |at: usize| {
-        let j: Vec<_> = joins.iter().filter(|j| j.0 == at).collect();
-        assert_eq!(j.len(), 1, "one join at {at}: {joins:?}");
-        j[0].1
-    };
-    let (low_to_high2, high_to_low2) = (new_peer(LOW), new_peer(HIGH));
-    assert_ne!(low_to_high2, low_to_high);
-    assert_ne!(high_to_low2, high_to_low);
-    assert!(
-        joins.contains(&(LOW, low_to_high2, HIGH as u64)),
-        "{joins:?}"
-    );
-    assert!(
-        joins.contains(&(HIGH, high_to_low2, LOW as u64)),
-        "{joins:?}"
-    );
+    let (low_to_high2, high_to_low2) = new_link(&joins, (low_to_high, high_to_low));
 
     // The new link both ways, in order from its first message; one more
     // old-link message from LOW after the relink is dropped too.
@@ -273,4 +259,27 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
     assert_eq!(at(HIGH), (100..106).collect::<Vec<_>>());
     assert_eq!(at(LOW), (200..206).collect::<Vec<_>>());
     assert_eq!(joins.len(), 2, "no second relink: {joins:?}");
+}
+
+/// The new link's peer ids at LOW and at HIGH (`old`: the old link's),
+/// from the one join each end reported: new ids, each naming the other
+/// end's source.
+fn new_link(joins: &[(usize, usize, u64)], old: (usize, usize)) -> (usize, usize) {
+    let new_peer = |at: usize| {
+        let j: Vec<_> = joins.iter().filter(|j| j.0 == at).collect();
+        assert_eq!(j.len(), 1, "one join at {at}: {joins:?}");
+        j[0].1
+    };
+    let (low_to_high, high_to_low) = (new_peer(LOW), new_peer(HIGH));
+    assert_ne!(low_to_high, old.0);
+    assert_ne!(high_to_low, old.1);
+    assert!(
+        joins.contains(&(LOW, low_to_high, HIGH as u64)),
+        "{joins:?}"
+    );
+    assert!(
+        joins.contains(&(HIGH, high_to_low, LOW as u64)),
+        "{joins:?}"
+    );
+    (low_to_high, high_to_low)
 }

@@ -268,6 +268,15 @@ pub(crate) fn section(input: &Input) -> Result<String> {
         ),
     )?);
 
+    out.push_str(&most_shared_links(input, root)?);
+    Ok(out)
+}
+
+/// The links shared by the most flows (`worst_links`, the first
+/// WORST_LINKS): a bar chart of their conflicts and a table; nothing when
+/// no link is shared.
+fn most_shared_links(input: &Input, root: &At) -> Result<String> {
+    let mut out = String::new();
     let mut rows = Vec::new();
     let mut bars = Vec::new();
     for l in root

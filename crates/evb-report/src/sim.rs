@@ -106,7 +106,16 @@ pub(crate) fn summary_facts(s: &At) -> Result<String> {
 pub(crate) fn section(input: &Input) -> Result<String> {
     let root = &input.root;
     let mut out = summary_facts(&root.get("summary"))?;
+    out.push_str(&throughput_over_time(input, root)?);
+    out.push_str(&hosts_chart(input, root)?);
+    out.push_str(&busiest_links(input, root)?);
+    Ok(out)
+}
 
+/// The received payload per host over time (max, mean and min over the
+/// hosts), as a chart.
+fn throughput_over_time(input: &Input, root: &At) -> Result<String> {
+    let mut out = String::new();
     out.push_str("<h3>Received payload per host over time</h3>\n");
     let mut lines = [Vec::new(), Vec::new(), Vec::new()];
     for sample in root.get("timeseries").opt_array()? {
@@ -139,7 +148,13 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             &series,
         ),
     )?);
+    Ok(out)
+}
 
+/// What each host received: a bar per host, or with more hosts than
+/// MAX_HOST_BARS a line of them sorted, slowest first.
+fn hosts_chart(input: &Input, root: &At) -> Result<String> {
+    let mut out = String::new();
     out.push_str("<h3>Hosts</h3>\n");
     let mut hosts = Vec::new();
     for h in root.get("hosts").opt_array()? {
@@ -173,7 +188,13 @@ pub(crate) fn section(input: &Input) -> Result<String> {
         )
     };
     out.push_str(&figure(input.file, chart)?);
+    Ok(out)
+}
 
+/// Link utilisation, busiest first, as a chart and a table of the ten
+/// busiest links (with their credit wait).
+fn busiest_links(input: &Input, root: &At) -> Result<String> {
+    let mut out = String::new();
     out.push_str("<h3>Links</h3>\n");
     let mut links = Vec::new();
     for l in root.get("links").opt_array()? {

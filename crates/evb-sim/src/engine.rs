@@ -828,36 +828,41 @@ impl Net {
                 traffic.send_done(self, &m);
             }
             Ev::Timer { host, token } => traffic.timer(self, host, token),
-            Ev::Sample => {
-                let secs = self.sample_ps as f64 * 1e-12;
-                let rates: Vec<f64> = self.sample_rx[..self.series_hosts]
-                    .iter()
-                    .map(|&b| b as f64 * 8.0 / secs / 1e9)
-                    .collect();
-                let n = rates.len().max(1) as f64;
-                self.samples.push(Sample {
-                    t_us: self.now as f64 * 1e-6,
-                    mean_rx_gbps: rates.iter().sum::<f64>() / n,
-                    min_rx_gbps: rates.iter().copied().fold(f64::INFINITY, f64::min),
-                    max_rx_gbps: rates.iter().copied().fold(0.0, f64::max),
-                });
-                let gbps = |b: u64| (b as f64 * 8.0 / secs / 1e9) as f32;
-                self.host_samples.push(
-                    self.sample_tx
-                        .iter()
-                        .zip(&self.sample_rx)
-                        .map(|(&tx, &rx)| (gbps(tx), gbps(rx)))
-                        .collect(),
-                );
-                std::mem::swap(&mut self.sample_rx, &mut self.sample_rx_next);
-                self.sample_rx_next.iter_mut().for_each(|b| *b = 0);
-                self.sample_tx.iter_mut().for_each(|b| *b = 0);
-                traffic.sample(self.now, self.sample_ps);
-                let t = self.now + self.sample_ps;
-                self.sample_end = t;
-                self.at(t, Ev::Sample);
-            }
+            Ev::Sample => self.take_sample(traffic),
         }
+    }
+
+    /// The end of a sampling period: the receive rates of the period as a
+    /// sample (mean, min and max over the hosts in the series), every
+    /// host's rates, the traffic told; the next sample comes a period on.
+    fn take_sample(&mut self, traffic: &mut dyn Traffic) {
+        let secs = self.sample_ps as f64 * 1e-12;
+        let rates: Vec<f64> = self.sample_rx[..self.series_hosts]
+            .iter()
+            .map(|&b| b as f64 * 8.0 / secs / 1e9)
+            .collect();
+        let n = rates.len().max(1) as f64;
+        self.samples.push(Sample {
+            t_us: self.now as f64 * 1e-6,
+            mean_rx_gbps: rates.iter().sum::<f64>() / n,
+            min_rx_gbps: rates.iter().copied().fold(f64::INFINITY, f64::min),
+            max_rx_gbps: rates.iter().copied().fold(0.0, f64::max),
+        });
+        let gbps = |b: u64| (b as f64 * 8.0 / secs / 1e9) as f32;
+        self.host_samples.push(
+            self.sample_tx
+                .iter()
+                .zip(&self.sample_rx)
+                .map(|(&tx, &rx)| (gbps(tx), gbps(rx)))
+                .collect(),
+        );
+        std::mem::swap(&mut self.sample_rx, &mut self.sample_rx_next);
+        self.sample_rx_next.iter_mut().for_each(|b| *b = 0);
+        self.sample_tx.iter_mut().for_each(|b| *b = 0);
+        traffic.sample(self.now, self.sample_ps);
+        let t = self.now + self.sample_ps;
+        self.sample_end = t;
+        self.at(t, Ev::Sample);
     }
 
     /// Output `out` is free, may have credits or is no longer paused: a
@@ -1145,6 +1150,38 @@ impl Net {
         }
     }
 
+    /// Takes message `id`, at the front of `host`'s queue, off the queue
+    /// if nothing more of it is to be sent: sent again but completed by
+    /// what was on its way, or past its send window. Says whether it did.
+    fn drop_unsendable(&mut self, host: u32, id: MsgId) -> bool {
+        let m = self.msgs[id as usize]
+            .as_mut()
+            .expect("active messages exist");
+        if m.requeued && m.received >= m.bytes {
+            // Sent again, but what was on its way completed it.
+            self.active[host as usize].pop_front();
+            self.leave_queue(id);
+            return true;
+        }
+        if m.send_until.is_some_and(|t| self.now >= t) {
+            // Past its window: the rest is never sent.
+            // Its packets already sent are never "last": no delivery
+            // event comes, only the send completion.
+            m.bytes = m.sent;
+            m.queued = false;
+            self.active[host as usize].pop_front();
+            self.msg_refs[id as usize] = 1;
+            if m.sent == 0 {
+                self.release_msg(id);
+            } else {
+                let t = self.now;
+                self.at(t, Ev::SendDone { host, msg: id });
+            }
+            return true;
+        }
+        false
+    }
+
     /// A host's injection: the next packet of the next queue pair in turn.
     fn try_inject(&mut self, host: u32) {
         if self.outs[host as usize].busy {
@@ -1161,31 +1198,12 @@ impl Net {
             let Some(&id) = self.active[host as usize].front() else {
                 return;
             };
+            if self.drop_unsendable(host, id) {
+                continue;
+            }
             let m = self.msgs[id as usize]
                 .as_mut()
                 .expect("active messages exist");
-            if m.requeued && m.received >= m.bytes {
-                // Sent again, but what was on its way completed it.
-                self.active[host as usize].pop_front();
-                self.leave_queue(id);
-                continue;
-            }
-            if m.send_until.is_some_and(|t| self.now >= t) {
-                // Past its window: the rest is never sent.
-                // Its packets already sent are never "last": no delivery
-                // event comes, only the send completion.
-                m.bytes = m.sent;
-                m.queued = false;
-                self.active[host as usize].pop_front();
-                self.msg_refs[id as usize] = 1;
-                if m.sent == 0 {
-                    self.release_msg(id);
-                } else {
-                    let t = self.now;
-                    self.at(t, Ev::SendDone { host, msg: id });
-                }
-                continue;
-            }
             // InfiniBand: a train of up to `train` packets, each with its
             // headers (the RETH on the message's first only).
             let train = if eth { 1 } else { self.params.train.max(1) };

@@ -481,34 +481,13 @@ pub fn simulate(
     let wall_seconds = wall.elapsed().as_secs_f64();
     let secs = end as f64 * 1e-12;
     let gbps = |bytes: u64| bytes as f64 * 8.0 / secs / 1e9;
-    let host_results: Vec<HostResult> = net
-        .hosts
-        .iter()
-        .enumerate()
-        .map(|(i, h)| HostResult {
-            host: net.fabric.host_names[i].clone(),
-            sent_gbps: gbps(h.payload_sent),
-            received_gbps: gbps(h.payload_received),
-        })
-        .collect();
+    let host_results = host_results(&net, &gbps);
     let rx: Vec<f64> = host_results[..fabric_hosts]
         .iter()
         .map(|h| h.received_gbps)
         .collect();
     let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
-    let links: Vec<LinkResult> = net
-        .link_report()
-        .into_iter()
-        .map(|r| LinkResult {
-            link: r.name,
-            gbps: r.gbps,
-            // Bytes are counted when a packet starts; one still on the wire
-            // at the end would push a saturated link a hair over 1.
-            utilisation: (r.bytes as f64 / (r.gbps * 1e9 / 8.0 * secs)).min(1.0),
-            xmit_wait_s: r.xmit_wait_ps as f64 * 1e-12,
-            drops: r.drops,
-        })
-        .collect();
+    let links = link_results(&net, secs);
     let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
     let eb_summary = eb
         .as_ref()
@@ -548,6 +527,37 @@ pub fn simulate(
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
     })
+}
+
+/// Every host's sent and received payload over the run, Gb/s (`gbps`
+/// turns bytes into that).
+fn host_results(net: &Net, gbps: &dyn Fn(u64) -> f64) -> Vec<HostResult> {
+    net.hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| HostResult {
+            host: net.fabric.host_names[i].clone(),
+            sent_gbps: gbps(h.payload_sent),
+            received_gbps: gbps(h.payload_received),
+        })
+        .collect()
+}
+
+/// Every link's rate, utilisation, credit wait and drops over a run of
+/// `secs` simulated seconds.
+fn link_results(net: &Net, secs: f64) -> Vec<LinkResult> {
+    net.link_report()
+        .into_iter()
+        .map(|r| LinkResult {
+            link: r.name,
+            gbps: r.gbps,
+            // Bytes are counted when a packet starts; one still on the wire
+            // at the end would push a saturated link a hair over 1.
+            utilisation: (r.bytes as f64 / (r.gbps * 1e9 / 8.0 * secs)).min(1.0),
+            xmit_wait_s: r.xmit_wait_ps as f64 * 1e-12,
+            drops: r.drops,
+        })
+        .collect()
 }
 
 /// The event-building figures of a finished `eb` simulation: built and

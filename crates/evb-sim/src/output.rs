@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
+use evb_plot::{line_chart, Series};
 
 use crate::scan::{heat_grid, HeatGrid, ScanResult};
-use crate::SimResult;
+use crate::{EbSummary, SimConsumers, SimResult, SimSummary};
 
 /// The result as `evb sim` prints it: what ran, throughput, the event
 /// builder's figures and, with consumers, the distribution to them.
@@ -34,39 +35,7 @@ pub fn summary_text(result: &SimResult) -> String {
         s.total_xmit_wait_s * 1e3
     );
     if let Some(eb) = &s.eb {
-        out += &format!(
-            "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
-            eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
-        );
-        out += &format!(
-            "steady state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
-            eb.warmup_us,
-            eb.batch_means,
-            eb.built_gbps_per_node,
-            eb.built_ci95_gbps,
-            eb.network_gbps_per_node,
-            eb.network_fraction_of_link * 100.0,
-            eb.drift * 100.0
-        );
-        if let Some(c) = &eb.crash {
-            out += &format!(
-                "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before (expected {:.3})\n",
-                c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
-            );
-        }
-        if let Some(c) = &eb.slot_clock {
-            out += &format!(
-                "slot clock (measured, clock = \"em\"): {} nodes; phase error at the end max {} ns, resting on round trips of at most {} ns; largest step {} ns; {} probes\n",
-                c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
-            );
-        }
-        if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
-            out += &format!(
-                "readout throttle: {:.1}% of the time, {} events vetoed at the source\n",
-                eb.throttled_fraction * 100.0,
-                eb.events_vetoed
-            );
-        }
+        out += &event_builder_text(eb);
     }
     if let Some(o) = &s.consumers {
         out += &format!(
@@ -116,6 +85,46 @@ pub fn summary_text(result: &SimResult) -> String {
     out
 }
 
+/// The event builder's lines of the summary: what was built, the steady
+/// state, and what the run's faults, slot clock and throttle did.
+fn event_builder_text(eb: &EbSummary) -> String {
+    let mut out = String::new();
+    out += &format!(
+        "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
+        eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+    );
+    out += &format!(
+        "steady state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
+        eb.warmup_us,
+        eb.batch_means,
+        eb.built_gbps_per_node,
+        eb.built_ci95_gbps,
+        eb.network_gbps_per_node,
+        eb.network_fraction_of_link * 100.0,
+        eb.drift * 100.0
+    );
+    if let Some(c) = &eb.crash {
+        out += &format!(
+            "node {} died at {:.1} us (noticed at {:.1} us): built {:.2} Gb/s before, {:.2} Gb/s after: {:.3} of before (expected {:.3})\n",
+            c.node, c.at_us, c.detected_us, c.built_gbps_before, c.built_gbps_after, c.ratio, c.expected_ratio
+        );
+    }
+    if let Some(c) = &eb.slot_clock {
+        out += &format!(
+            "slot clock (measured, clock = \"em\"): {} nodes; phase error at the end max {} ns, resting on round trips of at most {} ns; largest step {} ns; {} probes\n",
+            c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
+        );
+    }
+    if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
+        out += &format!(
+            "readout throttle: {:.1}% of the time, {} events vetoed at the source\n",
+            eb.throttled_fraction * 100.0,
+            eb.events_vetoed
+        );
+    }
+    out
+}
+
 /// Every host's sent and received payload over time (`--csv-hosts`):
 /// `t_us`, then `<host>.tx`, `<host>.rx` per host, Gb/s.
 pub fn hosts_csv(result: &SimResult) -> String {
@@ -151,19 +160,13 @@ pub fn timeseries_csv(result: &SimResult) -> String {
 /// throughput and how many were busy), as SVG and PNG: PREFIX-throughput,
 /// PREFIX-links, PREFIX-consumers, PREFIX-busy. Returns the files written.
 pub fn write_plots(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
-    use evb_plot::{line_chart, Series};
-    let name = |suffix: &str| {
-        let mut p = prefix.as_os_str().to_owned();
-        p.push(suffix);
-        PathBuf::from(p)
-    };
     let ts = &r.timeseries;
     let pick = |f: fn(&crate::engine::Sample) -> f64| ts.iter().map(|p| (p.t_us, f(p))).collect();
     let s = &r.summary;
     let title = format!("{} on {}: received payload per host", s.traffic, s.topology);
     let mut out = Vec::new();
     out.extend(line_chart(
-        &name("-throughput"),
+        &plot_base(prefix, "-throughput"),
         &title,
         "simulated time (us)",
         "Gb/s",
@@ -183,49 +186,72 @@ pub fn write_plots(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
         ],
     )?);
     if let Some(c) = &r.consumers {
-        // Busy periods are often longer than a sample: average over about
-        // a thirtieth of the run so that the curves show rates, not bursts.
-        let k = (c.t_us.len() / 30).max(1);
-        let smooth = |ys: &[f64]| -> Vec<(f64, f64)> {
-            c.t_us
-                .chunks(k)
-                .zip(ys.chunks(k))
-                .map(|(t, y)| (t[t.len() - 1], y.iter().sum::<f64>() / y.len() as f64))
-                .collect()
-        };
-        out.extend(line_chart(
-            &name("-consumers"),
-            &format!(
-                "{} on {}: producer and consumer throughput",
-                s.traffic, s.topology
-            ),
-            "simulated time (us)",
-            "Gb/s (all BUs / all consumers)",
-            &[
-                Series {
-                    name: "producers (delivered)".into(),
-                    points: smooth(&c.producer_gbps_series),
-                },
-                Series {
-                    name: "consumers (consumed)".into(),
-                    points: smooth(&c.consumer_gbps_series),
-                },
-            ],
-        )?);
-        out.extend(line_chart(
-            &name("-busy"),
-            &format!(
-                "{} on {}: busy consumers (of {})",
-                s.traffic, s.topology, c.consumers
-            ),
-            "simulated time (us)",
-            "consumers busy (mean)",
-            &[Series {
-                name: "busy consumers".into(),
-                points: smooth(&c.busy_consumers),
-            }],
-        )?);
+        out.extend(plot_consumers(prefix, s, c)?);
     }
+    out.extend(plot_links(prefix, r)?);
+    Ok(out)
+}
+
+/// PREFIX followed by `suffix`: where a plot goes (without its extension).
+fn plot_base(prefix: &Path, suffix: &str) -> PathBuf {
+    let mut p = prefix.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// The consumers' plots: producer and consumer throughput
+/// (PREFIX-consumers) and how many consumers were busy (PREFIX-busy).
+fn plot_consumers(prefix: &Path, s: &SimSummary, c: &SimConsumers) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    // Busy periods are often longer than a sample: average over about
+    // a thirtieth of the run so that the curves show rates, not bursts.
+    let k = (c.t_us.len() / 30).max(1);
+    let smooth = |ys: &[f64]| -> Vec<(f64, f64)> {
+        c.t_us
+            .chunks(k)
+            .zip(ys.chunks(k))
+            .map(|(t, y)| (t[t.len() - 1], y.iter().sum::<f64>() / y.len() as f64))
+            .collect()
+    };
+    out.extend(line_chart(
+        &plot_base(prefix, "-consumers"),
+        &format!(
+            "{} on {}: producer and consumer throughput",
+            s.traffic, s.topology
+        ),
+        "simulated time (us)",
+        "Gb/s (all BUs / all consumers)",
+        &[
+            Series {
+                name: "producers (delivered)".into(),
+                points: smooth(&c.producer_gbps_series),
+            },
+            Series {
+                name: "consumers (consumed)".into(),
+                points: smooth(&c.consumer_gbps_series),
+            },
+        ],
+    )?);
+    out.extend(line_chart(
+        &plot_base(prefix, "-busy"),
+        &format!(
+            "{} on {}: busy consumers (of {})",
+            s.traffic, s.topology, c.consumers
+        ),
+        "simulated time (us)",
+        "consumers busy (mean)",
+        &[Series {
+            name: "busy consumers".into(),
+            points: smooth(&c.busy_consumers),
+        }],
+    )?);
+    Ok(out)
+}
+
+/// Link utilisation and the time waiting for credits, links sorted
+/// busiest first (PREFIX-links).
+fn plot_links(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
+    let s = &r.summary;
     let mut util: Vec<f64> = r.links.iter().map(|l| l.utilisation * 100.0).collect();
     util.sort_by(|a, b| b.total_cmp(a));
     let mut wait: Vec<f64> = r
@@ -234,8 +260,8 @@ pub fn write_plots(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
         .map(|l| l.xmit_wait_s / s.simulated_seconds * 100.0)
         .collect();
     wait.sort_by(|a, b| b.total_cmp(a));
-    out.extend(line_chart(
-        &name("-links"),
+    let files = line_chart(
+        &plot_base(prefix, "-links"),
         &format!(
             "{} on {}: link utilisation and credit wait, links sorted",
             s.traffic, s.topology
@@ -260,8 +286,8 @@ pub fn write_plots(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
                     .collect(),
             },
         ],
-    )?);
-    Ok(out)
+    )?;
+    Ok(files.into())
 }
 
 /// A scan as `evb scan` prints it: what ran, then the points, best first.

@@ -291,27 +291,7 @@ impl Conn {
                 let msg = Message::decode_body(frame, &buf[..need]).map_err(wire_err)?;
                 let frame = *frame;
                 match msg {
-                    Message::Fragment(header) => {
-                        let Some(peer) = self.peer else {
-                            return Err(StepError::Fatal("fragment before Hello".into()));
-                        };
-                        // Pooled buffers stay initialised between uses, so
-                        // only a buffer that is too small is touched here.
-                        let total = header.payload_len as usize;
-                        let dest = handler
-                            .admit(peer, &header)
-                            .then(|| handler.spare_buffer(total));
-                        let crc = (dest.is_some() && handler.wants_crc(&header)).then_some(0);
-                        self.rx = Rx::Payload {
-                            header,
-                            dest,
-                            got: 0,
-                            crc,
-                        };
-                        if header.payload_len == 0 {
-                            return self.finish_payload(handler).map(|_| true);
-                        }
-                    }
+                    Message::Fragment(header) => self.start_payload(handler, header)?,
                     Message::Hello {
                         node, host, pid, ..
                     } if self.peer.is_none() => {
@@ -348,23 +328,14 @@ impl Conn {
                 crc,
             } => {
                 let total = header.payload_len as usize;
-                let n = match dest {
-                    Some(v) => {
-                        // Straight into the buffer the batch keeps.
-                        let n = read_some(&mut self.stream, &mut v[*got..total], false)?;
-                        if let (Some(n), Some(crc)) = (n, crc.as_mut()) {
-                            *crc = evb_core::checksum::crc32c_append(*crc, &v[*got..*got + n]);
-                        }
-                        n
-                    }
-                    None => {
-                        let want = (total - *got).min(256 * 1024);
-                        if self.discard.len() < want {
-                            self.discard.resize(want, 0);
-                        }
-                        read_some(&mut self.stream, &mut self.discard[..want], false)?
-                    }
-                };
+                let n = read_payload_piece(
+                    &mut self.stream,
+                    &mut self.discard,
+                    dest,
+                    crc,
+                    *got,
+                    total,
+                )?;
                 let Some(n) = n else { return Ok(false) };
                 *got += n;
                 if *got == total {
@@ -373,6 +344,35 @@ impl Conn {
                 Ok(true)
             }
         }
+    }
+
+    /// A fragment header arrived: its payload comes next, read into a
+    /// buffer from the handler when it keeps the fragment (else discarded).
+    fn start_payload(
+        &mut self,
+        handler: &mut dyn RxHandler,
+        header: FragmentHeader,
+    ) -> Result<(), StepError> {
+        let Some(peer) = self.peer else {
+            return Err(StepError::Fatal("fragment before Hello".into()));
+        };
+        // Pooled buffers stay initialised between uses, so
+        // only a buffer that is too small is touched here.
+        let total = header.payload_len as usize;
+        let dest = handler
+            .admit(peer, &header)
+            .then(|| handler.spare_buffer(total));
+        let crc = (dest.is_some() && handler.wants_crc(&header)).then_some(0);
+        self.rx = Rx::Payload {
+            header,
+            dest,
+            got: 0,
+            crc,
+        };
+        if header.payload_len == 0 {
+            self.finish_payload(handler)?;
+        }
+        Ok(())
     }
 
     fn finish_payload(&mut self, handler: &mut dyn RxHandler) -> Result<(), StepError> {
@@ -417,6 +417,36 @@ impl From<io::Error> for StepError {
 
 fn wire_err(e: WireError) -> StepError {
     StepError::Fatal(format!("protocol error: {e}"))
+}
+
+/// Reads the next piece of a fragment's payload (`got` of its `total`
+/// bytes are in): straight into the buffer the batch keeps (`dest`, and
+/// the running CRC when one is wanted), or into `discard` for a fragment
+/// the handler did not keep. `Ok(None)` when it would block.
+fn read_payload_piece(
+    stream: &mut TcpStream,
+    discard: &mut Vec<u8>,
+    dest: &mut Option<Vec<u8>>,
+    crc: &mut Option<u32>,
+    got: usize,
+    total: usize,
+) -> Result<Option<usize>, StepError> {
+    Ok(match dest {
+        Some(v) => {
+            let n = read_some(stream, &mut v[got..total], false)?;
+            if let (Some(n), Some(crc)) = (n, crc.as_mut()) {
+                *crc = evb_core::checksum::crc32c_append(*crc, &v[got..got + n]);
+            }
+            n
+        }
+        None => {
+            let want = (total - got).min(256 * 1024);
+            if discard.len() < want {
+                discard.resize(want, 0);
+            }
+            read_some(stream, &mut discard[..want], false)?
+        }
+    })
 }
 
 /// One read. `Ok(None)` when it would block; EOF is `Closed` at a message

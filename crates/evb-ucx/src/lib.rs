@@ -418,114 +418,39 @@ impl Endpoint {
                 "max_outstanding_sends must be at least 1".into(),
             ));
         }
-        // SAFETY: standard UCP setup sequence; every handle obtained is
-        // released on the error paths and in Drop.
-        unsafe {
-            let mut config: *mut sys::ucp_config_t = ptr::null_mut();
-            let status = sys::ucp_config_read(ptr::null(), ptr::null(), &mut config);
-            if status != sys::UCS_OK {
-                return Err(ucx_error("ucp_config_read", status));
-            }
-            let mut settings: Vec<(String, String)> = Vec::new();
-            if let Some(tls) = &opts.tls {
-                settings.push(("TLS".into(), tls.clone()));
-            }
-            settings.extend(opts.ucx_config.iter().cloned());
-            for (name, value) in &settings {
-                let (Ok(c_name), Ok(c_value)) =
-                    (CString::new(name.as_str()), CString::new(value.as_str()))
-                else {
-                    sys::ucp_config_release(config);
-                    return Err(Error::Config(format!(
-                        "UCX setting {name}={value:?} contains a NUL byte"
-                    )));
-                };
-                let status = sys::ucp_config_modify(config, c_name.as_ptr(), c_value.as_ptr());
-                if status != sys::UCS_OK {
-                    sys::ucp_config_release(config);
-                    return Err(Error::Config(format!(
-                        "UCX rejected setting UCX_{name}={value}: {}",
-                        status_string(status)
-                    )));
-                }
-            }
-            let mut features = sys::UCP_FEATURE_TAG as u64;
-            if opts.progress == Progress::Blocking {
-                features |= sys::UCP_FEATURE_WAKEUP as u64;
-            }
-            let params = sys::ucp_params {
-                field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
-                features,
-                name: c"evb".as_ptr(),
-                ..Default::default()
-            };
-            let mut context: sys::ucp_context_h = ptr::null_mut();
-            let status = sys::ucp_init_version(
-                sys::UCP_API_MAJOR,
-                sys::UCP_API_MINOR,
-                &params,
-                config,
-                &mut context,
-            );
-            sys::ucp_config_release(config);
-            if status != sys::UCS_OK {
-                return Err(init_error("ucp_init", status, opts));
-            }
-            let worker_params = sys::ucp_worker_params {
-                field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-                thread_mode: sys::UCS_THREAD_MODE_SINGLE,
-                ..Default::default()
-            };
-            let mut worker: sys::ucp_worker_h = ptr::null_mut();
-            let status = sys::ucp_worker_create(context, &worker_params, &mut worker);
-            if status != sys::UCS_OK {
-                sys::ucp_cleanup(context);
-                return Err(init_error("ucp_worker_create", status, opts));
-            }
-            let mut event_fd: c_int = -1;
-            if opts.progress == Progress::Blocking {
-                let status = sys::ucp_worker_get_efd(worker, &mut event_fd);
-                if status != sys::UCS_OK {
+        let (context, worker, event_fd) = open_worker(opts)?;
+        let address = match worker_address(worker) {
+            Ok(address) => address,
+            Err(e) => {
+                // SAFETY: both handles were just created and nothing else holds them.
+                unsafe {
                     sys::ucp_worker_destroy(worker);
                     sys::ucp_cleanup(context);
-                    return Err(init_error("ucp_worker_get_efd", status, opts));
                 }
+                return Err(e);
             }
-            let mut raw_address: *mut sys::ucp_address_t = ptr::null_mut();
-            let mut address_len: usize = 0;
-            let status = sys::ucp_worker_get_address(worker, &mut raw_address, &mut address_len);
-            if status != sys::UCS_OK {
-                sys::ucp_worker_destroy(worker);
-                sys::ucp_cleanup(context);
-                return Err(ucx_error("ucp_worker_get_address", status));
-            }
-            let address = wrap_address(std::slice::from_raw_parts(
-                raw_address as *const u8,
-                address_len,
-            ));
-            sys::ucp_worker_release_address(worker, raw_address);
-            Ok(Endpoint {
-                context,
-                worker,
-                event_fd,
-                progress_mode: opts.progress,
-                idle_waits: 0,
-                max_outstanding_sends: opts.max_outstanding_sends,
-                peer_failure_detection: opts.peer_failure_detection,
-                tls: opts.tls.clone(),
-                address,
-                shared: Box::into_raw(Box::new(Shared { done: Vec::new() })),
-                peers: Vec::new(),
-                sends: Slab::new(),
-                recvs: Slab::new(),
-                recv_order: VecDeque::new(),
-                ready: Vec::new(),
-                links: Links::new("ucx", opts.source_mask),
-                split_body_from: opts.split_body_from,
-                spin_before_sleep: opts.spin_before_sleep,
-                closing: false,
-            })
-        }
+        };
+        Ok(Endpoint {
+            context,
+            worker,
+            event_fd,
+            progress_mode: opts.progress,
+            idle_waits: 0,
+            max_outstanding_sends: opts.max_outstanding_sends,
+            peer_failure_detection: opts.peer_failure_detection,
+            tls: opts.tls.clone(),
+            address,
+            shared: Box::into_raw(Box::new(Shared { done: Vec::new() })),
+            peers: Vec::new(),
+            sends: Slab::new(),
+            recvs: Slab::new(),
+            recv_order: VecDeque::new(),
+            ready: Vec::new(),
+            links: Links::new("ucx", opts.source_mask),
+            split_body_from: opts.split_body_from,
+            spin_before_sleep: opts.spin_before_sleep,
+            closing: false,
+        })
     }
 
     /// Opaque bytes that let a peer's [`Endpoint::add_peer`] reach this endpoint.
@@ -1472,6 +1397,120 @@ fn is_peer_failure(status: sys::ucs_status_t) -> bool {
 
 /// An init failure with a transport list attached: "no such device" from UCX
 /// mostly means the transports asked for do not work here.
+/// UCP's configuration with the endpoint's settings applied (`UCX_TLS`
+/// first, then `ucx_config`, so an explicit setting wins): a setting UCX
+/// rejects fails here, naming it, instead of as an obscure init error.
+/// The caller releases the configuration.
+fn ucp_config(opts: &Options) -> Result<*mut sys::ucp_config_t, Error> {
+    let mut settings: Vec<(String, String)> = Vec::new();
+    if let Some(tls) = &opts.tls {
+        settings.push(("TLS".into(), tls.clone()));
+    }
+    settings.extend(opts.ucx_config.iter().cloned());
+    // SAFETY: standard UCP configuration calls; the configuration is
+    // released on every error path.
+    unsafe {
+        let mut config: *mut sys::ucp_config_t = ptr::null_mut();
+        let status = sys::ucp_config_read(ptr::null(), ptr::null(), &mut config);
+        if status != sys::UCS_OK {
+            return Err(ucx_error("ucp_config_read", status));
+        }
+        for (name, value) in &settings {
+            let (Ok(c_name), Ok(c_value)) =
+                (CString::new(name.as_str()), CString::new(value.as_str()))
+            else {
+                sys::ucp_config_release(config);
+                return Err(Error::Config(format!(
+                    "UCX setting {name}={value:?} contains a NUL byte"
+                )));
+            };
+            let status = sys::ucp_config_modify(config, c_name.as_ptr(), c_value.as_ptr());
+            if status != sys::UCS_OK {
+                sys::ucp_config_release(config);
+                return Err(Error::Config(format!(
+                    "UCX rejected setting UCX_{name}={value}: {}",
+                    status_string(status)
+                )));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// The UCP context and its single-threaded worker, with the worker's event
+/// fd when progress blocks (-1 otherwise). Whatever was created is
+/// released again on an error.
+fn open_worker(opts: &Options) -> Result<(sys::ucp_context_h, sys::ucp_worker_h, c_int), Error> {
+    let config = ucp_config(opts)?;
+    // SAFETY: standard UCP setup sequence; every handle obtained is
+    // released on the error paths and in Drop.
+    unsafe {
+        let mut features = sys::UCP_FEATURE_TAG as u64;
+        if opts.progress == Progress::Blocking {
+            features |= sys::UCP_FEATURE_WAKEUP as u64;
+        }
+        let params = sys::ucp_params {
+            field_mask: (sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME) as u64,
+            features,
+            name: c"evb".as_ptr(),
+            ..Default::default()
+        };
+        let mut context: sys::ucp_context_h = ptr::null_mut();
+        let status = sys::ucp_init_version(
+            sys::UCP_API_MAJOR,
+            sys::UCP_API_MINOR,
+            &params,
+            config,
+            &mut context,
+        );
+        sys::ucp_config_release(config);
+        if status != sys::UCS_OK {
+            return Err(init_error("ucp_init", status, opts));
+        }
+        let worker_params = sys::ucp_worker_params {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::UCS_THREAD_MODE_SINGLE,
+            ..Default::default()
+        };
+        let mut worker: sys::ucp_worker_h = ptr::null_mut();
+        let status = sys::ucp_worker_create(context, &worker_params, &mut worker);
+        if status != sys::UCS_OK {
+            sys::ucp_cleanup(context);
+            return Err(init_error("ucp_worker_create", status, opts));
+        }
+        let mut event_fd: c_int = -1;
+        if opts.progress == Progress::Blocking {
+            let status = sys::ucp_worker_get_efd(worker, &mut event_fd);
+            if status != sys::UCS_OK {
+                sys::ucp_worker_destroy(worker);
+                sys::ucp_cleanup(context);
+                return Err(init_error("ucp_worker_get_efd", status, opts));
+            }
+        }
+        Ok((context, worker, event_fd))
+    }
+}
+
+/// The worker's address as peers receive it (wrapped, see `wrap_address`).
+fn worker_address(worker: sys::ucp_worker_h) -> Result<Vec<u8>, Error> {
+    // SAFETY: the worker is live; UCX's copy of the address is released
+    // once wrapped.
+    unsafe {
+        let mut raw_address: *mut sys::ucp_address_t = ptr::null_mut();
+        let mut address_len: usize = 0;
+        let status = sys::ucp_worker_get_address(worker, &mut raw_address, &mut address_len);
+        if status != sys::UCS_OK {
+            return Err(ucx_error("ucp_worker_get_address", status));
+        }
+        let address = wrap_address(std::slice::from_raw_parts(
+            raw_address as *const u8,
+            address_len,
+        ));
+        sys::ucp_worker_release_address(worker, raw_address);
+        Ok(address)
+    }
+}
+
 fn init_error(call: &'static str, status: sys::ucs_status_t, opts: &Options) -> Error {
     let available = available_transports()
         .map(|r| transports::describe(&r))
