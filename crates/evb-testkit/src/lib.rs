@@ -14,6 +14,7 @@
 //! - [`netns`]: real hosts as network namespaces joined by veth links and
 //!   bridges (needs root; fails, never skips, without it).
 //! - [`slurm`]: a one-node Slurm made for a test (munge, slurmctld, slurmd).
+//! - [`relink`]: what the message engines' relink tests check of a new link.
 //!
 //! Everything here fails the test with a message that says what to do
 //! (install a package, which key is missing, what the process printed):
@@ -24,6 +25,7 @@ pub mod json;
 pub mod net;
 pub mod netns;
 pub mod process;
+pub mod relink;
 pub mod scratch;
 pub mod slurm;
 

@@ -1281,30 +1281,25 @@ mod tests {
         assert!(events.is_empty(), "{events:?}");
     }
 
-    /// Two linked endpoints on loopback; node 0 ends its side with
-    /// `finish` (orderly) or by dropping its transport (as a killed process
-    /// does). Returns what node 1 saw of node 0, in order, until the close.
-    fn node1_sees(orderly: bool) -> Vec<LinkEvent> {
+    /// Nodes 0 and 1 linked on loopback, node 1 in a thread of its own
+    /// that hands its set-up transport to `node1`. Returns node 0's
+    /// transport and node 1's thread.
+    fn linked_pair<T: Send + 'static>(
+        node1: impl FnOnce(TcpTransport) -> T + Send + 'static,
+    ) -> (TcpTransport, std::thread::JoinHandle<T>) {
         let overrides = ["nodes.count=2".into(), "transport.bind=127.0.0.1".into()];
         let config = Config::load(None, &overrides).unwrap();
         let layout = Layout::from_config(&config);
         let (port_tx, port_rx) = mpsc::channel();
         let (addr_tx, addr_rx) = mpsc::channel::<Vec<String>>();
-        let node1 = {
+        let thread = {
             let (config, layout) = (config.clone(), layout.clone());
             std::thread::spawn(move || {
                 let mut t = TcpTransport::bind(&config, &layout, 1, None, None).unwrap();
                 port_tx.send(t.local_token()).unwrap();
                 t.connect(&addr_rx.recv().unwrap(), &mut Seen::default())
                     .unwrap();
-                let mut events = Vec::new();
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while !events.iter().any(|e| matches!(e, LinkEvent::Closed { .. })) {
-                    assert!(Instant::now() < deadline, "no close seen: {events:?}");
-                    t.poll(Duration::from_millis(20), &mut Seen::default(), &mut events)
-                        .unwrap();
-                }
-                events
+                node1(t)
             })
         };
         let mut t = TcpTransport::bind(&config, &layout, 0, None, None).unwrap();
@@ -1314,6 +1309,23 @@ mod tests {
             .collect();
         addr_tx.send(addrs.clone()).unwrap();
         t.connect(&addrs, &mut Seen::default()).unwrap();
+        (t, thread)
+    }
+
+    /// Two linked endpoints on loopback; node 0 ends its side with
+    /// `finish` (orderly) or by dropping its transport (as a killed process
+    /// does). Returns what node 1 saw of node 0, in order, until the close.
+    fn node1_sees(orderly: bool) -> Vec<LinkEvent> {
+        let (mut t, node1) = linked_pair(|mut t| {
+            let mut events = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !events.iter().any(|e| matches!(e, LinkEvent::Closed { .. })) {
+                assert!(Instant::now() < deadline, "no close seen: {events:?}");
+                t.poll(Duration::from_millis(20), &mut Seen::default(), &mut events)
+                    .unwrap();
+            }
+            events
+        });
         if orderly {
             t.finish();
             let deadline = Instant::now() + Duration::from_secs(10);
@@ -1334,32 +1346,13 @@ mod tests {
     /// runnable, which a peer silent on a loaded host needs to be spared.
     #[test]
     fn each_end_knows_the_other_process_from_its_hello() {
-        let overrides = ["nodes.count=2".into(), "transport.bind=127.0.0.1".into()];
-        let config = Config::load(None, &overrides).unwrap();
-        let layout = Layout::from_config(&config);
-        let (port_tx, port_rx) = mpsc::channel();
-        let (addr_tx, addr_rx) = mpsc::channel::<Vec<String>>();
         let (done_tx, done_rx) = mpsc::channel::<()>();
-        let node1 = {
-            let (config, layout) = (config.clone(), layout.clone());
-            std::thread::spawn(move || {
-                let mut t = TcpTransport::bind(&config, &layout, 1, None, None).unwrap();
-                port_tx.send(t.local_token()).unwrap();
-                t.connect(&addr_rx.recv().unwrap(), &mut Seen::default())
-                    .unwrap();
-                let knows = t.peer_runnable(0);
-                // Open until node 0 has read our answer.
-                let _ = done_rx.recv_timeout(Duration::from_secs(10));
-                knows
-            })
-        };
-        let mut t = TcpTransport::bind(&config, &layout, 0, None, None).unwrap();
-        let addrs: Vec<String> = [t.local_token(), port_rx.recv().unwrap()]
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        addr_tx.send(addrs.clone()).unwrap();
-        t.connect(&addrs, &mut Seen::default()).unwrap();
+        let (t, node1) = linked_pair(move |t| {
+            let knows = t.peer_runnable(0);
+            // Open until node 0 has read our answer.
+            let _ = done_rx.recv_timeout(Duration::from_secs(10));
+            knows
+        });
         let knows = t.peer_runnable(1);
         done_tx.send(()).unwrap();
         assert!(knows, "node 0 knows node 1's process");

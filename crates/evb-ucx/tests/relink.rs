@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use evb_testkit::relink::new_link;
 use evb_ucx::{Endpoint, Options, Progress};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -88,7 +89,7 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
         "the old link's messages are dropped: {got:?}"
     );
     assert_eq!(eps[HIGH].stale_dropped(), 4);
-    let (low_to_high2, high_to_low2) = new_link(&joins, (low_to_high, high_to_low));
+    let (low_to_high2, high_to_low2) = new_link(&joins, (LOW, HIGH), (low_to_high, high_to_low));
 
     // The new link, both ways, in order from its first message; one more
     // old-link message from LOW after the relink is dropped too.
@@ -122,27 +123,4 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
     assert_eq!(at(HIGH), (100..106).collect::<Vec<_>>());
     assert_eq!(at(LOW), (200..206).collect::<Vec<_>>());
     assert_eq!(joins.len(), 2, "no second relink: {joins:?}");
-}
-
-/// The new link's peer ids at LOW and at HIGH (`old`: the old link's),
-/// from the one join each end reported: new ids, each naming the other
-/// end's source.
-fn new_link(joins: &[(usize, usize, u64)], old: (usize, usize)) -> (usize, usize) {
-    let new_peer = |at: usize| {
-        let j: Vec<_> = joins.iter().filter(|j| j.0 == at).collect();
-        assert_eq!(j.len(), 1, "one join at {at}: {joins:?}");
-        j[0].1
-    };
-    let (low_to_high, high_to_low) = (new_peer(LOW), new_peer(HIGH));
-    assert_ne!(low_to_high, old.0);
-    assert_ne!(high_to_low, old.1);
-    assert!(
-        joins.contains(&(LOW, low_to_high, HIGH as u64)),
-        "{joins:?}"
-    );
-    assert!(
-        joins.contains(&(HIGH, high_to_low, LOW as u64)),
-        "{joins:?}"
-    );
-    (low_to_high, high_to_low)
 }
