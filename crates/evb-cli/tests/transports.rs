@@ -16,7 +16,8 @@ use serde_json::Value;
 const LIMIT: Duration = Duration::from_secs(600);
 
 /// One scenario at a time: each starts four busy processes on a 2-core
-/// machine, and a starved process is indistinguishable from a dead one.
+/// machine, and the dead-peer scenarios time how soon a death is seen
+/// (a starved peer gets a grace, but a survivor starved itself is late).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
