@@ -38,27 +38,33 @@ impl PeerProcess {
     }
 }
 
-/// What identifies this host's process table: the kernel's boot id (one
-/// per boot of one machine) and the process-id namespace we run in (two
-/// containers on one kernel number their processes apart). 0 when either
-/// cannot be read, and never for a real host.
+/// What identifies this host: the kernel's boot id (one per boot of one
+/// machine), the process-id namespace we run in (two containers on one
+/// kernel number their processes apart) and the network namespace (a test
+/// that stands hosts up as network namespaces on one machine gets hosts
+/// that are apart: a cut link between two of them must not pass for a
+/// starved peer). 0 when any cannot be read, and never for a real host.
 pub fn this_host() -> u64 {
     static HOST: OnceLock<u64> = OnceLock::new();
     *HOST.get_or_init(|| {
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id");
-        let pid_ns = std::fs::read_link("/proc/self/ns/pid");
-        match (boot, pid_ns) {
-            (Ok(boot), Ok(ns)) => host_key(boot.trim(), &ns.to_string_lossy()),
+        let namespace = |kind: &str| {
+            std::fs::read_link(format!("/proc/self/ns/{kind}"))
+                .map(|ns| ns.to_string_lossy().into_owned())
+        };
+        match (boot, namespace("pid"), namespace("net")) {
+            (Ok(boot), Ok(pid), Ok(net)) => host_key(&[boot.trim(), &pid, &net]),
             _ => 0,
         }
     })
 }
 
-/// FNV-1a over the two names (stable across builds and processes, unlike
-/// std's randomly keyed hasher); never 0, which means "unknown".
-fn host_key(boot_id: &str, pid_namespace: &str) -> u64 {
+/// FNV-1a over the names, each ended by a 0 byte (stable across builds
+/// and processes, unlike std's randomly keyed hasher); never 0, which
+/// means "unknown".
+fn host_key(names: &[&str]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in boot_id.bytes().chain([0]).chain(pid_namespace.bytes()) {
+    for b in names.iter().flat_map(|n| n.bytes().chain([0])) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -182,15 +188,17 @@ mod tests {
         assert_eq!(PeerProcess::ours().pid, std::process::id());
     }
 
-    /// The key is the same for the same names, differs when either
-    /// differs, and is never the 0 that means unknown.
+    /// The key is the same for the same names, differs when any differs
+    /// (the boot, the process-id or the network namespace), and is never
+    /// the 0 that means unknown.
     #[test]
-    fn the_host_key_names_the_boot_and_the_namespace() {
-        let k = host_key("b1", "pid:[1]");
-        assert_eq!(k, host_key("b1", "pid:[1]"));
-        assert_ne!(k, host_key("b2", "pid:[1]"));
-        assert_ne!(k, host_key("b1", "pid:[2]"));
-        assert_ne!(host_key("b", "1"), host_key("b1", ""));
+    fn the_host_key_names_the_boot_and_the_namespaces() {
+        let k = host_key(&["b1", "pid:[1]", "net:[1]"]);
+        assert_eq!(k, host_key(&["b1", "pid:[1]", "net:[1]"]));
+        assert_ne!(k, host_key(&["b2", "pid:[1]", "net:[1]"]));
+        assert_ne!(k, host_key(&["b1", "pid:[2]", "net:[1]"]));
+        assert_ne!(k, host_key(&["b1", "pid:[1]", "net:[2]"]));
+        assert_ne!(host_key(&["b", "1"]), host_key(&["b1", ""]));
         assert_ne!(k, 0);
         assert_eq!(this_host(), this_host());
     }
