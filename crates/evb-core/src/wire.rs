@@ -16,6 +16,9 @@ pub const VERSION: u8 = 2;
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Size of [`FragmentHeader`] on the wire.
 pub const FRAGMENT_HEADER_LEN: usize = 32;
+/// Size of a [`Message::Hello`]'s body on the wire (its whole frame is
+/// [`FRAME_HEADER_LEN`] more): what a byte stream reads before anything else.
+pub const HELLO_BODY_LEN: usize = 24;
 
 /// [`FragmentHeader::flags`] bit: this is a built batch a BU delivers to a
 /// Filter Unit, not an RU's fragment. `source` is then the BU index and the
@@ -167,7 +170,7 @@ impl Kind {
     /// Body length of the fixed-size control kinds; `None` for fragments.
     fn fixed_body_len(self) -> Option<usize> {
         match self {
-            Kind::Hello => Some(24),
+            Kind::Hello => Some(HELLO_BODY_LEN),
             Kind::Credit => Some(8),
             Kind::Assign => Some(12),
             Kind::Request => Some(12),

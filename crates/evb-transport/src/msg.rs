@@ -158,9 +158,9 @@ pub struct MsgTransport<E: Endpoint> {
     /// Sends handed to the engine: their peer and MEP (for fragments).
     in_flight: HashMap<u64, (NodeId, Option<MepId>)>,
     next_ctx: u64,
-    hello_from: Vec<bool>,
-    /// Each peer's process as its (latest) Hello named it.
-    peer_process: Vec<PeerProcess>,
+    /// Each peer's process as its (latest) Hello named it: `None` until
+    /// the peer said Hello.
+    hello_from: Vec<Option<PeerProcess>>,
     bye_from: Vec<bool>,
     dropped: Vec<bool>,
     finished: bool,
@@ -207,8 +207,7 @@ impl<E: Endpoint> MsgTransport<E> {
             queued_total: 0,
             in_flight: HashMap::new(),
             next_ctx: 1,
-            hello_from: vec![false; n],
-            peer_process: vec![PeerProcess::default(); n],
+            hello_from: vec![None; n],
             bye_from: vec![false; n],
             dropped: vec![false; n],
             finished: false,
@@ -419,8 +418,7 @@ impl<E: Endpoint> MsgTransport<E> {
                 }
             }
             Ok(Message::Hello { host, pid, .. }) => {
-                self.hello_from[peer as usize] = true;
-                self.peer_process[peer as usize] = PeerProcess { host, pid };
+                self.hello_from[peer as usize] = Some(PeerProcess { host, pid });
             }
             // Goodbye is the byte streams' word; engines send TAG_BYE.
             Ok(Message::Heartbeat | Message::Goodbye) => {}
@@ -759,7 +757,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                 .linked
                 .iter()
                 .copied()
-                .filter(|&p| p != self.rank && !self.hello_from[p as usize])
+                .filter(|&p| p != self.rank && self.hello_from[p as usize].is_none())
                 .collect();
             if missing.is_empty() {
                 self.ep.setup_done();
@@ -776,7 +774,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
                     // while this endpoint was still starting), that is the
                     // runtime's to see, not a failed setup.
                     LinkEvent::Closed { peer, .. } | LinkEvent::Finished { peer }
-                        if self.hello_from[peer as usize] =>
+                        if self.hello_from[peer as usize].is_some() =>
                     {
                         self.early_events.push(e);
                     }
@@ -898,7 +896,7 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     /// because it dropped us, would hold that relink back by 3 timeouts.
     fn peer_runnable(&self, peer: NodeId) -> bool {
         self.peer_index[peer as usize].is_some_and(|i| self.ep.peer_runnable(i))
-            || (!self.rejoin && self.peer_process[peer as usize].runnable())
+            || (!self.rejoin && self.hello_from[peer as usize].is_some_and(|p| p.runnable()))
     }
 
     fn finish(&mut self) {

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use crate::mepbuf::MepBuf;
 use anyhow::{anyhow, bail, Context, Result};
 use evb_core::config::Config;
-use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN};
+use evb_core::wire::{FragmentHeader, Message, FRAME_HEADER_LEN, HELLO_BODY_LEN};
 use evb_core::{Layout, MepId, NodeId};
 use mio::{Events, Interest, Poll, Token};
 
@@ -1197,12 +1197,9 @@ fn connect_retry(
     }
 }
 
-/// Bytes of a Hello on the wire.
-const HELLO_LEN: usize = FRAME_HEADER_LEN + 24;
-
 /// Reads and checks the Hello that opens every connection.
 fn read_hello(mut s: &StdTcpStream, run_id: u32, endpoints: u16) -> Result<PeerHello> {
-    let mut buf = [0u8; HELLO_LEN];
+    let mut buf = [0u8; FRAME_HEADER_LEN + HELLO_BODY_LEN];
     s.read_exact(&mut buf).context("reading Hello")?;
     let (msg, _) =
         evb_core::wire::decode_stream(&buf, 64)?.ok_or_else(|| anyhow!("short Hello"))?;

@@ -1395,8 +1395,6 @@ fn is_peer_failure(status: sys::ucs_status_t) -> bool {
         || status == sys::UCS_ERR_CANCELED
 }
 
-/// An init failure with a transport list attached: "no such device" from UCX
-/// mostly means the transports asked for do not work here.
 /// UCP's configuration with the endpoint's settings applied (`UCX_TLS`
 /// first, then `ucx_config`, so an explicit setting wins): a setting UCX
 /// rejects fails here, naming it, instead of as an obscure init error.
@@ -1511,6 +1509,8 @@ fn worker_address(worker: sys::ucp_worker_h) -> Result<Vec<u8>, Error> {
     }
 }
 
+/// An init failure with a transport list attached: "no such device" from UCX
+/// mostly means the transports asked for do not work here.
 fn init_error(call: &'static str, status: sys::ucs_status_t, opts: &Options) -> Error {
     let available = available_transports()
         .map(|r| transports::describe(&r))
