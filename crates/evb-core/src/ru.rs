@@ -141,6 +141,9 @@ pub struct ReadoutUnit {
     local_bu: Option<usize>,
     rng: Pcg64Mcg,
     in_flight: u32,
+    /// Of `in_flight`, fragments on the network (not handed over in
+    /// memory). The slotted barrel keeps at most one on the link.
+    net_in_flight: u32,
     /// Assigned MEPs held (data produced or to be produced, not released).
     held_assigned: u64,
     /// Unassigned requests kept at most (guards against a flood of junk).
@@ -184,6 +187,7 @@ impl ReadoutUnit {
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
             in_flight: 0,
+            net_in_flight: 0,
             held_assigned: 0,
             max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
             orphan_requests: 0,
@@ -299,7 +303,7 @@ impl ReadoutUnit {
             }
             Protocol::Pull => {
                 if h.requested {
-                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                    self.send(mep, out);
                 }
             }
         }
@@ -426,7 +430,7 @@ impl ReadoutUnit {
             }
             Protocol::Pull => {
                 if h.requested {
-                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                    self.send(header.mep, out);
                 }
             }
         }
@@ -449,7 +453,7 @@ impl ReadoutUnit {
             Some(h) if h.bu == bu && !h.requested => {
                 h.requested = true;
                 if h.header.is_some() {
-                    Self::send(&mut self.stats, &mut self.in_flight, h, out);
+                    self.send(mep, out);
                 }
             }
             Some(_) => self.stats.requests_unexpected += 1,
@@ -510,16 +514,19 @@ impl ReadoutUnit {
 
     /// The transport is done with the fragment of `mep`.
     pub fn on_send_complete(&mut self, mep: MepId, out: &mut Vec<RuAction>) {
-        if let Some(h) = self.held.get(&mep) {
+        if let Some(h) = self.held.remove_entry(&mep).map(|(_, h)| h) {
             if h.sent {
-                self.held.remove(&mep);
                 self.in_flight = (self.in_flight.checked_sub(1))
                     .expect("RU: a send completed with none in flight");
-                {
-                    self.held_assigned = (self.held_assigned.checked_sub(1))
-                        .expect("RU: a sent MEP was not counted as assigned");
-                    out.push(RuAction::Release { mep });
+                if !self.is_local(h.bu) {
+                    self.net_in_flight = (self.net_in_flight.checked_sub(1))
+                        .expect("RU: a network send completed with none on the network");
                 }
+                self.held_assigned = (self.held_assigned.checked_sub(1))
+                    .expect("RU: a sent MEP was not counted as assigned");
+                out.push(RuAction::Release { mep });
+            } else {
+                self.held.insert(mep, h);
             }
         }
         self.pump(out);
@@ -592,21 +599,40 @@ impl ReadoutUnit {
         }
     }
 
-    fn send(stats: &mut RuStats, in_flight: &mut u32, h: &mut Held, out: &mut Vec<RuAction>) {
+    /// Whether a fragment for the BU on endpoint `bu` stays in memory.
+    fn is_local(&self, bu: NodeId) -> bool {
+        self.local_bu.is_some()
+            && self
+                .bu_of
+                .get(bu as usize)
+                .copied()
+                .flatten()
+                .map(usize::from)
+                == self.local_bu
+    }
+
+    /// Hands the held, ready fragment of `mep` to the transport.
+    fn send(&mut self, mep: MepId, out: &mut Vec<RuAction>) {
+        let h = self.held.get_mut(&mep).expect("only held MEPs are sent");
         let header = h.header.expect("only ready MEPs are sent");
         assert!(!h.sent, "RU: the fragment of MEP {} sent twice", header.mep);
         h.sent = true;
-        *in_flight += 1;
-        stats.max_in_flight = stats.max_in_flight.max(*in_flight);
-        stats.fragments_sent += 1;
-        stats.bytes_sent += u64::from(header.payload_len);
-        out.push(RuAction::Send { to: h.bu, header });
+        let to = h.bu;
+        self.in_flight += 1;
+        if !self.is_local(to) {
+            self.net_in_flight += 1;
+        }
+        self.stats.max_in_flight = self.stats.max_in_flight.max(self.in_flight);
+        self.stats.fragments_sent += 1;
+        self.stats.bytes_sent += u64::from(header.payload_len);
+        out.push(RuAction::Send { to, header });
     }
 
     /// PUSH: starts transfers while the schedule allows.
     fn pump(&mut self, out: &mut Vec<RuAction>) {
         let limit = match self.schedule {
-            Schedule::All => u32::MAX,
+            // The slotted barrel limits its network sends itself.
+            Schedule::All | Schedule::Slotted => u32::MAX,
             _ => self.parallel_sends,
         };
         while self.queued > 0 && self.in_flight < limit {
@@ -617,10 +643,11 @@ impl ReadoutUnit {
                 .pop_front()
                 .expect("picked a non-empty queue");
             self.queued -= 1;
-            let h = self.held.get_mut(&mep).expect("queued MEPs are held");
-            Self::send(&mut self.stats, &mut self.in_flight, h, out);
+            self.send(mep, out);
         }
-        self.slot_blocked = self.queued > 0 && self.in_flight >= limit;
+        if self.schedule != Schedule::Slotted {
+            self.slot_blocked = self.queued > 0 && self.in_flight >= limit;
+        }
     }
 
     /// Advances the RU's clock (the node does this on every input).
@@ -667,8 +694,10 @@ impl ReadoutUnit {
     /// When a phase-locked barrel stops waiting for its phase's MEP, or a
     /// slotted one's next slot starts.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        let limit = self.parallel_sends;
-        let can_send = self.queued > 0 && self.in_flight < limit;
+        let can_send = match self.schedule {
+            Schedule::Slotted => self.queued > 0 && self.net_in_flight == 0,
+            _ => self.queued > 0 && self.in_flight < self.parallel_sends,
+        };
         match (self.schedule, self.ended, self.waiting_since) {
             (Schedule::Slotted, _, _) if can_send => self.slot_wake,
             (Schedule::Barrel, false, Some(since)) if can_send => Some(since + self.wait_ns),
@@ -708,6 +737,14 @@ impl ReadoutUnit {
         if !self.clock_known {
             return None; // The node pumps again once the clock is measured.
         }
+        if self.net_in_flight > 0 {
+            // One fragment on the link at a time: the next starts when this
+            // one is done (its completion pumps), late if it overran, never
+            // beside it (the two would share the link, both overrun, and
+            // the overrun would spread to the next slot's BU).
+            self.slot_blocked = true;
+            return None;
+        }
         let plan = self.slots.as_ref().expect("slotted RUs have a plan");
         let rotation = plan.rotation();
         let slot_ns = plan.slot_ns;
@@ -742,19 +779,30 @@ impl ReadoutUnit {
             // overlap would spread from BU to RU to BU. It waits a rotation.
             // Unless the RU was waiting for this very slot and its driver
             // woke it late (timers are not exact): the slot is its own.
-            if slot == now_slot && into_slot > plan.late_ns && !catching_up && !woken_for(slot) {
+            let dest = plan.dest_of(slot).map(usize::from);
+            let Some(d) = dest.filter(|&d| !self.queues[d].is_empty() && !self.dest_gone[d]) else {
+                continue;
+            };
+            let late = slot == now_slot && !catching_up && !woken_for(slot);
+            if late && !plan.fits(into_slot, self.head_payload(d)) {
                 continue;
             }
-            let dest = plan.dest_of(slot).map(usize::from);
-            if let Some(d) = dest.filter(|&d| !self.queues[d].is_empty() && !self.dest_gone[d]) {
-                break Some(d);
-            }
+            break Some(d);
         };
         self.cursor = Some(cursor);
         if picked.is_none() {
             self.slot_wake = Some(self.slot_start(cursor));
         }
         picked
+    }
+
+    /// Payload bytes of the fragment at the head of BU queue `d`.
+    fn head_payload(&self, d: usize) -> u32 {
+        self.queues[d]
+            .front()
+            .and_then(|m| self.held.get(m))
+            .and_then(|h| h.header)
+            .map_or(0, |h| h.payload_len)
     }
 
     /// Index of the BU queue to serve next, chosen by the schedule; `None`

@@ -166,8 +166,13 @@ impl SlotTable {
 pub struct SlotPlan {
     /// Slot length.
     pub slot_ns: Nanos,
-    /// How late into its slot a fragment may still start.
+    /// How late into its slot a fragment may always start (timers and
+    /// completions are not exact).
     pub late_ns: Nanos,
+    /// Femtoseconds a byte of fragment takes on the link (with the header
+    /// allowance): a fragment starts late only if it still ends within
+    /// its slot ([`SlotPlan::fits`]).
+    pub fs_per_byte: u64,
     /// Per slot of the rotation: the BU index this RU ships to, if any.
     pub dest: Vec<Option<u16>>,
 }
@@ -178,6 +183,8 @@ impl SlotPlan {
     pub fn for_source(config: &Config, layout: &Layout, source: u16) -> SlotPlan {
         let slot_ns = config.slot_ns();
         let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
+        let fs_per_byte =
+            ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.sim.link_gbps.max(1e-3)).round() as u64;
         let node = layout.ru_nodes[source as usize];
         if let Some(table) = &config.slot_table {
             let dest = table
@@ -188,6 +195,7 @@ impl SlotPlan {
             return SlotPlan {
                 slot_ns,
                 late_ns,
+                fs_per_byte,
                 dest,
             };
         }
@@ -209,8 +217,21 @@ impl SlotPlan {
         SlotPlan {
             slot_ns,
             late_ns,
+            fs_per_byte,
             dest,
         }
+    }
+
+    /// Whether a fragment of `payload` bytes that starts `late` ns into
+    /// its slot still ends within it (or starts within the grace). Later,
+    /// it would overlap the next slot's fragment at its BU, slow both, and
+    /// the overrun would spread from BU to RU to BU: measured, letting
+    /// fragments start up to a tenth of a slot late whatever their size
+    /// collapses a 288-node barrel to a quarter of its rate.
+    pub fn fits(&self, late: Nanos, payload: u32) -> bool {
+        let bytes = u64::from(payload) + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
+        let wire = bytes.saturating_mul(self.fs_per_byte) / 1_000_000;
+        late <= self.late_ns || late.saturating_add(wire) <= self.slot_ns
     }
 
     /// Slots in a rotation.
