@@ -865,12 +865,28 @@ impl EventManager {
         let due = self
             .pending_since
             .is_some_and(|t| self.now >= t + self.assign_flush_ns);
-        if free == 0 || free >= self.assign_batch.min(live) || due {
+        if free == 0 || self.next_run_has_credit(self.assign_batch.min(live)) || due {
             self.pending_since = None;
             return false;
         }
         self.pending_since.get_or_insert(self.now);
         true
+    }
+
+    /// Whether the next `count` live BUs in round-robin order, from
+    /// `next_bu`, all have a credit: then the batch is one run of
+    /// consecutive BUs, one `AssignRun` to every RU. Assigning as soon as
+    /// enough credits are free, whichever BUs hold them, cut a batch into
+    /// as many runs as there were gaps: at 540 BUs whose credits came in
+    /// network order, about 100 runs to each RU, 3.4 MB from the EM's node
+    /// at every rotation (276 us at 100 Gb/s, three slots of its own RU).
+    fn next_run_has_credit(&self, count: usize) -> bool {
+        let n = self.credits.len();
+        (0..n)
+            .map(|k| (self.next_bu + k) % n)
+            .filter(|&b| !self.bu_lost[b])
+            .take(count)
+            .all(|b| self.credits[b] > 0)
     }
 
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {

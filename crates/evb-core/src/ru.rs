@@ -56,6 +56,13 @@ pub struct RuStats {
     /// Fragments kept for a lost BU and then dropped (the EM counted the
     /// MEP lost, or nobody claimed it).
     pub orphans_released: u64,
+    /// Slotted barrel: fragments that started after their slot's grace
+    /// (behind the RU's previous fragment, or woken late), still within
+    /// their slot; and the slots passed with a fragment waiting for them
+    /// that could no longer end within the slot (it waits for the slot's
+    /// next turn).
+    pub late_starts: u64,
+    pub slots_missed: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -768,27 +775,34 @@ impl ReadoutUnit {
             None => now_slot,
         };
         let woken_for = |slot: u64| wake == Some(self.slot_start(slot)) && wake <= Some(self.now);
+        let (mut late_starts, mut missed) = (0, 0);
         let picked = loop {
             if cursor > now_slot {
                 break None;
             }
             let slot = cursor;
             cursor += 1;
-            // A fragment starts at most `late_ns` into its slot: later, it
-            // would overlap the next slot's fragment at its BU, and the
-            // overlap would spread from BU to RU to BU. It waits a rotation.
-            // Unless the RU was waiting for this very slot and its driver
-            // woke it late (timers are not exact): the slot is its own.
             let dest = plan.dest_of(slot).map(usize::from);
             let Some(d) = dest.filter(|&d| !self.queues[d].is_empty() && !self.dest_gone[d]) else {
                 continue;
             };
+            // Late into its slot (behind this RU's previous fragment), a
+            // fragment starts only if it still ends within the slot
+            // ([`SlotPlan::fits`]), else it waits for the slot's next turn.
+            // Unless the RU was waiting for this very slot and its driver
+            // woke it late (timers are not exact): the slot is its own.
             let late = slot == now_slot && !catching_up && !woken_for(slot);
-            if late && !plan.fits(into_slot, self.head_payload(d)) {
-                continue;
+            if late && into_slot > plan.late_ns {
+                if !plan.fits(into_slot, self.head_payload(d)) {
+                    missed += 1;
+                    continue;
+                }
+                late_starts += 1;
             }
             break Some(d);
         };
+        self.stats.late_starts += late_starts;
+        self.stats.slots_missed += missed;
         self.cursor = Some(cursor);
         if picked.is_none() {
             self.slot_wake = Some(self.slot_start(cursor));

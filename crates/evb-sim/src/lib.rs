@@ -139,9 +139,24 @@ pub struct EbSummary {
     /// `clock = "em"`: how well the nodes measured the EM's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_clock: Option<SlotClockSummary>,
+    /// The slotted barrel: how the RUs kept their slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<SlotKeeping>,
     /// Built payload of all nodes, Gb/s, per `sim.sample_us` interval.
     #[serde(default)]
     pub built_gbps_series: Vec<f64>,
+}
+
+/// How the RUs of a slotted barrel kept their slots, over the whole run.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SlotKeeping {
+    /// Fragments the RUs sent through the network.
+    pub fragments: u64,
+    /// Of those, started after their slot's grace (still ending within it).
+    pub late_starts: u64,
+    /// Slots passed with a fragment waiting that could no longer end
+    /// within them: it went at that BU's next turn, a rotation later.
+    pub slots_missed: u64,
 }
 
 /// The slot clock measured over the simulated fabric (`clock = "em"`).
@@ -177,6 +192,24 @@ pub struct CrashSummary {
     /// or ((N-1)/N)^2 with the slotted barrel (its slots stay).
     pub ratio: f64,
     pub expected_ratio: f64,
+}
+
+/// How the slotted RUs kept their slots, summed over the RUs.
+fn slot_keeping(config: &Config, e: &traffic::EventBuilder) -> Option<SlotKeeping> {
+    if config.event_builder.schedule != evb_core::config::Schedule::Slotted {
+        return None;
+    }
+    let mut k = SlotKeeping {
+        fragments: 0,
+        late_starts: 0,
+        slots_missed: 0,
+    };
+    for ru in e.nodes.iter().filter_map(evb_core::Node::ru) {
+        k.fragments += ru.stats.fragments_sent;
+        k.late_starts += ru.stats.late_starts;
+        k.slots_missed += ru.stats.slots_missed;
+    }
+    Some(k)
 }
 
 /// The slot clock figures from the nodes' measurements, if they made any.
@@ -625,6 +658,7 @@ fn eb_summary(
             end,
         ),
         slot_clock: slot_clock_summary(e),
+        slots: slot_keeping(config, e),
         built_gbps_series: e.built_series.clone(),
     }
 }

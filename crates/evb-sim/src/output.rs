@@ -115,6 +115,12 @@ fn event_builder_text(eb: &EbSummary) -> String {
             c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
         );
     }
+    if let Some(k) = &eb.slots {
+        out += &format!(
+            "slots: {} fragments sent, {} started late within their slot, {} slots missed (the fragment waited a rotation)\n",
+            k.fragments, k.late_starts, k.slots_missed
+        );
+    }
     if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
         out += &format!(
             "readout throttle: {:.1}% of the time, {} events vetoed at the source\n",
