@@ -13,7 +13,8 @@
 //! Also here: the wire format ([`wire`]), the configuration file shared by
 //! every driver ([`config`]), the source model that fills fragments with
 //! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`]),
-//! the measurement of each node's offset to the EM's clock ([`clock`]) and
+//! the measurement of each node's offset to the EM's clock ([`clock`]), the
+//! pacing of the EM's bursts into its node's slots ([`pacer`]) and
 //! the liveness timers: heartbeats, silent peers, the drain and the linger
 //! ([`liveness`]), which every driver runs through the same [`node::Node`].
 //! A node broken on purpose (crashed, hung, resumed, restarted) is one
@@ -30,6 +31,7 @@ pub mod harness;
 pub mod layout;
 pub mod liveness;
 pub mod node;
+pub mod pacer;
 pub mod ru;
 pub mod slots;
 pub mod source;

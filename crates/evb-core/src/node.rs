@@ -22,6 +22,7 @@ use crate::em::{EmStats, EventManager};
 use crate::fu::{FilterUnit, FuAction, FuStats};
 use crate::layout::Layout;
 use crate::liveness::{Beat, Drain, PeerState, PeerWatch, Timers};
+use crate::pacer::ControlPacer;
 use crate::ru::{ReadoutUnit, RuAction, RuStats};
 use crate::wire::{FragmentHeader, MepId, Message, NodeId, FLAG_BATCH};
 
@@ -125,6 +126,11 @@ pub struct Node {
     fu: Option<FilterUnit>,
     /// The slotted RU's measurement of the EM's clock.
     clock: Option<ClockSync>,
+    /// The EM's assignments, paced into this node's slots when it also
+    /// ships fragments on them.
+    pacer: ControlPacer,
+    /// When the pacer has more to let out.
+    pacer_wake: Option<Nanos>,
     /// How long a due clock probe waits for the RU's fragment to leave
     /// (see [`Node::probe_time`]).
     probe_wait: Nanos,
@@ -186,6 +192,8 @@ impl Node {
                         crate::source::mix64(config.run.seed ^ 0xc10c << 16 ^ u64::from(id)),
                     )
                 }),
+            pacer: ControlPacer::default(),
+            pacer_wake: None,
             probe_wait: 2 * config.slot_ns(),
             now: 0,
             actions: VecDeque::new(),
@@ -425,6 +433,7 @@ impl Node {
         let drain = self.drain.deadline().filter(|_| !self.done);
         let linger = self.linger_until.filter(|_| !self.linger_over);
         bu.into_iter()
+            .chain(self.pacer_wake)
             .chain(ru)
             .chain(fu)
             .chain(em)
@@ -788,9 +797,50 @@ impl Node {
     fn route(&mut self, to: NodeId, msg: Message) {
         if to == self.id {
             self.internal.push_back(msg);
+        } else if ControlPacer::paces(&msg)
+            && self.ru.as_ref().is_some_and(|r| r.slot_now().is_some())
+        {
+            self.pacer.hold(to, msg);
         } else {
+            for held in self.pacer.take_for(to) {
+                self.actions.push_back(Action::Send { to, msg: held });
+            }
             self.actions.push_back(Action::Send { to, msg });
         }
+    }
+
+    /// Lets out the paced messages this slot's headroom allows, once this
+    /// node's fragment has left the link; returns when to try again.
+    fn release_paced(&mut self) -> Option<Nanos> {
+        if self.pacer.is_empty() {
+            return None;
+        }
+        let mut out = VecDeque::new();
+        let slot = self
+            .ru
+            .as_ref()
+            .and_then(|r| r.slot_now().zip(r.slot_plan()));
+        let wait = match slot {
+            // No slot clock any more (a new EM's being measured): no pacing.
+            None => {
+                self.pacer.release_all(&mut out);
+                None
+            }
+            Some(((slot, next_start), plan)) => {
+                let busy = self.ru.as_ref().and_then(ReadoutUnit::link_busy_until);
+                match busy {
+                    Some(until) => Some(until),
+                    None => self
+                        .pacer
+                        .release(slot, plan.control_per_slot, &mut out)
+                        .then_some(next_start),
+                }
+            }
+        };
+        for (to, msg) in out {
+            self.actions.push_back(Action::Send { to, msg });
+        }
+        wait
     }
 
     /// Handles a control message from endpoint `from`: one its roles do not
@@ -1003,6 +1053,7 @@ impl Node {
                 break;
             }
         }
+        self.pacer_wake = self.release_paced();
         self.check_done();
         let em_lost = self.is_peer_lost(self.layout.em);
         let ended = self.end_of_run.is_some();
@@ -1116,7 +1167,7 @@ impl Node {
         // The EM stays until every MEP is accounted for.
         let em_idle = self.em.as_ref().is_none_or(|e| e.outstanding() == 0);
         let fu_idle = self.fu.as_ref().is_none_or(FilterUnit::is_finished);
-        if ru_idle && bu_idle && em_idle && fu_idle {
+        if ru_idle && bu_idle && em_idle && fu_idle && self.pacer.is_empty() {
             self.set_done();
         }
     }

@@ -149,8 +149,12 @@ pub struct ReadoutUnit {
     rng: Pcg64Mcg,
     in_flight: u32,
     /// Of `in_flight`, fragments on the network (not handed over in
-    /// memory). The slotted barrel keeps at most one on the link.
+    /// memory).
     net_in_flight: u32,
+    /// Slotted barrel: when the last network fragment is expected to have
+    /// left the link (its start plus its size at the link rate). The next
+    /// one starts no earlier, never beside it on the link.
+    link_free_at: Nanos,
     /// Assigned MEPs held (data produced or to be produced, not released).
     held_assigned: u64,
     /// Unassigned requests kept at most (guards against a flood of junk).
@@ -195,6 +199,7 @@ impl ReadoutUnit {
             )),
             in_flight: 0,
             net_in_flight: 0,
+            link_free_at: 0,
             held_assigned: 0,
             max_orphan_requests: (config.event_builder.credits as usize * bus).max(16) * 4,
             orphan_requests: 0,
@@ -628,6 +633,9 @@ impl ReadoutUnit {
         self.in_flight += 1;
         if !self.is_local(to) {
             self.net_in_flight += 1;
+            if let Some(plan) = &self.slots {
+                self.link_free_at = self.now + plan.wire_ns(header.payload_len);
+            }
         }
         self.stats.max_in_flight = self.stats.max_in_flight.max(self.in_flight);
         self.stats.fragments_sent += 1;
@@ -684,6 +692,24 @@ impl ReadoutUnit {
         self.slots.as_ref()
     }
 
+    /// Slotted barrel, once the clock is known: the slot of now, and
+    /// when the next one starts (local time).
+    pub fn slot_now(&self) -> Option<(u64, Nanos)> {
+        self.slots.as_ref()?;
+        if !self.clock_known {
+            return None;
+        }
+        let slot = self.slot_at(self.now);
+        Some((slot, self.slot_start(slot + 1)))
+    }
+
+    /// Slotted barrel: whether this RU's link carries none of its
+    /// fragments now (none in flight, or the last one expected to have
+    /// left it), and if it does, until when it is expected to.
+    pub fn link_busy_until(&self) -> Option<Nanos> {
+        (self.net_in_flight > 0 && self.now < self.link_free_at).then_some(self.link_free_at)
+    }
+
     /// Slotted barrel: the absolute slot of local time `t`.
     fn slot_at(&self, t: Nanos) -> u64 {
         let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
@@ -702,7 +728,7 @@ impl ReadoutUnit {
     /// slotted one's next slot starts.
     pub fn next_deadline(&self) -> Option<Nanos> {
         let can_send = match self.schedule {
-            Schedule::Slotted => self.queued > 0 && self.net_in_flight == 0,
+            Schedule::Slotted => self.queued > 0 && self.net_in_flight < self.parallel_sends,
             _ => self.queued > 0 && self.in_flight < self.parallel_sends,
         };
         match (self.schedule, self.ended, self.waiting_since) {
@@ -744,12 +770,19 @@ impl ReadoutUnit {
         if !self.clock_known {
             return None; // The node pumps again once the clock is measured.
         }
-        if self.net_in_flight > 0 {
-            // One fragment on the link at a time: the next starts when this
-            // one is done (its completion pumps), late if it overran, never
-            // beside it (the two would share the link, both overrun, and
-            // the overrun would spread to the next slot's BU).
+        // One fragment on the link at a time: the next starts once the
+        // last one has left it (expected at the link rate; its completion,
+        // which comes a host latency later, is not waited for unless
+        // `parallel_sends` are in flight), late if the last one overran,
+        // never beside it (the two would share the link, both overrun, and
+        // the overrun would spread to the next slot's BU).
+        if self.net_in_flight >= self.parallel_sends {
             self.slot_blocked = true;
+            return None; // Its completion pumps.
+        }
+        if self.net_in_flight > 0 && self.now < self.link_free_at {
+            self.slot_blocked = true;
+            self.slot_wake = Some(self.link_free_at);
             return None;
         }
         let plan = self.slots.as_ref().expect("slotted RUs have a plan");

@@ -173,9 +173,16 @@ pub struct SlotPlan {
     /// allowance): a fragment starts late only if it still ends within
     /// its slot ([`SlotPlan::fits`]).
     pub fs_per_byte: u64,
+    /// Control messages a node sends in one slot's headroom, at most (its
+    /// EM's assignments are paced to this, see [`crate::pacer`]).
+    pub control_per_slot: usize,
     /// Per slot of the rotation: the BU index this RU ships to, if any.
     pub dest: Vec<Option<u16>>,
 }
+
+/// Bytes a control message takes on the link, generously (64 bytes and
+/// its packet's headers), for pacing.
+const CONTROL_WIRE_BYTES: u64 = 128;
 
 impl SlotPlan {
     /// The plan of the RU of `source`, from the schedule file if there is
@@ -185,6 +192,11 @@ impl SlotPlan {
         let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
         let fs_per_byte =
             ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.sim.link_gbps.max(1e-3)).round() as u64;
+        // A quarter of what a mean fragment leaves of the slot.
+        let mean_fragment = event_size_moments(config).0 * f64::from(config.source.events_per_mep);
+        let mean_wire_ns = mean_fragment * fs_per_byte as f64 / 1e6;
+        let headroom_bytes = (slot_ns as f64 - mean_wire_ns).max(0.0) * 1e6 / fs_per_byte as f64;
+        let control_per_slot = ((headroom_bytes / 4.0) as u64 / CONTROL_WIRE_BYTES).max(1) as usize;
         let node = layout.ru_nodes[source as usize];
         if let Some(table) = &config.slot_table {
             let dest = table
@@ -196,6 +208,7 @@ impl SlotPlan {
                 slot_ns,
                 late_ns,
                 fs_per_byte,
+                control_per_slot,
                 dest,
             };
         }
@@ -218,6 +231,7 @@ impl SlotPlan {
             slot_ns,
             late_ns,
             fs_per_byte,
+            control_per_slot,
             dest,
         }
     }
@@ -229,9 +243,14 @@ impl SlotPlan {
     /// fragments start up to a tenth of a slot late whatever their size
     /// collapses a 288-node barrel to a quarter of its rate.
     pub fn fits(&self, late: Nanos, payload: u32) -> bool {
+        late <= self.late_ns || late.saturating_add(self.wire_ns(payload)) <= self.slot_ns
+    }
+
+    /// Time a fragment of `payload` bytes takes on the link, with its
+    /// headers.
+    pub fn wire_ns(&self, payload: u32) -> Nanos {
         let bytes = u64::from(payload) + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
-        let wire = bytes.saturating_mul(self.fs_per_byte) / 1_000_000;
-        late <= self.late_ns || late.saturating_add(wire) <= self.slot_ns
+        bytes.saturating_mul(self.fs_per_byte) / 1_000_000
     }
 
     /// Slots in a rotation.
