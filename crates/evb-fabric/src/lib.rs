@@ -14,7 +14,7 @@
 //!   and counts conflicts (see [`conflicts`] for the definition);
 //! - [`optimize`]: rank orders and routes that remove conflicts;
 //! - [`schedule`]: slot schedules for the slotted barrel, conflicts moved
-//!   to extra slots;
+//!   to extra slots, packed and [`tighten`]ed towards their lower bound;
 //! - [`plot`]: SVG/PNG plots of per-step link load;
 //! - [`setup`]: what every `evb fabric` command does first: read, name,
 //!   edit and route a fabric, parse the steps, resolve a rank order.
@@ -34,6 +34,7 @@ pub mod rate;
 pub mod routing;
 pub mod schedule;
 pub mod setup;
+pub mod tighten;
 pub mod topo;
 
 pub use error::{FabricError, Result};
