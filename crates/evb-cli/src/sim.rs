@@ -98,10 +98,11 @@ fn overrides(args: &SimArgs) -> Vec<String> {
 
 pub fn run(args: SimArgs) -> Result<()> {
     let fabric = build_fabric(&args)?;
-    let config = sized_config(args.config.as_deref(), &overrides(&args), &fabric)?;
+    let (config, notes) = sized_config(args.config.as_deref(), &overrides(&args), &fabric)?;
     let bar = crate::progress::bar(1000, "simulating");
-    let result = evb_sim::simulate(&config, fabric, |f| bar.set_position((f * 1000.0) as u64))
+    let mut result = evb_sim::simulate(&config, fabric, |f| bar.set_position((f * 1000.0) as u64))
         .map_err(anyhow::Error::msg)?;
+    result.summary.notes = notes;
     bar.finish_and_clear();
     print!("{}", output::summary_text(&result));
     if let Some(path) = &args.json {

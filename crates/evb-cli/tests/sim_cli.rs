@@ -513,7 +513,10 @@ fn plain_and_scheduled(fabric: &[&str], schedule: &str, tag: &str) -> ((f64, f64
         )
     };
     let set = format!("event_builder.schedule_file={schedule}");
-    (built(&[]), built(&["--set", &set]))
+    (
+        built(&["--set", "event_builder.slot_schedule=\"barrel\""]),
+        built(&["--set", &set]),
+    )
 }
 
 /// On an imperfect 64-host tree (an uplink missing, two cables swapped:
@@ -556,11 +559,11 @@ fn the_conflict_aware_schedule_builds_more_on_an_imperfect_64_host_tree() {
 }
 
 /// Leaves not all full (60 hosts spread over 8 leaves of 8 ports): the
-/// slotted barrel over the 60 ranks has conflicts in most steps, the shift
+/// slotted barrel over the 60 ranks has conflicts in most steps; the shift
 /// over the ftree engine's 64 positions (a dummy in place of each missing
-/// host, idle slots for its pairs) has none, and `evb fabric schedule`
-/// writes it with no flow moved. It builds more than the plain slotted
-/// barrel, and nothing waits for credits.
+/// host, idle slots for its pairs) has none in 63 slots, and the local
+/// search does better still (61, the bound 59). The schedule builds more
+/// than the plain slotted barrel, and nothing waits for credits.
 #[test]
 fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
     let fabric = [
@@ -574,12 +577,11 @@ fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
     let mut args = vec!["fabric", "schedule"];
     args.extend(fabric);
     args.extend(["--out", &schedule, "--json", &json]);
-    let (ok, out, err) = evb(&args);
+    let (ok, _, err) = evb(&args);
     assert!(ok, "{err}");
-    assert!(out.contains("64 positions"), "{out}");
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(v["flows_moved"], 0, "{v}");
-    assert_eq!(v["slots"], 63, "{v}");
+    assert!(v["slots"].as_u64().unwrap() <= 63, "{v}");
+    assert_eq!(v["lower_bound"], 59, "{v}");
     assert_eq!(v["positions"], 64, "{v}");
     assert!(v["plain_conflicts"].as_u64().unwrap() > 0, "{v}");
     let ((plain, plain_wait), (shift, shift_wait)) =

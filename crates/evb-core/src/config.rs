@@ -82,6 +82,20 @@ pub enum Schedule {
     All,
 }
 
+/// Where the slotted barrel's schedule comes from when no
+/// `schedule_file` names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotSchedule {
+    /// Computed from the fabric's routes when the driver knows the fabric
+    /// (`evb sim`; `evb run` and `evb node` with `--fabric`): the
+    /// conflict-aware schedule `evb fabric schedule` writes. Else the
+    /// barrel.
+    Fabric,
+    /// The plain barrel in node order, whatever the fabric.
+    Barrel,
+}
+
 /// Which clock the slotted barrel follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -206,9 +220,12 @@ pub struct EventBuilderSection {
     /// make two RUs overlap at one BU, microseconds.
     pub slot_grace_us: f64,
     /// Slotted barrel: a schedule file (one line per slot, the destination
-    /// node of every node), relative to the configuration file; empty: the
-    /// barrel shift in node order.
+    /// node of every node), relative to the configuration file; empty:
+    /// `slot_schedule` decides.
     pub schedule_file: String,
+    /// Slotted barrel without a schedule file: the fabric's schedule or
+    /// the plain barrel.
+    pub slot_schedule: SlotSchedule,
     /// Slotted barrel: whose clock the slots follow.
     pub clock: ClockSource,
     /// `clock = "em"`: how often a node measures its offset to the EM's
@@ -294,6 +311,7 @@ impl Default for EventBuilderSection {
             slot_us: 0.0,
             slot_grace_us: 0.5,
             schedule_file: String::new(),
+            slot_schedule: SlotSchedule::Fabric,
             clock: ClockSource::Em,
             clock_probe_ms: 20,
             assign_batch: 0,
@@ -945,9 +963,15 @@ pub struct Config {
     /// Host latency bins `(ns, weight)` loaded from `sim.host_latency`.
     #[serde(skip)]
     pub host_latency_bins: Vec<(u32, f64)>,
-    /// The slot schedule loaded from `event_builder.schedule_file`.
+    /// The slot schedule: loaded from `event_builder.schedule_file`, or
+    /// computed from the fabric by a driver that knows it (`evb sim`, `evb
+    /// run --fabric`).
     #[serde(skip)]
     pub slot_table: Option<std::sync::Arc<crate::slots::SlotTable>>,
+    /// The link rate the slots are sized for, Gb/s, when a driver knows the
+    /// fabric's (its slowest path between two nodes); else `sim.link_gbps`.
+    #[serde(skip)]
+    pub slot_gbps: Option<f64>,
 }
 
 /// An environment variable that overrides a configuration key: for a knob
@@ -1052,6 +1076,23 @@ pub const DEFAULT_TOML: &str = include_str!("../../../configs/default.toml");
 
 impl Config {
     /// Reads `path`, applies `overrides` (`key=value`), validates.
+    /// Whether the configuration file at `path` sets `key` (`section.key`)
+    /// itself. A file that cannot be read or parsed sets nothing here
+    /// ([`Config::load`] reports why).
+    pub fn file_sets(path: Option<&Path>, key: &str) -> bool {
+        let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+            return false;
+        };
+        let Ok(table) = text.parse::<toml::Table>() else {
+            return false;
+        };
+        let mut value = Some(&toml::Value::Table(table));
+        for part in key.split('.') {
+            value = value.and_then(|v| v.get(part));
+        }
+        value.is_some()
+    }
+
     pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
         let (origin, text, base_dir) = match path {
             Some(p) => {
@@ -1114,8 +1155,14 @@ impl Config {
         if self.event_builder.slot_us > 0.0 {
             (self.event_builder.slot_us * 1000.0).round().max(1.0) as u64
         } else {
-            crate::slots::auto_slot_ns(self, self.sim.link_gbps)
+            crate::slots::auto_slot_ns(self, self.slot_link_gbps())
         }
+    }
+
+    /// The link rate the slots are sized for: the fabric's, when the
+    /// driver knows it, else `sim.link_gbps`.
+    pub fn slot_link_gbps(&self) -> f64 {
+        self.slot_gbps.unwrap_or(self.sim.link_gbps)
     }
 
     /// MEPs the EM collects before it sends them as runs.

@@ -191,7 +191,7 @@ impl SlotPlan {
         let slot_ns = config.slot_ns();
         let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
         let fs_per_byte =
-            ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.sim.link_gbps.max(1e-3)).round() as u64;
+            ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.slot_link_gbps().max(1e-3)).round() as u64;
         // A quarter of what a mean fragment leaves of the slot.
         let mean_fragment = event_size_moments(config).0 * f64::from(config.source.events_per_mep);
         let mean_wire_ns = mean_fragment * fs_per_byte as f64 / 1e6;

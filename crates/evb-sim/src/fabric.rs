@@ -42,6 +42,10 @@ pub struct SimFabric {
     /// Per switch: Ethernet (shared output queues, PFC or drops) rather
     /// than InfiniBand (input FIFOs, credits).
     pub ethernet: Vec<bool>,
+    /// The topology, tables and order it was built from (for the slotted
+    /// barrel's schedule, [`crate::schedule`]); `None` for the generators
+    /// here.
+    pub routed: Option<std::sync::Arc<crate::schedule::Routed>>,
 }
 
 impl SimFabric {
@@ -61,6 +65,7 @@ impl SimFabric {
             host_gbps: vec![0.0; hosts],
             port_gbps: vec![vec![0.0; hosts]],
             ethernet: vec![false],
+            routed: None,
         }
     }
 
@@ -334,6 +339,7 @@ pub fn from_topology(
         ethernet: vec![false; ports.len()],
         ports,
         routes,
+        routed: None,
     };
     fabric.validate()?;
     Ok(fabric)

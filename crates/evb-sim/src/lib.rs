@@ -17,6 +17,7 @@ pub mod fabric;
 pub mod output;
 pub mod queue;
 pub mod scan;
+pub mod schedule;
 pub mod setup;
 pub mod stats;
 pub mod traffic;
@@ -24,7 +25,7 @@ pub mod traffic;
 use std::time::Instant;
 
 use evb_core::config::{FlowControl, Granularity, OutputNetwork, SimTraffic};
-use evb_core::Config;
+use evb_core::{Config, Layout};
 use serde::{Deserialize, Serialize};
 
 use engine::{default_host_latency, Net, Params, Ps, Traffic, PS_PER_NS};
@@ -35,6 +36,10 @@ use fabric::SimFabric;
 pub struct SimSummary {
     pub topology: String,
     pub traffic: String,
+    /// How the run was set up where the user did not say (the node count
+    /// taken from the fabric, hosts left idle), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Hosts of the event-building fabric (the output network's are in
     /// `hosts[]` after them, and summarised in `consumers`).
     pub hosts: usize,
@@ -139,7 +144,10 @@ pub struct EbSummary {
     /// `clock = "em"`: how well the nodes measured the EM's clock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_clock: Option<SlotClockSummary>,
-    /// The slotted barrel: how the RUs kept their slots.
+    /// The slotted barrel: the schedule it ran and how the RUs kept their
+    /// slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<schedule::ScheduleSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slots: Option<SlotKeeping>,
     /// Built payload of all nodes, Gb/s, per `sim.sample_us` interval.
@@ -462,6 +470,11 @@ pub fn simulate(
     fabric: SimFabric,
     mut progress: impl FnMut(f64),
 ) -> Result<SimResult, String> {
+    // The slots sized for the fabric and its schedule, before any unit is
+    // made from the configuration.
+    let mut config = config.clone();
+    let schedule = schedule::prepare(&mut config, &fabric)?;
+    let config = &config;
     let fabric = if separate_output(config) {
         with_output_network(config, fabric)?
     } else {
@@ -475,24 +488,11 @@ pub fn simulate(
     let hosts = fabric.hosts();
     let n = hosts as u32;
     let seed = config.run.seed;
-    let mut eb = None;
-    let mut synthetic: Box<dyn Traffic> = match s.traffic {
-        SimTraffic::Eb => {
-            eb = Some(traffic::EventBuilder::new(config, hosts)?);
-            Box::new(traffic::ShiftFixed::new(0)) // unused
-        }
-        SimTraffic::ShiftFixed => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
-        SimTraffic::ShiftWindow => Box::new(traffic::ShiftWindow {
-            window: s.window_ns * PS_PER_NS,
-            grace: s.grace_ns * PS_PER_NS,
-        }),
-        SimTraffic::Uniform => Box::new(traffic::Uniform::new(s.load, seed)),
-        SimTraffic::Permutation => {
-            Box::new(traffic::Streams::permutation(n, s.message_bytes, seed))
-        }
-        SimTraffic::Incast => Box::new(traffic::Streams::incast(n, s.message_bytes)),
-        SimTraffic::AllToAll => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
+    let mut eb = match s.traffic {
+        SimTraffic::Eb => Some(traffic::EventBuilder::new(config, hosts)?),
+        _ => None,
     };
+    let mut synthetic = synthetic_traffic(config, n, seed);
     let topology = fabric.name.clone();
     let mut net = Net::new(fabric, params, sample);
     // The summary's per-host figures are those of the event-building
@@ -522,9 +522,15 @@ pub fn simulate(
     let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
     let links = link_results(&net, secs);
     let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
-    let eb_summary = eb
-        .as_ref()
-        .map(|e| eb_summary(config, e, net.params.link_gbps, end, sample));
+    let host_link = mean_link_gbps(&net, 0..fabric_hosts as u32);
+    let eb_summary = eb.as_ref().map(|e| {
+        let bus = Layout::from_config(config).bu_nodes;
+        let bu_link = mean_link_gbps(&net, bus.iter().map(|&b| u32::from(b)));
+        EbSummary {
+            schedule: schedule.clone(),
+            ..eb_summary(config, e, bu_link, end, sample)
+        }
+    });
     let end_ns = end / PS_PER_NS;
     let consumers = eb
         .as_ref()
@@ -540,10 +546,11 @@ pub fn simulate(
         summary: SimSummary {
             topology,
             traffic: s.traffic.to_string(),
+            notes: Vec::new(),
             hosts: fabric_hosts,
             throughput_per_host_gbps: mean,
-            link_rate_gbps: net.params.link_gbps,
-            fraction_of_link: mean / net.params.link_gbps,
+            link_rate_gbps: host_link,
+            fraction_of_link: mean / host_link,
             min_host_gbps: rx.iter().copied().fold(f64::INFINITY, f64::min),
             max_host_gbps: rx.iter().copied().fold(0.0, f64::max),
             simulated_seconds: secs,
@@ -560,6 +567,38 @@ pub fn simulate(
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
     })
+}
+
+/// The synthetic traffic of `sim.traffic` on `n` hosts (a placeholder
+/// for `eb`, which the event builder drives).
+fn synthetic_traffic(config: &Config, n: u32, seed: u64) -> Box<dyn Traffic> {
+    let s = &config.sim;
+    match s.traffic {
+        SimTraffic::Eb => Box::new(traffic::ShiftFixed::new(0)), // unused
+        SimTraffic::ShiftFixed => Box::new(traffic::ShiftFixed::new(s.message_bytes)),
+        SimTraffic::ShiftWindow => Box::new(traffic::ShiftWindow {
+            window: s.window_ns * PS_PER_NS,
+            grace: s.grace_ns * PS_PER_NS,
+        }),
+        SimTraffic::Uniform => Box::new(traffic::Uniform::new(s.load, seed)),
+        SimTraffic::Permutation => {
+            Box::new(traffic::Streams::permutation(n, s.message_bytes, seed))
+        }
+        SimTraffic::Incast => Box::new(traffic::Streams::incast(n, s.message_bytes)),
+        SimTraffic::AllToAll => Box::new(traffic::Streams::all_to_all(n, s.message_bytes)),
+    }
+}
+
+/// The mean rate of these hosts' own links (a topology's, else
+/// `sim.link_gbps`): the fraction of link of a 200 Gb/s fabric is against
+/// 200.
+fn mean_link_gbps(net: &Net, hosts: impl Iterator<Item = u32>) -> f64 {
+    let (sum, n) = hosts.fold((0.0, 0usize), |(s, n), h| (s + net.host_gbps(h), n + 1));
+    if n == 0 {
+        net.params.link_gbps
+    } else {
+        sum / n as f64
+    }
 }
 
 /// Every host's sent and received payload over the run, Gb/s (`gbps`
@@ -658,6 +697,7 @@ fn eb_summary(
             end,
         ),
         slot_clock: slot_clock_summary(e),
+        schedule: None,
         slots: slot_keeping(config, e),
         built_gbps_series: e.built_series.clone(),
     }

@@ -24,6 +24,9 @@ pub fn summary_text(result: &SimResult) -> String {
         s.events_processed,
         s.speed_us_per_s
     );
+    for note in &s.notes {
+        out += &format!("note: {note}\n");
+    }
     out += &format!(
         "throughput per host: mean {:.2} Gb/s ({:.1}% of {:.1} Gb/s), min {:.2}, max {:.2}; max link utilisation {:.1}%; PortXmitWait total {:.3} ms\n",
         s.throughput_per_host_gbps,
@@ -113,6 +116,25 @@ fn event_builder_text(eb: &EbSummary) -> String {
         out += &format!(
             "slot clock (measured, clock = \"em\"): {} nodes; phase error at the end max {} ns, resting on round trips of at most {} ns; largest step {} ns; {} probes\n",
             c.nodes, c.max_phase_error_ns, 2 * c.max_uncertainty_ns, c.max_step_ns, c.probes
+        );
+    }
+    if let Some(s) = &eb.schedule {
+        let bound = if s.lower_bound < s.slots {
+            format!(
+                " (no schedule on these routes has fewer than {})",
+                s.lower_bound
+            )
+        } else {
+            String::new()
+        };
+        let took = if s.seconds >= 0.05 {
+            format!("; computed in {:.1} s", s.seconds)
+        } else {
+            String::new()
+        };
+        out += &format!(
+            "slot schedule ({}): {}; {} slots a rotation{bound}, slots of {:.2} us sized for {} Gb/s{took}\n",
+            s.source, s.what, s.slots, s.slot_us, s.slot_gbps
         );
     }
     if let Some(k) = &eb.slots {

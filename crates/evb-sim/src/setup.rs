@@ -63,7 +63,15 @@ impl FabricSpec {
             None => self.routing.clone(),
         };
         let name = format!("{} ({routing}, order {})", self.topology, self.order);
-        crate::fabric::from_topology(&topo, &lfts, &order, &name).map_err(anyhow::Error::msg)
+        let mut fabric = crate::fabric::from_topology(&topo, &lfts, &order, &name)
+            .map_err(anyhow::Error::msg)?;
+        fabric.routed = Some(std::sync::Arc::new(crate::schedule::Routed::new(
+            topo,
+            lfts,
+            order,
+            &self.order,
+        )));
+        Ok(fabric)
     }
 
     /// `switch:hosts=N`: one switch, N hosts (edits do not apply).
@@ -97,62 +105,107 @@ impl FabricSpec {
     }
 }
 
-/// The configuration of a simulation on `fabric`: the file and the
-/// overrides, with one event-builder node per host of the fabric unless
-/// they set `nodes.count` (or already fit the fabric). A separate EM takes
-/// the last host, and the consumers are on the output network or
-/// (`sim.output.network = "fabric"`) take the last hosts.
+/// The configuration of a simulation on `fabric`, and notes for the user
+/// on how it was sized. The file and the overrides decide the node count
+/// when either sets `nodes.count`: their endpoints (nodes, a separate EM,
+/// consumers on the fabric) may not outnumber the fabric's hosts, and the
+/// hosts they leave over stay idle (the rank order, or a hostfile, says
+/// which take part: the first ones). Otherwise there is one event-builder
+/// node per host, less a separate EM's host and the consumers' (with
+/// `sim.output.network = "fabric"` they take the last hosts).
 pub fn sized_config(
     path: Option<&Path>,
     overrides: &[String],
     fabric: &SimFabric,
-) -> Result<Config> {
+) -> Result<(Config, Vec<String>)> {
     let mut overrides = overrides.to_vec();
-    let explicit_nodes = overrides.iter().any(|o| o.starts_with("nodes.count"));
-    if !explicit_nodes {
-        // A first look, for the consumers and the EM's placement only:
-        // without the schedule file (checked against the node count this
-        // decides), and sized for the fabric (a check such as
-        // parallel_sends against the BUs must not see the default 4 nodes).
+    let by_set = overrides.iter().any(|o| o.starts_with("nodes.count"));
+    let by_file = Config::file_sets(path, "nodes.count");
+    // The fabric's hosts a configuration needs: its endpoints, less the
+    // consumers when they are on the output network.
+    let on_fabric = |c: &Config| {
+        let layout = Layout::from_config(c);
+        let all = usize::from(layout.endpoints);
+        if crate::separate_output(c) {
+            all - layout.fus()
+        } else {
+            all
+        }
+    };
+    let mut notes = Vec::new();
+    if by_set || by_file {
+        // Without the schedule file, which is checked against the count.
         let mut probe = overrides.clone();
         probe.push("event_builder.schedule_file=\"\"".into());
-        // The fabric's hosts a configuration needs: its endpoints, less
-        // the consumers when they are on the output network.
-        let on_fabric = |c: &Config| {
-            let layout = Layout::from_config(c);
-            let all = usize::from(layout.endpoints);
-            if crate::separate_output(c) {
-                all - layout.fus()
-            } else {
-                all
-            }
+        let config = Config::load(path, &probe)?;
+        let (need, hosts) = (on_fabric(&config), fabric.hosts());
+        let whose = if by_set {
+            "--set nodes.count".to_string()
+        } else {
+            path.map_or(String::new(), |p| p.display().to_string())
         };
-        let as_is = Config::load(path, &probe).ok();
-        let fits = as_is
-            .as_ref()
-            .is_some_and(|c| on_fabric(c) == fabric.hosts());
-        if !fits {
-            let mut sized = probe.clone();
-            sized.insert(0, format!("nodes.count={}", fabric.hosts()));
-            let first = Config::load(path, &sized)?;
-            let consumers = if crate::separate_output(&first) {
-                0
-            } else {
-                usize::from(first.output.consumers)
-            };
-            let em_host = usize::from(first.nodes.em == EmPlacement::Separate);
-            if consumers + em_host + 1 > fabric.hosts() {
-                bail!(
-                    "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
-                    fabric.hosts()
-                );
-            }
-            // A file that sizes the builder for this fabric keeps its count.
-            overrides.insert(
-                0,
-                format!("nodes.count={}", fabric.hosts() - consumers - em_host),
+        if need > hosts {
+            bail!(
+                "{whose}: nodes.count = {}{} needs {need} hosts of the fabric, but it has {hosts} \
+                 (set nodes.count = {} or fewer{})",
+                config.nodes.count,
+                extras(&config),
+                config.nodes.count as usize - (need - hosts),
+                if config.nodes.em == EmPlacement::Separate {
+                    ", or nodes.em = \"node0\""
+                } else {
+                    ""
+                }
             );
         }
+        if need < hosts {
+            notes.push(format!(
+                "{whose}: {need} of the fabric's {hosts} hosts take part, the first in the rank order; {} stay idle",
+                hosts - need
+            ));
+        }
+    } else {
+        let probe = vec![
+            format!("nodes.count={}", fabric.hosts()),
+            "event_builder.schedule_file=\"\"".into(),
+        ];
+        let first = Config::load(path, &[probe, overrides.clone()].concat())?;
+        let consumers = if crate::separate_output(&first) {
+            0
+        } else {
+            usize::from(first.output.consumers)
+        };
+        let em_host = usize::from(first.nodes.em == EmPlacement::Separate);
+        if consumers + em_host + 1 > fabric.hosts() {
+            bail!(
+                "output.consumers = {consumers} leaves no host of the fabric ({} hosts) for the event builder",
+                fabric.hosts()
+            );
+        }
+        let count = fabric.hosts() - consumers - em_host;
+        overrides.insert(0, format!("nodes.count={count}"));
+        notes.push(format!(
+            "nodes.count = {count}: one node a host of the fabric{}",
+            extras(&first)
+                .replace(" and", ", and")
+                .replacen(" plus", ", less the hosts of", 1)
+        ));
     }
-    Ok(Config::load(path, &overrides)?)
+    Ok((Config::load(path, &overrides)?, notes))
+}
+
+/// What a configuration adds to its nodes on the fabric, for messages.
+fn extras(c: &Config) -> String {
+    let mut parts = Vec::new();
+    if c.nodes.em == EmPlacement::Separate {
+        parts.push("a separate EM".to_string());
+    }
+    if !crate::separate_output(c) && c.output.consumers > 0 {
+        parts.push(format!("{} consumers", c.output.consumers));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" plus {}", parts.join(" and "))
+    }
 }
