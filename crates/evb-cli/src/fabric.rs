@@ -35,6 +35,8 @@ enum FabricCmd {
     Export(ExportArgs),
     /// Write a slot schedule for the slotted barrel (`event_builder.schedule_file`): conflicting flows moved to extra slots.
     Schedule(ScheduleArgs),
+    /// Read every port's counters (perfquery, or perfquery/ibdiagnet2 files) into one snapshot.
+    Counters(crate::diagnose::CountersArgs),
 }
 
 #[derive(Debug, Args)]
@@ -227,6 +229,7 @@ pub fn run(args: FabricArgs) -> Result<()> {
         FabricCmd::Route(a) => route_cmd(a),
         FabricCmd::Export(a) => export(a),
         FabricCmd::Schedule(a) => schedule(a),
+        FabricCmd::Counters(a) => crate::diagnose::counters(a),
     }
 }
 

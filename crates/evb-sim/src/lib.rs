@@ -310,6 +310,11 @@ pub struct SimResult {
     /// Per sample, per host: (sent, received) payload Gb/s (CSV only: large).
     #[serde(skip)]
     pub host_series: Vec<Vec<(f32, f32)>>,
+    /// Every output port's counts over the run, as the engine kept them:
+    /// what `evb sim --counters` writes as port counters
+    /// ([`output::counters_snapshot`]).
+    #[serde(skip)]
+    pub ports: Vec<engine::PortReport>,
 }
 
 /// Link-layer parameters from the configuration's `[sim]` section.
@@ -487,7 +492,8 @@ pub fn simulate(
         .map(|h| h.received_gbps)
         .collect();
     let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
-    let links = link_results(&net, secs);
+    let ports = net.link_report();
+    let links = link_results(&ports, secs);
     let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
     let eb_summary = eb
         .as_ref()
@@ -526,6 +532,7 @@ pub fn simulate(
         links,
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
+        ports,
     })
 }
 
@@ -545,11 +552,11 @@ fn host_results(net: &Net, gbps: &dyn Fn(u64) -> f64) -> Vec<HostResult> {
 
 /// Every link's rate, utilisation, credit wait and drops over a run of
 /// `secs` simulated seconds.
-fn link_results(net: &Net, secs: f64) -> Vec<LinkResult> {
-    net.link_report()
-        .into_iter()
+fn link_results(ports: &[engine::PortReport], secs: f64) -> Vec<LinkResult> {
+    ports
+        .iter()
         .map(|r| LinkResult {
-            link: r.name,
+            link: r.name.clone(),
             gbps: r.gbps,
             // Bytes are counted when a packet starts; one still on the wire
             // at the end would push a saturated link a hair over 1.
