@@ -8,11 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use evb_fabric::counters::collect::{collect, now_s, CollectOptions};
 use evb_fabric::counters::formats::{read_any, Format};
 use evb_fabric::counters::place;
+use evb_fabric::diagnose as diag;
 use evb_fabric::io;
 use evb_fabric::setup;
 
@@ -149,4 +150,316 @@ fn print_notes(notes: &[String]) {
     for n in notes {
         eprintln!("note: {n}");
     }
+}
+
+/// Arguments of `evb fabric diagnose`.
+#[derive(Debug, Args)]
+pub struct DiagnoseArgs {
+    /// The fabric: ibnetdiscover output (or a fat-tree: generator).
+    #[arg(long)]
+    topology: String,
+    /// GUID-to-host-name map.
+    #[arg(long = "names")]
+    names: Option<PathBuf>,
+    /// The forwarding tables the fabric ran with (opensm-lfts.dump or
+    /// dump_lfts output); without them, --routing as OpenSM would.
+    #[arg(long, conflicts_with = "routing")]
+    lfts: Option<PathBuf>,
+    /// Routing engine: of the fabric when no --lfts, and the one OpenSM
+    /// routes a repaired fabric with (default ftree).
+    #[arg(long)]
+    routing: Option<String>,
+    /// Refuse a fabric the engine cannot route (no fallback to minhop).
+    #[arg(long)]
+    strict: bool,
+    /// Counter snapshots: EARLIER LATER, or one that counts from a
+    /// clearing (evb sim --counters). evb snapshots, perfquery output,
+    /// ibdiagnet2.pm or ibdiagnet2.db_csv.
+    #[arg(long, num_args = 1..=2, required = true)]
+    counters: Vec<PathBuf>,
+    /// The event builder's rank order (as its hostfile, or name, lid,
+    /// ftree, random:SEED).
+    #[arg(long, default_value = "name")]
+    order: String,
+    /// Write the diagnosis as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the fabric with its hot links (.svg or .png; repeatable).
+    #[arg(long)]
+    plot: Vec<PathBuf>,
+    /// Keep the remedies' files here: hostfile, tables for OpenSM, slot schedule.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// How remedies are ranked: sim (the rate `evb sim` predicts after
+    /// each) or estimate (the synchronised-shift estimate only: fast).
+    #[arg(long, default_value = "sim")]
+    predict: String,
+    /// Simulated time of each prediction, us.
+    #[arg(long, default_value_t = 2000.0)]
+    predict_us: f64,
+    /// Event builder configuration the predictions simulate (as evb sim).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override a configuration key (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+    /// A port waiting for credits at least this share of the time is hot.
+    #[arg(long, default_value_t = 0.05)]
+    hot_wait: f64,
+    /// PortXmitWait tick for ports whose snapshot has none, ns (default:
+    /// one symbol time of the link's speed).
+    #[arg(long)]
+    xmit_wait_tick_ns: Option<f64>,
+    /// Time the remedies' order and route searches may take, s.
+    #[arg(long, default_value_t = 1.0)]
+    search_s: f64,
+    /// Shared links and hot ports listed.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+/// `evb fabric diagnose`.
+pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let loaded = setup::FabricSource {
+        topology: a.topology.clone(),
+        names: a.names.clone(),
+        lfts: a.lfts.clone(),
+        routing: a.routing.clone(),
+        strict: a.strict,
+        ..Default::default()
+    }
+    .load()?;
+    print_notes(&loaded.notes);
+    let topo = &loaded.topo;
+    let order = evb_fabric::optimize::order_from_spec(&a.order, topo)?;
+    let mut placed = Vec::new();
+    for f in &a.counters {
+        let (read, _) = read_any(f, topo, file_time(f)?)?;
+        print_notes(&read.notes);
+        placed.push(place(read.snap, f, topo)?);
+    }
+    let (earlier, later) = match placed.as_slice() {
+        [b] => (None, b),
+        [a, b] => (Some(a), b),
+        _ => unreachable!("clap takes one or two"),
+    };
+    let input = diag::Input {
+        topology: a.topology.clone(),
+        topo,
+        lfts: &loaded.lfts,
+        routing: loaded.what.clone(),
+        order,
+        order_spec: a.order.clone(),
+        a: earlier,
+        b: later,
+    };
+    let opts = diag::Options {
+        hot_wait: a.hot_wait,
+        top: a.top,
+        search: Duration::from_secs_f64(a.search_s.max(0.0)),
+        routing: a.routing.clone(),
+        local_nic: false,
+        measure: diag::measure::MeasureOptions {
+            tick_ns: a.xmit_wait_tick_ns,
+            default_gbps: None,
+        },
+    };
+    let mut d = diag::diagnose(&input, &opts)?;
+    let analysis_s = d.analysis_seconds;
+    write_remedy_files(&mut d, a.out_dir.as_deref())?;
+    match a.predict.as_str() {
+        "sim" => predict(&mut d, &a)?,
+        "estimate" => {}
+        other => bail!("--predict: `{other}` is neither sim nor estimate"),
+    }
+    d.rank();
+    print!("{}", diag::text::summary(&d));
+    println!(
+        "analysis {analysis_s:.3} s, whole command {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    if let Some(j) = &a.json {
+        io::write_text(j, &serde_json::to_string_pretty(&d)?)?;
+    }
+    for p in &a.plot {
+        plot(&d, p)?;
+    }
+    Ok(())
+}
+
+/// Writes each remedy's file (hostfile, tables for OpenSM, slot schedule)
+/// into `dir`, and says in its `apply` which file.
+fn write_remedy_files(d: &mut diag::Diagnosis, dir: Option<&Path>) -> Result<()> {
+    let Some(dir) = dir else { return Ok(()) };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (i, r) in d.remedies.iter_mut().enumerate() {
+        let Some(v) = &r.variant else { continue };
+        let (name, text) = match r.kind {
+            "hostfile" => (
+                format!("hostfile-{}", i + 1),
+                io::write_hostfile(&v.topo, &v.order),
+            ),
+            "routes" => (
+                format!("opensm-lfts-{}.dump", i + 1),
+                io::write_opensm_lfts(&v.topo, &v.lfts),
+            ),
+            "schedule" => match &v.schedule {
+                Some(s) => (format!("schedule-{}.txt", i + 1), schedule_text(s, d.hosts)),
+                None => continue,
+            },
+            _ => continue,
+        };
+        let path = dir.join(name);
+        io::write_text(&path, &text)?;
+        r.apply = r.apply.replace("FILE", &path.display().to_string());
+        r.files.push(path.display().to_string());
+    }
+    Ok(())
+}
+
+fn schedule_text(s: &evb_fabric::schedule::SlotSchedule, ranks: usize) -> String {
+    s.to_text(&format!(
+        "evb slot schedule written by evb fabric diagnose: {ranks} ranks, {} slots; use with the same rank order",
+        s.slots.len()
+    ))
+}
+
+/// One simulation to run: which remedy (None: the fabric as it is).
+struct Job<'a> {
+    remedy: Option<usize>,
+    variant: &'a diag::remedies::Variant,
+}
+
+/// Fills in what `evb sim` predicts for the fabric as it is and after each
+/// remedy, several at a time.
+fn predict(d: &mut diag::Diagnosis, a: &DiagnoseArgs) -> Result<()> {
+    let mut jobs: Vec<Job> = Vec::new();
+    if let Some(v) = &d.baseline_variant {
+        jobs.push(Job {
+            remedy: None,
+            variant: v,
+        });
+    }
+    for (i, r) in d.remedies.iter().enumerate() {
+        if let Some(v) = &r.variant {
+            jobs.push(Job {
+                remedy: Some(i),
+                variant: v,
+            });
+        }
+    }
+    let scratch = std::env::temp_dir().join(format!("evb-diagnose-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len())
+        .max(1);
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(job) = jobs.get(k) else { break };
+                let r = simulate(job, a, &scratch, k);
+                results.lock().expect("not poisoned").push((job.remedy, r));
+            });
+        }
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    let how = format!("evb sim, {} us", a.predict_us);
+    for (which, r) in results.into_inner().expect("not poisoned") {
+        let g = match r {
+            Ok(g) => Some(g),
+            Err(e) => {
+                d.notes.push(format!(
+                    "prediction failed ({}): {e:#}",
+                    which.map_or("as it is".to_string(), |i| d.remedies[i].kind.to_string())
+                ));
+                None
+            }
+        };
+        match which {
+            None => {
+                d.baseline.predicted_gbps_per_node = g;
+                d.baseline.prediction = how.clone();
+            }
+            Some(i) => {
+                d.remedies[i].predicted_gbps_per_node = g;
+                if g.is_some() {
+                    d.remedies[i].prediction = how.clone();
+                }
+            }
+        }
+    }
+    // A remedy with nothing to simulate (a cable with errors) keeps the
+    // fabric's rate.
+    let base = d.baseline.predicted_gbps_per_node;
+    for r in d.remedies.iter_mut().filter(|r| r.variant.is_none()) {
+        r.predicted_gbps_per_node = base;
+    }
+    Ok(())
+}
+
+/// Simulates one variant with the configuration of the command line;
+/// the event builder's built Gb/s per node (per host for synthetic traffic).
+fn simulate(job: &Job, a: &DiagnoseArgs, scratch: &Path, k: usize) -> Result<f64> {
+    let v = job.variant;
+    let fabric = evb_sim::fabric::from_topology(&v.topo, &v.lfts, &v.order, &a.topology)
+        .map_err(anyhow::Error::msg)?;
+    let mut overrides = a.overrides.clone();
+    overrides.push(format!("sim.duration_us={}", a.predict_us));
+    if let Some(s) = &v.schedule {
+        let path = scratch.join(format!("schedule-{k}.txt"));
+        std::fs::write(&path, schedule_text(s, v.order.len()))
+            .with_context(|| format!("writing {}", path.display()))?;
+        overrides.push("event_builder.schedule=\"slotted\"".into());
+        overrides.push(format!(
+            "event_builder.schedule_file=\"{}\"",
+            path.display()
+        ));
+    }
+    let config = evb_sim::setup::sized_config(a.config.as_deref(), &overrides, &fabric)?;
+    let result = evb_sim::simulate(&config, fabric, |_| {}).map_err(anyhow::Error::msg)?;
+    Ok(match &result.summary.eb {
+        Some(eb) => eb.built_gbps_per_node,
+        None => result.summary.throughput_per_host_gbps,
+    })
+}
+
+/// Draws the fabric with its hot links: PREFIX.svg and PREFIX.png.
+fn plot(d: &diag::Diagnosis, prefix: &Path) -> Result<()> {
+    let nodes: Vec<evb_plot::MapNode> = d
+        .drawing
+        .nodes
+        .iter()
+        .map(|n| evb_plot::MapNode {
+            label: n.label.clone(),
+            level: n.level,
+            x: n.x,
+        })
+        .collect();
+    let links: Vec<evb_plot::MapLink> = d
+        .drawing
+        .links
+        .iter()
+        .map(|l| evb_plot::MapLink {
+            a: l.a,
+            b: l.b,
+            heat: (l.wait * 2.0).min(1.0),
+            weight: l.utilisation,
+            highlight: l.highlight,
+        })
+        .collect();
+    let title = format!("{}: waiting for credits per cable", d.topology);
+    let legend =
+        format!(
+        "colour: share of time waiting (green 0, red 50% or more); width: utilisation; blue: {}",
+        if d.drawing.highlight.is_empty() { "-" } else { d.drawing.highlight.as_str() }
+    );
+    for p in evb_plot::fabric_map(&prefix.with_extension(""), &title, &legend, &nodes, &links)? {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
 }

@@ -37,6 +37,8 @@ enum FabricCmd {
     Schedule(ScheduleArgs),
     /// Read every port's counters (perfquery, or perfquery/ibdiagnet2 files) into one snapshot.
     Counters(crate::diagnose::CountersArgs),
+    /// Why a fabric underperforms: counters onto links, the shift's conflicts and the cabling; remedies ranked by the rate evb sim predicts.
+    Diagnose(crate::diagnose::DiagnoseArgs),
 }
 
 #[derive(Debug, Args)]
@@ -219,6 +221,15 @@ struct ExportArgs {
     /// Slurm topology.conf (topology/tree plugin).
     #[arg(long)]
     slurm: Option<PathBuf>,
+    /// What-if: remove a host or switch by name before writing (repeatable).
+    #[arg(long = "remove")]
+    remove: Vec<String>,
+    /// What-if: remove the cable at NAME:PORT (repeatable).
+    #[arg(long = "remove-link")]
+    remove_link: Vec<String>,
+    /// What-if: swap the far ends of two cables, A:PORT,B:PORT (repeatable).
+    #[arg(long = "swap-cables")]
+    swap_cables: Vec<String>,
 }
 
 /// Runs `evb fabric`.
@@ -230,6 +241,7 @@ pub fn run(args: FabricArgs) -> Result<()> {
         FabricCmd::Export(a) => export(a),
         FabricCmd::Schedule(a) => schedule(a),
         FabricCmd::Counters(a) => crate::diagnose::counters(a),
+        FabricCmd::Diagnose(a) => crate::diagnose::diagnose(a),
     }
 }
 
@@ -548,7 +560,8 @@ fn route_cmd(a: RouteArgs) -> Result<()> {
 }
 
 fn export(a: ExportArgs) -> Result<()> {
-    let topo = load_named(&a.topology, &a.naming)?;
+    let mut topo = load_named(&a.topology, &a.naming)?;
+    topo.apply_edits(&a.remove, &a.remove_link, &a.swap_cables)?;
     let mut wrote = 0;
     if let Some(p) = &a.ibsim {
         io::write_text(p, &io::write_ibsim_net(&topo))?;

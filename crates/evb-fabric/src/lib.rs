@@ -17,6 +17,8 @@
 //!   to extra slots;
 //! - [`counters`]: port counter snapshots (read with `perfquery`, or from
 //!   `perfquery` and ibdiagnet2 files), their widths and changes;
+//! - [`diagnose`]: counters read onto links, the shift's shared links and
+//!   the cabling; findings and remedies;
 //! - [`plot`]: SVG/PNG plots of per-step link load;
 //! - [`setup`]: what every `evb fabric` command does first: read, name,
 //!   edit and route a fabric, parse the steps, resolve a rank order.
@@ -25,6 +27,7 @@
 
 pub mod conflicts;
 pub mod counters;
+pub mod diagnose;
 pub mod error;
 pub mod ftree;
 pub mod io;
