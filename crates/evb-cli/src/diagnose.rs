@@ -194,9 +194,10 @@ pub struct DiagnoseArgs {
     /// each) or estimate (the synchronised-shift estimate only: fast).
     #[arg(long, default_value = "sim")]
     predict: String,
-    /// Simulated time of each prediction, us.
-    #[arg(long, default_value_t = 2000.0)]
-    predict_us: f64,
+    /// Simulated time of each prediction, us (default the configuration's
+    /// sim.duration_us: several rotations of the barrel are needed).
+    #[arg(long)]
+    predict_us: Option<f64>,
     /// Event builder configuration the predictions simulate (as evb sim).
     #[arg(long, short)]
     config: Option<PathBuf>,
@@ -305,7 +306,14 @@ fn write_remedy_files(d: &mut diag::Diagnosis, dir: Option<&Path>) -> Result<()>
                 io::write_opensm_lfts(&v.topo, &v.lfts),
             ),
             "schedule" => match &v.schedule {
-                Some(s) => (format!("schedule-{}.txt", i + 1), schedule_text(s, d.hosts)),
+                Some(s) => {
+                    // The schedule's own rank order, when it is not the run's.
+                    let hosts = dir.join(format!("hostfile-{}", i + 1));
+                    io::write_text(&hosts, &io::write_hostfile(&v.topo, &v.order))?;
+                    r.apply = r.apply.replace("HOSTFILE", &hosts.display().to_string());
+                    r.files.push(hosts.display().to_string());
+                    (format!("schedule-{}.txt", i + 1), schedule_text(s, d.hosts))
+                }
                 None => continue,
             },
             _ => continue,
@@ -368,7 +376,10 @@ fn predict(d: &mut diag::Diagnosis, a: &DiagnoseArgs) -> Result<()> {
         }
     });
     let _ = std::fs::remove_dir_all(&scratch);
-    let how = format!("evb sim, {} us", a.predict_us);
+    let how = match a.predict_us {
+        Some(us) => format!("evb sim, {us} us"),
+        None => "evb sim".to_string(),
+    };
     for (which, r) in results.into_inner().expect("not poisoned") {
         let g = match r {
             Ok(g) => Some(g),
@@ -402,30 +413,15 @@ fn predict(d: &mut diag::Diagnosis, a: &DiagnoseArgs) -> Result<()> {
     Ok(())
 }
 
-/// Simulates one variant with the configuration of the command line;
-/// the event builder's built Gb/s per node (per host for synthetic traffic).
+/// Simulates one variant with the configuration of the command line.
 fn simulate(job: &Job, a: &DiagnoseArgs, scratch: &Path, k: usize) -> Result<f64> {
-    let v = job.variant;
-    let fabric = evb_sim::fabric::from_topology(&v.topo, &v.lfts, &v.order, &a.topology)
-        .map_err(anyhow::Error::msg)?;
-    let mut overrides = a.overrides.clone();
-    overrides.push(format!("sim.duration_us={}", a.predict_us));
-    if let Some(s) = &v.schedule {
-        let path = scratch.join(format!("schedule-{k}.txt"));
-        std::fs::write(&path, schedule_text(s, v.order.len()))
-            .with_context(|| format!("writing {}", path.display()))?;
-        overrides.push("event_builder.schedule=\"slotted\"".into());
-        overrides.push(format!(
-            "event_builder.schedule_file=\"{}\"",
-            path.display()
-        ));
-    }
-    let config = evb_sim::setup::sized_config(a.config.as_deref(), &overrides, &fabric)?;
-    let result = evb_sim::simulate(&config, fabric, |_| {}).map_err(anyhow::Error::msg)?;
-    Ok(match &result.summary.eb {
-        Some(eb) => eb.built_gbps_per_node,
-        None => result.summary.throughput_per_host_gbps,
-    })
+    evb_sim::predict::predict(
+        job.variant,
+        a.config.as_deref(),
+        &a.overrides,
+        a.predict_us,
+        &scratch.join(format!("schedule-{k}.txt")),
+    )
 }
 
 /// Draws the fabric with its hot links: PREFIX.svg and PREFIX.png.

@@ -8,13 +8,15 @@
 //!   `evb_core::Node` state machines that `evb run` drives over TCP;
 //! - [`setup`]: the fabric from its description and the configuration
 //!   sized for it; [`output`]: the text, CSV and plots of `evb sim` and
-//!   `evb scan`.
+//!   `evb scan`, and a run's port counters; [`predict`]: the rate of a
+//!   fabric `evb fabric diagnose` proposes.
 //!
 //! Deterministic: the same configuration and seed give the same result.
 
 pub mod engine;
 pub mod fabric;
 pub mod output;
+pub mod predict;
 pub mod queue;
 pub mod scan;
 pub mod setup;

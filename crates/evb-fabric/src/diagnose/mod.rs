@@ -173,6 +173,7 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
         routing: opts.routing.as_deref(),
         local_nic: opts.local_nic,
         search: opts.search,
+        nominal,
     };
     let base = Variant {
         topo: topo.clone(),

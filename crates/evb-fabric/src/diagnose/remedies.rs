@@ -225,6 +225,8 @@ pub struct Current<'a> {
     pub local_nic: bool,
     /// Time the order and route searches may take.
     pub search: Duration,
+    /// The hosts' usual rate ([`nominal_gbps`]).
+    pub nominal: f64,
 }
 
 impl Current<'_> {
@@ -346,29 +348,49 @@ pub fn routes(cur: &Current) -> Result<Option<Remedy>> {
     Ok(Some(rem))
 }
 
-/// The conflict-aware slot schedule of the current order and tables.
+/// The conflict-aware slot schedule on the current tables: of the
+/// current order, or of the ftree engine's order over its positions (the
+/// shift its routes were balanced for, idle where a short leaf lacks a
+/// host), whichever the estimate prefers.
 pub fn schedule(cur: &Current) -> Result<Option<Remedy>> {
-    let chosen = choose(
-        cur.topo,
-        cur.lfts,
-        cur.order,
-        cur.order_spec,
-        cur.local_nic,
-        false,
-    )?;
-    let s = chosen.aware;
-    let what = format!(
-        "conflict-aware slot schedule from {}: {} slots a rotation for {} ranks, {} flows moved",
-        chosen.shift,
-        s.slots.len(),
-        s.ranks,
-        s.flows_moved
-    );
-    let mut v = cur.variant(cur.lfts.clone(), "the same tables");
-    v.schedule = Some(s);
-    let mut rem = Remedy::new("schedule", what, Some(v));
-    rem.apply = "event_builder.schedule = \"slotted\", event_builder.schedule_file = FILE (same rank order)".into();
-    Ok(Some(rem))
+    let mut cands = vec![(cur.order.to_vec(), cur.order_spec.to_string())];
+    if let Ok(o) = crate::optimize::order_ftree(cur.topo) {
+        // Also when it is the current order: the positions come with it.
+        if o.len() == cur.order.len() && cur.order_spec != "ftree" {
+            cands.push((o, "ftree".to_string()));
+        }
+    }
+    let mut best: Option<(f64, Remedy)> = None;
+    for (order, spec) in cands {
+        let chosen = choose(cur.topo, cur.lfts, &order, &spec, cur.local_nic, false)?;
+        let s = chosen.aware;
+        let reorder = order != cur.order;
+        let what = format!(
+            "conflict-aware slot schedule{} from {}: {} slots a rotation for {} ranks, {} flows moved",
+            if reorder { " in the ftree engine's rank order" } else { "" },
+            chosen.shift,
+            s.slots.len(),
+            s.ranks,
+            s.flows_moved
+        );
+        let mut v = cur.variant(cur.lfts.clone(), "the same tables");
+        v.order = order;
+        v.schedule = Some(s);
+        let e = effect(&v, cur.nominal)?.estimated_gbps_per_node;
+        let mut rem = Remedy::new("schedule", what, Some(v));
+        rem.apply = format!(
+            "event_builder.schedule = \"slotted\", event_builder.schedule_file = FILE{}",
+            if reorder {
+                ", ranks in the order of HOSTFILE"
+            } else {
+                " (same rank order)"
+            }
+        );
+        if best.as_ref().is_none_or(|b| e > b.0 + 1e-9) {
+            best = Some((e, rem));
+        }
+    }
+    Ok(best.map(|b| b.1))
 }
 
 /// Which shared links a remedy relieves (fewer conflicts on them than as
