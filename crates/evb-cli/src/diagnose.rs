@@ -91,6 +91,7 @@ pub fn counters(a: CountersArgs) -> Result<()> {
             let opts = CollectOptions {
                 perfquery: a.perfquery.clone(),
                 extra_args: extra,
+                env: Vec::new(),
                 extended: !a.basic_only,
                 reset: a.reset,
                 timeout: Duration::from_millis(a.timeout_ms),

@@ -26,6 +26,8 @@ pub struct CollectOptions {
     pub perfquery: PathBuf,
     /// Arguments before the others (`-C mlx5_0 -P 1`: which local port).
     pub extra_args: Vec<String>,
+    /// Environment for perfquery (ibsim's `LD_PRELOAD`, `IBSIM_SOCKNAME`).
+    pub env: Vec<(String, String)>,
     /// Also read the extended (64-bit) counters.
     pub extended: bool,
     /// Clear the counters after reading them (`perfquery -r`).
@@ -41,6 +43,7 @@ impl Default for CollectOptions {
         CollectOptions {
             perfquery: PathBuf::from("perfquery"),
             extra_args: Vec::new(),
+            env: Vec::new(),
             extended: true,
             reset: false,
             timeout: Duration::from_secs(10),
@@ -61,6 +64,7 @@ fn run(opts: &CollectOptions, args: &[String]) -> std::result::Result<String, St
     let mut cmd = Command::new(&opts.perfquery);
     cmd.args(&opts.extra_args)
         .args(args)
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -101,6 +105,7 @@ fn run(opts: &CollectOptions, args: &[String]) -> std::result::Result<String, St
 fn version(opts: &CollectOptions) -> String {
     match Command::new(&opts.perfquery)
         .arg("-V")
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .output()
     {

@@ -92,7 +92,7 @@ fn waiting(s: &mut String, d: &Diagnosis) {
         }
     }
     if !d.shared_links.is_empty() {
-        let _ = writeln!(s, "shared links, most blamed first:");
+        let _ = writeln!(s, "links the shift overloads, most waited on first:");
         for l in &d.shared_links {
             let steps: Vec<String> = l.steps.iter().take(8).map(usize::to_string).collect();
             let pairs: Vec<String> = l
@@ -103,14 +103,14 @@ fn waiting(s: &mut String, d: &Diagnosis) {
                 .collect();
             let _ = writeln!(
                 s,
-                "  {}: {} conflicts in {} steps ({}{}), ranks {}; waiting on it {:.3}, utilisation {}",
+                "  {}: {} conflicts in {} steps ({}{}), ranks {}; {} of the waiting, utilisation {}",
                 l.link,
                 l.conflicts,
                 l.steps_shared,
                 steps.join(", "),
                 if l.steps_shared > steps.len() { ", ..." } else { "" },
                 pairs.join(", "),
-                l.blame,
+                if total > 0.0 { pct(l.blame / total) } else { "-".into() },
                 l.utilisation.map_or("-".into(), pct)
             );
         }
