@@ -450,13 +450,31 @@ fn plot(d: &diag::Diagnosis, prefix: &Path) -> Result<()> {
         })
         .collect();
     let title = format!("{}: waiting for credits per cable", d.topology);
-    let legend =
-        format!(
-        "colour: share of time waiting (green 0, red 50% or more); width: utilisation; blue: {}",
-        if d.drawing.highlight.is_empty() { "-" } else { d.drawing.highlight.as_str() }
-    );
-    for p in evb_plot::fabric_map(&prefix.with_extension(""), &title, &legend, &nodes, &links)? {
+    let legend = map_legend(&d.drawing);
+    let routes: Vec<Vec<usize>> = d.drawing.routes.iter().map(|r| r.nodes.clone()).collect();
+    let map = evb_plot::FabricMap {
+        title: &title,
+        legend: &legend,
+        nodes: &nodes,
+        links: &links,
+        routes: &routes,
+    };
+    for p in evb_plot::fabric_map(&prefix.with_extension(""), &map)? {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// What the map's colours mean, and which remedy and routes it marks.
+fn map_legend(d: &diag::drawing::Drawing) -> String {
+    let mut s =
+        "colour: share of time waiting (green 0, red 50% or more); width: utilisation".to_string();
+    if !d.highlight.is_empty() {
+        s += &format!("\nblue: {}", d.highlight);
+    }
+    if !d.routes.is_empty() {
+        let labels: Vec<&str> = d.routes.iter().map(|r| r.label.as_str()).collect();
+        s += &format!("\npurple: {} sharing {}", labels.join(", "), d.routes_share);
+    }
+    s
 }

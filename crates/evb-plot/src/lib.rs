@@ -228,56 +228,31 @@ pub struct MapLink {
     pub highlight: bool,
 }
 
+/// What a fabric map shows: its nodes and cables, and routes (node
+/// indices) drawn over them in purple.
+pub struct FabricMap<'a> {
+    pub title: &'a str,
+    pub legend: &'a str,
+    pub nodes: &'a [MapNode],
+    pub links: &'a [MapLink],
+    pub routes: &'a [Vec<usize>],
+}
+
 /// A fabric drawn level by level with its cables coloured by `heat`:
 /// writes `base.svg` and `base.png`.
-pub fn fabric_map(
-    base: &Path,
-    title: &str,
-    legend: &str,
-    nodes: &[MapNode],
-    links: &[MapLink],
-) -> Result<[PathBuf; 2], PlotError> {
-    if nodes.is_empty() {
+pub fn fabric_map(base: &Path, map: &FabricMap) -> Result<[PathBuf; 2], PlotError> {
+    if map.nodes.is_empty() {
         return Err(PlotError::Empty("a fabric map needs nodes"));
     }
-    render(
-        base,
-        (1200, 700),
-        &FabricMap {
-            title,
-            legend,
-            nodes,
-            links,
-        },
-    )
+    render(base, (1200, 700), map)
 }
 
 /// [`fabric_map`] as an SVG document in a string.
-pub fn fabric_map_svg(
-    title: &str,
-    legend: &str,
-    nodes: &[MapNode],
-    links: &[MapLink],
-) -> Result<String, PlotError> {
-    if nodes.is_empty() {
+pub fn fabric_map_svg(map: &FabricMap) -> Result<String, PlotError> {
+    if map.nodes.is_empty() {
         return Err(PlotError::Empty("a fabric map needs nodes"));
     }
-    render_svg_string(
-        (1200, 700),
-        &FabricMap {
-            title,
-            legend,
-            nodes,
-            links,
-        },
-    )
-}
-
-struct FabricMap<'a> {
-    title: &'a str,
-    legend: &'a str,
-    nodes: &'a [MapNode],
-    links: &'a [MapLink],
+    render_svg_string((1200, 700), map)
 }
 
 /// Green (0) through yellow to red (1).
@@ -307,16 +282,18 @@ impl Picture for FabricMap<'_> {
             ("sans-serif", 22).into_font(),
         ))
         .map_err(e)?;
-        area.draw(&Text::new(
-            self.legend,
-            (15, h as i32 - 25),
-            ("sans-serif", 14).into_font(),
-        ))
-        .map_err(e)?;
+        // The legend's lines, the last at the bottom.
+        let legend: Vec<&str> = self.legend.lines().collect();
+        for (i, line) in legend.iter().enumerate() {
+            let y = h as i32 - 25 - 18 * (legend.len() - 1 - i) as i32;
+            area.draw(&Text::new(*line, (15, y), ("sans-serif", 14).into_font()))
+                .map_err(e)?;
+        }
+        let bottom = 52.0 + 18.0 * legend.len() as f64;
         let top = self.nodes.iter().map(|n| n.level).max().unwrap_or(0).max(1);
         let at = |n: &MapNode| -> (i32, i32) {
             let x = 40.0 + n.x.clamp(0.0, 1.0) * (w - 80.0);
-            let y = h - 70.0 - f64::from(n.level) / f64::from(top) * (h - 140.0);
+            let y = h - bottom - f64::from(n.level) / f64::from(top) * (h - bottom - 70.0);
             (x as i32, y as i32)
         };
         for l in self.links.iter().filter(|l| l.highlight) {
@@ -337,6 +314,23 @@ impl Picture for FabricMap<'_> {
             area.draw(&PathElement::new(
                 vec![at(a), at(b)],
                 heat_colour(l.heat).stroke_width(width),
+            ))
+            .map_err(e)?;
+        }
+        // Routes, each a little apart from the others so that they show.
+        for (k, r) in self.routes.iter().enumerate() {
+            let dx = 3 * (k as i32) - 4;
+            let pts: Vec<(i32, i32)> = r
+                .iter()
+                .filter_map(|&i| self.nodes.get(i))
+                .map(|n| {
+                    let (x, y) = at(n);
+                    (x + dx, y)
+                })
+                .collect();
+            area.draw(&PathElement::new(
+                pts,
+                RGBColor(140, 40, 190).stroke_width(2),
             ))
             .map_err(e)?;
         }

@@ -128,14 +128,37 @@ fn map(input: &Input) -> Result<String> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let legend = format!(
-        "colour: time waiting (green 0, red 50 % or more); width: utilisation; blue: {}",
+    let mut routes = Vec::new();
+    let mut labels = Vec::new();
+    for r in d.get("routes").opt_array()? {
+        let hops = r
+            .get("nodes")
+            .array()?
+            .iter()
+            .map(|n| n.u64().map(|i| i as usize))
+            .collect::<Result<Vec<_>>>()?;
+        routes.push(hops);
+        labels.push(r.get("label").str()?.to_string());
+    }
+    let mut legend = format!(
+        "colour: time waiting (green 0, red 50 % or more); width: utilisation\nblue: {}",
         d.get("highlight").str()?
     );
-    figure(
-        input.file,
-        evb_plot::fabric_map_svg("Waiting for credits per cable", &legend, &nodes, &links),
-    )
+    if !labels.is_empty() {
+        legend += &format!(
+            "\npurple: {} sharing {}",
+            labels.join(", "),
+            d.get("routes_share").str()?
+        );
+    }
+    let map = evb_plot::FabricMap {
+        title: "Waiting for credits per cable",
+        legend: &legend,
+        nodes: &nodes,
+        links: &links,
+        routes: &routes,
+    };
+    figure(input.file, evb_plot::fabric_map_svg(&map))
 }
 
 fn remedies(root: &At) -> Result<String> {

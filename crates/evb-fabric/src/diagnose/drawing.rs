@@ -2,7 +2,8 @@
 //! level (leaves at the bottom, the hosts of each leaf as one mark under
 //! it), each cable coloured by the larger waiting share of its two
 //! directions and as thick as its busier direction is used, the shared
-//! links of the shift marked, the ports of the best remedy highlighted.
+//! links of the shift marked, the ports of the best remedy highlighted,
+//! and the routes of the rank pairs that share the most waited-on link.
 //! Only data here: `evb-plot` draws it.
 
 use super::explain::SharedLink;
@@ -39,6 +40,14 @@ pub struct DrawLink {
     pub highlight: bool,
 }
 
+/// A route through the drawing: the nodes a flow crosses.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrawRoute {
+    /// `ranks 3 -> 7 (step 4)`.
+    pub label: String,
+    pub nodes: Vec<usize>,
+}
+
 /// The drawing.
 #[derive(Debug, Clone, Serialize)]
 pub struct Drawing {
@@ -46,14 +55,20 @@ pub struct Drawing {
     pub links: Vec<DrawLink>,
     /// What the highlight marks.
     pub highlight: String,
+    /// Routes of the flows that share the most waited-on link, and that
+    /// link.
+    pub routes: Vec<DrawRoute>,
+    pub routes_share: String,
 }
 
-/// Draws `topo`, its cables carrying the figures of `links` and `shared`.
+/// Draws `topo`, its cables carrying the figures of `links` and `shared`,
+/// and `routes` (a label and the fabric nodes a flow crosses).
 pub fn draw(
     topo: &Topology,
     links: &[LinkFigures],
     shared: &[SharedLink],
     best: Option<&Remedy>,
+    routes: &[(String, Vec<usize>)],
 ) -> Drawing {
     let h = switch_heights(topo);
     // One drawing node per switch, and per leaf one for its hosts.
@@ -92,12 +107,31 @@ pub fn draw(
         .map(|r| r.ports.iter().cloned().collect())
         .unwrap_or_default();
     let links = cables(topo, links, shared, &at, &host_group, &highlight);
+    // A host is drawn as its leaf's host group.
+    let place = |n: usize| -> Option<usize> {
+        if topo.nodes[n].is_switch() {
+            at.get(&n).copied()
+        } else {
+            host_group.get(&topo.leaf_of(n)?).copied()
+        }
+    };
+    let routes = routes
+        .iter()
+        .filter_map(|(label, path)| {
+            Some(DrawRoute {
+                label: label.clone(),
+                nodes: path.iter().map(|&n| place(n)).collect::<Option<Vec<_>>>()?,
+            })
+        })
+        .collect();
     Drawing {
         nodes,
         links,
         highlight: best.map_or(String::new(), |r| {
             format!("{}: {}", r.kind, r.ports.join(", "))
         }),
+        routes,
+        routes_share: shared.first().map_or(String::new(), |s| s.link.clone()),
     }
 }
 

@@ -174,6 +174,7 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
         local_nic: opts.local_nic,
         search: opts.search,
         nominal,
+        ftree_order: crate::optimize::order_ftree(topo).ok(),
     };
     let base = Variant {
         topo: topo.clone(),
@@ -184,23 +185,7 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
     };
     let base_effect = effect(&base, nominal)?;
     let mut rems = build_remedies(&cur, &found, &mut notes)?;
-    for r in &mut rems {
-        if let Some(v) = &r.variant {
-            let e = effect(v, nominal)?;
-            (r.relieves, r.relieves_wait) = remedies::relieved(&base_effect, &e, &attr.shared);
-            r.conflicts = e.conflicts;
-            r.estimated_gbps_per_node = e.estimated_gbps_per_node;
-        } else {
-            r.conflicts = base_effect.conflicts;
-            r.estimated_gbps_per_node = base_effect.estimated_gbps_per_node;
-        }
-    }
-    // A workaround that changes nothing for the shift is no remedy.
-    rems.retain(|r| {
-        r.is_repair()
-            || r.conflicts < base_effect.conflicts
-            || r.estimated_gbps_per_node > base_effect.estimated_gbps_per_node * 1.005
-    });
+    evaluate(&mut rems, &base_effect, &attr.shared, nominal)?;
     explain_findings(&mut found, &rems, &attr.shared);
     address(&found, &mut rems);
     remedies::rank(&mut rems, REPAIR_TOLERANCE);
@@ -211,7 +196,8 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
         notes.extend(unexplained_note(&attr));
     }
     let hot_ports = hot_ports(topo, &links, &attr, opts);
-    let drawing = drawing::draw(topo, &links, &attr.shared, rems.first());
+    let routes = top_routes(topo, input.lfts, &input.order, attr.shared.first())?;
+    let drawing = drawing::draw(topo, &links, &attr.shared, rems.first(), &routes);
     Ok(Diagnosis {
         kind: KIND,
         topology: input.topology.clone(),
@@ -250,6 +236,47 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
     })
 }
 
+/// Each remedy's effect on the shift (side by side), the overloaded links
+/// it relieves; a workaround that changes nothing for the shift is
+/// dropped.
+fn evaluate(
+    rems: &mut Vec<Remedy>,
+    base_effect: &remedies::Effect,
+    shared: &[SharedLink],
+    nominal: f64,
+) -> Result<()> {
+    let effects: Vec<Option<Result<remedies::Effect>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = rems
+            .iter()
+            .map(|r| {
+                r.variant
+                    .as_ref()
+                    .map(|v| s.spawn(move || effect(v, nominal)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.map(|h| h.join().expect("an effect panicked")))
+            .collect()
+    });
+    for (r, e) in rems.iter_mut().zip(effects) {
+        let e = match e {
+            Some(e) => e?,
+            None => base_effect.clone(),
+        };
+        if r.variant.is_some() {
+            (r.relieves, r.relieves_wait) = remedies::relieved(base_effect, &e, shared);
+        }
+        r.conflicts = e.conflicts;
+        r.estimated_gbps_per_node = e.estimated_gbps_per_node;
+    }
+    rems.retain(|r| {
+        r.is_repair()
+            || r.conflicts < base_effect.conflicts
+            || r.estimated_gbps_per_node > base_effect.estimated_gbps_per_node * 1.005
+    });
+    Ok(())
+}
+
 /// Every remedy: each finding's repair, `check-cable` for cables with
 /// errors, then the workarounds (order, routes, schedule).
 fn build_remedies(
@@ -278,8 +305,18 @@ fn build_remedies(
         ("routes", remedies::routes),
         ("schedule", remedies::schedule),
     ];
-    for (name, build) in software {
-        match build(cur) {
+    // Each builds and evaluates a fabric of its own: side by side.
+    let built: Vec<(&str, Result<Option<Remedy>>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = software
+            .iter()
+            .map(|&(name, build)| (name, s.spawn(move || build(cur))))
+            .collect();
+        hs.into_iter()
+            .map(|(name, h)| (name, h.join().expect("a remedy builder panicked")))
+            .collect()
+    });
+    for (name, r) in built {
+        match r {
             Ok(Some(r)) => rems.push(r),
             Ok(None) => {}
             Err(e) => notes.push(format!("remedy {name} left out: {e}")),
@@ -377,6 +414,40 @@ impl Diagnosis {
     pub fn rank(&mut self) {
         remedies::rank(&mut self.remedies, REPAIR_TOLERANCE);
     }
+}
+
+/// The routes (fabric nodes crossed) of the rank pairs that share `top`
+/// in its first shared step.
+fn top_routes(
+    topo: &Topology,
+    lfts: &Lfts,
+    order: &[usize],
+    top: Option<&SharedLink>,
+) -> Result<Vec<(String, Vec<usize>)>> {
+    let Some(top) = top else {
+        return Ok(Vec::new());
+    };
+    let (offsets, _) = topo.port_offsets();
+    let n = order.len();
+    let step = top.steps.first().copied().unwrap_or(0);
+    let mut out = Vec::new();
+    let mut path = Vec::new();
+    for p in top
+        .pairs
+        .iter()
+        .filter(|p| (p[0] + step) % n == p[1])
+        .take(4)
+    {
+        path.clear();
+        crate::lft::trace(topo, lfts, &offsets, order[p[0]], order[p[1]], &mut path)?;
+        let mut nodes = vec![order[p[0]]];
+        for &l in &path {
+            let (node, port) = crate::lft::link_of(&offsets, l);
+            nodes.extend(topo.nodes[node].ports[port as usize].map(|r| r.node));
+        }
+        out.push((format!("ranks {} -> {} (step {step})", p[0], p[1]), nodes));
+    }
+    Ok(out)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

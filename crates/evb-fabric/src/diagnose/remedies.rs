@@ -227,6 +227,9 @@ pub struct Current<'a> {
     pub search: Duration,
     /// The hosts' usual rate ([`nominal_gbps`]).
     pub nominal: f64,
+    /// The ftree engine's CA order, if it routes this fabric (computed
+    /// once: routing a large fabric takes a while).
+    pub ftree_order: Option<Vec<usize>>,
 }
 
 impl Current<'_> {
@@ -309,25 +312,54 @@ pub fn repair(cur: &Current, f: &Finding, index: usize) -> Result<Option<Remedy>
 }
 
 /// The rank order with fewest conflicts on the tables as they are: the
-/// ftree engine's CA order, else one searched for (`search` long).
+/// best of the name, LID, leaf and ftree CA orders, then searched for
+/// (`search` long; none without a search budget).
 pub fn hostfile(cur: &Current) -> Result<Option<Remedy>> {
+    use crate::optimize::{order_by_leaf, order_by_lid, order_by_name};
     let n = cur.order.len();
     let steps: Vec<usize> = (1..n).collect();
-    let (order, rep) = crate::optimize::optimize_order(cur.topo, cur.lfts, &steps, cur.search, 1)?;
-    if order.len() != n || order == cur.order {
+    let mut cands: Vec<(String, Vec<usize>)> = vec![
+        ("name".into(), order_by_name(cur.topo)),
+        ("lid".into(), order_by_lid(cur.topo)),
+        ("leaf".into(), order_by_leaf(cur.topo)),
+    ];
+    if let Some(o) = &cur.ftree_order {
+        cands.push(("ftree".into(), o.clone()));
+    }
+    cands.retain(|c| c.1.len() == n);
+    let (order, what) = if cur.search.is_zero() {
+        let mut best: Option<(u64, String, Vec<usize>)> = None;
+        for (name, o) in cands {
+            let c = analyze(cur.topo, cur.lfts, &o, &steps, 0)?.total.conflicts;
+            if best.as_ref().is_none_or(|b| c < b.0) {
+                best = Some((c, name, o));
+            }
+        }
+        let Some((c, name, o)) = best else {
+            return Ok(None);
+        };
+        (
+            o,
+            format!("the {name} order ({c} conflicts on these tables)"),
+        )
+    } else {
+        let (o, rep) =
+            crate::optimize::optimize_order_from(cur.topo, cur.lfts, &steps, cands, cur.search, 1)?;
+        let what = format!(
+            "a rank order searched from the {} order ({} conflicts on these tables, from {})",
+            rep.start, rep.conflicts, rep.start_conflicts
+        );
+        (o, what)
+    };
+    if order == cur.order {
         return Ok(None);
     }
     let mut v = cur.variant(cur.lfts.clone(), "the same tables");
     v.order = order;
-    let mut rem = Remedy::new(
-        "hostfile",
-        format!(
-            "rank order from {} ({} conflicts on these tables, from {} of the {} start)",
-            rep.start, rep.conflicts, rep.start_conflicts, rep.start
-        ),
-        Some(v),
-    );
-    rem.apply = "start the ranks in the hostfile's order (mpirun --hostfile, srun --distribution=arbitrary)".into();
+    let mut rem = Remedy::new("hostfile", format!("ranks in {what}"), Some(v));
+    rem.apply =
+        "start the ranks in the order of FILE (mpirun --hostfile, srun --distribution=arbitrary)"
+            .into();
     Ok(Some(rem))
 }
 
@@ -354,13 +386,14 @@ pub fn routes(cur: &Current) -> Result<Option<Remedy>> {
 /// host), whichever the estimate prefers.
 pub fn schedule(cur: &Current) -> Result<Option<Remedy>> {
     let mut cands = vec![(cur.order.to_vec(), cur.order_spec.to_string())];
-    if let Ok(o) = crate::optimize::order_ftree(cur.topo) {
+    if let Some(o) = &cur.ftree_order {
         // Also when it is the current order: the positions come with it.
         if o.len() == cur.order.len() && cur.order_spec != "ftree" {
-            cands.push((o, "ftree".to_string()));
+            cands.push((o.clone(), "ftree".to_string()));
         }
     }
-    let mut best: Option<(f64, Remedy)> = None;
+    // Fewest slots a rotation: the slots of either carry no conflict.
+    let mut best: Option<(usize, Remedy)> = None;
     for (order, spec) in cands {
         let chosen = choose(cur.topo, cur.lfts, &order, &spec, cur.local_nic, false)?;
         let s = chosen.aware;
@@ -373,10 +406,10 @@ pub fn schedule(cur: &Current) -> Result<Option<Remedy>> {
             s.ranks,
             s.flows_moved
         );
+        let slots = s.slots.len();
         let mut v = cur.variant(cur.lfts.clone(), "the same tables");
         v.order = order;
         v.schedule = Some(s);
-        let e = effect(&v, cur.nominal)?.estimated_gbps_per_node;
         let mut rem = Remedy::new("schedule", what, Some(v));
         rem.apply = format!(
             "event_builder.schedule = \"slotted\", event_builder.schedule_file = FILE{}",
@@ -386,8 +419,8 @@ pub fn schedule(cur: &Current) -> Result<Option<Remedy>> {
                 " (same rank order)"
             }
         );
-        if best.as_ref().is_none_or(|b| e > b.0 + 1e-9) {
-            best = Some((e, rem));
+        if best.as_ref().is_none_or(|b| slots < b.0) {
+            best = Some((slots, rem));
         }
     }
     Ok(best.map(|b| b.1))
