@@ -218,6 +218,10 @@ pub struct DiagnoseArgs {
     /// Shared links and hot ports listed.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// A run of the event builder on this fabric (`evb run --json`): its
+    /// slow steps and the links they overload (same --order as the run).
+    #[arg(long, value_name = "RUN.json")]
+    run: Option<PathBuf>,
 }
 
 /// `evb fabric diagnose`.
@@ -255,6 +259,10 @@ pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
         order_spec: a.order.clone(),
         a: earlier,
         b: later,
+        run_steps: match &a.run {
+            Some(p) => run_steps(p)?,
+            None => Vec::new(),
+        },
     };
     let opts = diag::Options {
         hot_wait: a.hot_wait,
@@ -477,4 +485,32 @@ fn map_legend(d: &diag::drawing::Drawing) -> String {
         s += &format!("\npurple: {} sharing {}", labels.join(", "), d.routes_share);
     }
     s
+}
+
+/// The per-step rates of a run (`summary.steps` of `evb run --json`).
+fn run_steps(path: &Path) -> Result<Vec<(usize, f64)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    if v["kind"] != "evb-run" {
+        bail!("{}: not an `evb run --json` file", path.display());
+    }
+    let Some(steps) = v["summary"]["steps"].as_array() else {
+        bail!(
+            "{}: no summary.steps (a run of an older evb, or one whose RUs shipped nothing)",
+            path.display()
+        );
+    };
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match (s["step"].as_u64(), s["gbps"].as_f64()) {
+            (Some(step), Some(g)) => Ok((step as usize, g)),
+            _ => bail!(
+                "{}: summary.steps[{i}]: needs `step` and `gbps`",
+                path.display()
+            ),
+        })
+        .collect()
 }

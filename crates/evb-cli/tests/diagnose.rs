@@ -117,6 +117,7 @@ fn run_and_diagnose(topo: &Topology, seed: u64) -> Diagnosis {
         order_spec: "name".into(),
         a: None,
         b: &placed,
+        run_steps: Vec::new(),
     };
     let opts = Options {
         search: Duration::from_millis(20),
@@ -308,6 +309,7 @@ fn commands_diagnose_a_swapped_cable_back_to_it() {
         files.iter().all(|f| Path::new(f).exists()) && !files.is_empty(),
         "{files:?}"
     );
+    slow_step_of_a_run(d, &ibnd, &snap, &v);
     let html = d.join("report.html");
     evb(&["report", &s(&out), "-o", &s(&html)]);
     let page = std::fs::read_to_string(&html).unwrap();
@@ -327,4 +329,52 @@ fn evb(args: &[&str]) -> String {
     );
     assert!(out.status.success(), "evb {args:?} failed:\n{o}\n{e}");
     o
+}
+
+/// `--run`: a run whose step S was slow (S: a step the most waited-on link
+/// is overloaded in) is told with the links S overloads, that one among
+/// them.
+fn slow_step_of_a_run(d: &Path, ibnd: &Path, snap: &Path, v: &serde_json::Value) {
+    let top = &v["shared_links"][0];
+    let slow = top["steps"][0].as_u64().unwrap();
+    let steps: Vec<serde_json::Value> = (1..32u64)
+        .map(|s| serde_json::json!({"step": s, "gbps": if s == slow { 40.0 } else { 90.0 }}))
+        .collect();
+    let run = d.join("run.json");
+    let text = serde_json::json!({"kind": "evb-run", "summary": {"steps": steps}});
+    std::fs::write(&run, text.to_string()).unwrap();
+    let out = d.join("diag-run.json");
+    let s = |p: &Path| p.display().to_string();
+    evb(&[
+        "fabric",
+        "diagnose",
+        "--topology",
+        &s(ibnd),
+        "--counters",
+        &s(snap),
+        "--predict",
+        "estimate",
+        "--search-s",
+        "0",
+        "--run",
+        &s(&run),
+        "--json",
+        &s(&out),
+    ]);
+    let w: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let listed = w["slow_steps"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["step"].as_u64(), Some(slow));
+    let links: Vec<&str> = listed[0]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l[0].as_str().unwrap())
+        .collect();
+    assert!(
+        links.contains(&top["link"].as_str().unwrap()),
+        "{links:?} lacks {}",
+        top["link"]
+    );
 }

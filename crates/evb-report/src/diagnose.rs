@@ -82,6 +82,7 @@ pub(crate) fn section(input: &Input) -> Result<String> {
     out.push_str(&remedies(root)?);
     out.push_str("<h3>Findings</h3>\n");
     out.push_str(&findings(root)?);
+    out.push_str(&slow_steps(root)?);
     out.push_str("<h3>Links the shift overloads, most waited on first</h3>\n");
     out.push_str(&shared(root)?);
     for n in root.get("notes").opt_array()? {
@@ -322,5 +323,42 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
             "predicted after it",
         ],
         &rows,
+    ))
+}
+
+/// The run's slow steps (`--run`), each with the links it overloads.
+fn slow_steps(root: &At) -> Result<String> {
+    let steps = root.get("slow_steps").opt_array()?;
+    if steps.is_empty() {
+        return Ok(String::new());
+    }
+    let mut rows = Vec::new();
+    for st in &steps {
+        let links: Vec<String> = st
+            .get("links")
+            .array()?
+            .iter()
+            .take(6)
+            .map(|l| {
+                let pair = l.array()?;
+                match pair.as_slice() {
+                    [name, flows] => Ok(format!("{} ({} flows)", name.str()?, flows.u64()?)),
+                    _ => Err(l.error("expected a link and its flows")),
+                }
+            })
+            .collect::<Result<_>>()?;
+        rows.push(vec![
+            Cell::num(st.get("step").u64()?.to_string()),
+            Cell::num(format!("{:.1}", st.get("gbps").f64()?)),
+            Cell::num(format!("{:.1}", st.get("median_gbps").f64()?)),
+            Cell::new(links.join(", ")),
+        ]);
+    }
+    Ok(format!(
+        "<h3>Slow steps of the run</h3>\n{}",
+        table(
+            &["step", "Gb/s", "median Gb/s", "links it overloads"],
+            &rows
+        )
     ))
 }

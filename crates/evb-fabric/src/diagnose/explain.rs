@@ -165,6 +165,37 @@ pub fn attribute(
     Ok(blame(&wait, &flows, &free, on, shared, links, &offsets))
 }
 
+/// The links step `s` of the shift of `order` overloads, with their loads
+/// (most loaded first).
+pub fn overloaded_in_step(
+    topo: &Topology,
+    lfts: &Lfts,
+    order: &[usize],
+    s: usize,
+    nominal: f64,
+) -> Result<Vec<(String, u32)>> {
+    let (offsets, nlinks) = topo.port_offsets();
+    let mut st = Step {
+        load: vec![0; nlinks],
+        touched: Vec::new(),
+        paths: Vec::new(),
+        starts: Vec::new(),
+        need: link_rates(topo, nominal)
+            .iter()
+            .map(|r| nominal / r)
+            .collect(),
+    };
+    trace_step(topo, lfts, &offsets, order, s, &mut st)?;
+    let mut out: Vec<(String, u32)> = st
+        .touched
+        .iter()
+        .filter(|&&l| st.overloaded(l))
+        .map(|&l| (new_shared(topo, &offsets, l).link, st.load[l as usize]))
+        .collect();
+    out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(out)
+}
+
 /// Traces every flow of step `s` and loads the links.
 fn trace_step(
     topo: &Topology,

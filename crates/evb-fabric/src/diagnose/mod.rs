@@ -81,6 +81,20 @@ pub struct Input<'a> {
     /// The earlier snapshot (none: the later one counts from a clearing).
     pub a: Option<&'a Placed>,
     pub b: &'a Placed,
+    /// The run's measured rate per step of the shift (`evb run --json`'s
+    /// `summary.steps`: step, Gb/s), if given.
+    pub run_steps: Vec<(usize, f64)>,
+}
+
+/// A step of the run slower than most, and the links it overloads.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlowStep {
+    pub step: usize,
+    pub gbps: f64,
+    /// The median over the run's steps.
+    pub median_gbps: f64,
+    /// Links the step overloads, and their loads (flows).
+    pub links: Vec<(String, u32)>,
 }
 
 /// What the counters say in a few figures.
@@ -134,6 +148,9 @@ pub struct Diagnosis {
     pub xmit_wait_tick: String,
     pub measured: Measured,
     pub hot_ports: Vec<HotPort>,
+    /// Steps of the run (`--run`) below 85 % of its median rate.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slow_steps: Vec<SlowStep>,
     /// The most blamed shared links, and how many the shift has.
     pub shared_links: Vec<SharedLink>,
     pub shared_links_total: usize,
@@ -215,6 +232,7 @@ pub fn diagnose(input: &Input, opts: &Options) -> Result<Diagnosis> {
         xmit_wait_tick: tick,
         measured,
         hot_ports,
+        slow_steps: slow_steps(input, nominal)?,
         shared_links_total: attr.shared.len(),
         shared_links: attr.shared.iter().take(opts.top).cloned().collect(),
         explained_wait: attr.explained_wait,
@@ -448,6 +466,33 @@ fn top_routes(
         out.push((format!("ranks {} -> {} (step {step})", p[0], p[1]), nodes));
     }
     Ok(out)
+}
+
+/// The run's steps below 85 % of its median rate (the ten slowest), each
+/// with the links it overloads.
+fn slow_steps(input: &Input, nominal: f64) -> Result<Vec<SlowStep>> {
+    let median_gbps = median(input.run_steps.iter().map(|s| s.1).collect());
+    let n = input.order.len();
+    let mut slow: Vec<(usize, f64)> = input
+        .run_steps
+        .iter()
+        .copied()
+        .filter(|&(s, g)| s > 0 && s < n && g < 0.85 * median_gbps)
+        .collect();
+    slow.sort_by(|a, b| a.1.total_cmp(&b.1));
+    slow.truncate(10);
+    slow.into_iter()
+        .map(|(step, gbps)| {
+            let links =
+                explain::overloaded_in_step(input.topo, input.lfts, &input.order, step, nominal)?;
+            Ok(SlowStep {
+                step,
+                gbps,
+                median_gbps,
+                links,
+            })
+        })
+        .collect()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -91,6 +91,26 @@ fn waiting(s: &mut String, d: &Diagnosis) {
             let _ = writeln!(s, "  {} waits {}{on}", h.link, pct(h.wait));
         }
     }
+    for st in &d.slow_steps {
+        let links: Vec<String> = st
+            .links
+            .iter()
+            .take(4)
+            .map(|(l, c)| format!("{l} ({c} flows)"))
+            .collect();
+        let _ = writeln!(
+            s,
+            "slow step {} in the run: {:.1} Gb/s against a median of {:.1}; it overloads {}",
+            st.step,
+            st.gbps,
+            st.median_gbps,
+            if links.is_empty() {
+                "no link (on these tables and this order)".to_string()
+            } else {
+                links.join(", ")
+            }
+        );
+    }
     if !d.shared_links.is_empty() {
         let _ = writeln!(s, "links the shift overloads, most waited on first:");
         for l in &d.shared_links {
