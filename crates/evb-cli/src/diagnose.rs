@@ -17,6 +17,8 @@ use evb_fabric::diagnose as diag;
 use evb_fabric::io;
 use evb_fabric::setup;
 
+use crate::fabric::{Naming, Tables};
+
 /// Arguments of `evb fabric counters`.
 #[derive(Debug, Args)]
 pub struct CountersArgs {
@@ -24,9 +26,8 @@ pub struct CountersArgs {
     /// live fabric).
     #[arg(long)]
     topology: String,
-    /// GUID-to-host-name map (as the other `evb fabric` commands).
-    #[arg(long = "names")]
-    names: Option<PathBuf>,
+    #[command(flatten)]
+    naming: Naming,
     /// The snapshot to write.
     #[arg(long)]
     out: PathBuf,
@@ -62,7 +63,7 @@ pub struct CountersArgs {
 
 /// `evb fabric counters`.
 pub fn counters(a: CountersArgs) -> Result<()> {
-    let (topo, notes) = setup::load_named(&a.topology, a.names.as_deref())?;
+    let (topo, notes) = setup::load_named(&a.topology, a.naming.names.as_deref())?;
     print_notes(&notes);
     let t0 = std::time::Instant::now();
     let (snap, notes, what) = match &a.from {
@@ -159,20 +160,11 @@ pub struct DiagnoseArgs {
     /// The fabric: ibnetdiscover output (or a fat-tree: generator).
     #[arg(long)]
     topology: String,
-    /// GUID-to-host-name map.
-    #[arg(long = "names")]
-    names: Option<PathBuf>,
-    /// The forwarding tables the fabric ran with (opensm-lfts.dump or
-    /// dump_lfts output); without them, --routing as OpenSM would.
-    #[arg(long, conflicts_with = "routing")]
-    lfts: Option<PathBuf>,
-    /// Routing engine: of the fabric when no --lfts, and the one OpenSM
-    /// routes a repaired fabric with (default ftree).
-    #[arg(long)]
-    routing: Option<String>,
-    /// Refuse a fabric the engine cannot route (no fallback to minhop).
-    #[arg(long)]
-    strict: bool,
+    #[command(flatten)]
+    naming: Naming,
+    /// The tables the fabric ran with (--lfts), or how OpenSM routes it.
+    #[command(flatten)]
+    tables: Tables,
     /// Counter snapshots: EARLIER LATER, or one that counts from a
     /// clearing (evb sim --counters). evb snapshots, perfquery output,
     /// ibdiagnet2.pm or ibdiagnet2.db_csv.
@@ -185,8 +177,9 @@ pub struct DiagnoseArgs {
     /// Write the diagnosis as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Draw the fabric with its hot links (.svg or .png; repeatable).
-    #[arg(long)]
+    /// Draw the fabric with its hot links and the routes of the most
+    /// waited-on link's pairs: PREFIX.svg and PREFIX.png (repeatable).
+    #[arg(long, value_name = "PREFIX")]
     plot: Vec<PathBuf>,
     /// Keep the remedies' files here: hostfile, tables for OpenSM, slot schedule.
     #[arg(long)]
@@ -229,10 +222,10 @@ pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let loaded = setup::FabricSource {
         topology: a.topology.clone(),
-        names: a.names.clone(),
-        lfts: a.lfts.clone(),
-        routing: a.routing.clone(),
-        strict: a.strict,
+        names: a.naming.names.clone(),
+        lfts: a.tables.lfts.clone(),
+        routing: a.tables.routing.clone(),
+        strict: a.tables.strict,
         ..Default::default()
     }
     .load()?;
@@ -268,7 +261,7 @@ pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
         hot_wait: a.hot_wait,
         top: a.top,
         search: Duration::from_secs_f64(a.search_s.max(0.0)),
-        routing: a.routing.clone(),
+        routing: a.tables.routing.clone(),
         local_nic: false,
         measure: diag::measure::MeasureOptions {
             tick_ns: a.xmit_wait_tick_ns,
