@@ -356,7 +356,7 @@ pub fn read_ibdiagnet_csv(path: &Path, text: &str, time_s: f64) -> Result<Read> 
         .ok_or_else(|| {
             parse_err(
                 path,
-                0,
+                text.lines().count(),
                 "no START_PM_INFO section (ibdiagnet run without port counters?)",
             )
         })?;

@@ -305,16 +305,27 @@ pub fn guid_text(g: u64) -> String {
     format!("0x{g:016x}")
 }
 
-/// The text of `path`, refused above [`MAX_FILE_BYTES`] before it is read.
+/// The text of `path`, refused above [`MAX_FILE_BYTES`] before it is read
+/// (and never more read than that, should it grow meanwhile).
 pub fn read_bounded(path: &Path) -> Result<String> {
-    let size = std::fs::metadata(path).map_err(|e| io_err(path, e))?.len();
-    if size > MAX_FILE_BYTES {
-        return Err(FabricError::Invalid(format!(
+    use std::io::Read;
+    let too_big = |size: u64| {
+        FabricError::Invalid(format!(
             "{}: {size} bytes is more than the {MAX_FILE_BYTES} a counters file may have",
             path.display()
-        )));
+        ))
+    };
+    let size = std::fs::metadata(path).map_err(|e| io_err(path, e))?.len();
+    if size > MAX_FILE_BYTES {
+        return Err(too_big(size));
     }
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| io_err(path, e))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
     String::from_utf8(bytes)
         .map_err(|e| FabricError::Invalid(format!("{}: not text: {e}", path.display())))
 }
@@ -417,6 +428,18 @@ pub enum Change {
     /// Went down and is taken as cleared in between: the amount is the
     /// later value, a lower bound.
     Reset,
+}
+
+impl Change {
+    /// `grew`, `saturated`, `wrapped`, `reset`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Grew => "grew",
+            Change::Saturated => "saturated",
+            Change::Wrapped => "wrapped",
+            Change::Reset => "reset",
+        }
+    }
 }
 
 /// The change of a counter of `bits` from `a` to `b`. A value that went

@@ -233,11 +233,7 @@ fn link_figures(
     let mut flags = Vec::new();
     let mut note = |name: &str, c: Change| {
         if c != Change::Grew {
-            flags.push(format!(
-                "{name}: {}",
-                serde_json::to_value(c)
-                    .map_or(String::new(), |v| v.as_str().unwrap_or("").to_string())
-            ));
+            flags.push(format!("{name}: {}", c.as_str()));
         }
     };
     let sent = change(
