@@ -10,7 +10,8 @@
 //!   its peers do and has no extra cable elsewhere; the free ports the
 //!   pattern puts it on are named;
 //! - **crossed host cables**: two hosts cabled to each other's leaf, seen
-//!   in the rank order (each sits among the other leaf's ranks);
+//!   in a rank order that keeps each leaf's hosts together (two leaves'
+//!   ranks have holes that exchanging one host each fills);
 //! - **degraded link**: slower than the usual rate of its tier
 //!   ([`crate::rate::degraded_links`]);
 //! - **short leaf**: fewer hosts than the fullest leaves (a missing node);
@@ -347,30 +348,55 @@ fn port_patterns(
     (majority(lower), majority(upper))
 }
 
-/// Hosts cabled to each other's leaf: in the rank order, each of the two
-/// sits in the other's leaf's run of ranks.
+/// Ranks missing between the lowest and the highest of `ranks`.
+fn holes(ranks: impl Iterator<Item = usize> + Clone) -> usize {
+    match (ranks.clone().min(), ranks.clone().max()) {
+        (Some(lo), Some(hi)) => hi - lo + 1 - ranks.count(),
+        _ => 0,
+    }
+}
+
+/// Hosts cabled to each other's leaf, seen in a rank order that keeps
+/// each leaf's hosts together (a batch scheduler's order by name, on a
+/// tree cabled in name order): two leaves whose ranks have holes, which
+/// exchanging one host each fills. Such a host is the lowest or highest
+/// rank of its leaf, so only those are tried.
 fn crossed_hosts(topo: &Topology, order: &[usize]) -> Vec<Finding> {
-    let leaf: Vec<Option<usize>> = order.iter().map(|&h| topo.leaf_of(h)).collect();
-    // The leaf most of a rank's neighbours (two each side) are on.
-    let around = |r: usize| -> Option<usize> {
-        let mut c: BTreeMap<usize, usize> = BTreeMap::new();
-        for d in [-2i64, -1, 1, 2] {
-            let j = r as i64 + d;
-            if j >= 0 && (j as usize) < order.len() {
-                if let Some(l) = leaf[j as usize] {
-                    *c.entry(l).or_default() += 1;
-                }
-            }
+    let mut ranks: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (r, &h) in order.iter().enumerate() {
+        if let Some(l) = topo.leaf_of(h) {
+            ranks.entry(l).or_default().push(r);
         }
-        let (&l, &n) = c.iter().max_by_key(|x| x.1)?;
-        (n >= 3).then_some(l)
-    };
-    let strays: Vec<(usize, usize, usize)> = (0..order.len())
-        .filter_map(|r| {
-            let (mine, there) = (leaf[r]?, around(r)?);
-            (mine != there).then_some((r, mine, there))
+    }
+    let ends: Vec<(usize, usize)> = ranks
+        .iter()
+        .filter(|(_, rs)| holes(rs.iter().copied()) > 0)
+        .flat_map(|(&l, rs)| {
+            let (lo, hi) = (rs.iter().min().copied(), rs.iter().max().copied());
+            [lo, hi].into_iter().flatten().map(move |r| (r, l))
         })
         .collect();
+    // (rank, its leaf, the leaf it belongs with), two per crossed pair.
+    let mut strays: Vec<(usize, usize, usize)> = Vec::new();
+    for (i, &(r1, l1)) in ends.iter().enumerate() {
+        for &(r2, l2) in &ends[i + 1..] {
+            if l1 == l2 {
+                continue;
+            }
+            let swapped = |mine: &Vec<usize>, out: usize, into: usize| {
+                holes(
+                    mine.iter()
+                        .copied()
+                        .filter(move |&r| r != out)
+                        .chain([into]),
+                )
+            };
+            if swapped(&ranks[&l1], r1, r2) == 0 && swapped(&ranks[&l2], r2, r1) == 0 {
+                strays.push((r1, l1, l2));
+                strays.push((r2, l2, l1));
+            }
+        }
+    }
     let mut out = Vec::new();
     let mut used = BTreeSet::new();
     for (i, &(r1, l1, t1)) in strays.iter().enumerate() {
