@@ -35,6 +35,10 @@ enum FabricCmd {
     Export(ExportArgs),
     /// Write a slot schedule for the slotted barrel (`event_builder.schedule_file`): conflicting flows moved to extra slots.
     Schedule(ScheduleArgs),
+    /// Read every port's counters (perfquery, or perfquery/ibdiagnet2 files) into one snapshot.
+    Counters(crate::diagnose::CountersArgs),
+    /// Why a fabric underperforms: counters onto links, the shift's conflicts and the cabling; remedies ranked by the rate evb sim predicts.
+    Diagnose(crate::diagnose::DiagnoseArgs),
 }
 
 #[derive(Debug, Args)]
@@ -68,11 +72,40 @@ struct ScheduleArgs {
 
 /// How nodes are named: every subcommand that reads a fabric takes it.
 #[derive(Debug, Args)]
-struct Naming {
+pub(crate) struct Naming {
     /// GUID-to-host-name map: `H-0002c90300080d28 r510gluster4` lines (also
     /// OpenSM's node-name-map form `0x0002c90300080d28 "r510gluster4"`).
     #[arg(long = "names")]
-    names: Option<PathBuf>,
+    pub(crate) names: Option<PathBuf>,
+}
+
+/// Where the forwarding tables come from.
+#[derive(Debug, Args)]
+pub(crate) struct Tables {
+    /// LFT dump (opensm-lfts.dump, or dump_lfts / ibroute output).
+    #[arg(long, conflicts_with = "routing")]
+    pub(crate) lfts: Option<PathBuf>,
+    /// Routing engine when no --lfts: ftree, minhop, updn, dfsssp, dmodk, random:SEED (default ftree; ftree, updn and dfsssp fall back to minhop where OpenSM does, unless --strict). `diagnose` also routes a repaired fabric with it.
+    #[arg(long)]
+    pub(crate) routing: Option<String>,
+    /// Refuse a fabric the routing engine cannot route instead of falling
+    /// back to minhop as OpenSM does.
+    #[arg(long)]
+    pub(crate) strict: bool,
+}
+
+/// What-if edits of a fabric, made before anything else.
+#[derive(Debug, Args)]
+pub(crate) struct Edits {
+    /// What-if: remove a host or switch by name (repeatable).
+    #[arg(long = "remove")]
+    pub(crate) remove: Vec<String>,
+    /// What-if: remove the cable at NAME:PORT (repeatable).
+    #[arg(long = "remove-link")]
+    pub(crate) remove_link: Vec<String>,
+    /// What-if: swap the far ends of two cables, A:PORT,B:PORT (repeatable).
+    #[arg(long = "swap-cables")]
+    pub(crate) swap_cables: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -82,25 +115,10 @@ struct FabricInput {
     topology: String,
     #[command(flatten)]
     naming: Naming,
-    /// LFT dump (opensm-lfts.dump, or dump_lfts / ibroute output).
-    #[arg(long, conflicts_with = "routing")]
-    lfts: Option<PathBuf>,
-    /// Routing engine when no --lfts: ftree, minhop, updn, dfsssp, dmodk, random:SEED (default ftree; ftree, updn and dfsssp fall back to minhop where OpenSM does, unless --strict).
-    #[arg(long)]
-    routing: Option<String>,
-    /// Refuse a fabric the routing engine cannot route instead of falling
-    /// back to minhop as OpenSM does.
-    #[arg(long)]
-    strict: bool,
-    /// What-if: remove a host or switch by name (repeatable).
-    #[arg(long = "remove")]
-    remove: Vec<String>,
-    /// What-if: remove the cable at NAME:PORT (repeatable).
-    #[arg(long = "remove-link")]
-    remove_link: Vec<String>,
-    /// What-if: swap the far ends of two cables, A:PORT,B:PORT (repeatable).
-    #[arg(long = "swap-cables")]
-    swap_cables: Vec<String>,
+    #[command(flatten)]
+    tables: Tables,
+    #[command(flatten)]
+    edits: Edits,
     /// Shift steps to analyse, e.g. 1,2,5 or 1-10 (default all 1..N-1).
     #[arg(long)]
     steps: Option<String>,
@@ -217,6 +235,8 @@ struct ExportArgs {
     /// Slurm topology.conf (topology/tree plugin).
     #[arg(long)]
     slurm: Option<PathBuf>,
+    #[command(flatten)]
+    edits: Edits,
 }
 
 /// Runs `evb fabric`.
@@ -227,6 +247,8 @@ pub fn run(args: FabricArgs) -> Result<()> {
         FabricCmd::Route(a) => route_cmd(a),
         FabricCmd::Export(a) => export(a),
         FabricCmd::Schedule(a) => schedule(a),
+        FabricCmd::Counters(a) => crate::diagnose::counters(a),
+        FabricCmd::Diagnose(a) => crate::diagnose::diagnose(a),
     }
 }
 
@@ -330,12 +352,12 @@ fn load(input: &FabricInput) -> Result<(Topology, Lfts, String, Option<String>)>
     let loaded = FabricSource {
         topology: input.topology.clone(),
         names: input.naming.names.clone(),
-        lfts: input.lfts.clone(),
-        routing: input.routing.clone(),
-        strict: input.strict,
-        remove: input.remove.clone(),
-        remove_link: input.remove_link.clone(),
-        swap_cables: input.swap_cables.clone(),
+        lfts: input.tables.lfts.clone(),
+        routing: input.tables.routing.clone(),
+        strict: input.tables.strict,
+        remove: input.edits.remove.clone(),
+        remove_link: input.edits.remove_link.clone(),
+        swap_cables: input.edits.swap_cables.clone(),
     }
     .load()?;
     print_notes(&loaded.notes);
@@ -545,7 +567,8 @@ fn route_cmd(a: RouteArgs) -> Result<()> {
 }
 
 fn export(a: ExportArgs) -> Result<()> {
-    let topo = load_named(&a.topology, &a.naming)?;
+    let mut topo = load_named(&a.topology, &a.naming)?;
+    topo.apply_edits(&a.edits.remove, &a.edits.remove_link, &a.edits.swap_cables)?;
     let mut wrote = 0;
     if let Some(p) = &a.ibsim {
         io::write_text(p, &io::write_ibsim_net(&topo))?;

@@ -2,6 +2,7 @@
 //! crates; this file only parses the command line and dispatches.
 
 mod bench;
+mod diagnose;
 mod fabric;
 mod log;
 mod progress;

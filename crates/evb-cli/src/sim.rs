@@ -64,11 +64,21 @@ pub struct SimArgs {
     /// with consumers, PREFIX-consumers.{svg,png} and PREFIX-busy.{svg,png}.
     #[arg(long, value_name = "PREFIX")]
     pub plot: Option<PathBuf>,
+    /// Write the run's port counters as a counters snapshot, the format of
+    /// `evb fabric counters` (for `evb fabric diagnose`).
+    #[arg(long, value_name = "FILE")]
+    pub counters: Option<PathBuf>,
 }
 
 /// Builds the simulated fabric from `--topology`, `--lfts`/`--routing`,
 /// `--order` and the what-if edits.
 pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
+    fabric_spec(args).build()
+}
+
+/// The fabric `--topology`, `--lfts`/`--routing`, `--order` and the edits
+/// describe.
+fn fabric_spec(args: &SimArgs) -> FabricSpec {
     FabricSpec {
         topology: args.topology.clone(),
         lfts: args.lfts.clone(),
@@ -78,7 +88,6 @@ pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
         remove_link: args.remove_link.clone(),
         swap_cables: args.swap_cables.clone(),
     }
-    .build()
 }
 
 /// `--set` and the options that set `sim.*` keys, as overrides.
@@ -118,6 +127,18 @@ pub fn run(args: SimArgs) -> Result<()> {
     }
     if let Some(path) = &args.csv {
         write(path, &output::timeseries_csv(&result))?;
+    }
+    if let Some(path) = &args.counters {
+        let Some(topo) = fabric_spec(&args).topology()? else {
+            bail!("--counters: switch:hosts=N has no ports to name; give a fat-tree: or ibnetdiscover topology");
+        };
+        let snap = output::counters_snapshot(&result, &topo)?;
+        write(path, &snap.to_json())?;
+        println!(
+            "wrote {} ({} ports' counters)",
+            path.display(),
+            snap.ports.len()
+        );
     }
     Ok(())
 }

@@ -73,6 +73,15 @@ fn every_mode_builds_every_event_exactly_once() {
                 }
                 assert!(v["summary"]["built_gbps"].as_f64().unwrap() > 0.0);
                 assert!(u(&v, "summary.latency_ns.p99") >= u(&v, "summary.latency_ns.p50"));
+                // Per step of the shift, what went through the transport:
+                // every fragment but the 120 local ones handed over in
+                // memory (one per MEP), and step 0 only through the NIC.
+                let steps = v["summary"]["steps"].as_array().unwrap();
+                let shipped: u64 = steps.iter().map(|s| s["fragments"].as_u64().unwrap()).sum();
+                assert_eq!(shipped, if local == "nic" { 360 } else { 240 }, "{name}");
+                let step0 = steps.iter().any(|s| s["step"] == 0);
+                assert_eq!(step0, local == "nic", "{name}: {steps:?}");
+                assert!(steps.iter().all(|s| s["gbps"].as_f64().unwrap() > 0.0));
             }
         }
     }

@@ -84,6 +84,10 @@ pub struct NodeReport {
     pub missing_by_source: Vec<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incidents: Vec<IncidentReport>,
+    /// (RU) Fragments shipped through the transport, per destination BU:
+    /// how many, their bytes and how long they took (FINAL only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sends_by_bu: Vec<BuSends>,
     /// Peers this node lost during the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers_lost: Vec<PeerLoss>,
@@ -345,6 +349,20 @@ impl NodeReport {
                 .collect();
         }
     }
+}
+
+/// An RU's fragments to one BU: shipped through the transport, their
+/// bytes, and the time they took summed over fragments, each from its
+/// hand-over to the transport until the transport was done with it (with
+/// `event_builder.parallel_sends` above 1, transfers overlap and each
+/// takes longer): per-step throughput, `docs/run-json.md`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BuSends {
+    /// The BU's endpoint.
+    pub bu: u16,
+    pub fragments: u64,
+    pub bytes: u64,
+    pub transfer_s: f64,
 }
 
 /// A peer declared lost, when (Unix time, s) and why.

@@ -37,6 +37,13 @@ pub struct StepStats {
     pub max_link_load: u32,
     pub shared_links: u64,
     pub flows_on_shared_links: u64,
+    /// How long the step's busiest link needs, in units of one flow at the
+    /// hosts' usual rate: its flows times that rate over its own rate (1
+    /// on a fabric of one rate without conflicts, 2 for two flows or for
+    /// one flow over a link at half the rate). What a synchronised shift's
+    /// step takes; `diagnose` estimates rates from it. Not written out.
+    #[serde(skip)]
+    pub slowest_link: f64,
 }
 
 /// Totals over all steps.
@@ -106,6 +113,12 @@ pub struct Analysis {
     /// Per-link per-step loads, when asked for and within the budget.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub link_loads: Option<LinkLoads>,
+    /// Every directed link some step asks more of than it carries, at
+    /// the hosts' usual rate (two flows, or one flow over a link slower
+    /// than the hosts), by id: the time it needs beyond one flow's, summed
+    /// over the steps, in flows' worth. Not written out.
+    #[serde(skip)]
+    pub overloaded: Vec<(u32, f64)>,
 }
 
 /// The full shift schedule for `n` ranks.
@@ -181,6 +194,7 @@ struct Partial {
     steps: Vec<StepStats>,
     link_conf: Vec<u64>,
     link_weighted: Vec<f64>,
+    link_overload: Vec<f64>,
     link_steps: Vec<u64>,
     link_max: Vec<u32>,
     /// With loads: per step, (link, flows) of every link used.
@@ -193,6 +207,7 @@ impl Partial {
             steps: vec![],
             link_conf: vec![0; nlinks],
             link_weighted: vec![0.0; nlinks],
+            link_overload: vec![0.0; nlinks],
             link_steps: vec![0; nlinks],
             link_max: vec![0; nlinks],
             loads: vec![],
@@ -206,6 +221,7 @@ impl Partial {
         for l in 0..self.link_conf.len() {
             self.link_conf[l] += other.link_conf[l];
             self.link_weighted[l] += other.link_weighted[l];
+            self.link_overload[l] += other.link_overload[l];
             self.link_steps[l] += other.link_steps[l];
             self.link_max[l] = self.link_max[l].max(other.link_max[l]);
         }
@@ -256,12 +272,17 @@ pub fn analyze_with_loads(
         .collect();
     let link_loads =
         keep_loads.then(|| link_loads(topo, &offsets, nlinks, std::mem::take(&mut sum.loads)));
+    let overloaded = (0..nlinks)
+        .filter(|&l| sum.link_overload[l] > 0.0)
+        .map(|l| (l as u32, sum.link_overload[l]))
+        .collect();
     Ok(Analysis {
         hosts: order.len(),
         total,
         per_step,
         worst_links,
         link_loads,
+        overloaded,
     })
 }
 
@@ -309,6 +330,9 @@ struct Rates {
     /// count follows from the flow counts; otherwise each link sums what
     /// its flows ask.
     uniform: bool,
+    /// The hosts' most common rate (what a flow needs to run at full
+    /// speed, for [`StepStats::slowest_link`]).
+    nominal: f64,
 }
 
 impl Rates {
@@ -336,6 +360,7 @@ impl Rates {
             host,
             link,
             uniform,
+            nominal: base,
         }
     }
 }
@@ -579,6 +604,7 @@ impl<'a> StepTracer<'a> {
             max_link_load: 0,
             shared_links: 0,
             flows_on_shared_links: 0,
+            slowest_link: 0.0,
         };
         if self.keep_loads {
             let used = load
@@ -596,8 +622,14 @@ impl<'a> StepTracer<'a> {
             } else {
                 std::mem::take(&mut load.demand[l as usize])
             };
+            let link_rate = self.rates.link[l as usize];
+            let needs = f64::from(c) * self.rates.nominal / link_rate;
+            st.slowest_link = st.slowest_link.max(needs);
+            if needs > 1.0 + 1e-9 {
+                part.link_overload[l as usize] += needs - 1.0;
+            }
             // A hair of slack: sums of rates are not exact.
-            let over = (asked / self.rates.link[l as usize] - 1.0).max(0.0);
+            let over = (asked / link_rate - 1.0).max(0.0);
             if over > 1e-9 {
                 st.weighted_conflicts += over;
                 part.link_weighted[l as usize] += over;

@@ -15,6 +15,10 @@
 //! - [`optimize`]: rank orders and routes that remove conflicts;
 //! - [`schedule`]: slot schedules for the slotted barrel, conflicts moved
 //!   to extra slots, packed and [`tighten`]ed towards their lower bound;
+//! - [`counters`]: port counter snapshots (read with `perfquery`, or from
+//!   `perfquery` and ibdiagnet2 files), their widths and changes;
+//! - [`diagnose`]: counters read onto links, the shift's shared links and
+//!   the cabling; findings and remedies;
 //! - [`plot`]: SVG/PNG plots of per-step link load;
 //! - [`setup`]: what every `evb fabric` command does first: read, name,
 //!   edit and route a fabric, parse the steps, resolve a rank order.
@@ -22,6 +26,8 @@
 //! The crate depends on no other evb crate.
 
 pub mod conflicts;
+pub mod counters;
+pub mod diagnose;
 pub mod error;
 pub mod ftree;
 pub mod io;

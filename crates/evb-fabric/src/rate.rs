@@ -56,6 +56,12 @@ impl Speed {
     pub fn lane_gbps(self) -> f64 {
         self.entry().2
     }
+    /// The symbol time: how long one byte takes on one lane, ns (SDR 4,
+    /// QDR 1, EDR 0.32). IBA counts `PortXmitWait` in ticks that are a
+    /// multiple of it.
+    pub fn symbol_ns(self) -> f64 {
+        8.0 / self.lane_gbps()
+    }
     /// `QDR`, `EDR`, ...
     pub fn name(self) -> &'static str {
         self.entry().1

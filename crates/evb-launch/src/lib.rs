@@ -33,7 +33,9 @@ use serde::Serialize;
 use evb_control::lines::{ToLauncher, ToNode};
 use evb_control::report::NodeReport;
 
-use crate::summary::{ConsumersSummary, CpuSummary, FailureEvent, SlotClockSummary, Summary};
+use crate::summary::{
+    ConsumersSummary, CpuSummary, FailureEvent, SlotClockSummary, StepFigures, Summary,
+};
 
 /// Options of `evb run`.
 #[derive(Debug, Clone, Default)]
@@ -413,6 +415,7 @@ fn summarize(config: &Config, layout: &Layout, run: &Supervised) -> Result<Summa
             }
             c
         });
+    summary.steps = StepFigures::from_reports(&reports, &layout.ru_of, &layout.bu_of, layout.bus());
     if layout.fus() > 0 {
         summary.consumers = Some(ConsumersSummary::from_reports(
             &reports,
@@ -959,6 +962,7 @@ pub fn format_summary(result: &RunResult) -> String {
         );
     }
     out += &format_totals(s);
+    out += &format_steps(&s.steps);
     if !s.failures.is_empty() {
         out += "failure timeline:\n";
         for f in &s.failures {
@@ -1040,6 +1044,25 @@ fn format_node_table(result: &RunResult) -> String {
 }
 
 /// Events, throughput, latency, CPU, the slot clock and dropped fragments.
+/// The steps' rates in a line: the median and the slowest three.
+fn format_steps(steps: &[StepFigures]) -> String {
+    if steps.len() < 2 {
+        return String::new();
+    }
+    let mut by_rate: Vec<&StepFigures> = steps.iter().collect();
+    by_rate.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
+    let median = by_rate[by_rate.len() / 2].gbps;
+    let slow: Vec<String> = by_rate
+        .iter()
+        .take(3)
+        .map(|f| format!("{} ({:.1})", f.step, f.gbps))
+        .collect();
+    format!(
+        "per step (RU s to BU s+step), Gb/s of a fragment in flight: median {median:.1}; slowest steps {}\n",
+        slow.join(", ")
+    )
+}
+
 fn format_totals(s: &Summary) -> String {
     let mut out = format!(
         "events: generated {}  built {}  incomplete {}  corrupt {}  lost {}\n",

@@ -105,6 +105,63 @@ pub struct Summary {
     /// The output stage, when the run had consumers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consumers: Option<ConsumersSummary>,
+    /// Per step of the shift (RU s to BU (s + step) mod BUs): what the RUs
+    /// shipped through the transport, and how fast.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepFigures>,
+}
+
+/// One step of the shift: the fragments every RU s shipped to BU
+/// (s + step) mod BUs through the transport, their bytes, the time they
+/// took (summed over fragments, from the hand-over to the transport until
+/// it was done), and the rate of a fragment in flight: bytes x 8 / time.
+/// A step slower than the others points at its flows, and through the
+/// routes at the links they share (`evb fabric diagnose --run`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepFigures {
+    pub step: u32,
+    pub fragments: u64,
+    pub bytes: u64,
+    pub transfer_s: f64,
+    pub gbps: f64,
+}
+
+impl StepFigures {
+    /// The steps from the RUs' reports: RU of endpoint `ru_of[n]` to BU
+    /// `bu_of[to]`.
+    pub fn from_reports(
+        reports: &[Option<NodeReport>],
+        ru_of: &[Option<u16>],
+        bu_of: &[Option<u16>],
+        bus: usize,
+    ) -> Vec<StepFigures> {
+        let mut steps: Vec<StepFigures> = (0..bus as u32)
+            .map(|step| StepFigures {
+                step,
+                ..StepFigures::default()
+            })
+            .collect();
+        for r in reports.iter().flatten() {
+            let Some(Some(s)) = ru_of.get(r.node as usize) else {
+                continue;
+            };
+            for b in &r.sends_by_bu {
+                let Some(Some(d)) = bu_of.get(b.bu as usize) else {
+                    continue;
+                };
+                let step = (usize::from(*d) + bus - usize::from(*s) % bus) % bus;
+                let f = &mut steps[step];
+                f.fragments += b.fragments;
+                f.bytes += b.bytes;
+                f.transfer_s += b.transfer_s;
+            }
+        }
+        steps.retain(|f| f.fragments > 0);
+        for f in &mut steps {
+            f.gbps = f.bytes as f64 * 8.0 / f.transfer_s.max(1e-12) / 1e9;
+        }
+        steps
+    }
 }
 
 /// CPU time of a run's nodes (their processes, every thread), and what it

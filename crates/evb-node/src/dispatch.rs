@@ -88,7 +88,9 @@ impl Runtime {
                     let queued = self
                         .mep_data(header.mep)
                         .is_some_and(|(d, h)| transport.send_fragment(to, &h, d));
-                    if !queued {
+                    if queued {
+                        self.note_handed_over(header.mep, to, u64::from(header.payload_len));
+                    } else {
                         // No route: complete it so the RU releases it; the BU
                         // side will count the batch incomplete.
                         let now = self.engine.now();

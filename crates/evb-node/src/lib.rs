@@ -202,6 +202,11 @@ struct Runtime {
     store_closed: Option<evb_store::StoreStats>,
     /// The output network's addresses, for the final report.
     output_network: Option<crate::report::OutputNetworkReport>,
+    /// (RU) Fragments with the transport: their BU, bytes and hand-over
+    /// time (ns since the epoch); and per BU what finished (per-step
+    /// throughput).
+    sending: HashMap<MepId, (NodeId, u64, u64)>,
+    sent_by_bu: std::collections::BTreeMap<NodeId, crate::report::BuSends>,
 }
 
 impl Runtime {
@@ -252,7 +257,26 @@ impl Runtime {
             store,
             store_closed: None,
             output_network: None,
+            sending: HashMap::new(),
+            sent_by_bu: std::collections::BTreeMap::new(),
         })
+    }
+
+    /// A fragment for `to` went to the transport.
+    fn note_handed_over(&mut self, mep: MepId, to: NodeId, bytes: u64) {
+        let now = self.engine.now();
+        self.sending.insert(mep, (to, bytes, now));
+    }
+
+    /// The transport is done with the fragment of `mep` (if it had one).
+    fn note_sent(&mut self, mep: MepId) {
+        if let Some((to, bytes, at)) = self.sending.remove(&mep) {
+            let s = self.sent_by_bu.entry(to).or_default();
+            s.bu = to;
+            s.fragments += 1;
+            s.bytes += bytes;
+            s.transfer_s += self.engine.now().saturating_sub(at) as f64 * 1e-9;
+        }
     }
 
     fn run(
@@ -407,6 +431,7 @@ impl Runtime {
                             // A delivery: its copy stays until confirmed.
                             continue;
                         }
+                        self.note_sent(mep);
                         let now = self.engine.now();
                         self.engine.node.on_send_complete(now, mep);
                     }

@@ -40,6 +40,7 @@ impl Runtime {
         r.drain_timed_out = self.engine.node.drain_timed_out();
         if full {
             r.output_network = self.output_network.clone();
+            r.sends_by_bu = self.sent_by_bu.values().cloned().collect();
         }
         r.clock = self.clock_report(&stats);
         if let Some(m) = &self.metrics {

@@ -207,6 +207,155 @@ pub fn bar_chart_svg(
     )
 }
 
+/// A node of a fabric map: a switch, or a leaf's hosts.
+pub struct MapNode {
+    pub label: String,
+    /// Row from the bottom (0: hosts).
+    pub level: u32,
+    /// Position along its row, 0..1.
+    pub x: f64,
+}
+
+/// A cable of a fabric map.
+pub struct MapLink {
+    pub a: usize,
+    pub b: usize,
+    /// Colour, 0 (idle, green) .. 1 (red): e.g. the share of time waiting.
+    pub heat: f64,
+    /// Thickness, 0..1: e.g. utilisation.
+    pub weight: f64,
+    /// Drawn over a wide blue band (e.g. the cable a remedy concerns).
+    pub highlight: bool,
+}
+
+/// What a fabric map shows: its nodes and cables, and routes (node
+/// indices) drawn over them in purple.
+pub struct FabricMap<'a> {
+    pub title: &'a str,
+    pub legend: &'a str,
+    pub nodes: &'a [MapNode],
+    pub links: &'a [MapLink],
+    pub routes: &'a [Vec<usize>],
+}
+
+/// A fabric drawn level by level with its cables coloured by `heat`:
+/// writes `base.svg` and `base.png`.
+pub fn fabric_map(base: &Path, map: &FabricMap) -> Result<[PathBuf; 2], PlotError> {
+    if map.nodes.is_empty() {
+        return Err(PlotError::Empty("a fabric map needs nodes"));
+    }
+    render(base, (1200, 700), map)
+}
+
+/// [`fabric_map`] as an SVG document in a string.
+pub fn fabric_map_svg(map: &FabricMap) -> Result<String, PlotError> {
+    if map.nodes.is_empty() {
+        return Err(PlotError::Empty("a fabric map needs nodes"));
+    }
+    render_svg_string((1200, 700), map)
+}
+
+/// Green (0) through yellow to red (1).
+fn heat_colour(h: f64) -> RGBColor {
+    let h = if h.is_finite() {
+        h.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let (r, g) = if h < 0.5 {
+        (2.0 * h, 1.0)
+    } else {
+        (1.0, 2.0 * (1.0 - h))
+    };
+    RGBColor((40.0 + 200.0 * r) as u8, (40.0 + 160.0 * g) as u8, 40)
+}
+
+impl Picture for FabricMap<'_> {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        area.fill(&WHITE).map_err(e)?;
+        let (w, h) = area.dim_in_pixel();
+        let (w, h) = (f64::from(w), f64::from(h));
+        area.draw(&Text::new(
+            self.title,
+            (15, 10),
+            ("sans-serif", 22).into_font(),
+        ))
+        .map_err(e)?;
+        // The legend's lines, the last at the bottom.
+        let legend: Vec<&str> = self.legend.lines().collect();
+        for (i, line) in legend.iter().enumerate() {
+            let y = h as i32 - 25 - 18 * (legend.len() - 1 - i) as i32;
+            area.draw(&Text::new(*line, (15, y), ("sans-serif", 14).into_font()))
+                .map_err(e)?;
+        }
+        let bottom = 52.0 + 18.0 * legend.len() as f64;
+        let top = self.nodes.iter().map(|n| n.level).max().unwrap_or(0).max(1);
+        let at = |n: &MapNode| -> (i32, i32) {
+            let x = 40.0 + n.x.clamp(0.0, 1.0) * (w - 80.0);
+            let y = h - bottom - f64::from(n.level) / f64::from(top) * (h - bottom - 70.0);
+            (x as i32, y as i32)
+        };
+        for l in self.links.iter().filter(|l| l.highlight) {
+            let (Some(a), Some(b)) = (self.nodes.get(l.a), self.nodes.get(l.b)) else {
+                continue;
+            };
+            area.draw(&PathElement::new(
+                vec![at(a), at(b)],
+                RGBColor(60, 110, 230).mix(0.45).stroke_width(11),
+            ))
+            .map_err(e)?;
+        }
+        for l in self.links {
+            let (Some(a), Some(b)) = (self.nodes.get(l.a), self.nodes.get(l.b)) else {
+                continue;
+            };
+            let width = 1 + (l.weight.clamp(0.0, 1.0) * 5.0) as u32;
+            area.draw(&PathElement::new(
+                vec![at(a), at(b)],
+                heat_colour(l.heat).stroke_width(width),
+            ))
+            .map_err(e)?;
+        }
+        // Routes, each a little apart from the others so that they show.
+        for (k, r) in self.routes.iter().enumerate() {
+            let dx = 3 * (k as i32) - 4;
+            let pts: Vec<(i32, i32)> = r
+                .iter()
+                .filter_map(|&i| self.nodes.get(i))
+                .map(|n| {
+                    let (x, y) = at(n);
+                    (x + dx, y)
+                })
+                .collect();
+            area.draw(&PathElement::new(
+                pts,
+                RGBColor(140, 40, 190).stroke_width(2),
+            ))
+            .map_err(e)?;
+        }
+        let crowded: std::collections::BTreeMap<u32, usize> =
+            self.nodes.iter().fold(Default::default(), |mut m, n| {
+                *m.entry(n.level).or_default() += 1;
+                m
+            });
+        for n in self.nodes {
+            let (x, y) = at(n);
+            area.draw(&Rectangle::new(
+                [(x - 4, y - 4), (x + 4, y + 4)],
+                BLACK.filled(),
+            ))
+            .map_err(e)?;
+            if crowded[&n.level] <= 40 {
+                let style = ("sans-serif", 11).into_font().color(&BLACK);
+                area.draw(&Text::new(n.label.clone(), (x - 12, y + 7), style))
+                    .map_err(e)?;
+            }
+        }
+        area.present().map_err(e)
+    }
+}
+
 /// Something drawn the same way on any backend.
 trait Picture {
     fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String>;

@@ -1,6 +1,6 @@
 //! `evb-report`: one self-contained HTML page from the JSON files evb writes
 //! (`evb run --json`, `evb sim --json`, `evb scan --json`, `evb fabric
-//! conflicts --json`).
+//! conflicts --json`, `evb fabric diagnose --json`).
 //!
 //! Why a single file: reports are mailed, attached to issues and opened on
 //! machines next to a DAQ with no internet access, so the page carries its
@@ -10,6 +10,7 @@
 //! content, and a file that is not one evb wrote, or lacks a field, gets an
 //! error naming the file and the field instead of a panic or a blank chart.
 
+mod diagnose;
 mod fabric;
 mod html;
 mod json;
@@ -78,6 +79,8 @@ pub enum Kind {
     Scan,
     /// `evb fabric conflicts --json` (no `kind`; has `conflict_definition`).
     FabricConflicts,
+    /// `evb fabric diagnose --json` (`"kind": "evb-fabric-diagnose"`).
+    FabricDiagnose,
 }
 
 impl Kind {
@@ -87,6 +90,7 @@ impl Kind {
             Kind::Sim => "evb sim",
             Kind::Scan => "evb scan",
             Kind::FabricConflicts => "evb fabric conflicts",
+            Kind::FabricDiagnose => "evb fabric diagnose",
         }
     }
 }
@@ -141,8 +145,9 @@ pub fn detect(file: &Path, value: &Value) -> Result<Kind> {
             "evb-run" => Ok(Kind::Run),
             "evb-sim" => Ok(Kind::Sim),
             "evb-scan" => Ok(Kind::Scan),
+            "evb-fabric-diagnose" => Ok(Kind::FabricDiagnose),
             other => Err(not_evb(format!(
-                "`kind` is \"{}\", not one of evb-run, evb-sim, evb-scan",
+                "`kind` is \"{}\", not one of evb-run, evb-sim, evb-scan, evb-fabric-diagnose",
                 other.chars().take(60).collect::<String>()
             ))),
         },
@@ -166,7 +171,7 @@ pub fn detect(file: &Path, value: &Value) -> Result<Kind> {
                 .into(),
         )),
         None => Err(not_evb(
-            "no `kind` field (evb-run, evb-sim, evb-scan) and no `conflict_definition` and \
+            "no `kind` field (evb-run, evb-sim, evb-scan, evb-fabric-diagnose) and no `conflict_definition` and \
              `per_step` (evb fabric conflicts)"
                 .into(),
         )),
@@ -204,7 +209,13 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
     let mut body = String::new();
     body.push_str("<h1>evb report</h1>\n");
     body.push_str(&contents(&inputs));
-    for kind in [Kind::Run, Kind::Sim, Kind::Scan, Kind::FabricConflicts] {
+    for kind in [
+        Kind::Run,
+        Kind::Sim,
+        Kind::Scan,
+        Kind::FabricConflicts,
+        Kind::FabricDiagnose,
+    ] {
         let same: Vec<&Input> = inputs.iter().filter(|i| i.kind == kind).collect();
         if same.len() < 2 {
             continue;
@@ -221,6 +232,7 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
             Kind::Sim => sim::compare(&same)?,
             Kind::Scan => scan::compare(&same)?,
             Kind::FabricConflicts => fabric::compare(&same)?,
+            Kind::FabricDiagnose => diagnose::compare(&same)?,
         });
         body.push_str("</section>\n");
     }
@@ -237,6 +249,7 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
             Kind::Sim => sim::section(input)?,
             Kind::Scan => scan::section(input)?,
             Kind::FabricConflicts => fabric::section(input)?,
+            Kind::FabricDiagnose => diagnose::section(input)?,
         });
         body.push_str("</section>\n");
     }
@@ -249,6 +262,7 @@ fn kind_slug(kind: Kind) -> &'static str {
         Kind::Sim => "sim",
         Kind::Scan => "scan",
         Kind::FabricConflicts => "fabric",
+        Kind::FabricDiagnose => "diagnose",
     }
 }
 

@@ -8,13 +8,15 @@
 //!   `evb_core::Node` state machines that `evb run` drives over TCP;
 //! - [`setup`]: the fabric from its description and the configuration
 //!   sized for it; [`output`]: the text, CSV and plots of `evb sim` and
-//!   `evb scan`.
+//!   `evb scan`, and a run's port counters; [`predict`]: the rate of a
+//!   fabric `evb fabric diagnose` proposes.
 //!
 //! Deterministic: the same configuration and seed give the same result.
 
 pub mod engine;
 pub mod fabric;
 pub mod output;
+pub mod predict;
 pub mod queue;
 pub mod scan;
 pub mod schedule;
@@ -351,6 +353,11 @@ pub struct SimResult {
     /// Per sample, per host: (sent, received) payload Gb/s (CSV only: large).
     #[serde(skip)]
     pub host_series: Vec<Vec<(f32, f32)>>,
+    /// Every output port's counts over the run, as the engine kept them:
+    /// what `evb sim --counters` writes as port counters
+    /// ([`output::counters_snapshot`]).
+    #[serde(skip)]
+    pub ports: Vec<engine::PortReport>,
 }
 
 /// Link-layer parameters from the configuration's `[sim]` section.
@@ -520,7 +527,8 @@ pub fn simulate(
         .map(|h| h.received_gbps)
         .collect();
     let mean = rx.iter().sum::<f64>() / rx.len().max(1) as f64;
-    let links = link_results(&net, secs);
+    let ports = net.link_report();
+    let links = link_results(&ports, secs);
     let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
     let host_link = mean_link_gbps(&net, 0..fabric_hosts as u32);
     let eb_summary = eb.as_ref().map(|e| {
@@ -566,6 +574,7 @@ pub fn simulate(
         links,
         timeseries: net.samples.clone(),
         host_series: std::mem::take(&mut net.host_samples),
+        ports,
     })
 }
 
@@ -617,11 +626,11 @@ fn host_results(net: &Net, gbps: &dyn Fn(u64) -> f64) -> Vec<HostResult> {
 
 /// Every link's rate, utilisation, credit wait and drops over a run of
 /// `secs` simulated seconds.
-fn link_results(net: &Net, secs: f64) -> Vec<LinkResult> {
-    net.link_report()
-        .into_iter()
+fn link_results(ports: &[engine::PortReport], secs: f64) -> Vec<LinkResult> {
+    ports
+        .iter()
         .map(|r| LinkResult {
-            link: r.name,
+            link: r.name.clone(),
             gbps: r.gbps,
             // Bytes are counted when a packet starts; one still on the wire
             // at the end would push a saturated link a hair over 1.

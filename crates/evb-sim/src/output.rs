@@ -406,3 +406,81 @@ pub fn write_heat_map(prefix: &Path, result: &ScanResult) -> Result<[PathBuf; 2]
         &ys,
     )?)
 }
+
+/// The port counters of a finished simulation as a counters snapshot
+/// (`evb sim --counters FILE`), in the form `evb fabric counters` writes
+/// from a real fabric, placed on `topo` (the simulated fabric, edits
+/// applied) by node name: every output port's data (the engine's wire
+/// bytes: headers and payload, divided by 4 as IBA counts) and
+/// `PortXmitWait` (time with a packet and no credits, in ticks of one
+/// symbol time of the link, written with the snapshot), and each port's
+/// received data (what the far end sent). The basic 32-bit counters stop
+/// at all ones, as IBA's do; the extended ones hold the full count. The
+/// counters start at zero with the run (`reset_at_s` 0, simulated clock).
+/// Ports of a separate output network are not part of `topo` and are left
+/// out. Packet counts are not kept by the engine and are not written.
+pub fn counters_snapshot(
+    result: &SimResult,
+    topo: &evb_fabric::Topology,
+) -> Result<evb_fabric::counters::Snapshot> {
+    use evb_fabric::counters::{guid_text, max_value, PortSample, Snapshot};
+    let secs = result.summary.simulated_seconds;
+    let mut snap = Snapshot::new("evb sim", secs);
+    snap.clock = "simulated".into();
+    snap.reset_at_s = Some(0.0);
+    // (node, port) -> (wire bytes sent, wait ps, link Gb/s).
+    let mut sent: std::collections::BTreeMap<(usize, u8), (u64, u64, f64)> = Default::default();
+    for r in &result.ports {
+        if let Some(at) = port_of(topo, &r.name) {
+            sent.insert(at, (r.bytes, r.xmit_wait_ps, r.gbps));
+        }
+    }
+    if sent.is_empty() {
+        bail!("no port of the simulation is a port of the topology");
+    }
+    for (&(node, port), &(bytes, wait_ps, gbps)) in &sent {
+        let n = &topo.nodes[node];
+        let far = n.ports[port as usize].map(|r| (r.node, r.port));
+        let received = far.and_then(|f| sent.get(&f)).map_or(0, |s| s.0);
+        let lane_gbps = topo
+            .link_rate(node, port)
+            .map_or(gbps / 4.0, |r| r.speed.lane_gbps());
+        let tick_ns = 8.0 / lane_gbps;
+        let ticks = (wait_ps as f64 / (tick_ns * 1000.0)).round() as u64;
+        let mut counters = std::collections::BTreeMap::new();
+        let mut put = |name: &str, v: u64, bits: u8| {
+            counters.insert(name.to_string(), v.min(max_value(bits)));
+        };
+        put("PortXmitData", bytes / 4, 32);
+        put("PortRcvData", received / 4, 32);
+        put("PortXmitWait", ticks, 32);
+        put("PortXmitDataExtended", bytes / 4, 64);
+        put("PortRcvDataExtended", received / 4, 64);
+        put("PortXmitWaitExt", ticks, 64);
+        snap.ports.push(PortSample {
+            guid: guid_text(n.guid),
+            port,
+            lid: (n.lid != 0).then_some(n.lid),
+            name: Some(n.name.clone()),
+            time_s: None,
+            tick_ns: Some(tick_ns),
+            counters,
+            line: 0,
+        });
+    }
+    Ok(snap)
+}
+
+/// The topology's (node, port) of an engine port named `HOST -> up` or
+/// `SWITCH port P` (the names `Net::link_report` gives).
+fn port_of(topo: &evb_fabric::Topology, name: &str) -> Option<(usize, u8)> {
+    if let Some(host) = name.strip_suffix(" -> up") {
+        let h = topo.find(host)?;
+        return Some((h, topo.nodes[h].first_port()?));
+    }
+    let (sw, p) = name.rsplit_once(" port ")?;
+    let s = topo.find(sw)?;
+    let p: u8 = p.parse().ok()?;
+    topo.nodes[s].ports.get(p as usize)?.as_ref()?;
+    Some((s, p))
+}

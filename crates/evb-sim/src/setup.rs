@@ -36,14 +36,7 @@ impl FabricSpec {
         if let Some(params) = self.topology.strip_prefix("switch:") {
             return self.single_switch(params);
         }
-        if !self.topology.starts_with("fat-tree") && !Path::new(&self.topology).exists() {
-            bail!(
-                "--topology: unknown kind `{}` (switch:hosts=N, fat-tree:radix=R,hosts=N, or an ibnetdiscover file)",
-                self.topology
-            );
-        }
-        let mut topo = evb_fabric::io::load_topology(&self.topology)?;
-        topo.apply_edits(&self.remove, &self.remove_link, &self.swap_cables)?;
+        let topo = self.topology()?.expect("not switch:, which returned above");
         let lfts = match &self.lfts {
             Some(path) => evb_fabric::io::parse_lfts(path, &topo)?,
             None => {
@@ -72,6 +65,24 @@ impl FabricSpec {
             &self.order,
         )));
         Ok(fabric)
+    }
+
+    /// The fabric as `evb-fabric` models it, edits applied; `None` for
+    /// `switch:hosts=N`, which is no such fabric. Port counters of a run
+    /// ([`crate::output::counters_snapshot`]) are placed on it.
+    pub fn topology(&self) -> Result<Option<evb_fabric::Topology>> {
+        if self.topology.starts_with("switch:") {
+            return Ok(None);
+        }
+        if !self.topology.starts_with("fat-tree") && !Path::new(&self.topology).exists() {
+            bail!(
+                "--topology: unknown kind `{}` (switch:hosts=N, fat-tree:radix=R,hosts=N, or an ibnetdiscover file)",
+                self.topology
+            );
+        }
+        let mut topo = evb_fabric::io::load_topology(&self.topology)?;
+        topo.apply_edits(&self.remove, &self.remove_link, &self.swap_cables)?;
+        Ok(Some(topo))
     }
 
     /// `switch:hosts=N`: one switch, N hosts (edits do not apply).

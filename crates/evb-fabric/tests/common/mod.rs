@@ -103,6 +103,15 @@ impl Sim {
         sim
     }
 
+    /// The environment that points the diagnostics at this ibsim.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LD_PRELOAD".into(), self.preload.display().to_string()),
+            ("IBSIM_SOCKNAME".into(), self.sock.clone()),
+            ("SIM_HOST".into(), self.sim_host.clone()),
+        ]
+    }
+
     fn cmd(&self, prog: &str) -> Command {
         let mut c = Command::new(require(prog));
         c.env("LD_PRELOAD", &self.preload)
