@@ -47,7 +47,10 @@ fn write_pages(cmd: &clap::Command, name: &str, dir: &Path) -> Result<()> {
     clap_mangen::Man::new(page).render(&mut out)?;
     let path = dir.join(format!("{name}.1"));
     std::fs::write(&path, out).with_context(|| format!("writing {}", path.display()))?;
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+    for sub in cmd
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
         write_pages(sub, &format!("{name}-{}", sub.get_name()), dir)?;
     }
     Ok(())

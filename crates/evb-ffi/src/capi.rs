@@ -170,6 +170,9 @@ pub struct evb_consumer_options {
     /// `section.key=value` overrides (`n_overrides` strings).
     pub overrides: *const *const c_char,
     pub n_overrides: usize,
+    /// How long to wait for the run to be published, ms (the consumer
+    /// may start before the event builder); 60000 by default.
+    pub wait_ms: u32,
 }
 
 /// A Filter Unit endpoint in this process.
@@ -223,7 +226,7 @@ pub struct evb_consumer_stats {
 }
 
 /// Sets the defaults: no rendezvous, the only run, any free rank, the
-/// published configuration, no overrides.
+/// published configuration, no overrides, a 60 s wait for the run.
 ///
 /// # Safety
 /// `options` is NULL or points to a writable `evb_consumer_options`.
@@ -240,6 +243,7 @@ pub unsafe extern "C" fn evb_consumer_options_init(options: *mut evb_consumer_op
                 config: std::ptr::null(),
                 overrides: std::ptr::null(),
                 n_overrides: 0,
+                wait_ms: 60_000,
             });
         }
         Ok(EVB_OK)
@@ -261,6 +265,7 @@ unsafe fn consumer_options(o: &evb_consumer_options) -> Result<ConsumerOptions, 
         r if r < 0 => None,
         r => Some(u16::try_from(r).map_err(|_| (EVB_ERR_ARG, format!("rank {r} is too large")))?),
     };
+    opts.wait = Duration::from_millis(u64::from(o.wait_ms));
     if !o.config.is_null() {
         // SAFETY: not NULL, the caller's contract.
         opts.config = Some(PathBuf::from(unsafe { text(o.config, "options->config")? }));
@@ -457,8 +462,11 @@ pub unsafe extern "C" fn evb_batch_release(b: *mut evb_batch) -> c_int {
 /// # Safety
 /// `b` is a held batch, `info` writable.
 #[no_mangle]
-pub unsafe extern "C" fn evb_batch_info(b: *const evb_batch, info: *mut evb_batch_info) -> c_int {
-    guard("evb_batch_info", || {
+pub unsafe extern "C" fn evb_batch_get_info(
+    b: *const evb_batch,
+    info: *mut evb_batch_info,
+) -> c_int {
+    guard("evb_batch_get_info", || {
         let info = arg(info, "info")?.cast_mut();
         // SAFETY: a live batch by the caller's contract.
         let b = unsafe { &*arg(b, "batch")? };
@@ -537,11 +545,11 @@ pub unsafe extern "C" fn evb_batch_event(
 /// # Safety
 /// `c` is an open consumer, `out` writable.
 #[no_mangle]
-pub unsafe extern "C" fn evb_consumer_stats(
+pub unsafe extern "C" fn evb_consumer_get_stats(
     c: *mut evb_consumer,
     out: *mut evb_consumer_stats,
 ) -> c_int {
-    guard("evb_consumer_stats", || {
+    guard("evb_consumer_get_stats", || {
         let out = arg(out, "out")?.cast_mut();
         // SAFETY: the caller's contract on `c`.
         let c = unsafe { consumer(c)? };
@@ -701,11 +709,11 @@ pub unsafe extern "C" fn evb_store_close(s: *mut evb_store) {
 /// # Safety
 /// `o` is a live object, `info` writable.
 #[no_mangle]
-pub unsafe extern "C" fn evb_object_info(
+pub unsafe extern "C" fn evb_object_get_info(
     o: *const evb_object,
     info: *mut evb_object_info,
 ) -> c_int {
-    guard("evb_object_info", || {
+    guard("evb_object_get_info", || {
         let info = arg(info, "info")?.cast_mut();
         // SAFETY: a live object by the caller's contract.
         let o = unsafe { &*arg(o, "object")? };

@@ -59,6 +59,9 @@ pub struct ConsumerOptions {
     pub config: Option<PathBuf>,
     /// `section.key=value` overrides on top of it.
     pub overrides: Vec<String>,
+    /// How long to wait for the run to be published (a consumer may start
+    /// before the event builder).
+    pub wait: Duration,
 }
 
 impl ConsumerOptions {
@@ -69,6 +72,7 @@ impl ConsumerOptions {
             rank: None,
             config: None,
             overrides: Vec::new(),
+            wait: Duration::from_secs(60),
         }
     }
 }
@@ -167,7 +171,13 @@ impl Consumer {
     /// exchanges addresses with every endpoint and connects to them (the
     /// start barrier), and grants every BU its credits.
     pub fn open(opts: ConsumerOptions) -> Result<Consumer> {
-        let (run_id, run_dir) = find_run(&opts.rendezvous, opts.run_id)?;
+        let (run_id, run_dir) = wait_for(opts.wait, || {
+            let (id, dir) = find_run(&opts.rendezvous, opts.run_id)?;
+            // The configuration is published last: then all is there.
+            let published = opts.config.is_some() || dir.join(CONFIG_FILE).is_file();
+            ensure!(published, "{} has no {CONFIG_FILE} yet", dir.display());
+            Ok((id, dir))
+        })?;
         let config_path = opts.config.clone().unwrap_or(run_dir.join(CONFIG_FILE));
         ensure!(
             config_path.is_file(),
@@ -388,6 +398,21 @@ impl Drop for Consumer {
         if !self.closed {
             // Dropped without close: the report is written all the same.
             let _ = self.rt.finish_run(self.transport.as_mut());
+        }
+    }
+}
+
+/// `f`'s answer, asking again every 20 ms while it fails, for up to
+/// `wait`; then its last error.
+fn wait_for<T>(wait: Duration, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e.context(format!("the run was not published within {wait:?}")))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }

@@ -253,7 +253,7 @@ fn run_err(e: anyhow::Error) -> PyErr {
 #[pymethods]
 impl ConsumerHandle {
     #[new]
-    #[pyo3(signature = (rendezvous, rank=None, run_id=None, config=None, overrides=Vec::new()))]
+    #[pyo3(signature = (rendezvous, rank=None, run_id=None, config=None, overrides=Vec::new(), wait=60.0))]
     fn new(
         py: Python<'_>,
         rendezvous: std::path::PathBuf,
@@ -261,6 +261,7 @@ impl ConsumerHandle {
         run_id: Option<u32>,
         config: Option<std::path::PathBuf>,
         overrides: Vec<String>,
+        wait: f64,
     ) -> PyResult<ConsumerHandle> {
         evb::init_logging();
         let mut opts = ConsumerOptions::new(rendezvous);
@@ -268,6 +269,8 @@ impl ConsumerHandle {
         opts.run_id = run_id;
         opts.config = config;
         opts.overrides = overrides;
+        opts.wait =
+            Duration::try_from_secs_f64(wait).map_err(|e| PyValueError::new_err(e.to_string()))?;
         // Joining waits for the other endpoints: without the GIL.
         let consumer = py.detach(|| {
             Consumer::open(opts)

@@ -79,7 +79,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         evb_batch_info info;
-        evb_batch_info(b, &info);
+        evb_batch_get_info(b, &info);
         batches++;
         events += info.events;
         bytes += info.payload.len;
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     }
 
     evb_consumer_stats stats;
-    evb_consumer_stats(c, &stats);
+    evb_consumer_get_stats(c, &stats);
     printf("consumer rank %u: batches %" PRIu64 " events %" PRIu64 " bytes %" PRIu64
            " bad_events %" PRIu64 " lost_bus %" PRIu64 "\n",
            stats.rank, batches, events, bytes, bad, lost);

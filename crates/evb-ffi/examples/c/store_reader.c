@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
             return 2;
         }
         evb_object_info info;
-        evb_object_info(o, &info);
+        evb_object_get_info(o, &info);
         objects++;
         for (uint32_t e = 0; e < info.events; e++) {
             evb_bytes ev;

@@ -34,7 +34,8 @@ class Consumer:
 
     ``rank``: the consumer endpoint to take (default: the first external
     consumer rank ``evb run`` left free). ``config``: the run's
-    configuration (default: the one ``evb run`` published). Iterating
+    configuration (default: the one ``evb run`` published). ``wait``:
+    seconds to wait for the run to be published. Iterating
     yields batches until the end of the run; lost builder units are listed
     in ``lost_bus``.
     """
@@ -46,8 +47,9 @@ class Consumer:
         run_id: Optional[int] = None,
         config: Optional[str] = None,
         overrides: Sequence[str] = (),
+        wait: float = 60.0,
     ) -> None:
-        self._h = _ConsumerHandle(str(rendezvous), rank, run_id, config, list(overrides))
+        self._h = _ConsumerHandle(str(rendezvous), rank, run_id, config, list(overrides), wait)
 
     def next(self, timeout: float = 1.0) -> Optional[Batch]:
         """The next batch within ``timeout`` seconds, or None (see ``ended``)."""
