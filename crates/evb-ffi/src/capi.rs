@@ -207,22 +207,26 @@ pub struct evb_batch_info {
     pub payload: evb_bytes,
 }
 
-/// A consumer's counters.
+/// A consumer's counters: what it handed out and what came back.
 #[repr(C)]
 pub struct evb_consumer_stats {
+    /// This consumer's endpoint and consumer index.
     pub rank: u16,
     pub fu_index: u16,
-    pub batches_received: u64,
-    pub events_received: u64,
-    pub bytes_received: u64,
-    pub batches_consumed: u64,
-    pub events_consumed: u64,
-    pub bytes_consumed: u64,
-    pub batches_corrupt: u64,
-    pub batches_partial: u64,
-    pub deliveries_unexpected: u64,
-    /// Batches held by the program now.
+    /// Batches done with (released, or corrupt and never handed out),
+    /// their events and payload bytes.
+    pub batches: u64,
+    pub events: u64,
+    pub bytes: u64,
+    /// Batches handed out and not released yet.
     pub held: u64,
+    /// Batches that failed verification (never handed out), and batches
+    /// flagged partial (handed out: a missing source's fragment is empty).
+    pub corrupt: u64,
+    pub partial: u64,
+    /// Deliveries refused: beyond the credit granted, from a non-BU, or
+    /// of another run.
+    pub unexpected: u64,
 }
 
 /// Sets the defaults: no rendezvous, the only run, any free rank, the
@@ -487,6 +491,27 @@ pub unsafe extern "C" fn evb_batch_get_info(
     })
 }
 
+/// Writes to `out` the part of batch `b` that `pick` finds in it.
+///
+/// # Safety
+/// `b` is NULL or a held batch, `out` NULL or writable.
+unsafe fn batch_part(
+    name: &str,
+    b: *const evb_batch,
+    out: *mut evb_bytes,
+    pick: impl for<'a> FnOnce(&BatchIndex, &'a [u8]) -> Result<&'a [u8], String>,
+) -> c_int {
+    guard(name, || {
+        let out = arg(out, "out")?.cast_mut();
+        // SAFETY: a live batch by the caller's contract.
+        let b = unsafe { &*arg(b, "batch")? };
+        let part = pick(&b.index, b.held.payload()).map_err(|e| (EVB_ERR_ARG, e))?;
+        // SAFETY: `out` is writable.
+        unsafe { out.write(evb_bytes::of(part)) };
+        Ok(EVB_OK)
+    })
+}
+
 /// Source `source`'s fragment of batch `b` (its event sizes as u32
 /// little-endian, then its events); empty for a source a partial batch
 /// lacks.
@@ -499,18 +524,8 @@ pub unsafe extern "C" fn evb_batch_fragment(
     source: u32,
     out: *mut evb_bytes,
 ) -> c_int {
-    guard("evb_batch_fragment", || {
-        let out = arg(out, "out")?.cast_mut();
-        // SAFETY: a live batch by the caller's contract.
-        let b = unsafe { &*arg(b, "batch")? };
-        let f = b
-            .index
-            .fragment(b.held.payload(), source)
-            .map_err(|e| (EVB_ERR_ARG, e))?;
-        // SAFETY: `out` is writable.
-        unsafe { out.write(evb_bytes::of(f)) };
-        Ok(EVB_OK)
-    })
+    // SAFETY: the caller's contract.
+    unsafe { batch_part("evb_batch_fragment", b, out, |i, p| i.fragment(p, source)) }
 }
 
 /// Event `event`'s data from source `source` in batch `b` (each event
@@ -526,18 +541,8 @@ pub unsafe extern "C" fn evb_batch_event(
     source: u32,
     out: *mut evb_bytes,
 ) -> c_int {
-    guard("evb_batch_event", || {
-        let out = arg(out, "out")?.cast_mut();
-        // SAFETY: a live batch by the caller's contract.
-        let b = unsafe { &*arg(b, "batch")? };
-        let e = b
-            .index
-            .event(b.held.payload(), event, source)
-            .map_err(|e| (EVB_ERR_ARG, e))?;
-        // SAFETY: `out` is writable.
-        unsafe { out.write(evb_bytes::of(e)) };
-        Ok(EVB_OK)
-    })
+    // SAFETY: the caller's contract.
+    unsafe { batch_part("evb_batch_event", b, out, |i, p| i.event(p, event, source)) }
 }
 
 /// This consumer's counters.
@@ -559,16 +564,13 @@ pub unsafe extern "C" fn evb_consumer_get_stats(
             out.write(evb_consumer_stats {
                 rank: c.inner.rank(),
                 fu_index: c.inner.fu_index(),
-                batches_received: s.batches_received,
-                events_received: s.events_received,
-                bytes_received: s.bytes_received,
-                batches_consumed: s.batches_consumed,
-                events_consumed: s.events_consumed,
-                bytes_consumed: s.bytes_consumed,
-                batches_corrupt: s.batches_corrupt,
-                batches_partial: s.batches_partial,
-                deliveries_unexpected: s.deliveries_unexpected,
+                batches: s.batches_consumed,
+                events: s.events_consumed,
+                bytes: s.bytes_consumed,
                 held: c.inner.held() as u64,
+                corrupt: s.batches_corrupt,
+                partial: s.batches_partial,
+                unexpected: s.deliveries_unexpected,
             });
         }
         Ok(EVB_OK)

@@ -103,9 +103,15 @@ struct Batch {
     held: std::sync::Mutex<Option<Arc<HeldBatch>>>,
     index: BatchIndex,
     returns: ReturnBox,
+    #[pyo3(get)]
     mep: u64,
+    #[pyo3(get)]
     events: u32,
+    /// The BU (its index) that built it.
+    #[pyo3(get)]
     bu: u16,
+    /// Incomplete, delivered anyway: a missing source's fragment is empty.
+    #[pyo3(get)]
     partial: bool,
 }
 
@@ -151,30 +157,8 @@ impl Batch {
 #[pymethods]
 impl Batch {
     #[getter]
-    fn mep(&self) -> u64 {
-        self.mep
-    }
-
-    #[getter]
-    fn events(&self) -> u32 {
-        self.events
-    }
-
-    #[getter]
     fn sources(&self) -> u32 {
         self.index.sources()
-    }
-
-    /// The BU (its index) that built it.
-    #[getter]
-    fn bu(&self) -> u16 {
-        self.bu
-    }
-
-    /// Incomplete, delivered anyway: a missing source's fragment is empty.
-    #[getter]
-    fn partial(&self) -> bool {
-        self.partial
     }
 
     /// The whole batch payload: fragment table, then the fragments.
