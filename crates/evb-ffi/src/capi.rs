@@ -99,6 +99,27 @@ unsafe fn text(p: *const c_char, what: &str) -> Result<String, (c_int, String)> 
         .map_err(|_| (EVB_ERR_ARG, format!("{what} is not UTF-8")))
 }
 
+/// Writes `describe(*p)` to `out`: the `*_get_info` functions.
+///
+/// # Safety
+/// `p` is NULL or points to a live `T`, `out` is NULL or writable.
+unsafe fn describe<T, O>(
+    name: &str,
+    p: *const T,
+    what: &str,
+    out: *mut O,
+    describe: impl FnOnce(&T) -> O,
+) -> c_int {
+    guard(name, || {
+        let out = arg(out, "info")?.cast_mut();
+        // SAFETY: a live `T` by the caller's contract.
+        let value = describe(unsafe { &*arg(p, what)? });
+        // SAFETY: `out` is writable.
+        unsafe { out.write(value) };
+        Ok(EVB_OK)
+    })
+}
+
 fn run_error(e: anyhow::Error) -> (c_int, String) {
     (EVB_ERR_RUN, format!("{e:#}"))
 }
@@ -470,25 +491,17 @@ pub unsafe extern "C" fn evb_batch_get_info(
     b: *const evb_batch,
     info: *mut evb_batch_info,
 ) -> c_int {
-    guard("evb_batch_get_info", || {
-        let info = arg(info, "info")?.cast_mut();
-        // SAFETY: a live batch by the caller's contract.
-        let b = unsafe { &*arg(b, "batch")? };
-        let h = &b.held;
-        // SAFETY: `info` is writable.
-        unsafe {
-            info.write(evb_batch_info {
-                mep: h.mep,
-                events: h.events,
-                sources: b.index.sources(),
-                bu: h.bu_index,
-                bu_endpoint: h.bu,
-                partial: c_int::from(h.partial),
-                payload: evb_bytes::of(h.payload()),
-            });
-        }
-        Ok(EVB_OK)
-    })
+    let what = |b: &evb_batch| evb_batch_info {
+        mep: b.held.mep,
+        events: b.held.events,
+        sources: b.index.sources(),
+        bu: b.held.bu_index,
+        bu_endpoint: b.held.bu,
+        partial: c_int::from(b.held.partial),
+        payload: evb_bytes::of(b.held.payload()),
+    };
+    // SAFETY: the caller's contract.
+    unsafe { describe("evb_batch_get_info", b, "batch", info, what) }
 }
 
 /// Writes to `out` the part of batch `b` that `pick` finds in it.
@@ -715,25 +728,56 @@ pub unsafe extern "C" fn evb_object_get_info(
     o: *const evb_object,
     info: *mut evb_object_info,
 ) -> c_int {
-    guard("evb_object_get_info", || {
-        let info = arg(info, "info")?.cast_mut();
-        // SAFETY: a live object by the caller's contract.
-        let o = unsafe { &*arg(o, "object")? };
+    let what = |o: &evb_object| {
         let v = o.object.view();
-        let h = v.header;
-        // SAFETY: `info` is writable.
+        evb_object_info {
+            name: o.name.as_ptr(),
+            run_id: v.header.run_id,
+            node: v.header.node,
+            version: v.header.version,
+            mep: v.header.mep,
+            events: v.header.event_count,
+            mep_events: v.mep_events(),
+            sources: v.header.source_count,
+            run_sources: v.run_sources(),
+        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe { describe("evb_object_get_info", o, "object", info, what) }
+}
+
+/// Writes to `out` the part `pick` takes of object `o` once `event` (and
+/// `column`) are in range, and the number it gives to `number` (if not
+/// NULL).
+///
+/// # Safety
+/// `o` is NULL or a live object, `out` NULL or writable, `number` NULL or
+/// writable.
+unsafe fn object_part(
+    name: &str,
+    o: *const evb_object,
+    (event, column): (u32, Option<u32>),
+    out: *mut evb_bytes,
+    number: *mut u32,
+    pick: impl FnOnce(::evb_store::StoredBatch<'_>) -> (evb_bytes, u32),
+) -> c_int {
+    guard(name, || {
+        let out = arg(out, "out")?.cast_mut();
+        // SAFETY: a live object by the caller's contract.
+        let v = unsafe { &*arg(o, "object")? }.object.view();
+        let (events, sources) = (v.header.event_count, v.header.source_count);
+        if event >= events || column.is_some_and(|c| c >= sources) {
+            let column = column.map_or(String::new(), |c| format!(", column {c}"));
+            let msg = format!("event {event}{column} of {events} events and {sources} sources");
+            return Err((EVB_ERR_ARG, msg));
+        }
+        let (part, n) = pick(v);
+        // SAFETY: `out` writable, `number` NULL or writable.
         unsafe {
-            info.write(evb_object_info {
-                name: o.name.as_ptr(),
-                run_id: h.run_id,
-                node: h.node,
-                version: h.version,
-                mep: h.mep,
-                events: h.event_count,
-                mep_events: v.mep_events(),
-                sources: h.source_count,
-                run_sources: v.run_sources(),
-            });
+            out.write(part);
+            if !number.is_null() {
+                number.write(n);
+            }
         }
         Ok(EVB_OK)
     })
@@ -751,23 +795,10 @@ pub unsafe extern "C" fn evb_object_event(
     out: *mut evb_bytes,
     number: *mut u32,
 ) -> c_int {
-    guard("evb_object_event", || {
-        let out = arg(out, "out")?.cast_mut();
-        // SAFETY: a live object by the caller's contract.
-        let v = unsafe { &*arg(o, "object")? }.object.view();
-        if event >= v.header.event_count {
-            let n = v.header.event_count;
-            return Err((EVB_ERR_ARG, format!("event {event} of {n}")));
-        }
-        // SAFETY: `out` writable, `number` NULL or writable.
-        unsafe {
-            out.write(evb_bytes::of(v.event(event)));
-            if !number.is_null() {
-                number.write(v.event_number(event));
-            }
-        }
-        Ok(EVB_OK)
-    })
+    let pick =
+        |v: ::evb_store::StoredBatch<'_>| (evb_bytes::of(v.event(event)), v.event_number(event));
+    // SAFETY: the caller's contract.
+    unsafe { object_part("evb_object_event", o, (event, None), out, number, pick) }
 }
 
 /// The fragment in stored column `column` of event `event` of object `o`;
@@ -783,29 +814,12 @@ pub unsafe extern "C" fn evb_object_fragment(
     out: *mut evb_bytes,
     source: *mut u32,
 ) -> c_int {
-    guard("evb_object_fragment", || {
-        let out = arg(out, "out")?.cast_mut();
-        // SAFETY: a live object by the caller's contract.
-        let v = unsafe { &*arg(o, "object")? }.object.view();
-        let h = v.header;
-        if event >= h.event_count || column >= h.source_count {
-            return Err((
-                EVB_ERR_ARG,
-                format!(
-                    "event {event}, column {column} of {} events and {} sources",
-                    h.event_count, h.source_count
-                ),
-            ));
-        }
-        // SAFETY: `out` writable, `source` NULL or writable.
-        unsafe {
-            out.write(evb_bytes::of(v.fragment(event, column)));
-            if !source.is_null() {
-                source.write(v.source(column));
-            }
-        }
-        Ok(EVB_OK)
-    })
+    let pick = |v: ::evb_store::StoredBatch<'_>| {
+        (evb_bytes::of(v.fragment(event, column)), v.source(column))
+    };
+    let at = (event, Some(column));
+    // SAFETY: the caller's contract.
+    unsafe { object_part("evb_object_fragment", o, at, out, source, pick) }
 }
 
 /// Frees an object.

@@ -382,30 +382,22 @@ struct StoredObject {
     object: Arc<evb::StoredObject>,
     #[pyo3(get)]
     name: String,
+    #[pyo3(get)]
+    run_id: u32,
+    /// The endpoint that wrote it.
+    #[pyo3(get)]
+    node: u16,
+    #[pyo3(get)]
+    mep: u64,
+    /// Events stored, and the MEP's (more for a selection).
+    #[pyo3(get)]
+    events: u32,
+    #[pyo3(get)]
+    mep_events: u32,
 }
 
 #[pymethods]
 impl StoredObject {
-    #[getter]
-    fn run_id(&self) -> u32 {
-        self.object.view().header.run_id
-    }
-    #[getter]
-    fn node(&self) -> u16 {
-        self.object.view().header.node
-    }
-    #[getter]
-    fn mep(&self) -> u64 {
-        self.object.view().header.mep
-    }
-    #[getter]
-    fn events(&self) -> u32 {
-        self.object.view().header.event_count
-    }
-    #[getter]
-    fn mep_events(&self) -> u32 {
-        self.object.view().mep_events()
-    }
     /// The run's source indices stored, in column order.
     #[getter]
     fn sources(&self) -> Vec<u32> {
@@ -475,10 +467,17 @@ impl StoreHandle {
         loop {
             match self.reader.next()? {
                 Read::Good { name, object } => {
+                    let v = object.view();
+                    let (h, mep_events) = (v.header, v.mep_events());
                     return Some(StoredObject {
                         object: Arc::new(object),
                         name,
-                    })
+                        run_id: h.run_id,
+                        node: h.node,
+                        mep: h.mep,
+                        events: h.event_count,
+                        mep_events,
+                    });
                 }
                 Read::Bad { name, reason } => self.bad.push((name, reason)),
             }
