@@ -613,3 +613,49 @@ fn container_recipes_parse_and_install_the_packages() {
         }
     }
 }
+
+/// A BU killed during the run: the C consumer is told which (EVB_BU_LOST),
+/// keeps consuming from the others and sees the end of the run.
+#[test]
+fn a_consumer_is_told_of_a_lost_bu() {
+    let (inst, dir, consumer) = example("lost", "consumer.c");
+    let rdv = dir.join("rdv");
+    let run = Command::new(inst.evb())
+        .args([
+            "run",
+            "-n",
+            "3",
+            "--external-consumers",
+            "1",
+            "--progress",
+            "never",
+        ])
+        .args(["-d", "4", "--kill", "2@1.5", "--allow-loss", "--rendezvous"])
+        .arg(&rdv)
+        .args(["--set", "source.events_per_mep=64"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c = Command::new(&consumer)
+        .arg(&rdv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let outs = wait_all(vec![run, c], Duration::from_secs(90));
+    let run_text = text_of(&outs[0]);
+    assert!(outs[0].status.success(), "{run_text}");
+    let c_text = text_of(&outs[1]);
+    assert!(outs[1].status.success(), "{c_text}\nrun: {run_text}");
+    let f = figures(&outs[1], "consumer rank");
+    assert_eq!(figure(&f, "lost_bus"), 1, "{c_text}");
+    assert!(
+        c_text.contains("BU 2 lost"),
+        "the lost BU is named: {c_text}"
+    );
+    assert!(
+        figure(&f, "batches") > 0 && figure(&f, "bad_events") == 0,
+        "{f:?}"
+    );
+}
