@@ -300,6 +300,32 @@ fn c_and_python_consumers_take_their_share_of_a_run() {
     ];
     assert_ne!(figure(&shares[0].1, "rank"), figure(&shares[1].1, "rank"));
     check_shares(&v, &run_text, &shares);
+    check_frames(inst, &json);
+}
+
+/// `evb.frames` reads the run's JSON into pandas: one row per endpoint,
+/// one per consumer, their batches adding up to the run's.
+fn check_frames(inst: &Installed, json: &Path) {
+    let script = format!(
+        "from evb import frames\n\
+         nodes = frames.run_nodes({json:?})\n\
+         consumers = frames.run_consumers({json:?})\n\
+         timeline = frames.run_timeline({json:?})\n\
+         print(len(nodes), list(nodes.role).count('FU'), len(consumers), \
+         int(consumers.batches.sum()), 'batches_consumed' in nodes.columns)\n",
+        json = json.display().to_string()
+    );
+    let (out, text) = run_bounded(
+        Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .env("PYTHONPATH", &inst.pythonpath),
+        "evb.frames",
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{text}");
+    let got = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(got.trim(), format!("5 3 3 {MEPS} True"), "{text}");
 }
 
 /// Reads a store with the C and the Python example: their counts.
