@@ -79,6 +79,19 @@ if [ -z "$prebuilt" ] && command -v cbindgen >/dev/null 2>&1; then
   rm -f "$fresh"
 fi
 
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Stripped once for every layout: the release profile keeps line tables
+# (debug = 1); the static library keeps its symbols (a linker needs them).
+stripped=$work/stripped
+mkdir -p "$stripped"
+pids=()
+strip --strip-unneeded -o "$stripped/evb" "$evb_bin" & pids+=($!)
+strip --strip-unneeded -o "$stripped/libevb.so" "$lib_so" & pids+=($!)
+strip --strip-debug -o "$stripped/libevb.a" "$lib_a" & pids+=($!)
+strip --strip-unneeded -o "$stripped/_evb.abi3.so" "$py_so" & pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
+
 # stage ROOT LIBDIR PYDIR: installs every file under ROOT, libraries in
 # LIBDIR (usr/lib/<multiarch> or usr/lib64), the Python package in PYDIR.
 stage() {
@@ -88,19 +101,15 @@ stage() {
     "$dest/usr/share/man/man1" "$dest/usr/share/doc/evb/examples" "$dest/$pydir/evb" \
     "$dest/usr/share/bash-completion/completions" "$dest/usr/share/zsh/vendor-completions" \
     "$dest/usr/share/fish/vendor_completions.d"
-  # Stripped: the release profile keeps line tables (debug = 1); the
-  # static library keeps its symbols (a linker needs them).
-  strip --strip-unneeded -o "$dest/usr/bin/evb" "$evb_bin"
-  strip --strip-unneeded -o "$dest/$libdir/libevb.so.$version" "$lib_so"
+  install -m 755 "$stripped/evb" "$dest/usr/bin/evb"
+  install -m 644 "$stripped/libevb.so" "$dest/$libdir/libevb.so.$version"
   ln -s "libevb.so.$version" "$dest/$libdir/libevb.so.0"
   ln -s "libevb.so.0" "$dest/$libdir/libevb.so"
-  strip --strip-debug -o "$dest/$libdir/libevb.a" "$lib_a"
-  chmod 644 "$dest/$libdir/libevb.a" "$dest/$libdir/libevb.so.$version"
+  install -m 644 "$stripped/libevb.a" "$dest/$libdir/libevb.a"
   install -m 644 "$header" "$dest/usr/include/evb.h"
   sed -e "s|@PREFIX@|/usr|" -e "s|@LIBDIR@|/$libdir|" -e "s|@VERSION@|$version|" \
     crates/evb-ffi/evb.pc.in >"$dest/$libdir/pkgconfig/evb.pc"
-  strip --strip-unneeded -o "$dest/$pydir/evb/_evb.abi3.so" "$py_so"
-  chmod 644 "$dest/$pydir/evb/_evb.abi3.so"
+  install -m 644 "$stripped/_evb.abi3.so" "$dest/$pydir/evb/_evb.abi3.so"
   install -m 644 crates/evb-py/python/evb/*.py "$dest/$pydir/evb/"
   "$dest/usr/bin/evb" man "$dest/usr/share/man/man1"
   gzip -9n "$dest"/usr/share/man/man1/*.1
@@ -143,8 +152,6 @@ split() {
 
 mkdir -p "$out"
 rm -f "$out"/*.deb "$out"/*.rpm
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 compress=(-Zgzip -z9)
 [ "${PKG_FAST:-0}" = 1 ] && compress=(-Zgzip -z1)
 

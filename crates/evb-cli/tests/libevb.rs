@@ -185,7 +185,7 @@ fn python(inst: &Installed, script: &str) -> Command {
     cmd
 }
 
-const MEPS: u64 = 240;
+const MEPS: u64 = 120;
 const EVENTS: u64 = 64;
 
 /// `evb run -n 2` with one consumer of its own and two external ones,
@@ -656,7 +656,7 @@ fn a_consumer_is_told_of_a_lost_bu() {
             "--progress",
             "never",
         ])
-        .args(["-d", "4", "--kill", "2@1.5", "--allow-loss", "--rendezvous"])
+        .args(["-d", "2", "--kill", "2@0.7", "--allow-loss", "--rendezvous"])
         .arg(&rdv)
         .args(["--set", "source.events_per_mep=64"])
         .stdout(Stdio::piped())
