@@ -4,6 +4,7 @@
 mod bench;
 mod diagnose;
 mod fabric;
+mod gen;
 mod log;
 mod progress;
 mod report;
@@ -21,10 +22,18 @@ use evb_node::start::StartOptions;
 use evb_node::Control;
 use evb_transport::hugepages;
 
+/// `evb --version`: the version and the commit built (build.rs).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("EVB_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "evb",
-    version,
+    version = VERSION,
     about = "Event builders for trigger-less DAQ: run, analyse, simulate"
 )]
 struct Cli {
@@ -54,6 +63,10 @@ enum Command {
     Report(report::ReportArgs),
     /// The event store: read and verify stored batches.
     Store(store::StoreArgs),
+    /// Print a shell completion script (bash, zsh, fish, ...) to stdout.
+    Completions(gen::CompletionsArgs),
+    /// Write the man pages (evb.1 and one per subcommand) to a directory.
+    Man(gen::ManArgs),
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +90,15 @@ struct RunArgs {
     /// output.consumers).
     #[arg(long)]
     consumers: Option<u16>,
+    /// Consumers evb run does not start: programs of their own on libevb or its Python
+    /// package, the last K consumer endpoints (after --consumers), that join through
+    /// --rendezvous DIR (docs/integration.md).
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "rendezvous")]
+    external_consumers: u16,
+    /// With --external-consumers: a fresh directory where they join (configuration, run key,
+    /// addresses and their final reports go to DIR/run<id>/).
+    #[arg(long, value_name = "DIR")]
+    rendezvous: Option<PathBuf>,
     /// Transport: tcp, shm, ofi:<provider>, ucx, ucx:<UCX_TLS> (sets transport.kind).
     #[arg(short, long)]
     transport: Option<String>,
@@ -173,6 +195,7 @@ fn main() -> ExitCode {
             | Command::Fabric(_)
             | Command::Config(_)
             | Command::Report(_)
+            | Command::Completions(_)
     ) {
         // Commands that only print may die quietly when their reader goes
         // away (`| head`). Not `run` and `node`: they write to sockets and
@@ -192,6 +215,10 @@ fn main() -> ExitCode {
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
         Command::Report(args) => report::run(args).map(|_| ExitCode::SUCCESS),
         Command::Store(args) => store::run(args),
+        Command::Completions(args) => {
+            gen::completions(gen::command::<Cli>(), &args).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Man(args) => gen::man(gen::command::<Cli>(), &args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -219,6 +246,8 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
         overrides,
         nodes: args.nodes,
         consumers: args.consumers,
+        external_consumers: args.external_consumers,
+        rendezvous: args.rendezvous,
         duration_s: args.duration,
         json: args.json,
         allow_loss: args.allow_loss,

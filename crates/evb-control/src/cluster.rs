@@ -84,13 +84,26 @@ pub fn exchange_tokens(
     token: &str,
     timeout: Duration,
 ) -> Result<Vec<String>> {
+    publish_token(dir, run_id, rank, token)?;
+    wait_tokens(dir, run_id, size, timeout)
+}
+
+/// Publishes rank `rank`'s token in `DIR/run<run_id>/<rank>` (write, then
+/// rename: a reader never sees half a token).
+pub fn publish_token(dir: &Path, run_id: u32, rank: u16, token: &str) -> Result<()> {
     let run_dir = dir.join(format!("run{run_id}"));
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating the rendezvous directory {}", run_dir.display()))?;
     let tmp = run_dir.join(format!(".{rank}.{}", std::process::id()));
     std::fs::write(&tmp, token).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, run_dir.join(rank.to_string()))
-        .with_context(|| format!("publishing rank {rank} in {}", run_dir.display()))?;
+        .with_context(|| format!("publishing rank {rank} in {}", run_dir.display()))
+}
+
+/// Waits up to `timeout` until ranks `0..size` have published their
+/// tokens, and returns them by rank.
+pub fn wait_tokens(dir: &Path, run_id: u32, size: u16, timeout: Duration) -> Result<Vec<String>> {
+    let run_dir = dir.join(format!("run{run_id}"));
     let deadline = Instant::now() + timeout;
     let mut tokens: Vec<Option<String>> = vec![None; size as usize];
     loop {
@@ -111,4 +124,16 @@ pub fn exchange_tokens(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// What `evb run --external-consumers` publishes in `DIR/run<id>/` for
+/// the consumers that join it from programs of their own: the run's
+/// configuration, its run key (0600, named by the configuration's
+/// `transport.run_key_file`) and the ranks left to them (one line,
+/// space-separated). A consumer takes a rank by creating
+/// `claim-<rank>` there exclusively.
+pub mod external {
+    pub const CONFIG_FILE: &str = "config.toml";
+    pub const KEY_FILE: &str = "run.key";
+    pub const RANKS_FILE: &str = "external";
 }

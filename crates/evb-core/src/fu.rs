@@ -16,6 +16,13 @@
 //!
 //! Time is passed in and the busy times come from a generator seeded from
 //! the configuration, so runs replay exactly.
+//!
+//! An FU whose work is someone else's (an external consumer through
+//! `libevb`: a trigger process in C++ or Python) holds its deliveries
+//! instead ([`FilterUnit::hold_deliveries`]): each intact batch is the
+//! application's from its arrival until the driver says it is done with it
+//! ([`FilterUnit::release`]), with the same credits, accounting and end of
+//! output; no busy time is drawn.
 
 use std::collections::VecDeque;
 
@@ -99,6 +106,10 @@ pub struct FilterUnit {
     current: Option<(Delivery, Nanos, Nanos)>,
     /// Admitted deliveries whose payload has not arrived yet.
     admitted: u32,
+    /// Hold mode: the deliveries the driver's application holds, and
+    /// since when.
+    hold: bool,
+    held: Vec<(Delivery, Nanos)>,
     pub stats: FuStats,
 }
 
@@ -125,6 +136,8 @@ impl FilterUnit {
             queue: VecDeque::new(),
             current: None,
             admitted: 0,
+            hold: false,
+            held: Vec::new(),
             stats: FuStats::default(),
         }
     }
@@ -149,12 +162,52 @@ impl FilterUnit {
         self.current.is_some()
     }
 
-    /// Time spent busy up to `now`, the batch in hand included, ns.
+    /// Time spent busy up to `now`, the batch in hand included, ns (in
+    /// hold mode, summed over the batches held).
     pub fn busy_time(&self, now: Nanos) -> u64 {
         let current = self.current.map_or(0, |(_, started, until)| {
             now.min(until).saturating_sub(started)
         });
-        self.stats.busy_ns + current
+        let held: u64 = self
+            .held
+            .iter()
+            .map(|(_, since)| now.saturating_sub(*since))
+            .sum();
+        self.stats.busy_ns + current + held
+    }
+
+    /// The driver's application decides when each batch is done: every
+    /// intact delivery is held, from its arrival until
+    /// [`FilterUnit::release`], with no drawn busy time (a corrupt one is
+    /// consumed at once: its credit returns, it is counted bad). Call
+    /// before the first delivery.
+    pub fn hold_deliveries(&mut self) {
+        self.hold = true;
+    }
+
+    /// Deliveries the application holds (hold mode).
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Hold mode: the application is done with `mep` from the BU on
+    /// endpoint `bu`: it is consumed, and its credit returns to that BU
+    /// (unless the BU ended its output or is gone). False when no such
+    /// delivery is held.
+    pub fn release(&mut self, now: Nanos, bu: NodeId, mep: MepId, out: &mut Vec<FuAction>) -> bool {
+        let Some(b) = self.bu_of.get(bu as usize).copied().flatten() else {
+            return false;
+        };
+        let Some(at) = self
+            .held
+            .iter()
+            .position(|(d, _)| d.mep == mep && d.bu_index == b)
+        else {
+            return false;
+        };
+        let (d, since) = self.held.swap_remove(at);
+        self.finish_delivery(d, since, now, out);
+        true
     }
 
     /// Batches waiting behind the current one.
@@ -177,6 +230,7 @@ impl FilterUnit {
     pub fn is_finished(&self) -> bool {
         self.current.is_none()
             && self.queue.is_empty()
+            && self.held.is_empty()
             && self.admitted == 0
             && self.ended.iter().all(|&e| e)
     }
@@ -245,12 +299,21 @@ impl FilterUnit {
         if h.flags & crate::wire::FLAG_PARTIAL != 0 {
             self.stats.batches_partial += 1;
         }
-        self.queue.push_back(Delivery {
+        let d = Delivery {
             mep: h.mep,
             bu_index: h.source,
             events: u64::from(h.event_count),
             bytes: u64::from(h.payload_len),
-        });
+        };
+        if self.hold {
+            if intact {
+                self.held.push((d, now));
+            } else {
+                self.finish_delivery(d, now, now, out);
+            }
+            return;
+        }
+        self.queue.push_back(d);
         self.stats.max_queued = self.stats.max_queued.max(self.queue.len() as u32);
         self.work(now, out);
     }
@@ -286,21 +349,7 @@ impl FilterUnit {
                     return;
                 }
                 self.current = None;
-                self.stats.busy_ns += until - started;
-                self.stats.batches_consumed += 1;
-                self.stats.events_consumed += d.events;
-                self.stats.bytes_consumed += d.bytes;
-                let accepted = (0..d.events as u32)
-                    .filter(|&e| self.accepts(d.mep, e))
-                    .count() as u64;
-                self.stats.events_accepted += accepted;
-                self.stats.batches_accepted += u64::from(accepted > 0);
-                let bu = self.bu_nodes[d.bu_index as usize];
-                out.push(FuAction::Consumed { mep: d.mep, bu });
-                if !self.ended[d.bu_index as usize] {
-                    self.granted[d.bu_index as usize] += 1;
-                    out.push(FuAction::Credit { bu, credits: 1 });
-                }
+                self.finish_delivery(d, started, until, out);
             }
             let Some(next) = self.queue.pop_front() else {
                 return;
@@ -308,6 +357,32 @@ impl FilterUnit {
             // Work starts when the previous batch ended, or now if idle.
             let busy = self.draw_busy();
             self.current = Some((next, now, now + busy));
+        }
+    }
+
+    /// Delivery `d`, worked on from `started` to `ended`, is consumed: its
+    /// buffer can go, and its credit returns to a BU still delivering.
+    fn finish_delivery(
+        &mut self,
+        d: Delivery,
+        started: Nanos,
+        ended: Nanos,
+        out: &mut Vec<FuAction>,
+    ) {
+        self.stats.busy_ns += ended.saturating_sub(started);
+        self.stats.batches_consumed += 1;
+        self.stats.events_consumed += d.events;
+        self.stats.bytes_consumed += d.bytes;
+        let accepted = (0..d.events as u32)
+            .filter(|&e| self.accepts(d.mep, e))
+            .count() as u64;
+        self.stats.events_accepted += accepted;
+        self.stats.batches_accepted += u64::from(accepted > 0);
+        let bu = self.bu_nodes[d.bu_index as usize];
+        out.push(FuAction::Consumed { mep: d.mep, bu });
+        if !self.ended[d.bu_index as usize] {
+            self.granted[d.bu_index as usize] += 1;
+            out.push(FuAction::Credit { bu, credits: 1 });
         }
     }
 
@@ -465,6 +540,50 @@ mod tests {
         assert_eq!(fu.stats.batches_consumed, 2);
         assert_eq!(fu.stats.events_accepted, expected);
         assert!(expected > 0 && expected < 20, "{expected}");
+    }
+
+    #[test]
+    fn held_deliveries_are_the_applications_until_released() {
+        let (_, l, mut fu) = setup(10);
+        fu.hold_deliveries();
+        let mut out = Vec::new();
+        fu.start(&mut out);
+        out.clear();
+        for mep in [1, 2] {
+            assert_eq!(fu.admit(l.bu_nodes[0], &batch(mep, 0)), Admit::Keep);
+            fu.on_delivery(100, &batch(mep, 0), true, &mut out);
+        }
+        // Held, not worked on: no deadline, no credit back, not finished.
+        assert_eq!((fu.held(), fu.next_deadline(), out.len()), (2, None, 0));
+        assert_eq!(fu.admit(l.bu_nodes[0], &batch(3, 0)), Admit::Drop);
+        // A corrupt one is consumed at once, its credit back.
+        assert_eq!(fu.admit(l.bu_nodes[1], &batch(4, 1)), Admit::Keep);
+        fu.on_delivery(100, &batch(4, 1), false, &mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        out.clear();
+        // Released out of order; an unknown one is refused.
+        assert!(!fu.release(500, l.bu_nodes[0], 9, &mut out));
+        assert!(!fu.release(500, l.fu_nodes[0], 2, &mut out));
+        assert!(fu.release(600, l.bu_nodes[0], 2, &mut out));
+        assert_eq!(
+            out,
+            vec![
+                FuAction::Consumed { mep: 2, bu: 0 },
+                FuAction::Credit { bu: 0, credits: 1 }
+            ]
+        );
+        assert_eq!(fu.busy_time(700), 500 + 600);
+        fu.on_output_end(0);
+        fu.on_output_end(1);
+        assert!(!fu.is_finished(), "MEP 1 is still held");
+        out.clear();
+        assert!(fu.release(800, l.bu_nodes[0], 1, &mut out));
+        // The BU ended its output: no credit goes back to it.
+        assert_eq!(out, vec![FuAction::Consumed { mep: 1, bu: 0 }]);
+        assert!(fu.is_finished());
+        assert_eq!(fu.stats.batches_consumed, 3);
+        assert_eq!(fu.stats.batches_corrupt, 1);
+        assert_eq!(fu.stats.busy_ns, 500 + 700);
     }
 
     #[test]

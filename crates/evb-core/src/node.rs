@@ -388,6 +388,20 @@ impl Node {
         self.flush(now);
     }
 
+    /// FU in hold mode ([`FilterUnit::hold_deliveries`]): the application
+    /// is done with delivery `mep` from the BU on endpoint `bu` (its
+    /// `Consumed` and the credit follow). False when no such delivery is
+    /// held.
+    pub fn release_delivery(&mut self, now: Nanos, bu: NodeId, mep: MepId) -> bool {
+        self.tick(now);
+        let released = match &mut self.fu {
+            Some(fu) => fu.release(now, bu, mep, &mut self.fu_out),
+            None => false,
+        };
+        self.flush(now);
+        released
+    }
+
     /// A [`Action::HandOver`] is done: `crc` was computed over the RU's data.
     pub fn on_local_fragment(&mut self, now: Nanos, header: &FragmentHeader, crc: u32) {
         self.tick(now);
@@ -714,9 +728,10 @@ impl Node {
         if let Some(fu) = &self.fu {
             if !fu.is_finished() {
                 parts.push(format!(
-                    "FU busy {}, {} queued, {} producers not ended",
+                    "FU busy {}, {} queued, {} held by the application, {} producers not ended",
                     fu.is_busy(),
                     fu.queued(),
+                    fu.held(),
                     fu.producers_open()
                 ));
             }

@@ -15,6 +15,7 @@
 //! transports (`evb-transport`) is the memory plan, the run key and
 //! where shared memory leaves its files.
 
+pub mod external;
 pub mod summary;
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -45,6 +46,12 @@ pub struct RunOptions {
     pub nodes: Option<u16>,
     /// Filter Unit consumer processes (`output.consumers`).
     pub consumers: Option<u16>,
+    /// Consumers the launcher does not start: programs of their own
+    /// (`libevb`) that join through `rendezvous` ([`external`]), the last
+    /// endpoints of the run, after the `consumers` it starts.
+    pub external_consumers: u16,
+    /// Where external consumers join (`DIR/run<id>/`).
+    pub rendezvous: Option<PathBuf>,
     pub duration_s: Option<f64>,
     pub json: Option<PathBuf>,
     pub allow_loss: bool,
@@ -188,26 +195,32 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     config.transport.shm_rejoin = restarts;
     let layout = Layout::from_config(&config);
     let endpoints = layout.endpoints as usize;
+    // The endpoints started here: all but the external consumers.
+    let launched = endpoints - usize::from(opts.external_consumers);
     check_memory(&config, machine_memory_bytes())?;
     if config.output_network() {
         // Every node runs here: one look at the address before starting them.
         evb_transport::outnet::published_ip(&config)?;
     }
-    check_faults(&opts.faults, &config, endpoints)?;
-    let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
-    std::fs::create_dir_all(&workdir)?;
-    let config_path = workdir.join("config.toml");
-    std::fs::write(&config_path, toml::to_string(&config)?)?;
-
-    let exe = match &opts.exe {
-        Some(e) => e.clone(),
-        None => std::env::current_exe().context("locating the evb executable")?,
-    };
+    check_faults(&opts.faults, &config, launched)?;
     // A fresh run key for this run's nodes (unless the config names one):
     // a stranger on a node port cannot join even with the right run id.
     let run_key = match std::env::var(evb_transport::auth::KEY_ENV) {
         Ok(k) => k,
         Err(_) => evb_transport::auth::fresh_key_hex(),
+    };
+    let external = external_consumers(opts, &mut config, &run_key)?;
+    let workdir = std::env::temp_dir().join(format!("evb-run-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)?;
+    let config_path = workdir.join("config.toml");
+    std::fs::write(&config_path, toml::to_string(&config)?)?;
+    if let Some(ext) = &external {
+        ext.publish_config(&config)?;
+    }
+
+    let exe = match &opts.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe().context("locating the evb executable")?,
     };
     let (tx, rx) = mpsc::channel();
     let starter = NodeStarter {
@@ -218,10 +231,11 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         spawned: std::cell::RefCell::new(Vec::new()),
         em: layout.em as usize,
         duration_s: config.run.duration_s,
+        external,
     };
     let mut children: Vec<Child> = Vec::new();
     let mut stdins: Vec<Option<ChildStdin>> = Vec::new();
-    for rank in 0..endpoints {
+    for rank in 0..launched {
         let (child, stdin) = starter.start(rank, false, &[])?;
         stdins.push(stdin);
         children.push(child);
@@ -271,6 +285,26 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
     Ok((result, clean))
 }
 
+/// `--external-consumers K`: the rendezvous directory prepared for them
+/// (the run key in a file the configuration names), or `None` without.
+fn external_consumers(
+    opts: &RunOptions,
+    config: &mut Config,
+    run_key: &str,
+) -> Result<Option<external::External>> {
+    let k = opts.external_consumers;
+    if k == 0 {
+        return Ok(None);
+    }
+    let Some(dir) = &opts.rendezvous else {
+        bail!("--external-consumers needs --rendezvous DIR: where the consumers join the run");
+    };
+    let endpoints = Layout::from_config(config).endpoints;
+    Ok(Some(external::External::prepare(
+        dir, k, endpoints, config, run_key,
+    )?))
+}
+
 /// The configuration the nodes run: the file and overrides with the
 /// command line's options, the files it names made absolute (the nodes
 /// read it again from elsewhere), `auto` transport resolved.
@@ -284,6 +318,14 @@ fn effective_config(opts: &RunOptions) -> Result<Config> {
     }
     if let Some(m) = opts.consumers {
         overrides.push(format!("output.consumers={m}"));
+    }
+    if opts.external_consumers > 0 {
+        // The external consumers come after the ones started here.
+        let started = Config::load(opts.config.as_deref(), &overrides)?
+            .output
+            .consumers;
+        let all = u32::from(started) + u32::from(opts.external_consumers);
+        overrides.push(format!("output.consumers={all}"));
     }
     let mut config = Config::load(opts.config.as_deref(), &overrides)?;
     let base = opts
@@ -317,6 +359,8 @@ struct NodeStarter {
     /// restarted EM.
     em: usize,
     duration_s: f64,
+    /// The consumers started elsewhere, and where they join.
+    external: Option<external::External>,
 }
 
 impl NodeStarter {
@@ -783,9 +827,17 @@ fn supervise(
     rx: &mpsc::Receiver<FromNode>,
     starter: &NodeStarter,
 ) -> Result<Supervised> {
-    let endpoints = children.len();
+    let external = starter.external.as_ref();
+    let launched = children.len();
     let bind = &config.transport.bind;
-    let mut watch = Watch::new(collect_addresses(config, endpoints, rx)?);
+    let mut peers = collect_addresses(config, launched, rx)?;
+    if let Some(ext) = external {
+        peers = ext.exchange(&peers)?;
+    }
+    let mut watch = Watch::new(peers);
+    // The external consumers are not watched here: their final reports
+    // come from the rendezvous directory at the end.
+    watch.open[launched..].fill(false);
     for (rank, s) in stdins.iter_mut().enumerate() {
         let s = s.as_mut().expect("piped");
         s.write_all(watch.peers_line.as_bytes())
@@ -862,6 +914,11 @@ fn supervise(
             bar.set_position(bar.length().unwrap_or(0));
         }
         bar.abandon();
+    }
+    if let Some(ext) = external {
+        for (i, report) in ext.final_reports().into_iter().enumerate() {
+            watch.finals[launched + i] = report;
+        }
     }
     Ok(Supervised {
         finals: watch.finals,

@@ -55,6 +55,7 @@ use crate::mepbuf::{MepBuf, SlotStore};
 use crate::transport::shm::SharedView;
 use crate::transport::{CrcPolicy, LinkEvent, Transport};
 
+pub mod consumer;
 pub mod start;
 
 mod dispatch;
@@ -153,6 +154,9 @@ struct Engine {
     deliveries: HashMap<MepId, (Rc<MepBuf>, FragmentHeader)>,
     /// FU: received batches, by (BU endpoint, MEP), until consumed.
     consuming: HashMap<(NodeId, MepId), Delivered>,
+    /// FU holding its deliveries for an embedding application: the
+    /// batches held and not handed to it yet, in arrival order.
+    handed: std::collections::VecDeque<(NodeId, MepId)>,
 }
 
 /// A batch delivered to this FU: the receive buffer and where the payload
@@ -164,6 +168,8 @@ struct Delivered {
     events: u32,
     /// CRC and fragment table verified: only an intact batch is stored.
     intact: bool,
+    /// An incomplete batch delivered anyway (`output.deliver_partial`).
+    partial: bool,
 }
 
 struct Runtime {
@@ -207,13 +213,35 @@ struct Runtime {
     /// throughput).
     sending: HashMap<MepId, (NodeId, u64, u64)>,
     sent_by_bu: std::collections::BTreeMap<NodeId, crate::report::BuSends>,
+    /// The node lives in another program's process (an external
+    /// consumer): nothing goes to stdout, the FU holds its deliveries for
+    /// the application, which stores what it wants itself.
+    embedded: bool,
+}
+
+/// What the event loop keeps from one turn to the next.
+struct Turns {
+    next_stats: Instant,
+    next_trim: Instant,
+    /// When the EM ends a timed run.
+    stop_at: Option<Instant>,
+    stopped: bool,
 }
 
 impl Runtime {
-    fn new(config: Config, layout: Layout, rank: NodeId) -> Result<Runtime> {
-        let node = Node::new(&config, &layout, rank);
+    fn new(config: Config, layout: Layout, rank: NodeId, embedded: bool) -> Result<Runtime> {
+        let mut node = Node::new(&config, &layout, rank);
+        if embedded {
+            if let Some(fu) = node.fu_mut() {
+                fu.hold_deliveries();
+            }
+        }
         let sources = layout.ru_of[rank as usize].map(|s| SourceModel::new(&config, s));
-        let (sink, store) = output::open_outputs(&config, &layout, rank)?;
+        let (sink, store) = if embedded {
+            (None, None)
+        } else {
+            output::open_outputs(&config, &layout, rank)?
+        };
         let stats_under_launcher = config.metrics.stats_lines;
         Ok(Runtime {
             engine: Engine {
@@ -238,6 +266,7 @@ impl Runtime {
                 sink,
                 deliveries: HashMap::new(),
                 consuming: HashMap::new(),
+                handed: std::collections::VecDeque::new(),
             },
             linked: transport::linked_peers(&config, &layout, rank),
             layout,
@@ -251,7 +280,11 @@ impl Runtime {
             events: Vec::new(),
             report_file: None,
             stats_under_launcher,
-            report_lines: ReportLines::start(),
+            report_lines: if embedded {
+                ReportLines::off()
+            } else {
+                ReportLines::start()
+            },
             metrics: None,
             actions_left: false,
             store,
@@ -259,6 +292,7 @@ impl Runtime {
             output_network: None,
             sending: HashMap::new(),
             sent_by_bu: std::collections::BTreeMap::new(),
+            embedded,
         })
     }
 
@@ -285,80 +319,14 @@ impl Runtime {
         commands: Option<&mpsc::Receiver<Command>>,
     ) -> Result<()> {
         self.start_run(transport)?;
-        let mut next_stats = Instant::now() + STATS_INTERVAL;
-        let mut next_trim = Instant::now() + POOL_TRIM;
-        let duration = self.config.run.duration_s;
-        let stop_at = (self.rank == self.layout.em && duration > 0.0)
-            .then(|| self.engine.epoch + Duration::from_secs_f64(duration));
-        let mut stopped = false;
-        loop {
-            // Time-driven inputs first: the end of a timed run, then the
-            // node's own timers (batches, slots, heartbeats, silent peers,
-            // the drain, the linger).
-            let now_i = Instant::now();
-            if !stopped && stop_at.is_some_and(|t| now_i >= t) {
-                stopped = true;
-                let now = self.engine.now();
-                self.engine.node.stop(now);
-            }
-            if now_i >= next_trim {
-                next_trim = now_i + POOL_TRIM;
-                self.engine.trim_pools();
-                if self.config.metrics.log_memory {
-                    self.engine.print_memory(self.rank);
-                }
-            }
-            let now = self.engine.now();
-            if self.engine.node.next_deadline().is_some_and(|d| d <= now) {
-                self.vouch_for_silent_peers(transport, now);
-                self.engine.node.on_timeout(now);
-            }
-            self.process_actions(transport)?;
-            transport.flush(&mut self.events);
-            self.handle_link_events(transport)?;
-            if now_i >= next_stats {
-                if !self.engine.node.is_done() {
-                    self.log_em_resync();
-                }
-                self.print_report(false);
-                next_stats = now_i + STATS_INTERVAL;
-            }
-            if self.engine.node.is_done() && !self.finished && !transport.has_pending_tx(None) {
-                self.finished = true;
-                transport.finish();
-                let now = self.engine.now();
-                self.engine.node.on_goodbye_sent(now);
-            }
-            if self.finished && (transport.all_finished() || self.engine.node.linger_over()) {
-                break;
-            }
-            // Wait until the next thing that can happen.
-            let mut wake = next_stats;
-            if let Some(t) = stop_at.filter(|_| !stopped) {
-                wake = wake.min(t);
-            }
-            if let Some(d) = self.engine.node.next_deadline() {
-                wake = wake.min(self.engine.epoch + Duration::from_nanos(d));
-            }
-            let mut timeout = if self.actions_left {
-                Duration::ZERO
-            } else {
-                wake.saturating_duration_since(Instant::now()).min(MAX_WAIT)
-            };
-            if self.config.output.consumer_wait == BusyWait::Spin
-                && self.engine.node.fu().is_some_and(|f| f.is_busy())
-            {
-                // A consumer at work burns its core, as a real filter does.
-                timeout = Duration::ZERO;
-            }
-            transport.poll(timeout, &mut self.engine, &mut self.events)?;
-            self.handle_link_events(transport)?;
+        let mut turns = self.turns();
+        while !self.turn(transport, &mut turns, MAX_WAIT)? {
             // Commands every turn.
             if let Some(rx) = commands {
                 while let Ok(cmd) = rx.try_recv() {
                     // STOP, or our parent is gone: drain.
-                    if matches!(cmd, Command::Stop | Command::Eof) && !stopped {
-                        stopped = true;
+                    if matches!(cmd, Command::Stop | Command::Eof) && !turns.stopped {
+                        turns.stopped = true;
                         let now = self.engine.now();
                         self.engine.node.stop(now);
                     }
@@ -366,6 +334,91 @@ impl Runtime {
             }
         }
         self.finish_run(transport)
+    }
+
+    /// The loop's timers, as the run starts.
+    fn turns(&self) -> Turns {
+        let duration = self.config.run.duration_s;
+        Turns {
+            next_stats: Instant::now() + STATS_INTERVAL,
+            next_trim: Instant::now() + POOL_TRIM,
+            stop_at: (self.rank == self.layout.em && duration > 0.0)
+                .then(|| self.engine.epoch + Duration::from_secs_f64(duration)),
+            stopped: false,
+        }
+    }
+
+    /// One turn of the event loop: the time-driven inputs, the actions,
+    /// then a wait for input of at most `max_wait`. True when this node's
+    /// run is over (it finished, and its peers did or the linger ended).
+    fn turn(
+        &mut self,
+        transport: &mut dyn Transport,
+        t: &mut Turns,
+        max_wait: Duration,
+    ) -> Result<bool> {
+        // Time-driven inputs first: the end of a timed run, then the
+        // node's own timers (batches, slots, heartbeats, silent peers,
+        // the drain, the linger).
+        let now_i = Instant::now();
+        if !t.stopped && t.stop_at.is_some_and(|s| now_i >= s) {
+            t.stopped = true;
+            let now = self.engine.now();
+            self.engine.node.stop(now);
+        }
+        if now_i >= t.next_trim {
+            t.next_trim = now_i + POOL_TRIM;
+            self.engine.trim_pools();
+            if self.config.metrics.log_memory {
+                self.engine.print_memory(self.rank);
+            }
+        }
+        let now = self.engine.now();
+        if self.engine.node.next_deadline().is_some_and(|d| d <= now) {
+            self.vouch_for_silent_peers(transport, now);
+            self.engine.node.on_timeout(now);
+        }
+        self.process_actions(transport)?;
+        transport.flush(&mut self.events);
+        self.handle_link_events(transport)?;
+        if now_i >= t.next_stats {
+            if !self.engine.node.is_done() {
+                self.log_em_resync();
+            }
+            self.print_report(false);
+            t.next_stats = now_i + STATS_INTERVAL;
+        }
+        if self.engine.node.is_done() && !self.finished && !transport.has_pending_tx(None) {
+            self.finished = true;
+            transport.finish();
+            let now = self.engine.now();
+            self.engine.node.on_goodbye_sent(now);
+        }
+        if self.finished && (transport.all_finished() || self.engine.node.linger_over()) {
+            return Ok(true);
+        }
+        // Wait until the next thing that can happen.
+        let mut wake = t.next_stats;
+        if let Some(s) = t.stop_at.filter(|_| !t.stopped) {
+            wake = wake.min(s);
+        }
+        if let Some(d) = self.engine.node.next_deadline() {
+            wake = wake.min(self.engine.epoch + Duration::from_nanos(d));
+        }
+        let mut timeout = if self.actions_left {
+            Duration::ZERO
+        } else {
+            wake.saturating_duration_since(Instant::now()).min(max_wait)
+        };
+        if self.config.output.consumer_wait == BusyWait::Spin
+            && self.engine.node.fu().is_some_and(|f| f.is_busy())
+        {
+            // A consumer at work burns its core, as a real filter does.
+            timeout = Duration::ZERO;
+        }
+        transport.poll(timeout, &mut self.engine, &mut self.events)?;
+        self.handle_link_events(transport)?;
+        Ok(false)
     }
 
     /// The run begins: the node's clock starts, a restarted node gives up

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use evb_core::bu::Admit;
 use evb_core::config::Readout;
 use evb_core::source::payload_crc;
-use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH};
+use evb_core::wire::{FragmentHeader, Message, FLAG_BATCH, FLAG_PARTIAL};
 use evb_core::{MepId, Nanos, NodeId};
 
 use crate::mepbuf::MepBuf;
@@ -213,9 +213,16 @@ impl RxHandler for Engine {
                 len,
                 events: header.event_count,
                 intact,
+                partial: header.flags & FLAG_PARTIAL != 0,
             };
             self.consuming.insert((peer, header.mep), delivered);
+            let held = |e: &Self| e.node.fu().map_or(0, |f| f.held());
+            let before = held(self);
             self.node.on_delivery(now, &header, intact);
+            if held(self) > before {
+                // Held for an embedding application: handed out in order.
+                self.handed.push_back((peer, header.mep));
+            }
             return;
         }
         let payload = buf.get(offset..offset + len).unwrap_or(&[]);

@@ -54,6 +54,18 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
+    let control = opts.control;
+    let (mut rt, mut transport) = prepare(opts, false)?;
+    // After the PEERS line was read: from here on stdin carries commands.
+    let commands = (control == Control::Stdio).then(spawn_stdin_forwarder);
+    rt.run(transport.as_mut(), commands.as_ref())
+}
+
+/// A node set up and connected to its peers, ready to run: its runtime and
+/// its transport. `embedded`: the node lives in someone else's process (an
+/// external consumer, [`crate::consumer`]): no metrics endpoint, nothing
+/// on stdout, the final report to the rendezvous directory only.
+pub(crate) fn prepare(opts: NodeOptions, embedded: bool) -> Result<(Runtime, Box<dyn Transport>)> {
     let config = opts.config;
     let layout = Layout::from_config(&config);
     let rank = opts.rank;
@@ -103,13 +115,13 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
         )?,
         (None, control) => rendezvous(&config, &layout, rank, control, transport.as_ref())?,
     };
-    let commands = (opts.control == Control::Stdio).then(spawn_stdin_forwarder);
     let run_id = config.run.run_id;
     let metrics = match config.metrics.base_port {
+        _ if embedded => None,
         0 => None,
         base => Some(crate::metrics::serve(&config.metrics.bind, base + rank)?),
     };
-    let mut rt = Runtime::new(config, layout, rank)?;
+    let mut rt = Runtime::new(config, layout, rank, embedded)?;
     if let Some(rx_pool) = pools {
         rt.engine.rx_pool = rx_pool;
     }
@@ -150,7 +162,7 @@ pub fn run_node(opts: NodeOptions) -> Result<()> {
             out.links.len()
         );
     }
-    rt.run(transport.as_mut(), commands.as_ref())
+    Ok((rt, transport))
 }
 
 /// The directory where a cluster launcher's ranks exchange addresses.

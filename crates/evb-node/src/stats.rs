@@ -10,15 +10,60 @@ use crate::report::NodeReport;
 use super::*;
 
 impl Runtime {
+    /// The final report, as the FINAL line and the report file have it.
+    pub(super) fn final_report(&self) -> NodeReport {
+        self.report(true, &self.engine.node.stats())
+    }
+
     pub(super) fn print_report(&self, full: bool) {
+        if self.embedded && !full && self.metrics.is_none() {
+            return; // Nobody reads STATS lines there.
+        }
         let stats = self.engine.node.stats();
+        let mut r = self.report(full, &stats);
+        if let Some(m) = &self.metrics {
+            m.update(&r, &self.gauges());
+        }
+        if !full {
+            // STATS lines stay small: the histogram only in FINAL.
+            r.latency_buckets.clear();
+            r.incidents.clear();
+        }
+        if let (Some(path), true) = (&self.report_file, full) {
+            let line = serde_json::to_string(&r).expect("report serialises");
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(path, &line));
+            if let Err(e) = written {
+                tracing::warn!("evb node {}: writing {}: {e}", self.rank, path.display());
+            }
+        }
+        if self.embedded {
+            return; // Another program's stdout: the report file only.
+        }
+        if self.report_file.is_some() && !full && !self.stats_under_launcher {
+            return; // No STATS lines on a launcher's shared stdout.
+        }
+        if full {
+            self.report_lines
+                .write(ToLauncher::Final(Box::new(r)).encode());
+        } else {
+            self.report_lines
+                .offer(ToLauncher::Stats(Box::new(r)).encode());
+        }
+    }
+
+    /// This node's report now (`full`: with the latency histogram and the
+    /// output network's links).
+    fn report(&self, full: bool, stats: &evb_core::NodeStats) -> NodeReport {
         let elapsed = self.engine.epoch.elapsed().as_secs_f64();
         // Metrics want the latency histogram every time.
         let mut r = NodeReport::from_stats(
             self.rank,
             self.layout.role(self.rank),
             elapsed,
-            &stats,
+            stats,
             full || self.metrics.is_some(),
         );
         r.peers_lost = self.lost.clone();
@@ -42,35 +87,8 @@ impl Runtime {
             r.output_network = self.output_network.clone();
             r.sends_by_bu = self.sent_by_bu.values().cloned().collect();
         }
-        r.clock = self.clock_report(&stats);
-        if let Some(m) = &self.metrics {
-            m.update(&r, &self.gauges());
-        }
-        if !full {
-            // STATS lines stay small: the histogram only in FINAL.
-            r.latency_buckets.clear();
-            r.incidents.clear();
-        }
-        if let (Some(path), true) = (&self.report_file, full) {
-            let line = serde_json::to_string(&r).expect("report serialises");
-            let written = path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(path, &line));
-            if let Err(e) = written {
-                tracing::warn!("evb node {}: writing {}: {e}", self.rank, path.display());
-            }
-        }
-        if self.report_file.is_some() && !full && !self.stats_under_launcher {
-            return; // No STATS lines on a launcher's shared stdout.
-        }
-        if full {
-            self.report_lines
-                .write(ToLauncher::Final(Box::new(r)).encode());
-        } else {
-            self.report_lines
-                .offer(ToLauncher::Stats(Box::new(r)).encode());
-        }
+        r.clock = self.clock_report(stats);
+        r
     }
 
     /// What the node uses besides its figures: memory, CPU time (also per
@@ -175,6 +193,15 @@ impl ReportLines {
         ReportLines {
             tx: Some(tx),
             writer,
+            dropped: std::cell::Cell::new(0),
+        }
+    }
+
+    /// No lines at all (a node embedded in another program).
+    pub(super) fn off() -> ReportLines {
+        ReportLines {
+            tx: None,
+            writer: None,
             dropped: std::cell::Cell::new(0),
         }
     }

@@ -776,6 +776,54 @@ impl<'a> StoredBatch<'a> {
     }
 }
 
+/// A verified object that owns its bytes: what a reader hands out batch
+/// by batch ([`StoredObject::view`] reads it).
+#[derive(Debug, Clone)]
+pub struct StoredObject {
+    bytes: Vec<u8>,
+    header: ObjectHeader,
+    index: std::ops::Range<usize>,
+    payload: std::ops::Range<usize>,
+}
+
+impl StoredObject {
+    /// Keeps `bytes` once `check` (a [`decode`], with any check of its
+    /// own) verified them.
+    pub fn verified<E>(
+        bytes: Vec<u8>,
+        check: impl FnOnce(&[u8]) -> Result<StoredBatch<'_>, E>,
+    ) -> Result<StoredObject, E> {
+        let (header, index, payload) = {
+            let batch = check(&bytes)?;
+            let base = bytes.as_ptr() as usize;
+            let range = |s: &[u8]| {
+                let start = s.as_ptr() as usize - base;
+                start..start + s.len()
+            };
+            (batch.header, range(batch.index), range(batch.payload))
+        };
+        Ok(StoredObject {
+            bytes,
+            header,
+            index,
+            payload,
+        })
+    }
+
+    pub fn view(&self) -> StoredBatch<'_> {
+        StoredBatch {
+            header: self.header,
+            index: &self.bytes[self.index.clone()],
+            payload: &self.bytes[self.payload.clone()],
+        }
+    }
+
+    /// The whole object, as stored.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 /// Parses the header alone (magic, version, header CRC); does not look at
 /// the rest.
 pub fn decode_header(bytes: &[u8]) -> Result<ObjectHeader, ObjectError> {

@@ -24,8 +24,8 @@ pub mod writer;
 
 use std::path::PathBuf;
 
-pub use format::{ObjectError, ObjectHeader, StoredBatch};
-pub use reader::{read_store, BadObject, ReadOptions, ReadReport};
+pub use format::{ObjectError, ObjectHeader, StoredBatch, StoredObject};
+pub use reader::{read_store, verify, BadObject, ReadOptions, ReadReport, StoreObjects};
 pub use target::{S3Options, S3Target, StoreTarget};
 pub use writer::{StoreStats, StoreWriter, WriterOptions};
 

@@ -184,45 +184,125 @@ pub fn read_store(target: &StoreTarget, options: &ReadOptions) -> Result<ReadRep
         target: target.to_string(),
         ..ReadReport::default()
     };
-    match target {
-        StoreTarget::Dir(root) => read_dir(root, options, &mut report)?,
-        StoreTarget::S3(t) => {
-            let client = S3Client::new(t, options.timeout);
-            let prefix = if t.prefix.is_empty() {
-                String::new()
-            } else {
-                format!("{}/", t.prefix)
-            };
-            for listed in client.list(&prefix)? {
-                let name = listed.key.strip_prefix(&prefix).unwrap_or(&listed.key);
-                if !name.ends_with(&format!(".{EXTENSION}")) {
-                    report.other_files += 1;
-                    continue;
-                }
-                let bytes = if listed.size > options.max_object_bytes {
-                    Err(too_large(listed.size, options.max_object_bytes))
-                } else {
-                    client
-                        .get_object(&listed.key, options.max_object_bytes)
-                        .map_err(|e| e.to_string())
-                };
-                report.record(name.to_string(), bytes, options.list);
-            }
-        }
+    let objects = StoreObjects::open(target, options)?;
+    report.other_files = objects.other_files();
+    for (name, bytes) in objects {
+        report.record(name, bytes, options.list);
     }
     Ok(report)
+}
+
+/// Where a listed object is.
+enum Location {
+    File(PathBuf),
+    Key {
+        key: String,
+        size: u64,
+    },
+    /// A temporary file an interrupted writer left.
+    Unfinished,
+}
+
+/// The objects of a store, in listing order (a directory's sorted paths,
+/// S3's key order), read one at a time: each item is the object's name
+/// under the target and its bytes, or why they could not be had (an
+/// unfinished write, over the size limit, a failed read). Listing happens
+/// at [`StoreObjects::open`]; nothing else is held in memory but the
+/// object being read. Verification is the caller's ([`verify`]).
+pub struct StoreObjects {
+    entries: std::vec::IntoIter<(String, Location)>,
+    client: Option<S3Client>,
+    max_object_bytes: u64,
+    other_files: u64,
+}
+
+impl StoreObjects {
+    /// Lists the target: a directory (every `.evbo` under it, without
+    /// following symbolic links), a single object file, or an S3 prefix.
+    pub fn open(target: &StoreTarget, options: &ReadOptions) -> Result<StoreObjects, StoreError> {
+        let mut entries = Vec::new();
+        let mut other_files = 0;
+        let client = match target {
+            StoreTarget::Dir(root) => {
+                list_dir(root, &mut entries, &mut other_files)?;
+                None
+            }
+            StoreTarget::S3(t) => {
+                let client = S3Client::new(t, options.timeout);
+                let prefix = if t.prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}/", t.prefix)
+                };
+                for listed in client.list(&prefix)? {
+                    let name = listed.key.strip_prefix(&prefix).unwrap_or(&listed.key);
+                    if !name.ends_with(&format!(".{EXTENSION}")) {
+                        other_files += 1;
+                        continue;
+                    }
+                    let location = Location::Key {
+                        key: listed.key.clone(),
+                        size: listed.size,
+                    };
+                    entries.push((name.to_string(), location));
+                }
+                Some(client)
+            }
+        };
+        Ok(StoreObjects {
+            entries: entries.into_iter(),
+            client,
+            max_object_bytes: options.max_object_bytes,
+            other_files,
+        })
+    }
+
+    /// Files or keys under the target that are not objects (skipped).
+    pub fn other_files(&self) -> u64 {
+        self.other_files
+    }
+
+    /// Objects not read yet.
+    pub fn remaining(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl Iterator for StoreObjects {
+    type Item = (String, Result<Vec<u8>, String>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (name, location) = self.entries.next()?;
+        let max = self.max_object_bytes;
+        let bytes = match location {
+            Location::File(path) => read_file(&path, max),
+            Location::Key { size, .. } if size > max => Err(too_large(size, max)),
+            Location::Key { key, .. } => self
+                .client
+                .as_ref()
+                .expect("an S3 listing has its client")
+                .get_object(&key, max)
+                .map_err(|e| e.to_string()),
+            Location::Unfinished => {
+                Err("unfinished write: temporary file of an interrupted writer".into())
+            }
+        };
+        Some((name, bytes))
+    }
 }
 
 fn too_large(size: u64, max: u64) -> String {
     format!("{size} bytes, over the {max}-byte limit of one object")
 }
 
-fn read_dir(root: &Path, options: &ReadOptions, report: &mut ReadReport) -> Result<(), StoreError> {
+fn list_dir(
+    root: &Path,
+    entries: &mut Vec<(String, Location)>,
+    other_files: &mut u64,
+) -> Result<(), StoreError> {
     let meta = std::fs::metadata(root).map_err(|e| StoreError::io(root, e))?;
     if meta.is_file() {
-        let name = root.display().to_string();
-        let bytes = read_file(root, options.max_object_bytes);
-        report.record(name, bytes, options.list);
+        entries.push((root.display().to_string(), Location::File(root.into())));
         return Ok(());
     }
     let mut files = Vec::new();
@@ -237,16 +317,11 @@ fn read_dir(root: &Path, options: &ReadOptions, report: &mut ReadReport) -> Resu
             .display()
             .to_string();
         if name.ends_with(&unfinished_suffix) {
-            report.objects += 1;
-            report.bad.push(BadObject {
-                name,
-                reason: "unfinished write: temporary file of an interrupted writer".into(),
-            });
+            entries.push((name, Location::Unfinished));
         } else if name.ends_with(&object_suffix) {
-            let bytes = read_file(&path, options.max_object_bytes);
-            report.record(name, bytes, options.list);
+            entries.push((name, Location::File(path)));
         } else {
-            report.other_files += 1;
+            *other_files += 1;
         }
     }
     Ok(())
