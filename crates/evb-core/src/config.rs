@@ -226,6 +226,10 @@ pub struct EventBuilderSection {
     /// Slotted barrel without a schedule file: the fabric's schedule or
     /// the plain barrel.
     pub slot_schedule: SlotSchedule,
+    /// Slotted barrel: the EM lengthens the slots when the RUs keep
+    /// overrunning them, and brings them back when they no longer do
+    /// ([`crate::adapt`]).
+    pub adaptive_slots: bool,
     /// Slotted barrel: whose clock the slots follow.
     pub clock: ClockSource,
     /// `clock = "em"`: how often a node measures its offset to the EM's
@@ -306,12 +310,13 @@ impl Default for EventBuilderSection {
             protocol: Protocol::Push,
             schedule: Schedule::Slotted,
             parallel_sends: 2,
-            credits: 2,
+            credits: 3,
             barrel_wait_us: 1000,
             slot_us: 0.0,
             slot_grace_us: 0.5,
             schedule_file: String::new(),
             slot_schedule: SlotSchedule::Fabric,
+            adaptive_slots: true,
             clock: ClockSource::Em,
             clock_probe_ms: 20,
             assign_batch: 0,
@@ -972,6 +977,11 @@ pub struct Config {
     /// fabric's (its slowest path between two nodes); else `sim.link_gbps`.
     #[serde(skip)]
     pub slot_gbps: Option<f64>,
+    /// The nodes' own link rate, Gb/s, when a driver knows the fabric's
+    /// (the most common one): how long a fragment takes on an RU's link;
+    /// else `sim.link_gbps`.
+    #[serde(skip)]
+    pub node_gbps: Option<f64>,
 }
 
 /// An environment variable that overrides a configuration key: for a knob
@@ -1163,6 +1173,12 @@ impl Config {
     /// driver knows it, else `sim.link_gbps`.
     pub fn slot_link_gbps(&self) -> f64 {
         self.slot_gbps.unwrap_or(self.sim.link_gbps)
+    }
+
+    /// A node's own link rate: the fabric's, when the driver knows it,
+    /// else `sim.link_gbps`.
+    pub fn node_link_gbps(&self) -> f64 {
+        self.node_gbps.unwrap_or(self.sim.link_gbps)
     }
 
     /// MEPs the EM collects before it sends them as runs.

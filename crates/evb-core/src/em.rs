@@ -39,8 +39,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::adapt::SlotAdapt;
 use crate::bu::Nanos;
 use crate::layout::Layout;
+use crate::slots::SlotEpoch;
 use crate::wire::{outcome, MepId, Message, NodeId};
 
 /// Counters of the Event Manager, in MEPs.
@@ -81,6 +83,11 @@ pub struct EmStats {
     /// live node said what it had seen ([`EventManager::resuming`]). Its
     /// `meps_assigned` then counts from MEP 0, its predecessors' included.
     pub resumed_at: Option<MepId>,
+    /// Slotted barrel: changes of the slot length ([`crate::adapt`]), the
+    /// slot length at the end and the longest one, ns (0: not slotted).
+    pub slot_changes: u64,
+    pub slot_ns: u64,
+    pub longest_slot_ns: u64,
 }
 
 /// The readout's clock, when it delivers MEPs at a fixed rate.
@@ -170,6 +177,9 @@ pub struct EventManager {
     pending_since: Option<Nanos>,
     assign_batch: usize,
     assign_flush_ns: Nanos,
+    /// Slotted barrel: the slot length, lengthened when the RUs overrun
+    /// their slots.
+    slot_adapt: Option<SlotAdapt>,
     /// The driver's clock, as of the last input.
     now: Nanos,
     pub stats: EmStats,
@@ -202,6 +212,7 @@ impl EventManager {
             pending_since: None,
             assign_batch: 1,
             assign_flush_ns: 0,
+            slot_adapt: None,
             now: 0,
             stats: EmStats::default(),
         }
@@ -213,6 +224,51 @@ impl EventManager {
         self.assign_batch = batch.max(1) as usize;
         self.assign_flush_ns = flush;
         self
+    }
+
+    /// Slotted barrel: adapts the slot length (nominally `nominal` ns, in
+    /// rotations of `rotation` slots) to what the RUs report
+    /// ([`crate::adapt`]).
+    pub fn adaptive_slots(mut self, nominal: Nanos, rotation: u64) -> EventManager {
+        self.slot_adapt = Some(SlotAdapt::new(nominal, rotation));
+        self.stats.slot_ns = nominal;
+        self.stats.longest_slot_ns = nominal;
+        self
+    }
+
+    /// The slots in effect, if the EM adapts them.
+    pub fn slot_epoch(&self) -> Option<SlotEpoch> {
+        self.slot_adapt.as_ref().map(SlotAdapt::epoch)
+    }
+
+    /// An RU's report on how its fragments fit their slots; once every
+    /// live RU has reported, the slots may change: every live RU is told
+    /// (`SlotLength`), this node's own RU too (the node routes it).
+    pub fn on_slot_report(
+        &mut self,
+        served: u32,
+        overran: u32,
+        stretch: u32,
+        out: &mut Vec<(NodeId, Message)>,
+    ) {
+        let live = self.ru_lost.iter().filter(|&&l| !l).count();
+        let now = self.now;
+        let Some(adapt) = &mut self.slot_adapt else {
+            return;
+        };
+        let Some(epoch) = adapt.report(served, overran, stretch, live, now) else {
+            return;
+        };
+        self.stats.slot_changes = adapt.changes;
+        self.stats.slot_ns = epoch.slot_ns;
+        self.stats.longest_slot_ns = adapt.longest_ns;
+        self.flush_assignments(out);
+        let msg = slot_length(epoch);
+        for (s, &ru) in self.ru_nodes.iter().enumerate() {
+            if !self.ru_lost[s] {
+                out.push((ru, msg));
+            }
+        }
     }
 
     /// Advances the EM's clock (the node does this on every input).
@@ -757,6 +813,12 @@ impl EventManager {
             ));
             return;
         }
+        let changed = self.slot_adapt.as_ref().is_some_and(|a| a.changes > 0);
+        let has_ru = layout.ru_of.get(node as usize).is_some_and(Option::is_some);
+        if let Some(epoch) = self.slot_epoch().filter(|_| changed && has_ru) {
+            // A node that comes back knows only the nominal slots.
+            out.push((node, slot_length(epoch)));
+        }
         let mut rejoined = false;
         if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
             let b = b as usize;
@@ -960,6 +1022,15 @@ impl EventManager {
             }
             self.close_placed_rounds(out);
         }
+    }
+}
+
+/// The message that tells an RU where the slots lie.
+fn slot_length(epoch: SlotEpoch) -> Message {
+    Message::SlotLength {
+        from: epoch.from,
+        start_ns: epoch.start_ns,
+        slot_ns: epoch.slot_ns,
     }
 }
 

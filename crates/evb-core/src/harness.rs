@@ -74,7 +74,7 @@ enum Event {
 
 /// Orderable copies of wire types for the event queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct MessageKey(u8, u64, u64);
+struct MessageKey(u8, u64, u64, u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct HeaderKey(u64, u16, u16);
 
@@ -721,33 +721,43 @@ impl Harness {
 
 fn encode_key(msg: Message) -> MessageKey {
     match msg {
-        Message::Credit { bu, credits } => MessageKey(2, bu.into(), credits.into()),
-        Message::Assign { mep, bu } => MessageKey(3, mep, bu.into()),
-        Message::Request { mep, bu } => MessageKey(4, mep, bu.into()),
-        Message::EndOfRun { meps } => MessageKey(6, meps, 0),
-        Message::Abandon { mep, bu } => MessageKey(8, mep, bu.into()),
+        Message::Credit { bu, credits } => MessageKey(2, bu.into(), credits.into(), 0),
+        Message::Assign { mep, bu } => MessageKey(3, mep, bu.into(), 0),
+        Message::Request { mep, bu } => MessageKey(4, mep, bu.into(), 0),
+        Message::EndOfRun { meps } => MessageKey(6, meps, 0, 0),
+        Message::Abandon { mep, bu } => MessageKey(8, mep, bu.into(), 0),
         Message::Finished { mep, bu, outcome } => {
-            MessageKey(9, mep, u64::from(bu) | u64::from(outcome) << 16)
+            MessageKey(9, mep, u64::from(bu) | u64::from(outcome) << 16, 0)
         }
-        Message::SourceDown { source, from_mep } => MessageKey(10, from_mep, source.into()),
-        Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into()),
-        Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0),
-        Message::SourceUp { source, from_mep } => MessageKey(13, from_mep, source.into()),
-        Message::BuLost { bu, round } => MessageKey(14, bu.into(), round.into()),
-        Message::Holding { round, mep } => MessageKey(15, mep, round.into()),
-        Message::HoldingDone { round } => MessageKey(16, round.into(), 0),
-        Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0),
-        Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into()),
-        Message::SeenUpTo { next_mep, ended } => MessageKey(20, next_mep, ended.into()),
+        Message::SourceDown { source, from_mep } => MessageKey(10, from_mep, source.into(), 0),
+        Message::ConsumerCredit { fu, credits } => MessageKey(11, fu.into(), credits.into(), 0),
+        Message::OutputEnd { bu } => MessageKey(12, bu.into(), 0, 0),
+        Message::SourceUp { source, from_mep } => MessageKey(13, from_mep, source.into(), 0),
+        Message::BuLost { bu, round } => MessageKey(14, bu.into(), round.into(), 0),
+        Message::Holding { round, mep } => MessageKey(15, mep, round.into(), 0),
+        Message::HoldingDone { round } => MessageKey(16, round.into(), 0, 0),
+        Message::ReleaseHeld { round } => MessageKey(17, round.into(), 0, 0),
+        Message::Reassign { mep, bu } => MessageKey(18, mep, bu.into(), 0),
+        Message::SeenUpTo { next_mep, ended } => MessageKey(20, next_mep, ended.into(), 0),
         Message::AssignRun {
             first,
             count,
             first_bu,
-        } => MessageKey(21, first, u64::from(count) | u64::from(first_bu) << 32),
-        Message::ClockProbe { sent } => MessageKey(22, sent, 0),
-        Message::ClockReply { sent, em_time } => MessageKey(23, sent, em_time),
-        Message::Goodbye => MessageKey(24, 0, 0),
-        Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0),
+        } => MessageKey(21, first, u64::from(count) | u64::from(first_bu) << 32, 0),
+        Message::ClockProbe { sent } => MessageKey(22, sent, 0, 0),
+        Message::ClockReply { sent, em_time } => MessageKey(23, sent, em_time, 0),
+        Message::Goodbye => MessageKey(24, 0, 0, 0),
+        Message::SlotReport {
+            served,
+            overran,
+            stretch,
+        } => MessageKey(25, served.into(), overran.into(), stretch.into()),
+        Message::SlotLength {
+            from,
+            start_ns,
+            slot_ns,
+        } => MessageKey(26, from, start_ns, slot_ns),
+        Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0, 0),
     }
 }
 
@@ -817,6 +827,16 @@ fn decode_key(k: MessageKey) -> Message {
             em_time: k.2,
         },
         24 => Message::Goodbye,
+        25 => Message::SlotReport {
+            served: k.1 as u32,
+            overran: k.2 as u32,
+            stretch: k.3 as u32,
+        },
+        26 => Message::SlotLength {
+            from: k.1,
+            start_ns: k.2,
+            slot_ns: k.3,
+        },
         _ => Message::Heartbeat,
     }
 }

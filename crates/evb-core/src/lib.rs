@@ -14,12 +14,14 @@
 //! every driver ([`config`]), the source model that fills fragments with
 //! verifiable data ([`source`]), the slotted barrel's schedule ([`slots`]),
 //! the measurement of each node's offset to the EM's clock ([`clock`]), the
-//! pacing of the EM's bursts into its node's slots ([`pacer`]) and
+//! pacing of the EM's bursts into its node's slots ([`pacer`]), the EM's
+//! control of the slot length ([`adapt`]) and
 //! the liveness timers: heartbeats, silent peers, the drain and the linger
 //! ([`liveness`]), which every driver runs through the same [`node::Node`].
 //! A node broken on purpose (crashed, hung, resumed, restarted) is one
 //! [`fault::NodeFault`] in the harness, the launcher and the simulator.
 
+pub mod adapt;
 pub mod bu;
 pub mod checksum;
 pub mod clock;

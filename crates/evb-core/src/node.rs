@@ -131,6 +131,8 @@ pub struct Node {
     pacer: ControlPacer,
     /// When the pacer has more to let out.
     pacer_wake: Option<Nanos>,
+    /// The RU reports how it keeps its slots to the EM, which adapts them.
+    slot_reports: bool,
     /// How long a due clock probe waits for the RU's fragment to leave
     /// (see [`Node::probe_time`]).
     probe_wait: Nanos,
@@ -169,7 +171,7 @@ impl Node {
             layout: layout.clone(),
             local: config.event_builder.local,
             em: (id == layout.em).then(|| {
-                EventManager::new(layout, config.run.max_meps)
+                let em = EventManager::new(layout, config.run.max_meps)
                     .paced(
                         config.source.mep_rate_hz,
                         config.event_builder.ru_buffer_meps,
@@ -177,7 +179,18 @@ impl Node {
                     .batched(
                         config.assign_batch(),
                         config.event_builder.assign_flush_us * 1000,
-                    )
+                    );
+                if config.event_builder.schedule == Schedule::Slotted
+                    && config.event_builder.adaptive_slots
+                {
+                    let rotation = config
+                        .slot_table
+                        .as_ref()
+                        .map_or(layout.bus().saturating_sub(1), |t| t.slots.len());
+                    em.adaptive_slots(config.slot_ns(), rotation as u64)
+                } else {
+                    em
+                }
             }),
             ru: layout.ru_of[i].map(|s| ReadoutUnit::new(config, layout, s)),
             bu: layout.bu_of[i].map(|_| BuilderUnit::new(config, layout, id)),
@@ -194,6 +207,8 @@ impl Node {
                 }),
             pacer: ControlPacer::default(),
             pacer_wake: None,
+            slot_reports: config.event_builder.schedule == Schedule::Slotted
+                && config.event_builder.adaptive_slots,
             probe_wait: 2 * config.slot_ns(),
             now: 0,
             actions: VecDeque::new(),
@@ -430,6 +445,16 @@ impl Node {
         self.tick(now);
         if let Some(ru) = &mut self.ru {
             ru.on_send_complete(mep, &mut self.ru_out);
+            if let Some((served, overran, stretch)) =
+                ru.take_slot_report().filter(|_| self.slot_reports)
+            {
+                let msg = Message::SlotReport {
+                    served,
+                    overran: overran,
+                    stretch,
+                };
+                self.route(self.layout.em, msg);
+            }
         }
         // The link may be free now: a probe that waited for it goes.
         self.probe_clock(now);
@@ -886,6 +911,28 @@ impl Node {
             },
             Message::ClockReply { sent, em_time } if from_em => {
                 self.on_clock_reply(now, sent, em_time);
+            }
+            Message::SlotReport {
+                served,
+                overran,
+                stretch,
+            } if from_ru.is_some() => match &mut self.em {
+                Some(em) => em.on_slot_report(served, overran, stretch, &mut self.em_out),
+                None => self.control_rejected += 1,
+            },
+            Message::SlotLength {
+                from,
+                start_ns,
+                slot_ns,
+            } if from_em => {
+                if let Some(r) = &mut self.ru {
+                    r.set_slot_epoch(crate::slots::SlotEpoch {
+                        from,
+                        start_ns,
+                        slot_ns,
+                    });
+                    r.on_timeout(&mut self.ru_out);
+                }
             }
             Message::EndOfRun { meps } if from_em => {
                 self.end_of_run.get_or_insert(meps);

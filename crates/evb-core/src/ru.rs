@@ -22,7 +22,7 @@ use rand_pcg::Pcg64Mcg;
 use crate::bu::Nanos;
 use crate::config::{Config, LocalTraffic, Protocol, Schedule};
 use crate::layout::Layout;
-use crate::slots::SlotPlan;
+use crate::slots::{SlotClock, SlotEpoch, SlotPlan};
 use crate::source::mix64;
 use crate::wire::{FragmentHeader, MepId, NodeId};
 
@@ -65,6 +65,46 @@ pub struct RuStats {
     pub slots_missed: u64,
 }
 
+/// How a slotted RU's fragments fit their slots, since its last report
+/// to the EM ([`crate::wire::Message::SlotReport`]).
+#[derive(Debug, Clone)]
+struct SlotKeeping {
+    /// Fragments whose completion came in, and of those, the ones that
+    /// took longer than their slot.
+    served: u32,
+    overran: u32,
+    /// Fragments until the next report: a rotation, the first one
+    /// shifted by the source index so that the RUs do not all report in
+    /// the same slot.
+    due_in: u64,
+    /// The least time from a fragment's last byte (expected at the link
+    /// rate) to its completion: the host's completion latency, which is
+    /// not the slot's to hold.
+    completion_floor: Option<Nanos>,
+    /// How much longer than at the nominal link rate this RU's fragments
+    /// take on its link, in 1/1024: the least of the last rotation's
+    /// fragments (those that met no queue show the link's own rate, the
+    /// others queueing too). An RU on a slower link than its peers' waits
+    /// for its last fragment to leave rather than sending the next one
+    /// beside it, and the EM sizes the slots for the slowest link.
+    stretch: u64,
+    /// The least of this rotation so far.
+    least_stretch: u64,
+}
+
+impl SlotKeeping {
+    fn new(source: u16) -> SlotKeeping {
+        SlotKeeping {
+            served: 0,
+            overran: 0,
+            due_in: u64::from(source),
+            completion_floor: None,
+            stretch: 1024,
+            least_stretch: u64::MAX,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Held {
     bu: NodeId,
@@ -88,6 +128,8 @@ struct Held {
     /// PULL, orphaned: a request (true) or abandon (false) from another BU
     /// that overtook the EM's re-assignment to it.
     early: Option<(NodeId, bool)>,
+    /// Slotted barrel: the slot it was sent in, and when.
+    sent_slot: Option<(u64, Nanos)>,
 }
 
 impl Held {
@@ -103,6 +145,7 @@ impl Held {
             round: None,
             early: None,
             assigned_while_gone: false,
+            sent_slot: None,
         }
     }
 }
@@ -138,14 +181,15 @@ pub struct ReadoutUnit {
     clock_offset: i64,
     clock_known: bool,
     slot_wake: Option<Nanos>,
-    /// Slotted barrel: the last pump stopped at the limit of transfers in
-    /// flight with fragments waiting: the slots that pass until a transfer
-    /// completes are owed (served late, in order). Slots that pass while
-    /// the RU has nothing to send are not.
-    slot_blocked: bool,
     /// Slotted barrel: the BU of this node when local fragments stay in
     /// memory (they are handed over at once, in no slot).
     local_bu: Option<usize>,
+    /// Slotted barrel: where the slots lie (the EM lengthens them when
+    /// RUs keep overrunning them), the slot of the fragment just picked,
+    /// and what this RU saw of its slots since its last report.
+    slot_clock: SlotClock,
+    picked_slot: Option<u64>,
+    keeping: SlotKeeping,
     rng: Pcg64Mcg,
     in_flight: u32,
     /// Of `in_flight`, fragments on the network (not handed over in
@@ -190,10 +234,12 @@ impl ReadoutUnit {
             clock_offset: 0,
             clock_known: true,
             slot_wake: None,
-            slot_blocked: false,
             local_bu: layout.bu_of[layout.ru_nodes[source as usize] as usize]
                 .filter(|_| config.event_builder.local == LocalTraffic::Memory)
                 .map(usize::from),
+            slot_clock: SlotClock::new(config.slot_ns()),
+            picked_slot: None,
+            keeping: SlotKeeping::new(source),
             rng: Pcg64Mcg::seed_from_u64(mix64(
                 config.run.seed ^ (0xa11 << 20) ^ u64::from(source),
             )),
@@ -533,6 +579,9 @@ impl ReadoutUnit {
                 if !self.is_local(h.bu) {
                     self.net_in_flight = (self.net_in_flight.checked_sub(1))
                         .expect("RU: a network send completed with none on the network");
+                    if let (Some((slot, at)), Some(header)) = (h.sent_slot, h.header) {
+                        self.note_slot_kept(slot, at, header.payload_len);
+                    }
                 }
                 self.held_assigned = (self.held_assigned.checked_sub(1))
                     .expect("RU: a sent MEP was not counted as assigned");
@@ -634,7 +683,8 @@ impl ReadoutUnit {
         if !self.is_local(to) {
             self.net_in_flight += 1;
             if let Some(plan) = &self.slots {
-                self.link_free_at = self.now + plan.wire_ns(header.payload_len);
+                let wire = plan.wire_ns(header.payload_len);
+                self.link_free_at = self.now + wire.saturating_mul(self.keeping.stretch) / 1024;
             }
         }
         self.stats.max_in_flight = self.stats.max_in_flight.max(self.in_flight);
@@ -659,9 +709,12 @@ impl ReadoutUnit {
                 .expect("picked a non-empty queue");
             self.queued -= 1;
             self.send(mep, out);
-        }
-        if self.schedule != Schedule::Slotted {
-            self.slot_blocked = self.queued > 0 && self.in_flight >= limit;
+            if let Some(slot) = self.picked_slot.take() {
+                let now = self.now;
+                if let Some(h) = self.held.get_mut(&mep) {
+                    h.sent_slot = Some((slot, now));
+                }
+            }
         }
     }
 
@@ -679,10 +732,12 @@ impl ReadoutUnit {
         let offset = offset.unwrap_or(0);
         let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
         if offset.abs_diff(self.clock_offset) >= slot_ns {
-            // Another clock (a restarted EM starts its own): the slots are
-            // numbered anew, and the next one served is found again.
+            // Another clock (a restarted EM starts its own, with slots of
+            // the nominal length): the slots are numbered anew, and the
+            // next one served is found again.
             self.cursor = None;
             self.slot_wake = None;
+            self.slot_clock = SlotClock::new(slot_ns);
         }
         self.clock_offset = offset;
     }
@@ -712,16 +767,90 @@ impl ReadoutUnit {
 
     /// Slotted barrel: the absolute slot of local time `t`.
     fn slot_at(&self, t: Nanos) -> u64 {
-        let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
         let em_time = (i128::from(t) + i128::from(self.clock_offset)).max(0);
-        (em_time / i128::from(slot_ns)) as u64
+        self.slot_clock.slot_at(em_time)
     }
 
     /// Slotted barrel: the local time at which absolute slot `slot` starts.
     fn slot_start(&self, slot: u64) -> Nanos {
-        let slot_ns = self.slots.as_ref().map_or(1, |p| p.slot_ns.max(1));
-        let em_time = i128::from(slot) * i128::from(slot_ns);
+        let em_time = self.slot_clock.start_of(slot);
         (em_time - i128::from(self.clock_offset)).clamp(0, i128::from(u64::MAX)) as Nanos
+    }
+
+    /// Slotted barrel: the EM moved the slots (longer, or back towards
+    /// their nominal length) from slot `epoch.from` on.
+    pub fn set_slot_epoch(&mut self, epoch: SlotEpoch) {
+        if self.slots.is_none() || epoch.slot_ns == 0 {
+            return;
+        }
+        let before = self.slot_at(self.now);
+        self.slot_clock.set(epoch);
+        if self.slot_at(self.now).abs_diff(before) > 1 {
+            // Announced too late, or by a new EM with slots of its own:
+            // the slots are numbered anew, the next one served found again.
+            self.cursor = None;
+            self.slot_wake = None;
+        }
+    }
+
+    /// Slotted barrel: the slots now in effect.
+    pub fn slot_epoch(&self) -> Option<SlotEpoch> {
+        self.slots.as_ref().map(|_| self.slot_clock.epoch())
+    }
+
+    /// Slotted barrel: the report due to the EM on how this RU's fragments
+    /// fit their slots (served, overran, and how much longer than at the
+    /// nominal link rate they take on this RU's link, in 1/1024), once a
+    /// rotation.
+    pub fn take_slot_report(&mut self) -> Option<(u32, u32, u32)> {
+        let k = &mut self.keeping;
+        if k.due_in > 0 || k.served == 0 {
+            return None;
+        }
+        if k.least_stretch != u64::MAX {
+            k.stretch = k.least_stretch;
+        }
+        let report = (k.served, k.overran, k.stretch as u32);
+        k.served = 0;
+        k.overran = 0;
+        k.least_stretch = u64::MAX;
+        k.due_in = self.slots.as_ref().map_or(1, SlotPlan::rotation).max(16);
+        Some(report)
+    }
+
+    /// A network fragment sent in `slot` at `sent_at` (local time) with
+    /// `payload` bytes completed now: did it fit its slot? Its time from
+    /// the slot's start to its completion, less the completion latency
+    /// (the least seen after a fragment's expected last byte), against
+    /// the slot's length.
+    fn note_slot_kept(&mut self, slot: u64, sent_at: Nanos, payload: u32) {
+        let Some(plan) = &self.slots else { return };
+        let wire = plan.wire_ns(payload);
+        let latency = self.now.saturating_sub(sent_at.saturating_add(wire));
+        // At most a sixteenth of a slot: a link slower than the nominal
+        // rate would otherwise pass for completion latency.
+        let nominal = self.slots.as_ref().map_or(1, |p| p.slot_ns);
+        let floor = self
+            .keeping
+            .completion_floor
+            .map_or(latency, |f| f.min(latency))
+            .min(nominal / 16);
+        let start = self.slot_start(slot);
+        let used = self.now.saturating_sub(floor).saturating_sub(start);
+        // Overran by more than the completion's jitter may account for.
+        let tolerance = (nominal / 32).max(self.slots.as_ref().map_or(0, |p| p.late_ns));
+        let over = used.saturating_sub(self.slot_clock.len_of(slot) + tolerance);
+        let k = &mut self.keeping;
+        k.completion_floor = Some(floor);
+        // The fragment's time on the link, against the nominal.
+        let took = self.now.saturating_sub(floor).saturating_sub(sent_at);
+        let stretch = (took.saturating_mul(1024) / wire.max(1)).clamp(1024, 64 * 1024);
+        k.least_stretch = k.least_stretch.min(stretch);
+        k.served += 1;
+        k.due_in = k.due_in.saturating_sub(1);
+        if over > 0 {
+            k.overran += 1;
+        }
     }
 
     /// When a phase-locked barrel stops waiting for its phase's MEP, or a
@@ -753,15 +882,14 @@ impl ReadoutUnit {
         self.pump(out);
     }
 
-    /// Slotted barrel: the local fragment at once; else the BU of the next
-    /// slot not yet served if its start has come and a MEP waits for it.
-    /// A fragment starts within `slot_grace_us` of its slot's start or
-    /// waits a rotation; slots that pass while the RU has nothing to send
-    /// are never served late (a late fragment collides with the next
-    /// slot's at its BU). An RU held back by its own transfers, or woken
-    /// by its driver, more than a whole slot late (the transport or the
-    /// timers are slower than the slots) catches up in slot order, and one
-    /// a whole rotation behind starts again from the current slot.
+    /// Slotted barrel: the local fragment at once; else the BU of the
+    /// current slot if a MEP waits for it and its fragment still ends
+    /// within the slot. A fragment that cannot (this RU's previous one
+    /// held the link too long) waits for the slot's next turn, a rotation
+    /// later: sent late, it would overlap the next slot's fragment at its
+    /// BU and the overrun would spread. Slots that passed are never served
+    /// late; an RU that keeps missing its slots makes the EM lengthen them
+    /// ([`crate::adapt`]), rather than fall behind the clock for good.
     fn pick_slotted(&mut self) -> Option<usize> {
         let wake = self.slot_wake.take();
         if let Some(l) = self.local_bu.filter(|&l| !self.queues[l].is_empty()) {
@@ -771,42 +899,31 @@ impl ReadoutUnit {
             return None; // The node pumps again once the clock is measured.
         }
         // One fragment on the link at a time: the next starts once the
-        // last one has left it (expected at the link rate; its completion,
-        // which comes a host latency later, is not waited for unless
-        // `parallel_sends` are in flight), late if the last one overran,
-        // never beside it (the two would share the link, both overrun, and
-        // the overrun would spread to the next slot's BU).
+        // last one has left it (expected at this RU's link rate; its
+        // completion, which comes a host latency later, is not waited for
+        // unless `parallel_sends` are in flight), late if the last one
+        // overran, never beside it (the two would share the link, both
+        // overrun, and the overrun would spread to the next slot's BU).
         if self.net_in_flight >= self.parallel_sends {
-            self.slot_blocked = true;
             return None; // Its completion pumps.
         }
         if self.net_in_flight > 0 && self.now < self.link_free_at {
-            self.slot_blocked = true;
             self.slot_wake = Some(self.link_free_at);
             return None;
         }
         let plan = self.slots.as_ref().expect("slotted RUs have a plan");
         let rotation = plan.rotation();
-        let slot_ns = plan.slot_ns;
         let now_slot = self.slot_at(self.now);
+        let slot_ns = self.slot_clock.len_of(now_slot);
         let into_slot = self.now.saturating_sub(self.slot_start(now_slot));
-        // Behind the clock by more than a whole slot, because the RU was
-        // held back by its own transfers or woken more than a slot late by
-        // its driver: the transport (or the timers) are slower than the
-        // slots. The slots missed are served in order (a self-clocked
-        // barrel) rather than left to starve their BUs; a whole rotation
-        // behind, it starts again from the current slot.
-        let blocked = std::mem::take(&mut self.slot_blocked);
-        let woke_late = wake.is_some_and(|w| self.now > w.saturating_add(slot_ns));
-        let behind = self.cursor.is_some_and(|c| c + 1 < now_slot);
-        let catching_up = (blocked || woke_late) && behind;
         let mut cursor = match self.cursor {
-            Some(c) if catching_up && c + rotation >= now_slot => c,
             // More than a rotation ahead cannot be: the clock was set back.
             Some(c) if c > now_slot + rotation => now_slot,
             Some(c) => c.max(now_slot),
             None => now_slot,
         };
+        // Woken for this very slot, late (timers are not exact): the slot
+        // is its own whatever the lateness.
         let woken_for = |slot: u64| wake == Some(self.slot_start(slot)) && wake <= Some(self.now);
         let (mut late_starts, mut missed) = (0, 0);
         let picked = loop {
@@ -819,18 +936,15 @@ impl ReadoutUnit {
             let Some(d) = dest.filter(|&d| !self.queues[d].is_empty() && !self.dest_gone[d]) else {
                 continue;
             };
-            // Late into its slot (behind this RU's previous fragment), a
-            // fragment starts only if it still ends within the slot
-            // ([`SlotPlan::fits`]), else it waits for the slot's next turn.
-            // Unless the RU was waiting for this very slot and its driver
-            // woke it late (timers are not exact): the slot is its own.
-            let late = slot == now_slot && !catching_up && !woken_for(slot);
-            if late && into_slot > plan.late_ns {
-                if !plan.fits(into_slot, self.head_payload(d)) {
+            if into_slot > plan.late_ns && !woken_for(slot) {
+                if !plan.fits(into_slot, self.head_payload(d), slot_ns) {
                     missed += 1;
                     continue;
                 }
                 late_starts += 1;
+            }
+            if Some(d) != self.local_bu {
+                self.picked_slot = Some(slot);
             }
             break Some(d);
         };

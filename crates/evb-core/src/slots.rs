@@ -161,6 +161,105 @@ impl SlotTable {
     }
 }
 
+/// Where the slots lie on the EM's clock: from slot `from` on, slot S
+/// starts at `start_ns + (S - from) * slot_ns`. It starts as slot S at
+/// `S * slot_ns`; the EM moves it to longer (or back to shorter) slots
+/// with [`crate::wire::Message::SlotLength`], from a slot every RU has
+/// yet to reach, so the RUs' slots stay one sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotEpoch {
+    pub from: u64,
+    pub start_ns: u64,
+    pub slot_ns: Nanos,
+}
+
+impl SlotEpoch {
+    pub fn nominal(slot_ns: Nanos) -> SlotEpoch {
+        SlotEpoch {
+            from: 0,
+            start_ns: 0,
+            slot_ns: slot_ns.max(1),
+        }
+    }
+
+    /// The slot EM time `t` falls in (the epoch's first slot for times
+    /// before it: those slots are of an earlier epoch, long gone).
+    pub fn slot_at(&self, t: i128) -> u64 {
+        let since = (t - i128::from(self.start_ns)).max(0);
+        self.from + (since / i128::from(self.slot_ns.max(1))) as u64
+    }
+
+    /// When slot `slot` starts, EM time.
+    pub fn start_of(&self, slot: u64) -> i128 {
+        let k = i128::from(slot) - i128::from(self.from);
+        i128::from(self.start_ns) + k * i128::from(self.slot_ns)
+    }
+
+    /// This epoch with slots of `slot_ns` from slot `from` on.
+    pub fn changed_at(&self, from: u64, slot_ns: Nanos) -> SlotEpoch {
+        let start = self.start_of(from).clamp(0, i128::from(u64::MAX)) as u64;
+        SlotEpoch {
+            from,
+            start_ns: start,
+            slot_ns: slot_ns.max(1),
+        }
+    }
+}
+
+/// The slots in effect: the current epoch, and the one before it for the
+/// slots before the current one starts (an epoch is announced ahead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotClock {
+    prev: SlotEpoch,
+    cur: SlotEpoch,
+}
+
+impl SlotClock {
+    pub fn new(slot_ns: Nanos) -> SlotClock {
+        let e = SlotEpoch::nominal(slot_ns);
+        SlotClock { prev: e, cur: e }
+    }
+
+    /// The latest epoch (in effect from its first slot on).
+    pub fn epoch(&self) -> SlotEpoch {
+        self.cur
+    }
+
+    /// Takes `epoch` from its first slot on; the epoch in effect until
+    /// then stays for the slots before.
+    pub fn set(&mut self, epoch: SlotEpoch) {
+        if epoch != self.cur {
+            self.prev = self.cur;
+            self.cur = epoch;
+        }
+    }
+
+    pub fn slot_at(&self, t: i128) -> u64 {
+        if t >= i128::from(self.cur.start_ns) {
+            self.cur.slot_at(t)
+        } else {
+            self.prev.slot_at(t).min(self.cur.from.saturating_sub(1))
+        }
+    }
+
+    pub fn start_of(&self, slot: u64) -> i128 {
+        if slot >= self.cur.from {
+            self.cur.start_of(slot)
+        } else {
+            self.prev.start_of(slot)
+        }
+    }
+
+    /// The length of slot `slot`.
+    pub fn len_of(&self, slot: u64) -> Nanos {
+        if slot >= self.cur.from {
+            self.cur.slot_ns
+        } else {
+            self.prev.slot_ns
+        }
+    }
+}
+
 /// What one RU does in each slot of a rotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotPlan {
@@ -191,7 +290,7 @@ impl SlotPlan {
         let slot_ns = config.slot_ns();
         let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
         let fs_per_byte =
-            ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.slot_link_gbps().max(1e-3)).round() as u64;
+            ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.node_link_gbps().max(1e-3)).round() as u64;
         // A quarter of what a mean fragment leaves of the slot.
         let mean_fragment = event_size_moments(config).0 * f64::from(config.source.events_per_mep);
         let mean_wire_ns = mean_fragment * fs_per_byte as f64 / 1e6;
@@ -237,13 +336,14 @@ impl SlotPlan {
     }
 
     /// Whether a fragment of `payload` bytes that starts `late` ns into
-    /// its slot still ends within it (or starts within the grace). Later,
+    /// its slot of `slot_ns` still ends within it (or starts within the
+    /// grace). Later,
     /// it would overlap the next slot's fragment at its BU, slow both, and
     /// the overrun would spread from BU to RU to BU: measured, letting
     /// fragments start up to a tenth of a slot late whatever their size
     /// collapses a 288-node barrel to a quarter of its rate.
-    pub fn fits(&self, late: Nanos, payload: u32) -> bool {
-        late <= self.late_ns || late.saturating_add(self.wire_ns(payload)) <= self.slot_ns
+    pub fn fits(&self, late: Nanos, payload: u32, slot_ns: Nanos) -> bool {
+        late <= self.late_ns || late.saturating_add(self.wire_ns(payload)) <= slot_ns
     }
 
     /// Time a fragment of `payload` bytes takes on the link, with its

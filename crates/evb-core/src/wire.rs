@@ -135,6 +135,8 @@ pub enum Kind {
     AssignRun = 21,
     ClockProbe = 22,
     ClockReply = 23,
+    SlotReport = 24,
+    SlotLength = 25,
 }
 
 impl Kind {
@@ -163,6 +165,8 @@ impl Kind {
             21 => Kind::AssignRun,
             22 => Kind::ClockProbe,
             23 => Kind::ClockReply,
+            24 => Kind::SlotReport,
+            25 => Kind::SlotLength,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -193,6 +197,8 @@ impl Kind {
             Kind::AssignRun => Some(16),
             Kind::ClockProbe => Some(8),
             Kind::ClockReply => Some(16),
+            Kind::SlotReport => Some(12),
+            Kind::SlotLength => Some(24),
         }
     }
 
@@ -221,6 +227,8 @@ impl Kind {
             Kind::AssignRun => "AssignRun",
             Kind::ClockProbe => "ClockProbe",
             Kind::ClockReply => "ClockReply",
+            Kind::SlotReport => "SlotReport",
+            Kind::SlotLength => "SlotLength",
         }
     }
 }
@@ -427,6 +435,24 @@ pub enum Message {
     /// EM -> node: the answer to a `ClockProbe`: its `sent` echoed, and the
     /// EM's clock when it answered.
     ClockReply { sent: u64, em_time: u64 },
+    /// RU -> EM (slotted barrel): since its last report, `served` of the
+    /// RU's fragments completed, `overran` of them after the end of their
+    /// slot (the host's completion latency aside); its fragments take at
+    /// least `stretch` / 1024 times as long as at the nominal link rate
+    /// (the least of them: those that met no queue). The EM lengthens the slots when RUs keep
+    /// overrunning them ([`crate::adapt`]).
+    SlotReport {
+        served: u32,
+        overran: u32,
+        stretch: u32,
+    },
+    /// EM -> RUs (slotted barrel): from slot `from` on, slot S starts at
+    /// `start_ns + (S - from) * slot_ns` on the EM's clock.
+    SlotLength {
+        from: u64,
+        start_ns: u64,
+        slot_ns: u64,
+    },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -471,6 +497,8 @@ impl Message {
             Message::AssignRun { .. } => Kind::AssignRun,
             Message::ClockProbe { .. } => Kind::ClockProbe,
             Message::ClockReply { .. } => Kind::ClockReply,
+            Message::SlotReport { .. } => Kind::SlotReport,
+            Message::SlotLength { .. } => Kind::SlotLength,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -571,6 +599,24 @@ impl Message {
                 out.extend_from_slice(&sent.to_le_bytes());
                 out.extend_from_slice(&em_time.to_le_bytes());
             }
+            Message::SlotReport {
+                served,
+                overran,
+                stretch,
+            } => {
+                out.extend_from_slice(&served.to_le_bytes());
+                out.extend_from_slice(&overran.to_le_bytes());
+                out.extend_from_slice(&stretch.to_le_bytes());
+            }
+            Message::SlotLength {
+                from,
+                start_ns,
+                slot_ns,
+            } => {
+                out.extend_from_slice(&from.to_le_bytes());
+                out.extend_from_slice(&start_ns.to_le_bytes());
+                out.extend_from_slice(&slot_ns.to_le_bytes());
+            }
             Message::Heartbeat | Message::Goodbye => {}
         }
     }
@@ -669,6 +715,16 @@ impl Message {
             Kind::ClockReply => Message::ClockReply {
                 sent: u64_at(0),
                 em_time: u64_at(8),
+            },
+            Kind::SlotReport => Message::SlotReport {
+                served: u32_at(0),
+                overran: u32_at(4),
+                stretch: u32_at(8),
+            },
+            Kind::SlotLength => Message::SlotLength {
+                from: u64_at(0),
+                start_ns: u64_at(8),
+                slot_ns: u64_at(16),
             },
         })
     }
@@ -802,6 +858,20 @@ mod tests {
             any::<u64>().prop_map(|sent| Message::ClockProbe { sent }),
             (any::<u64>(), any::<u64>())
                 .prop_map(|(sent, em_time)| Message::ClockReply { sent, em_time }),
+            (any::<u32>(), any::<u32>(), any::<u32>()).prop_map(|(served, overran, stretch)| {
+                Message::SlotReport {
+                    served,
+                    overran,
+                    stretch,
+                }
+            }),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(from, start_ns, slot_ns)| {
+                Message::SlotLength {
+                    from,
+                    start_ns,
+                    slot_ns,
+                }
+            }),
         ]
     }
 
@@ -1012,8 +1082,8 @@ mod tests {
             Err(WireError::NonZeroReserved { kind: "Hello" })
         );
         // The next kind number is still unknown.
-        buf[3] = 24;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(24)));
+        buf[3] = 26;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(26)));
     }
 
     #[test]

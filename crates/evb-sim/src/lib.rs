@@ -167,6 +167,14 @@ pub struct SlotKeeping {
     /// Slots passed with a fragment waiting that could no longer end
     /// within them: it went at that BU's next turn, a rotation later.
     pub slots_missed: u64,
+    /// The EM's changes of the slot length, the length at the end and the
+    /// longest, us (`event_builder.adaptive_slots`).
+    #[serde(default)]
+    pub slot_changes: u64,
+    #[serde(default)]
+    pub slot_us_end: f64,
+    #[serde(default)]
+    pub longest_slot_us: f64,
 }
 
 /// The slot clock measured over the simulated fabric (`clock = "em"`).
@@ -209,10 +217,18 @@ fn slot_keeping(config: &Config, e: &traffic::EventBuilder) -> Option<SlotKeepin
     if config.event_builder.schedule != evb_core::config::Schedule::Slotted {
         return None;
     }
+    let em = e
+        .nodes
+        .iter()
+        .find_map(evb_core::Node::em)
+        .map(|em| &em.stats);
     let mut k = SlotKeeping {
         fragments: 0,
         late_starts: 0,
         slots_missed: 0,
+        slot_changes: em.map_or(0, |s| s.slot_changes),
+        slot_us_end: em.map_or(0.0, |s| s.slot_ns as f64 / 1e3),
+        longest_slot_us: em.map_or(0.0, |s| s.longest_slot_ns as f64 / 1e3),
     };
     for ru in e.nodes.iter().filter_map(evb_core::Node::ru) {
         k.fragments += ru.stats.fragments_sent;

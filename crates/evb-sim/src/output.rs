@@ -139,9 +139,16 @@ fn event_builder_text(eb: &EbSummary) -> String {
     }
     if let Some(k) = &eb.slots {
         out += &format!(
-            "slots: {} fragments sent, {} started late within their slot, {} slots missed (the fragment waited a rotation)\n",
+            "slots: {} fragments sent, {} started late within their slot, {} slots missed (the fragment waited a rotation)",
             k.fragments, k.late_starts, k.slots_missed
         );
+        if k.slot_changes > 0 {
+            out += &format!(
+                "; the EM changed the slot length {} times: {:.2} us at the end, {:.2} us at most",
+                k.slot_changes, k.slot_us_end, k.longest_slot_us
+            );
+        }
+        out.push('\n');
     }
     if eb.throttled_fraction > 0.0 || eb.events_vetoed > 0 {
         out += &format!(

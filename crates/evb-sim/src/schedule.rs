@@ -87,6 +87,9 @@ pub fn prepare(config: &mut Config, fabric: &SimFabric) -> Result<Option<Schedul
     if config.slot_gbps.is_none() {
         config.slot_gbps = slowest_path_gbps(fabric, nodes, config.sim.link_gbps);
     }
+    if config.node_gbps.is_none() && config.slot_gbps.is_some() {
+        config.node_gbps = Some(most_common_host_gbps(fabric, nodes, config.sim.link_gbps));
+    }
     let started = Instant::now();
     let mut summary = ScheduleSummary {
         source: "barrel".into(),
@@ -223,6 +226,24 @@ pub fn slowest_path_gbps(fabric: &SimFabric, nodes: usize, default: f64) -> Opti
         slowest = slowest.min(path_min);
     }
     slowest.is_finite().then_some(slowest)
+}
+
+/// The link rate most of the first `nodes` hosts have.
+fn most_common_host_gbps(fabric: &SimFabric, nodes: usize, default: f64) -> f64 {
+    let mut rates: Vec<u64> = (0..nodes.min(fabric.hosts()))
+        .map(|h| (fabric.host_link_gbps(h, default) * 1000.0).round() as u64)
+        .collect();
+    rates.sort_unstable();
+    let mut best = (0usize, default);
+    let mut i = 0;
+    while i < rates.len() {
+        let j = rates[i..].iter().take_while(|&&r| r == rates[i]).count();
+        if j > best.0 {
+            best = (j, rates[i] as f64 / 1000.0);
+        }
+        i += j;
+    }
+    best.1
 }
 
 /// The least link rate from host `src` to host `dst` along the routes;
