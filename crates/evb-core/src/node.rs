@@ -450,7 +450,7 @@ impl Node {
             {
                 let msg = Message::SlotReport {
                     served,
-                    overran: overran,
+                    overran,
                     stretch,
                 };
                 self.route(self.layout.em, msg);
@@ -912,27 +912,8 @@ impl Node {
             Message::ClockReply { sent, em_time } if from_em => {
                 self.on_clock_reply(now, sent, em_time);
             }
-            Message::SlotReport {
-                served,
-                overran,
-                stretch,
-            } if from_ru.is_some() => match &mut self.em {
-                Some(em) => em.on_slot_report(served, overran, stretch, &mut self.em_out),
-                None => self.control_rejected += 1,
-            },
-            Message::SlotLength {
-                from,
-                start_ns,
-                slot_ns,
-            } if from_em => {
-                if let Some(r) = &mut self.ru {
-                    r.set_slot_epoch(crate::slots::SlotEpoch {
-                        from,
-                        start_ns,
-                        slot_ns,
-                    });
-                    r.on_timeout(&mut self.ru_out);
-                }
+            Message::SlotReport { .. } | Message::SlotLength { .. } => {
+                self.on_slot_control(msg, from_em, from_ru.is_some());
             }
             Message::EndOfRun { meps } if from_em => {
                 self.end_of_run.get_or_insert(meps);
@@ -1003,6 +984,36 @@ impl Node {
             }
             Message::Goodbye => self.watch.finished(from),
             Message::Hello { .. } | Message::Heartbeat => {}
+            _ => self.control_rejected += 1,
+        }
+    }
+
+    /// The adaptive slots' messages: an RU's report to the EM, the EM's
+    /// new slot length to the RU. From anyone else: rejected.
+    fn on_slot_control(&mut self, msg: Message, from_em: bool, from_ru: bool) {
+        match msg {
+            Message::SlotReport {
+                served,
+                overran,
+                stretch,
+            } if from_ru => match &mut self.em {
+                Some(em) => em.on_slot_report(served, overran, stretch, &mut self.em_out),
+                None => self.control_rejected += 1,
+            },
+            Message::SlotLength {
+                from,
+                start_ns,
+                slot_ns,
+            } if from_em => {
+                if let Some(r) = &mut self.ru {
+                    r.set_slot_epoch(crate::slots::SlotEpoch {
+                        from,
+                        start_ns,
+                        slot_ns,
+                    });
+                    r.on_timeout(&mut self.ru_out);
+                }
+            }
             _ => self.control_rejected += 1,
         }
     }

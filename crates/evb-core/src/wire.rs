@@ -594,29 +594,10 @@ impl Message {
                 out.extend_from_slice(&first_bu.to_le_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
-            Message::ClockProbe { sent } => out.extend_from_slice(&sent.to_le_bytes()),
-            Message::ClockReply { sent, em_time } => {
-                out.extend_from_slice(&sent.to_le_bytes());
-                out.extend_from_slice(&em_time.to_le_bytes());
-            }
-            Message::SlotReport {
-                served,
-                overran,
-                stretch,
-            } => {
-                out.extend_from_slice(&served.to_le_bytes());
-                out.extend_from_slice(&overran.to_le_bytes());
-                out.extend_from_slice(&stretch.to_le_bytes());
-            }
-            Message::SlotLength {
-                from,
-                start_ns,
-                slot_ns,
-            } => {
-                out.extend_from_slice(&from.to_le_bytes());
-                out.extend_from_slice(&start_ns.to_le_bytes());
-                out.extend_from_slice(&slot_ns.to_le_bytes());
-            }
+            Message::ClockProbe { .. }
+            | Message::ClockReply { .. }
+            | Message::SlotReport { .. }
+            | Message::SlotLength { .. } => self.encode_slot_clock(out),
             Message::Heartbeat | Message::Goodbye => {}
         }
     }
@@ -711,6 +692,49 @@ impl Message {
                 count: u32_at(8),
                 first_bu: u16_at(12),
             },
+            Kind::ClockProbe | Kind::ClockReply | Kind::SlotReport | Kind::SlotLength => {
+                Self::decode_slot_clock(frame.kind, body)
+            }
+        })
+    }
+
+    /// The bodies of the slot clock's messages (probes, replies, slot
+    /// reports and lengths).
+    fn encode_slot_clock(&self, out: &mut Vec<u8>) {
+        match *self {
+            Message::ClockProbe { sent } => out.extend_from_slice(&sent.to_le_bytes()),
+            Message::ClockReply { sent, em_time } => {
+                out.extend_from_slice(&sent.to_le_bytes());
+                out.extend_from_slice(&em_time.to_le_bytes());
+            }
+            Message::SlotReport {
+                served,
+                overran,
+                stretch,
+            } => {
+                out.extend_from_slice(&served.to_le_bytes());
+                out.extend_from_slice(&overran.to_le_bytes());
+                out.extend_from_slice(&stretch.to_le_bytes());
+            }
+            Message::SlotLength {
+                from,
+                start_ns,
+                slot_ns,
+            } => {
+                out.extend_from_slice(&from.to_le_bytes());
+                out.extend_from_slice(&start_ns.to_le_bytes());
+                out.extend_from_slice(&slot_ns.to_le_bytes());
+            }
+            _ => unreachable!("only the slot clock's messages come here"),
+        }
+    }
+
+    /// Decodes a slot clock message's body (its length already checked).
+    fn decode_slot_clock(kind: Kind, body: &[u8]) -> Message {
+        let u32_at =
+            |i: usize| u32::from_le_bytes([body[i], body[i + 1], body[i + 2], body[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        match kind {
             Kind::ClockProbe => Message::ClockProbe { sent: u64_at(0) },
             Kind::ClockReply => Message::ClockReply {
                 sent: u64_at(0),
@@ -726,7 +750,8 @@ impl Message {
                 start_ns: u64_at(8),
                 slot_ns: u64_at(16),
             },
-        })
+            _ => unreachable!("only the slot clock's kinds come here"),
+        }
     }
 
     /// What every body must pass before its fields are read: long enough
