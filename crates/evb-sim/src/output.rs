@@ -96,8 +96,20 @@ fn event_builder_text(eb: &EbSummary) -> String {
         "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
         eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
     );
+    if let Some(needs) = eb.steady_needs_us.filter(|_| !eb.steady) {
+        let first = eb.first_built_us.map_or("no batch built".to_string(), |t| {
+            format!("first batch built at {t:.0} us")
+        });
+        out += &format!(
+            "no steady state: {} events built, {first}; run at least {:.0} ms (--duration-us {:.0}); the figures below are a start-up transient\n",
+            eb.events_built,
+            needs / 1000.0,
+            (needs / 1000.0).ceil() * 1000.0
+        );
+    }
     out += &format!(
-        "steady state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
+        "{}state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
+        if eb.steady { "steady " } else { "not a steady " },
         eb.warmup_us,
         eb.batch_means,
         eb.built_gbps_per_node,
@@ -329,10 +341,12 @@ fn plot_links(prefix: &Path, r: &SimResult) -> Result<Vec<PathBuf>> {
 pub fn scan_text(result: &ScanResult, fabric: &str) -> String {
     let mut out = String::new();
     let mut order: Vec<usize> = (0..result.points.len()).collect();
+    // Steady points first, then the start-up transients (marked).
     order.sort_by(|&a, &b| {
-        result.points[b]
-            .figure_gbps
-            .total_cmp(&result.points[a].figure_gbps)
+        let (pa, pb) = (&result.points[a], &result.points[b]);
+        (pb.is_steady(), pb.figure_gbps)
+            .partial_cmp(&(pa.is_steady(), pa.figure_gbps))
+            .unwrap_or(std::cmp::Ordering::Equal)
     });
     let shard = result.shard.map_or(String::new(), |[i, n]| {
         format!(" (shard {i}/{n} of {})", result.total_points)
@@ -360,8 +374,13 @@ pub fn scan_text(result: &ScanResult, fabric: &str) -> String {
         let p = &result.points[i];
         let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let ci = p.ci95_gbps.map_or("-".to_string(), |c| format!("{c:.2}"));
+        let transient = if p.is_steady() {
+            ""
+        } else {
+            "  (no steady state: not ranked)"
+        };
         out += &format!(
-            "{:>10.2}  {ci:>8}  {:>9.1}%  {}\n",
+            "{:>10.2}  {ci:>8}  {:>9.1}%  {}{transient}\n",
             p.figure_gbps,
             p.figure_gbps / p.summary.link_rate_gbps * 100.0,
             params.join(" ")

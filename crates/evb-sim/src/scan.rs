@@ -61,6 +61,13 @@ pub struct ScanPoint {
     pub replicates: Vec<f64>,
 }
 
+impl ScanPoint {
+    /// Whether its figure is a steady state (synthetic traffic: always).
+    pub fn is_steady(&self) -> bool {
+        self.summary.eb.as_ref().is_none_or(|e| e.steady)
+    }
+}
+
 /// What a scan ranks points by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -280,8 +287,14 @@ fn summarise(
     wall_seconds: f64,
 ) -> ScanResult {
     points.sort_by_key(|p| p.index);
+    // A point without a steady state is a start-up transient: never the
+    // best, whatever its figure (unless no point is steady).
     let best = (0..points.len())
-        .max_by(|&a, &b| points[a].figure_gbps.total_cmp(&points[b].figure_gbps))
+        .max_by(|&a, &b| {
+            (points[a].is_steady(), points[a].figure_gbps)
+                .partial_cmp(&(points[b].is_steady(), points[b].figure_gbps))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
         .unwrap_or(0);
     let top = points.get(best).map_or(0.0, |p| p.figure_gbps);
     let within = points

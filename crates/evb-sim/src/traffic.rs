@@ -244,6 +244,8 @@ pub struct EventBuilder {
     pub built_bytes: u64,
     pub events_built: u64,
     pub batches_incomplete: u64,
+    /// When the first batch was built, ns (none built: `None`).
+    pub first_built_ns: Option<u64>,
     /// Batch payload bytes handed to consumers.
     pub delivered_bytes: u64,
     /// With consumers: one entry per time-series interval.
@@ -261,7 +263,7 @@ pub struct EventBuilder {
     pub network_series: Vec<f64>,
     /// Bytes of the current interval: built (may go below zero when a
     /// batch is taken back out) and through the network.
-    interval_built: i64,
+    interval_built: u64,
     interval_network: u64,
     /// `sim.crash`: the node that dies, when, and when a survivor first
     /// found it silent (ps; `None`: not within the run).
@@ -358,6 +360,7 @@ impl EventBuilder {
             built_bytes: 0,
             events_built: 0,
             batches_incomplete: 0,
+            first_built_ns: None,
             delivered_bytes: 0,
             consumer_series: Vec::new(),
             last_output: (0, 0, 0),
@@ -467,7 +470,6 @@ impl EventBuilder {
                     net.post(src, dst, bytes, 0, tag, None);
                 }
                 Action::HandOver { header } => {
-                    self.interval_built += i64::from(header.payload_len);
                     self.nodes[h].on_local_fragment(now, &header, header.crc32c)
                 }
                 Action::Finish {
@@ -476,14 +478,14 @@ impl EventBuilder {
                     events,
                     ..
                 } => match outcome {
+                    // Built counts completed batches only, when they complete.
                     Outcome::Built => {
                         self.built_bytes += bytes;
                         self.events_built += events;
+                        self.interval_built += bytes;
+                        self.first_built_ns.get_or_insert(now);
                     }
-                    _ => {
-                        self.batches_incomplete += 1;
-                        self.interval_built -= bytes as i64;
-                    }
+                    _ => self.batches_incomplete += 1,
                 },
                 Action::Deliver {
                     to,
@@ -572,7 +574,6 @@ impl Traffic for EventBuilder {
                 // No bytes are simulated: the CRC is taken as correct.
                 if self.nodes[to].admit_fragment(now, from, &h) == Admit::Keep {
                     if h.flags & FLAG_BATCH == 0 {
-                        self.interval_built += i64::from(h.payload_len);
                         self.interval_network += u64::from(h.payload_len);
                     }
                     self.nodes[to].on_fragment(now, &h, h.crc32c);
