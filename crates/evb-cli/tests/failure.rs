@@ -45,6 +45,10 @@ fn run_with_settings(
     (out.status.code().unwrap_or(-1), v, text)
 }
 
+/// A BU's credits with the defaults (configs/default.toml's
+/// `event_builder.credits`): the most MEPs a lost BU leaves unfinished.
+const DEFAULT_CREDITS: u64 = 3;
+
 /// Checks what every node death must give; returns the failure timeline.
 fn check_death(
     code: i32,
@@ -111,7 +115,7 @@ fn check_death(
 #[test]
 fn kill_9_of_a_node_is_survived_and_accounted_for() {
     let (code, v, text) = run_with("--kill", "2@1.5", "kill");
-    let failures = check_death(code, &v, &text, 2, 1.5, 2);
+    let failures = check_death(code, &v, &text, 2, 1.5, DEFAULT_CREDITS);
     assert!(failures
         .iter()
         .any(|f| f["seen_by"] == "launcher" && f["what"].as_str().unwrap().contains("SIGKILL")));
@@ -172,7 +176,7 @@ fn a_killed_bus_batches_are_reassigned_when_the_rus_hold_them() {
 #[test]
 fn a_silent_node_is_found_by_heartbeats() {
     let (code, v, text) = run_with("--stop", "3@1.5", "stop");
-    let failures = check_death(code, &v, &text, 3, 1.5, 2);
+    let failures = check_death(code, &v, &text, 3, 1.5, DEFAULT_CREDITS);
     assert!(
         failures
             .iter()
@@ -472,7 +476,7 @@ fn check_restart_noticed_within(transport: &str, notice_s: f64) {
         serde_json::json!([]),
         "{text}"
     );
-    check_exact_accounting(&v, &text, 2);
+    check_exact_accounting(&v, &text, DEFAULT_CREDITS);
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     // The death is seen by every survivor within `notice_s` (a second).
     let seen: Vec<f64> = failures
@@ -608,7 +612,7 @@ fn check_stop_resume(transport: &str) {
     );
     assert!(text.contains(&format!("over {transport}")), "{text}");
     // Node 2 lived through it and reported.
-    check_every_node_reported(&out, &v, &text, 2);
+    check_every_node_reported(&out, &v, &text, DEFAULT_CREDITS);
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     let what = |f: &Value| f["what"].as_str().unwrap().to_string();
     assert!(
@@ -786,8 +790,8 @@ fn overlapping_stops_relink_every_link_over_shm() {
         ],
         None,
     );
-    // Two BUs lost once each (by the EM), 2 credits each.
-    check_every_node_reported(&out, &v, &text, 4);
+    // Two BUs lost once each (by the EM), their credits each.
+    check_every_node_reported(&out, &v, &text, 2 * DEFAULT_CREDITS);
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     let events = |node: u64, seen_by: u64| -> Vec<(f64, bool)> {
         failures
