@@ -60,10 +60,10 @@ fn preallocated_pools_are_resident_from_the_start_and_memory_stays_flat() {
     let (_, planned) = BufferPlan::for_run(&config, &layout).unwrap();
     let pre = u(&v, "buffers_preallocated_bytes");
     assert_eq!(pre, planned, "{text}");
-    // 2 credits x 4 BUs + 2 in flight, + one per BU: over shm the BUs read
-    // the RUs' buffers in place (zero copy).
+    // The credits x 4 BUs + 2 in flight, + one per BU: over shm the BUs
+    // read the RUs' buffers in place (zero copy).
     let meps = BufferPlan::for_node(&config, &layout, 1, &TransportKind::Shm).mep_buffers;
-    assert_eq!(meps, 14);
+    assert_eq!(meps as u32, config.event_builder.credits * 4 + 2 + 4);
     assert!(
         text.contains(&format!("preallocated {meps} MEP buffers")),
         "{text}"

@@ -166,19 +166,20 @@ mod tests {
         let config = Config::default();
         let layout = Layout::from_config(&config);
         let shm = TransportKind::Shm;
+        let c = config.event_builder.credits as usize;
         // 4 nodes, EM on node 0: every node is RU and BU, linked to 3.
         let p = BufferPlan::for_node(&config, &layout, 1, &shm);
         let fragment = 4096 * (4 + 4096);
         assert_eq!(p.mep_bytes, fragment);
-        // credits 2 x 4 BUs assigned, + 2 sends in flight, + one per BU
+        // credits x 4 BUs assigned, + 2 sends in flight, + one per BU
         // for the zero-copy release race.
-        assert_eq!(p.mep_buffers, 2 * 4 + 2 + 4);
+        assert_eq!(p.mep_buffers, c * 4 + 2 + 4);
         let mut copying = config.clone();
         copying.transport.shm_zero_copy = false;
         let p = BufferPlan::for_node(&copying, &layout, 1, &shm);
-        assert_eq!(p.mep_buffers, 2 * 4 + 2);
+        assert_eq!(p.mep_buffers, c * 4 + 2);
         // 10 posted + 2 x credits open batches x 3 remote sources.
-        assert_eq!(p.rx_buffers, 10 + 4 * 3);
+        assert_eq!(p.rx_buffers, 10 + 2 * c * 3);
         assert!(p.rx_bytes > fragment);
         // Paced: the readout buffer bounds the RU when it is smaller.
         let mut paced = config.clone();
@@ -188,7 +189,7 @@ mod tests {
         assert_eq!(p.mep_buffers, 3 + 2);
         // TCP posts nothing; it reads a payload per connection.
         let p = BufferPlan::for_node(&config, &layout, 1, &TransportKind::Tcp);
-        assert_eq!(p.rx_buffers, 4 * 3 + 3);
+        assert_eq!(p.rx_buffers, 2 * c * 3 + 3);
         assert_eq!(p.rx_bytes, fragment);
     }
 
@@ -201,15 +202,16 @@ mod tests {
         config.event_builder.protocol = Protocol::Pull;
         let layout = Layout::from_config(&config);
         let shm = TransportKind::Shm;
+        let c = config.event_builder.credits as usize;
         let ru = BufferPlan::for_node(&config, &layout, 1, &shm);
         let bu = BufferPlan::for_node(&config, &layout, 2, &shm);
         let posted = crate::msg::posted_receives(2);
         assert_eq!(ru.rx_buffers, posted, "an RU only posts receives");
         // PULL: credits x BUs, + each BU's requests in flight (capped),
         // + one per BU (zero copy).
-        assert_eq!(ru.mep_buffers, 2 * 2 + 2 * 2 + 2);
+        assert_eq!(ru.mep_buffers, c * 2 + 2 * 2 + 2);
         assert_eq!(bu.mep_buffers, 0);
         // 2 RUs, both remote; PULL opens only assigned batches.
-        assert_eq!(bu.rx_buffers, posted + 2 * 2);
+        assert_eq!(bu.rx_buffers, posted + c * 2);
     }
 }
