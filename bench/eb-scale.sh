@@ -5,7 +5,8 @@
 #  1. 540 nodes on a 2-level fat tree of 36-port switches, evb's ftree
 #     routing and order;
 #  2. the same fabric routed by the real OpenSM (ftree on ibsim), with its
-#     LFT dump and its ftree CA order;
+#     LFT dump and its ftree CA order; and a 540-host tree (no host to
+#     spare) routed by OpenSM, the EM in node 0 (evb's default);
 #  3. 512 nodes placed as on a test cluster whose leaves are not all full
 #     (513 hosts with the EM spread over 29 leaves, 17 or 18 a leaf): the
 #     plain slotted barrel over the ranks, the conflict-aware schedule
@@ -41,11 +42,13 @@ run() { # tag, then evb sim arguments; one run per seed, then the case's line
     "$evb" sim --config "$cfg" "${extra[@]}" --set "run.seed=$seed" --json "$out/$tag-$seed.json" "$@" \
       >"$out/$tag-$seed.txt"
     files+=("$out/$tag-$seed.json")
-    python3 - "$out/$tag-$seed.json" "  seed $seed" <<'PY'
+    python3 - "$out/$tag-$seed.json" "  seed $seed" "$@" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 s, eb = d["summary"], d["summary"]["eb"]
-em = d["hosts"][-1]  # the separate EM is the last host
+# The separate EM is the last host; in node 0, its link is node 0's
+# (which also ships fragments).
+em = d["hosts"][0 if any('node0' in a for a in sys.argv[3:]) else -1]
 print(f"{sys.argv[2]:<38} {eb['built_gbps_per_node']:7.2f} +- {eb['built_ci95_gbps']:5.2f}"
       f" {eb['network_gbps_per_node']:8.2f} {eb['network_fraction_of_link']*100:6.1f}%"
       f" {eb['drift']*100:+6.2f}% {eb['batch_means']:3d} {s['total_xmit_wait_s']*1e3:9.3f}"
@@ -76,22 +79,36 @@ run "540, evb ftree" --topology fat-tree:radix=36,hosts=541 --order ftree
 # 2. The same tree routed by OpenSM on ibsim.
 UMAD=$(dpkg -L libumad2sim0 2>/dev/null | grep 'libumad2sim.so$' | head -1 || true)
 [ -n "$UMAD" ] || UMAD=/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so
-"$evb" fabric export --topology fat-tree:radix=36,hosts=541 --ibsim "$out/net" >/dev/null
-export IBSIM_SOCKNAME="evbscale$$"
-SIM_HOST=$(grep -m1 '^Hca' "$out/net" | cut -d'"' -f2)
-ibsim -s -n "$out/net" >"$out/ibsim.log" 2>&1 &
-SIM_PID=$!
-for _ in $(seq 200); do grep -qs "simulator ready" "$out/ibsim.log" && break; sleep 0.05; done
-grep -q "simulator ready" "$out/ibsim.log" || { echo "ibsim did not start"; cat "$out/ibsim.log"; exit 1; }
-mkdir -p "$out/osm"
-SIM_HOST="$SIM_HOST" OSM_CACHE_DIR="$out/osm" OSM_TMP_DIR="$out/osm" LD_PRELOAD="$UMAD" \
-  timeout 300 opensm --once -R ftree -D 0x43 --dump_files_dir "$out/osm" -f "$out/osm/log" >/dev/null 2>&1
-# The fabric as OpenSM configured it (its LIDs), read back by ibnetdiscover.
-SIM_HOST="$SIM_HOST" LD_PRELOAD="$UMAD" timeout 120 ibnetdiscover >"$out/fabric.ibnd" 2>/dev/null
-kill "$SIM_PID" 2>/dev/null || true
-SIM_PID=""
-run "540, OpenSM ftree LFTs and order" --topology "$out/fabric.ibnd" --lfts "$out/osm/opensm-lfts.dump" \
-  --order "$out/osm/opensm-ftree-ca-order.dump"
+# opensm_tables HOSTS: the HOSTS-host tree on ibsim, routed by OpenSM's
+# ftree; leaves $out/osmHOSTS/{fabric.ibnd,opensm-lfts.dump,opensm-ftree-ca-order.dump}.
+opensm_tables() {
+  local hosts=$1 dir="$out/osm$1"
+  mkdir -p "$dir"
+  "$evb" fabric export --topology "fat-tree:radix=36,hosts=$hosts" --ibsim "$dir/net" >/dev/null
+  export IBSIM_SOCKNAME="evbscale$$-$hosts"
+  local sim_host
+  sim_host=$(grep -m1 '^Hca' "$dir/net" | cut -d'"' -f2)
+  ibsim -s -n "$dir/net" >"$dir/ibsim.log" 2>&1 &
+  SIM_PID=$!
+  for _ in $(seq 200); do grep -qs "simulator ready" "$dir/ibsim.log" && break; sleep 0.05; done
+  grep -q "simulator ready" "$dir/ibsim.log" || { echo "ibsim did not start"; cat "$dir/ibsim.log"; exit 1; }
+  SIM_HOST="$sim_host" OSM_CACHE_DIR="$dir" OSM_TMP_DIR="$dir" LD_PRELOAD="$UMAD" \
+    timeout 300 opensm --once -R ftree -D 0x43 --dump_files_dir "$dir" -f "$dir/log" >/dev/null 2>&1
+  # The fabric as OpenSM configured it (its LIDs), read back by ibnetdiscover.
+  SIM_HOST="$sim_host" LD_PRELOAD="$UMAD" timeout 120 ibnetdiscover >"$dir/fabric.ibnd" 2>/dev/null
+  kill "$SIM_PID" 2>/dev/null || true
+  SIM_PID=""
+}
+opensm_tables 541
+run "540, OpenSM ftree LFTs and order" --topology "$out/osm541/fabric.ibnd" --lfts "$out/osm541/opensm-lfts.dump" \
+  --order "$out/osm541/opensm-ftree-ca-order.dump"
+
+# 2b. 540 hosts and no spare one: the EM in node 0 (evb's default), OpenSM's
+# tables. (With evb's defaults apart from the EM, 3000 events a MEP.)
+opensm_tables 540
+run "540 on 540 hosts, EM in node 0, OpenSM" --topology "$out/osm540/fabric.ibnd" \
+  --lfts "$out/osm540/opensm-lfts.dump" --order "$out/osm540/opensm-ftree-ca-order.dump" \
+  --set 'nodes.em="node0"'
 
 # 3. 512 nodes spread over the leaves (not every leaf full), the EM last.
 tree512=fat-tree:radix=36,hosts=513,spread

