@@ -46,7 +46,7 @@ cases=(
   "288-sys|288 nodes, hosts' clocks (clock = system)|130000|--topology fat-tree:radix=36,hosts=288 --order ftree --set event_builder.clock=\"system\""
   "100-part|100 nodes, leaves of 18 and a short one of 10|50000|--topology fat-tree:radix=36,hosts=100 --order ftree"
   "163-hdr|LHCb HDR: 163 nodes at 200G, 40-port switches|80000|--config configs/lhcb-163-hdr.toml --topology fat-tree:radix=40,hosts=163,gbps=200 --order ftree"
-  "72-half|72 nodes, one cable at half width the file does not tell|100000|--topology $out/t72-half.ibnd --order ftree --set event_builder.slot_us=87.98"
+  "72-half|72 nodes, one cable at half width the file does not tell|200000|--topology $out/t72-half.ibnd --order ftree --set event_builder.slot_us=87.98"
   "540|540 nodes on a 540-host tree (30 full leaves)|240000|--topology fat-tree:radix=36,hosts=540 --order ftree"
   "1024-ndr|1024 nodes at 400G (NDR), 64-port switches|70000|--topology fat-tree:radix=64,hosts=1024,gbps=400 --order ftree"
   "540-sep|540 nodes + EM alone on a 31st leaf (configs/lhcb-540.toml)|240000|--config configs/lhcb-540.toml --topology fat-tree:radix=36,hosts=541 --order ftree"

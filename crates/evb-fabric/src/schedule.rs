@@ -327,6 +327,13 @@ fn fewest_slots(
     if aware.flows_moved == 0 {
         return Ok(aware);
     }
+    let flows = base.slots.iter().flatten().filter(|d| d.is_some()).count();
+    if flows.saturating_mul(aware.slots.len()) > SEARCH_SIZE_LIMIT {
+        // The packed schedule and the search weigh every slot for every
+        // flow: too slow at this size (648 hosts with crossed cables:
+        // 419,256 flows x 1,268 slots, 2.3 s for the packed one alone).
+        return Ok(aware);
+    }
     let packed = packed(topo, lfts, order, base)?;
     let best = if packed.slots.len() < aware.slots.len() {
         packed
@@ -335,6 +342,13 @@ fn fewest_slots(
     };
     searched(topo, lfts, order, base, best)
 }
+
+/// Flows x slots above which neither the packed schedule nor the local
+/// search is tried: both weigh every slot for a flow, so their time grows
+/// with this product (163 hosts
+/// on leaves of 20: 26,406 flows x 162 slots, about 6 s here; a 648-host
+/// fabric with crossed cables, 419,256 x 648, ran for over 13 minutes).
+const SEARCH_SIZE_LIMIT: usize = 12_000_000;
 
 /// `best` (a conflict-free schedule of `base`'s flows), or one with fewer
 /// slots from the local search: first from `base` with its conflicts,
@@ -363,6 +377,10 @@ fn searched(
         }
     }
     let bound = best.lower_bound;
+    if flows.len().saturating_mul(bound) > SEARCH_SIZE_LIMIT {
+        // Too large to search in seconds: the greedy schedule stands.
+        return Ok(best);
+    }
     let Some(found) = crate::tighten::search(&flows, &start, nlinks, bound, best.slots.len())
     else {
         return Ok(best);

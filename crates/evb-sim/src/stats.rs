@@ -128,29 +128,32 @@ pub fn batch_means_periodic(series: &[f64], warmup: u64, period: u64, sample: u6
     }
 }
 
-/// The drift over whole periods: the mean of the rotations that start in
-/// the second quarter of the run against those that start in the last
-/// quarter and end within it; plain [`drift`] if either has none.
+/// The drift over whole periods: the first whole rotation that starts in
+/// the second quarter of the run against the last whole rotation, which
+/// must come after it (a rotation's batches complete in bursts, so a
+/// window that cuts rotations would swing); 0 when the run holds no two
+/// such rotations (no evidence either way: `summary.eb.steady` tells a
+/// run too short), plain [`drift`] without a period.
 pub fn drift_periodic(series: &[f64], period: u64, sample: u64) -> f64 {
+    if period == 0 {
+        return drift(series);
+    }
     let end = series.len() as u64 * sample;
     let at = |t: u64| ((t as f64 / sample.max(1) as f64).round() as usize).min(series.len());
-    let whole = |from: u64, to: u64| -> Option<f64> {
-        if period == 0 {
-            return None;
-        }
-        let first = from.div_ceil(period) * period;
-        let last = (to / period) * period;
-        (last > first).then(|| {
-            let s = &series[at(first)..at(last)];
-            s.iter().sum::<f64>() / s.len().max(1) as f64
-        })
+    let mean = |from: u64| {
+        let s = &series[at(from)..at(from + period)];
+        s.iter().sum::<f64>() / s.len().max(1) as f64
     };
-    // Rotations starting in the second quarter (they may end after it).
-    let q2 = whole(end / 4, (end / 2).max(end / 4 + period).min(end));
-    let q4 = whole(end - end / 4, end);
-    match (q2, q4) {
-        (Some(a), Some(b)) if a != 0.0 => (b - a) / a,
-        _ => drift(series),
+    let early = (end / 4).div_ceil(period) * period;
+    let late = (end / period).saturating_sub(1) * period;
+    if late < early + period {
+        return 0.0;
+    }
+    let (q2, q4) = (mean(early), mean(late));
+    if q2 == 0.0 {
+        0.0
+    } else {
+        (q4 - q2) / q2
     }
 }
 
