@@ -401,6 +401,67 @@ fn c_and_python_read_the_event_store() {
     }
 }
 
+/// The same from an S3 store on a real MinIO: `evb run` writes its
+/// batches there, and the C and the Python readers read them back through
+/// libevb (credentials from the environment), with the counts of `evb
+/// store read`.
+#[test]
+fn s3_c_and_python_read_an_s3_store() {
+    use evb_testkit::minio::{start_minio, ACCESS_KEY, SECRET_KEY};
+    let (inst, _, reader) = example("store-s3", "store_reader.c");
+    let minio = start_minio("libevb");
+    let target = format!("s3://evb/libevb?endpoint={}", minio.endpoint);
+    let options = evb_store::S3Options {
+        access_key_id: Some(ACCESS_KEY.into()),
+        secret_access_key: Some(SECRET_KEY.into()),
+        ..evb_store::S3Options::default()
+    };
+    let evb_store::StoreTarget::S3(bucket) =
+        evb_store::StoreTarget::parse_with(&target, options).unwrap()
+    else {
+        panic!("{target} is an S3 target");
+    };
+    evb_store::s3::S3Client::new(&bucket, Duration::from_secs(10))
+        .create_bucket()
+        .unwrap();
+    let with_keys = |cmd: &mut Command| {
+        cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_ENDPOINT_URL")
+            .env_remove("AWS_ENDPOINT_URL_S3");
+    };
+    let mut run = Command::new(inst.evb());
+    run.args(["run", "-n", "2", "--progress", "never"])
+        .args(["--set", "run.max_meps=24", "--set", "run.duration_s=0"])
+        .args(["--set", &format!("source.events_per_mep={EVENTS}")])
+        .args(["--set", "output.sink=store", "--set"])
+        .arg(format!("output.store={target}"));
+    with_keys(&mut run);
+    let (out, text) = run_bounded(&mut run, "evb run into S3", Duration::from_secs(120));
+    assert!(out.status.success(), "{text}");
+    let mut read = Command::new(inst.evb());
+    read.args(["store", "read", "--json"]).arg(&target);
+    with_keys(&mut read);
+    let (out, text) = run_bounded(&mut read, "evb store read", Duration::from_secs(60));
+    assert!(out.status.success(), "{text}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u(&report, "objects"), 24, "{text}");
+    let mut c = Command::new(&reader);
+    c.arg(&target);
+    let mut py = python(inst, "store_reader.py");
+    py.arg(&target);
+    for (cmd, what) in [(&mut c, "store_reader"), (&mut py, "store_reader.py")] {
+        with_keys(cmd);
+        let (out, text) = run_bounded(cmd, what, Duration::from_secs(60));
+        assert!(out.status.success(), "{what}: {text}");
+        let f = figures(&out, "store:");
+        assert_eq!(figure(&f, "objects"), 24, "{what}: {f:?}");
+        assert_eq!(figure(&f, "events"), u(&report, "events"), "{what}: {f:?}");
+        assert_eq!(figure(&f, "bad_events"), 0, "{what}: {f:?}");
+    }
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {

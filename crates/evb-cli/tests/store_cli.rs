@@ -4,14 +4,14 @@
 //! the builder unit uses, then read back, corrupted, and read again.
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_store::s3::S3Client;
 use evb_store::{format, S3Options, S3Target, StoreError, StoreTarget, StoreWriter, WriterOptions};
-use evb_testkit::net::free_port;
+use evb_testkit::minio::{Minio, ACCESS_KEY, SECRET_KEY};
 use evb_testkit::process::wait_exit;
-use evb_testkit::{evb, repo_root, run_bounded};
+use evb_testkit::{evb, run_bounded};
 
 const EVENTS: u32 = 32;
 const SOURCES: u32 = 3;
@@ -145,85 +145,16 @@ fn unreadable_or_malformed_targets_are_usage_errors() {
 
 // ---------------------------------------------------------------- MinIO --
 
-const ACCESS_KEY: &str = "evbtest";
-const SECRET_KEY: &str = "evbtest-secret";
-
-/// A MinIO server on a free loopback port with a temporary data directory,
-/// stopped (by its own process handle) when dropped.
-struct Minio {
-    child: Child,
-    endpoint: String,
-    _data: tempfile::TempDir,
-}
-
-impl Drop for Minio {
-    fn drop(&mut self) {
-        // SAFETY: plain syscall on our own child's pid; resumes it in case
-        // a test stopped it, so the kill below takes effect.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// How long the S3 tests wait for MinIO's build: scripts/test.sh builds it
-/// in the background while the Rust code compiles, and a fresh Go build
-/// takes about 5 minutes of both cores.
-const MINIO_BUILD_LIMIT: Duration = Duration::from_secs(1200);
-
+/// MinIO with the bucket `evb` (evb_testkit::minio), ready when the
+/// bucket could be made.
 fn start_minio() -> Minio {
-    let script = repo_root().join("scripts/minio.sh");
-    // Returns at once when MinIO is there, waits for a build under way,
-    // or builds it (the S3 tests need a real server: never skipped).
-    let (install, text) = run_bounded(
-        Command::new(&script).arg("install"),
-        "scripts/minio.sh install",
-        MINIO_BUILD_LIMIT,
-    );
-    assert!(
-        install.status.success(),
-        "MinIO could not be built (scripts/minio.sh install): {text}"
-    );
-    let out = Command::new(&script)
-        .arg("path")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(
-        out.status.success(),
-        "MinIO is missing after scripts/minio.sh install: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let binary = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let data = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let console = free_port();
-    let child = Command::new(&binary)
-        .args(["server", "--quiet", "--address"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--console-address")
-        .arg(format!("127.0.0.1:{console}"))
-        .arg(data.path())
-        .env("MINIO_ROOT_USER", ACCESS_KEY)
-        .env("MINIO_ROOT_PASSWORD", SECRET_KEY)
-        .env("MINIO_BROWSER", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
-    let minio = Minio {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-        _data: data,
-    };
-    // Ready when the bucket can be created (MinIO answers 503 while starting).
+    let minio = evb_testkit::minio::start_minio("store");
     let client = S3Client::new(&s3_target(&minio, "evb", ""), Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match client.create_bucket() {
             Ok(()) => return minio,
-            Err(e) if Instant::now() > deadline => panic!("MinIO not ready after 60 s: {e}"),
+            Err(e) if Instant::now() > deadline => panic!("no bucket after 60 s: {e}"),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }

@@ -26,8 +26,10 @@
 //! The MEPs built while the slots were too short come out of phase with
 //! the rotation; a BU then needs a third credit to keep one MEP
 //! collecting in every rotation (measured, 72 nodes, one unknown
-//! half-rate link: credits 2 settle at 24 % of link, 3 at 39 %, the
-//! lengthened slots allow 44 %; hence the default `credits = 3`).
+//! half-rate link, 120 ms: credits 2 at 24 % of link, 3 at 39 %, the
+//! lengthened slots allow 44 %; hence the default `credits = 3`). Over
+//! 200 ms the 72-node case falls to 32 % even so (docs/sim.md): the
+//! phase is not yet restored.
 
 use crate::bu::Nanos;
 use crate::slots::SlotEpoch;

@@ -22,6 +22,7 @@
 
 pub mod bin;
 pub mod json;
+pub mod minio;
 pub mod net;
 pub mod netns;
 pub mod process;
