@@ -8,7 +8,7 @@
 # 0 and 1 as under mpirun, found through a rendezvous directory), the link
 # set down 1.5 s into the run for OUTAGE_S seconds. Prints both nodes'
 # messages and, from their final reports, the accounting, the losses and
-# rejoins (times in Unix seconds). What tests/netfaults.rs checks, with the
+# rejoins (times in Unix seconds). What tests/cli/netfaults.rs checks, with the
 # outage and transport yours to choose. Namespaces and files are removed at
 # the end.
 set -euo pipefail

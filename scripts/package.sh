@@ -67,7 +67,7 @@ lib_a=$(artifact "$lib_dir" libevb.a)
 py_so=$(artifact "$lib_dir" libevb_py.so)
 
 # The header is made by cbindgen from src/capi.rs: where cbindgen is
-# installed, the committed copy is brought up to date here (tests/libevb.rs
+# installed, the committed copy is brought up to date here (tests/cli/libevb.rs
 # checks, without cbindgen, that it declares what capi.rs defines).
 header=crates/evb-ffi/include/evb.h
 if [ -z "$prebuilt" ] && command -v cbindgen >/dev/null 2>&1; then

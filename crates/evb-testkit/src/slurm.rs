@@ -1,7 +1,7 @@
 //! A one-node Slurm made for a test: Debian's munge, slurmctld and slurmd
 //! (installed by scripts/setup.sh), each with its own socket, ports, state
-//! and spool in a temporary directory. Used by evb-cli's tests/slurm.rs
-//! (real `srun` steps) and tests/fabric_cli.rs (slurmctld reading evb's
+//! and spool in a temporary directory. Used by evb-cli's tests/cli/slurm.rs
+//! (real `srun` steps) and tests/cli/fabric_cli.rs (slurmctld reading evb's
 //! topology.conf).
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! `evb node --control launcher`: the event builder started by a cluster
 //! launcher. Real OpenMPI `mpirun` and MPICH `mpiexec` (installed by
-//! scripts/setup.sh); real Slurm `srun` is in tests/slurm.rs.
+//! scripts/setup.sh); real Slurm `srun` is in tests/cli/slurm.rs.
 
 use std::path::PathBuf;
 use std::process::Command;
