@@ -112,7 +112,10 @@ run "540 on 540 hosts, EM in node 0, OpenSM" --topology "$out/osm540/fabric.ibnd
 
 # 3. 512 nodes spread over the leaves (not every leaf full), the EM last.
 tree512=fat-tree:radix=36,hosts=513,spread
-run "512 spread, slotted over the ranks" --topology "$tree512" --order ftree --set nodes.count=512
+# The plain barrel over the ranks (evb sim would otherwise take the
+# fabric's schedule: slot_schedule = "fabric" is the default).
+run "512 spread, slotted over the ranks" --topology "$tree512" --order ftree --set nodes.count=512 \
+  --set 'event_builder.slot_schedule="barrel"'
 "$evb" fabric schedule --topology "$tree512" --order ftree --ranks 512 --compact --out "$out/s512c.txt" | tail -1
 run "512 spread, conflict-aware (ranks)" --topology "$tree512" --order ftree --set nodes.count=512 \
   --set "event_builder.schedule_file=\"$out/s512c.txt\""
