@@ -8,6 +8,7 @@ mod gen;
 mod log;
 mod progress;
 mod report;
+mod run_fabric;
 mod sim;
 mod store;
 
@@ -130,6 +131,8 @@ struct RunArgs {
     /// for every node to say how far it saw, then resumes above.
     #[arg(long, value_name = "RANK@SECONDS")]
     restart: Vec<String>,
+    #[command(flatten)]
+    fabric: run_fabric::FabricRunArgs,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +156,8 @@ struct NodeArgs {
     /// rendezvous directory.
     #[arg(long)]
     rejoin: bool,
+    #[command(flatten)]
+    fabric: run_fabric::FabricRunArgs,
 }
 
 #[derive(Debug, Args)]
@@ -241,6 +246,14 @@ fn cmd_run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = &args.transport {
         overrides.push(format!("transport.kind={t}"));
     }
+    // Kept to the end of the run: it owns the schedule file the nodes read.
+    let fabric = args
+        .fabric
+        .plan(args.config.config.as_deref(), &overrides, args.nodes)?;
+    if let Some(s) = &fabric.summary {
+        eprintln!("evb run: {s}");
+    }
+    overrides.extend(fabric.overrides.iter().cloned());
     let opts = RunOptions {
         config: args.config.config,
         overrides,
@@ -291,9 +304,17 @@ fn cmd_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         "launcher" => Control::Launcher,
         other => anyhow::bail!("--control takes config, stdio or launcher, not `{other}`"),
     };
+    let fabric = args
+        .fabric
+        .plan(args.config.config.as_deref(), &args.config.overrides, None)?;
+    if let Some(s) = &fabric.summary {
+        eprintln!("evb node: {s}");
+    }
+    let mut overrides = args.config.overrides;
+    overrides.extend(fabric.overrides.iter().cloned());
     evb_node::start::start(StartOptions {
         config: args.config.config,
-        overrides: args.config.overrides,
+        overrides,
         rank: args.rank,
         control,
         rendezvous: args.rendezvous,

@@ -167,6 +167,76 @@ fn a_schedule_from_evb_fabric_drives_evb_run() {
     );
 }
 
+/// `evb run --fabric`: the run computes the fabric's schedule and slot
+/// length itself, the same `evb fabric schedule` writes by hand.
+#[test]
+fn evb_run_on_its_fabric_takes_the_fabrics_schedule_and_slots() {
+    // 7 hosts at 200 Gb/s in a random order: the plain barrel conflicts.
+    let fabric = ["fat-tree:radix=4,hosts=7,gbps=200", "random:3"];
+    let by_hand = tmp("fabric7-random.txt");
+    let out = evb()
+        .args([
+            "fabric",
+            "schedule",
+            "--topology",
+            fabric[0],
+            "--order",
+            fabric[1],
+            "--out",
+        ])
+        .arg(&by_hand)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let slots = std::fs::read_to_string(&by_hand)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("slot "))
+        .count();
+    assert!(
+        slots > 6,
+        "the plain barrel has 6 slots; this order conflicts"
+    );
+    let args = [
+        "--nodes",
+        "7",
+        "--fabric",
+        fabric[0],
+        "--fabric-order",
+        fabric[1],
+    ];
+    // MEPs of the default size, so that the slot's length is the link's.
+    let (code, v, text) = run("fabric7-run", &["source.events_per_mep=4096"], &args);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(u(&v, "summary.events_built"), 120 * 4096, "{text}");
+    assert_eq!(u(&v, "summary.events_lost"), 0, "{text}");
+    assert_eq!(
+        u(&v, "summary.slot_clock.rotation_slots"),
+        slots as u64,
+        "{text}"
+    );
+    // Slots sized for the fabric's 200 Gb/s: half the default 88 us (100).
+    let slot_us = v["summary"]["slot_clock"]["slot_us"].as_f64().unwrap();
+    assert!((40.0..48.0).contains(&slot_us), "{slot_us} us: {text}");
+    assert!(text.contains("the fabric's schedule: "), "{text}");
+    // The run's copy of the schedule goes with the run.
+    let file = v["summary"]["slot_clock"]["schedule_file"]
+        .as_str()
+        .unwrap();
+    assert!(!std::path::Path::new(file).exists(), "{file} left behind");
+    // An order shorter than the builder is refused, naming both.
+    let (code, _, text) = run("fabric8", &[], &["--nodes", "8", "--fabric", fabric[0]]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("has 7 hosts, the event builder 8 nodes"),
+        "{text}"
+    );
+}
+
 #[test]
 fn a_corrupted_fragment_is_detected_and_counted() {
     let (code, v, text) = run(

@@ -1,0 +1,167 @@
+//! `evb run --fabric` and `evb node --fabric`: the slotted barrel on the
+//! cluster's fabric, as `evb sim` runs it on a simulated one.
+//!
+//! Given the fabric (an `ibnetdiscover` file or a generator), its tables
+//! (`--lfts`, or a routing engine) and the rank order the nodes were
+//! launched in, the command computes the schedule `evb fabric schedule`
+//! would write for the builder's nodes and sizes the slots for the slowest
+//! path between two of them, then hands both to the nodes as
+//! configuration (`event_builder.schedule_file`, `event_builder.slot_us`).
+//! The computation is deterministic (a seeded search bounded in moves, not
+//! time), so every `evb node` of a cluster derives the same schedule.
+//! Nothing is done when the configuration names a schedule file, asks for
+//! the plain barrel (`slot_schedule = "barrel"`) or another schedule.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use evb_core::config::{LocalTraffic, Schedule, SlotSchedule};
+use evb_core::{Config, Layout};
+use evb_fabric::setup::FabricSource;
+
+/// Where the cluster's fabric comes from.
+#[derive(Debug, Args, Default)]
+pub struct FabricRunArgs {
+    /// The cluster's fabric (ibnetdiscover output, or a generator such as
+    /// fat-tree:radix=36,hosts=540): the slotted barrel takes the schedule `evb fabric
+    /// schedule` would write for the nodes' ranks and slots sized for the slowest path
+    /// between two nodes (unless the configuration names a schedule_file, a slot_us or
+    /// slot_schedule = "barrel")
+    #[arg(long, value_name = "TOPOLOGY")]
+    pub fabric: Option<String>,
+    /// With --fabric: its forwarding tables (opensm-lfts.dump, dump_lfts or ibroute output)
+    #[arg(long, requires = "fabric", value_name = "FILE")]
+    pub fabric_lfts: Option<PathBuf>,
+    /// With --fabric and no --fabric-lfts: the routing engine (ftree, minhop, updn, dfsssp,
+    /// dmodk; ftree falls back to minhop where OpenSM does)
+    #[arg(long, requires = "fabric", default_value = "ftree")]
+    pub fabric_routing: String,
+    /// With --fabric: the rank order the nodes run in (ftree, name, lid, leaf, a hostfile or
+    /// OpenSM's CA order dump): rank i is the order's host i
+    #[arg(long, requires = "fabric", default_value = "ftree")]
+    pub fabric_order: String,
+    /// With --fabric: GUID-to-host-name map for the fabric file
+    #[arg(long, requires = "fabric", value_name = "FILE")]
+    pub fabric_names: Option<PathBuf>,
+}
+
+/// What `--fabric` decided: configuration overrides for the nodes, a line
+/// for the user, and the schedule file it wrote (removed with this value).
+#[derive(Debug, Default)]
+pub struct FabricPlan {
+    pub overrides: Vec<String>,
+    pub summary: Option<String>,
+    written: Option<PathBuf>,
+}
+
+impl Drop for FabricPlan {
+    fn drop(&mut self) {
+        if let Some(p) = &self.written {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl FabricRunArgs {
+    /// The overrides that put the fabric's schedule and slot length into
+    /// the configuration `config`/`overrides` describe (`nodes`: `--nodes`).
+    pub fn plan(
+        &self,
+        config: Option<&Path>,
+        overrides: &[String],
+        nodes: Option<u16>,
+    ) -> Result<FabricPlan> {
+        let Some(spec) = &self.fabric else {
+            return Ok(FabricPlan::default());
+        };
+        let mut all = overrides.to_vec();
+        if let Some(n) = nodes {
+            all.push(format!("nodes.count={n}"));
+        }
+        let mut cfg = Config::load(config, &all)?;
+        let eb = &cfg.event_builder;
+        if eb.schedule != Schedule::Slotted {
+            return Ok(FabricPlan::default());
+        }
+        let wants_schedule =
+            eb.schedule_file.is_empty() && eb.slot_schedule == SlotSchedule::Fabric;
+        let wants_slot = eb.slot_us == 0.0;
+        if !wants_schedule && !wants_slot {
+            return Ok(FabricPlan::default());
+        }
+        let loaded = FabricSource {
+            topology: spec.clone(),
+            names: self.fabric_names.clone(),
+            lfts: self.fabric_lfts.clone(),
+            routing: Some(self.fabric_routing.clone()),
+            ..FabricSource::default()
+        }
+        .load()
+        .with_context(|| format!("--fabric {spec}"))?;
+        for note in &loaded.notes {
+            eprintln!("{note}");
+        }
+        let (topo, lfts) = (&loaded.topo, &loaded.lfts);
+        let mut order = evb_fabric::optimize::order_from_spec(&self.fabric_order, topo)
+            .with_context(|| format!("--fabric-order {}", self.fabric_order))?;
+        let ranks = usize::from(Layout::from_config(&cfg).nodes);
+        if order.len() < ranks {
+            bail!(
+                "--fabric {spec}: the order {} has {} hosts, the event builder {ranks} nodes",
+                self.fabric_order,
+                order.len()
+            );
+        }
+        order.truncate(ranks);
+        let mut plan = FabricPlan::default();
+        let mut said = Vec::new();
+        if wants_slot {
+            if let Some(gbps) = evb_fabric::schedule::slowest_path_gbps(topo, lfts, &order)? {
+                cfg.slot_gbps = Some(gbps);
+                let slot_us = cfg.slot_ns() as f64 / 1e3;
+                plan.overrides
+                    .push(format!("event_builder.slot_us={slot_us}"));
+                said.push(format!("slots of {slot_us:.2} us sized for {gbps} Gb/s (the slowest path between two nodes)"));
+            }
+        }
+        if wants_schedule {
+            let local = cfg.event_builder.local == LocalTraffic::Nic;
+            let chosen =
+                evb_fabric::schedule::choose(topo, lfts, &order, &self.fabric_order, local, false)?;
+            let s = chosen.aware;
+            if s.slots == evb_fabric::schedule::SlotSchedule::plain(order.len(), local).slots {
+                said.push(format!(
+                    "the plain barrel ({}: no conflict on these routes)",
+                    chosen.shift
+                ));
+            } else {
+                let path = std::env::temp_dir()
+                    .join(format!("evb-fabric-schedule-{}.txt", std::process::id()));
+                let header = format!(
+                    "evb slot schedule for {ranks} ranks of {spec} ({}), order {}",
+                    loaded.what, self.fabric_order
+                );
+                std::fs::write(&path, s.to_text(&header))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                let quoted = toml::Value::String(path.display().to_string()).to_string();
+                plan.overrides
+                    .push(format!("event_builder.schedule_file={quoted}"));
+                said.push(format!(
+                    "the fabric's schedule: {} slots a rotation (no schedule on these routes has fewer than {}), from {}",
+                    s.slots.len(),
+                    s.lower_bound,
+                    chosen.shift
+                ));
+                plan.written = Some(path);
+            }
+        }
+        plan.summary = Some(format!(
+            "slotted barrel on {spec} ({}, order {}): {}",
+            loaded.what,
+            self.fabric_order,
+            said.join("; ")
+        ));
+        Ok(plan)
+    }
+}
