@@ -271,7 +271,9 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         bail!("a schedule needs at least 2 ranks, the order has {n}");
     }
     let conflicts = analyze(&topo, &lfts, &order, &shift_steps(n), 0)?;
-    let chosen = evb_fabric::schedule::choose(&topo, &lfts, &order, &a.order, local, a.compact)?;
+    let rated =
+        evb_fabric::rated::choose_slot_rate(&topo, &lfts, &order, &a.order, local, a.compact)?;
+    let chosen = rated.chosen;
     if let Some(note) = &chosen.note {
         println!("{note}");
     }
@@ -317,6 +319,11 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
             a.out.display()
         );
     }
+    if let (Some(slot), Some(slowest)) = (rated.slot_gbps, rated.slowest_gbps) {
+        println!(
+            "slots sized for {slot} Gb/s (the slowest path between two ranks: {slowest} Gb/s; give evb the same: evb sim and evb run --fabric size them so, or set event_builder.slot_us)"
+        );
+    }
     if let Some(j) = &a.json {
         let v = serde_json::json!({
             "ranks": n, "order": a.order, "routing": what, "local": a.local,
@@ -326,6 +333,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
             "positions": positions.as_ref().map_or(n, Vec::len),
             "efficiency": s.efficiency(),
             "plain_conflicts": conflicts.total.conflicts,
+            "slot_gbps": rated.slot_gbps, "slowest_path_gbps": rated.slowest_gbps,
         });
         io::write_text(j, &serde_json::to_string_pretty(&v)?)?;
     }

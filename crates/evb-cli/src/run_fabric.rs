@@ -63,6 +63,31 @@ impl Drop for FabricPlan {
     }
 }
 
+impl FabricPlan {
+    /// Writes `s` where the nodes read it and points the configuration at
+    /// it; returns what to tell the user.
+    fn write_schedule(
+        &mut self,
+        s: &evb_fabric::schedule::SlotSchedule,
+        header: &str,
+        shift: &str,
+    ) -> Result<String> {
+        let path =
+            std::env::temp_dir().join(format!("evb-fabric-schedule-{}.txt", std::process::id()));
+        std::fs::write(&path, s.to_text(header))
+            .with_context(|| format!("writing {}", path.display()))?;
+        let quoted = toml::Value::String(path.display().to_string()).to_string();
+        self.overrides
+            .push(format!("event_builder.schedule_file={quoted}"));
+        self.written = Some(path);
+        Ok(format!(
+            "the fabric's schedule: {} slots a rotation (no schedule on these routes has fewer than {}), from {shift}",
+            s.slots.len(),
+            s.lower_bound
+        ))
+    }
+}
+
 impl FabricRunArgs {
     /// The overrides that put the fabric's schedule and slot length into
     /// the configuration `config`/`overrides` describe (`nodes`: `--nodes`).
@@ -116,19 +141,36 @@ impl FabricRunArgs {
         order.truncate(ranks);
         let mut plan = FabricPlan::default();
         let mut said = Vec::new();
+        let local = cfg.event_builder.local == LocalTraffic::Nic;
+        // The schedule decides the slots' rate where the fabric's paths run
+        // at several (a rate-aware schedule may size them for a faster one).
+        let rated = evb_fabric::rated::choose_slot_rate(
+            topo,
+            lfts,
+            &order,
+            &self.fabric_order,
+            local,
+            false,
+        )?;
+        let slot_gbps = if wants_schedule {
+            rated.slot_gbps
+        } else {
+            rated.slowest_gbps
+        };
         if wants_slot {
-            if let Some(gbps) = evb_fabric::schedule::slowest_path_gbps(topo, lfts, &order)? {
+            if let Some(gbps) = slot_gbps {
                 cfg.slot_gbps = Some(gbps);
                 let slot_us = cfg.slot_ns() as f64 / 1e3;
                 plan.overrides
                     .push(format!("event_builder.slot_us={slot_us}"));
-                said.push(format!("slots of {slot_us:.2} us sized for {gbps} Gb/s (the slowest path between two nodes)"));
+                said.push(format!(
+                    "slots of {slot_us:.2} us sized for {gbps} Gb/s (the slowest path between two nodes: {} Gb/s)",
+                    rated.slowest_gbps.unwrap_or(gbps)
+                ));
             }
         }
         if wants_schedule {
-            let local = cfg.event_builder.local == LocalTraffic::Nic;
-            let chosen =
-                evb_fabric::schedule::choose(topo, lfts, &order, &self.fabric_order, local, false)?;
+            let chosen = rated.chosen;
             let s = chosen.aware;
             if s.slots == evb_fabric::schedule::SlotSchedule::plain(order.len(), local).slots {
                 said.push(format!(
@@ -136,24 +178,11 @@ impl FabricRunArgs {
                     chosen.shift
                 ));
             } else {
-                let path = std::env::temp_dir()
-                    .join(format!("evb-fabric-schedule-{}.txt", std::process::id()));
                 let header = format!(
                     "evb slot schedule for {ranks} ranks of {spec} ({}), order {}",
                     loaded.what, self.fabric_order
                 );
-                std::fs::write(&path, s.to_text(&header))
-                    .with_context(|| format!("writing {}", path.display()))?;
-                let quoted = toml::Value::String(path.display().to_string()).to_string();
-                plan.overrides
-                    .push(format!("event_builder.schedule_file={quoted}"));
-                said.push(format!(
-                    "the fabric's schedule: {} slots a rotation (no schedule on these routes has fewer than {}), from {}",
-                    s.slots.len(),
-                    s.lower_bound,
-                    chosen.shift
-                ));
-                plan.written = Some(path);
+                said.push(plan.write_schedule(&s, &header, &chosen.shift)?);
             }
         }
         plan.summary = Some(format!(

@@ -44,6 +44,9 @@ pub const CLEAN_WINDOWS: u32 = 8;
 /// How far ahead a change of the slots takes effect: long enough for the
 /// `SlotLength` to reach every RU over a loaded network.
 pub const LEAD_NS: Nanos = 2_000_000;
+/// A report's stretch (in 1/1024) above which some RU's link is slower
+/// than the slots allow: 2 % beyond them.
+pub const SLOW_LINK_ABOVE: u64 = 1024 + 1024 / 50;
 /// The slots never grow beyond this many times their nominal length.
 pub const MAX_STRETCH: u64 = 64;
 
@@ -102,8 +105,16 @@ impl SlotAdapt {
         if w.served == 0 {
             return cur;
         }
+        // A link slower than the slots allow (by more than the rounding of
+        // packet headers): its need, and a tenth to spare. None: the
+        // nominal slots are long enough.
+        let slow = w.stretch > SLOW_LINK_ABOVE;
         let stretched = self.nominal.saturating_mul(w.stretch.max(1024)) / 1024;
-        let floor = (stretched + stretched / 10).max(self.nominal);
+        let floor = if slow {
+            (stretched + stretched / 10).max(self.nominal)
+        } else {
+            self.nominal
+        };
         let fraction = w.overran as f64 / w.served as f64;
         if fraction > GROW_ABOVE {
             self.clean = 0;

@@ -835,6 +835,11 @@ pub struct SimSection {
     /// headers still counted one by one): k times fewer events, the
     /// interleaving of messages on a link k times coarser. 1: every packet.
     pub train_packets: u32,
+    /// InfiniBand hosts inject a message at its path's rate (the least
+    /// link rate on its route, as the SA's path record gives it and an HCA
+    /// applies as the QP's static rate); false: at their own link's rate,
+    /// the excess queueing in the fabric's buffers.
+    pub static_rate: bool,
     /// `eb` traffic: node `N` dies at `T` microseconds (`"N@T"`; empty:
     /// none): it stops, and the others find it by its silence (a
     /// [`FaultKind::Hang`](crate::fault::FaultKind::Hang)).
@@ -929,6 +934,7 @@ impl Default for SimSection {
             sample_us: 10.0,
             granularity: Granularity::Packet,
             train_packets: 1,
+            static_rate: true,
             crash: None,
             peer_timeout_us: 100.0,
             heartbeat_us: 25.0,

@@ -90,6 +90,11 @@ struct SlotKeeping {
     stretch: u64,
     /// The least of this rotation so far.
     least_stretch: u64,
+    /// How much longer than its slots allow this RU's fragments take on
+    /// its link, in 1/1024 (at least 1): the least of this rotation so far,
+    /// and what the last report said.
+    least_need: u64,
+    need: u64,
 }
 
 impl SlotKeeping {
@@ -101,6 +106,8 @@ impl SlotKeeping {
             completion_floor: None,
             stretch: 1024,
             least_stretch: u64::MAX,
+            least_need: u64::MAX,
+            need: 1024,
         }
     }
 }
@@ -810,10 +817,14 @@ impl ReadoutUnit {
         if k.least_stretch != u64::MAX {
             k.stretch = k.least_stretch;
         }
-        let report = (k.served, k.overran, k.stretch as u32);
+        if k.least_need != u64::MAX {
+            k.need = k.least_need;
+        }
+        let report = (k.served, k.overran, k.need as u32);
         k.served = 0;
         k.overran = 0;
         k.least_stretch = u64::MAX;
+        k.least_need = u64::MAX;
         k.due_in = self.slots.as_ref().map_or(1, SlotPlan::rotation).max(16);
         Some(report)
     }
@@ -837,15 +848,24 @@ impl ReadoutUnit {
             .min(nominal / 16);
         let start = self.slot_start(slot);
         let used = self.now.saturating_sub(floor).saturating_sub(start);
+        // The slots its fragment spans (one, unless its path is slower
+        // than the slots are sized for and the schedule gave it more).
+        let span = plan.span_of(slot);
+        let allotted = self.slot_start(slot + span).saturating_sub(start);
+        let slot_wire = plan.slot_wire_ns(payload).saturating_mul(span);
         // Overran by more than the completion's jitter may account for.
-        let tolerance = (nominal / 32).max(self.slots.as_ref().map_or(0, |p| p.late_ns));
-        let over = used.saturating_sub(self.slot_clock.len_of(slot) + tolerance);
+        let tolerance = (nominal / 32).max(plan.late_ns);
+        let over = used.saturating_sub(allotted + tolerance);
         let k = &mut self.keeping;
         k.completion_floor = Some(floor);
-        // The fragment's time on the link, against the nominal.
+        // The fragment's time on the link, against the nominal rate (how
+        // long this RU's link holds a fragment), and against what its
+        // slots allow (what the EM sizes the slots by).
         let took = self.now.saturating_sub(floor).saturating_sub(sent_at);
         let stretch = (took.saturating_mul(1024) / wire.max(1)).clamp(1024, 64 * 1024);
         k.least_stretch = k.least_stretch.min(stretch);
+        let need = (took.saturating_mul(1024) / slot_wire.max(1)).clamp(1024, 64 * 1024);
+        k.least_need = k.least_need.min(need);
         k.served += 1;
         k.due_in = k.due_in.saturating_sub(1);
         if over > 0 {
@@ -937,7 +957,13 @@ impl ReadoutUnit {
                 continue;
             };
             if into_slot > plan.late_ns && !woken_for(slot) {
-                if !plan.fits(into_slot, self.head_payload(d), slot_ns) {
+                // At this RU's link's own pace, within the slots it spans.
+                let wire = plan
+                    .wire_ns(self.head_payload(d))
+                    .saturating_mul(self.keeping.stretch)
+                    / 1024;
+                let allotted = slot_ns.saturating_mul(plan.span_of(slot));
+                if !plan.fits(into_slot, wire, allotted) {
                     missed += 1;
                     continue;
                 }

@@ -39,6 +39,10 @@ pub struct SlotTable {
     pub nodes: u16,
     /// `slots[k][n]`: where node `n` sends in slot `k`.
     pub slots: Vec<Vec<Option<u16>>>,
+    /// `spans[k][n]`: slots node `n`'s fragment of slot `k` spans (`+` in
+    /// the file in the slots after the first: a path slower than the
+    /// slots are sized for); empty when every fragment spans one slot.
+    pub spans: Vec<Vec<u8>>,
 }
 
 /// Upper bound on the slots of a schedule file (a rotation of a 4096-node
@@ -52,7 +56,9 @@ impl SlotTable {
     /// Errors name the file and the line.
     pub fn parse(origin: &str, text: &str) -> Result<SlotTable, String> {
         let mut nodes: Option<usize> = None;
-        let mut slots = Vec::new();
+        let mut slots: Vec<Vec<Option<u16>>> = Vec::new();
+        let mut spans: Vec<Vec<u8>> = Vec::new();
+        let mut plus: Vec<Vec<bool>> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.split('#').next().unwrap_or("").trim();
             if line.is_empty() {
@@ -65,14 +71,15 @@ impl SlotTable {
                 Some(_) => return Err(at(format!("expected `slot K: d0 d1 ...`, got `{line}`"))),
                 None => line,
             };
-            let row: Vec<Option<u16>> = entries
-                .split_whitespace()
-                .map(|e| match e {
-                    "-" => Ok(None),
+            let words: Vec<&str> = entries.split_whitespace().collect();
+            let row: Vec<Option<u16>> = words
+                .iter()
+                .map(|&e| match e {
+                    "-" | "+" => Ok(None),
                     _ => e
                         .parse::<u16>()
                         .map(Some)
-                        .map_err(|_| at(format!("`{e}` is neither a node index nor `-`"))),
+                        .map_err(|_| at(format!("`{e}` is neither a node index, `-` nor `+`"))),
                 })
                 .collect::<Result<_, _>>()?;
             let n = *nodes.get_or_insert(row.len());
@@ -96,14 +103,34 @@ impl SlotTable {
             if slots.len() == MAX_TABLE_SLOTS {
                 return Err(at(format!("more than {MAX_TABLE_SLOTS} slots")));
             }
+            // `+`: the node's fragment of an earlier slot spans this one.
+            spans.push(vec![1u8; n]);
+            for (node, _) in words.iter().enumerate().filter(|(_, w)| **w == "+") {
+                let k = slots.len();
+                let first = (0..k).rev().find(|&j| slots[j][node].is_some());
+                let Some(first) = first.filter(|&j| (j + 1..k).all(|m| plus[m][node])) else {
+                    return Err(at(format!(
+                        "`+` for node {node}, whose slot before sends nothing (`+` continues a fragment)"
+                    )));
+                };
+                let span: &mut u8 = &mut spans[first][node];
+                *span = span
+                    .checked_add(1)
+                    .ok_or_else(|| at("a fragment spans over 255 slots".into()))?;
+            }
+            plus.push(words.iter().map(|w| *w == "+").collect());
             slots.push(row);
         }
         let Some(nodes) = nodes.filter(|&n| n > 0) else {
             return Err(format!("{origin}: no slots (one line per slot)"));
         };
+        if spans.iter().flatten().all(|&s| s == 1) {
+            spans.clear();
+        }
         Ok(SlotTable {
             nodes: u16::try_from(nodes).map_err(|_| format!("{origin}: too many nodes"))?,
             slots,
+            spans,
         })
     }
 
@@ -122,17 +149,31 @@ impl SlotTable {
             out.push_str(line);
             out.push('\n');
         }
+        let mut spanning = vec![0u8; usize::from(self.nodes)];
         for (k, row) in self.slots.iter().enumerate() {
             out.push_str(&format!("slot {k}:"));
-            for d in row {
+            for (n, d) in row.iter().enumerate() {
                 match d {
-                    Some(d) => out.push_str(&format!(" {d}")),
+                    Some(d) => {
+                        out.push_str(&format!(" {d}"));
+                        spanning[n] = self.span_of(k, n) - 1;
+                    }
+                    None if spanning[n] > 0 => {
+                        out.push_str(" +");
+                        spanning[n] -= 1;
+                    }
                     None => out.push_str(" -"),
                 }
             }
             out.push('\n');
         }
         out
+    }
+
+    /// Slots node `node`'s fragment of slot `k` spans (1 unless the table
+    /// says otherwise with `+`).
+    pub fn span_of(&self, k: usize, node: usize) -> u8 {
+        self.spans.get(k).map_or(1, |row| row[node])
     }
 
     /// Checks the table against the run: the node count matches, and every
@@ -275,6 +316,11 @@ pub struct SlotPlan {
     /// Control messages a node sends in one slot's headroom, at most (its
     /// EM's assignments are paced to this, see [`crate::pacer`]).
     pub control_per_slot: usize,
+    /// Femtoseconds a byte takes at the rate the slots are sized for: a
+    /// fragment's time on the link against what its slots allow.
+    pub slot_fs_per_byte: u64,
+    /// Slots the fragment of each slot of the rotation spans (empty: one).
+    pub span: Vec<u8>,
     /// Per slot of the rotation: the BU index this RU ships to, if any.
     pub dest: Vec<Option<u16>>,
 }
@@ -296,6 +342,13 @@ impl SlotPlan {
         let mean_wire_ns = mean_fragment * fs_per_byte as f64 / 1e6;
         let headroom_bytes = (slot_ns as f64 - mean_wire_ns).max(0.0) * 1e6 / fs_per_byte as f64;
         let control_per_slot = ((headroom_bytes / 4.0) as u64 / CONTROL_WIRE_BYTES).max(1) as usize;
+        // The pace the slot's length implies: a fragment three standard
+        // deviations above the mean fills it (less the grace), whether the
+        // slot is the automatic one or `slot_us` set by hand.
+        let slot_fs_per_byte = ((slot_ns.saturating_sub(late_ns).max(1) as f64) * 1e6
+            / sized_fragment_bytes(config))
+        .round()
+        .max(1.0) as u64;
         let node = layout.ru_nodes[source as usize];
         if let Some(table) = &config.slot_table {
             let dest = table
@@ -303,11 +356,20 @@ impl SlotPlan {
                 .iter()
                 .map(|row| row[node as usize].and_then(|d| layout.bu_of[d as usize]))
                 .collect();
+            let span = if table.spans.is_empty() {
+                Vec::new()
+            } else {
+                (0..table.slots.len())
+                    .map(|k| table.span_of(k, usize::from(node)))
+                    .collect()
+            };
             return SlotPlan {
                 slot_ns,
                 late_ns,
                 fs_per_byte,
                 control_per_slot,
+                slot_fs_per_byte,
+                span,
                 dest,
             };
         }
@@ -331,6 +393,8 @@ impl SlotPlan {
             late_ns,
             fs_per_byte,
             control_per_slot,
+            slot_fs_per_byte,
+            span: Vec::new(),
             dest,
         }
     }
@@ -342,8 +406,23 @@ impl SlotPlan {
     /// the overrun would spread from BU to RU to BU: measured, letting
     /// fragments start up to a tenth of a slot late whatever their size
     /// collapses a 288-node barrel to a quarter of its rate.
-    pub fn fits(&self, late: Nanos, payload: u32, slot_ns: Nanos) -> bool {
-        late <= self.late_ns || late.saturating_add(self.wire_ns(payload)) <= slot_ns
+    pub fn fits(&self, late: Nanos, wire_ns: Nanos, allotted_ns: Nanos) -> bool {
+        late <= self.late_ns || late.saturating_add(wire_ns) <= allotted_ns
+    }
+
+    /// Slots the fragment of (absolute) slot `slot` spans.
+    pub fn span_of(&self, slot: u64) -> u64 {
+        if self.span.is_empty() {
+            return 1;
+        }
+        u64::from(self.span[(slot % self.rotation()) as usize].max(1))
+    }
+
+    /// Time a fragment of `payload` bytes takes at the rate the slots are
+    /// sized for.
+    pub fn slot_wire_ns(&self, payload: u32) -> Nanos {
+        let bytes = u64::from(payload) + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
+        bytes.saturating_mul(self.slot_fs_per_byte) / 1_000_000
     }
 
     /// Time a fragment of `payload` bytes takes on the link, with its
@@ -365,6 +444,14 @@ impl SlotPlan {
             .copied()
             .flatten()
     }
+}
+
+/// The fragment a slot is sized for: three standard deviations above the
+/// mean under the source model, with its headers, bytes.
+fn sized_fragment_bytes(config: &Config) -> f64 {
+    let (mean, std) = event_size_moments(config);
+    let events = f64::from(config.source.events_per_mep);
+    events * mean + 3.0 * std * events.sqrt() + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as f64
 }
 
 /// Mean and standard deviation of one event's fragment size under the
@@ -402,10 +489,7 @@ fn event_size_moments(config: &Config) -> (f64, f64) {
 /// standard deviations above the mean takes at `link_gbps`, with room for
 /// per-packet headers, plus the grace `slot_grace_us`.
 pub fn auto_slot_ns(config: &Config, link_gbps: f64) -> Nanos {
-    let (mean, std) = event_size_moments(config);
-    let events = f64::from(config.source.events_per_mep);
-    let bytes =
-        events * mean + 3.0 * std * events.sqrt() + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as f64;
+    let bytes = sized_fragment_bytes(config);
     let wire_ns = bytes * (1.0 + HEADER_ALLOWANCE) * 8.0 / link_gbps.max(1e-9);
     (wire_ns + config.event_builder.slot_grace_us * 1000.0).ceil() as Nanos
 }
@@ -498,6 +582,34 @@ mod tests {
         let t = SlotTable::parse("s.txt", "1 2 0\n1 0 -\n").unwrap();
         let e = t.check(&layout, config.event_builder.local).unwrap_err();
         assert!(e.contains("node 0 never sends to node 2"), "{e}");
+    }
+
+    #[test]
+    fn a_plus_continues_a_fragment_over_the_slots_its_path_needs() {
+        // Node 0's fragment to 1 spans slots 0-1, node 2's to 0 slots 1-3.
+        let text = "slot 0: 1 2 -\nslot 1: + - 0\nslot 2: 2 0 +\nslot 3: - - +\nslot 4: - - 1\n";
+        let t = SlotTable::parse("s.txt", text).unwrap();
+        assert_eq!(t.span_of(0, 0), 2);
+        assert_eq!(t.span_of(1, 2), 3);
+        assert_eq!(t.span_of(2, 0), 1);
+        assert_eq!(SlotTable::parse("s.txt", &t.to_text("again")).unwrap(), t);
+        let (config, layout) = layout(3);
+        let mut config = config;
+        config.slot_table = Some(Arc::new(t));
+        let plan = SlotPlan::for_source(&config, &layout, 2);
+        assert_eq!(plan.span_of(1), 3);
+        assert_eq!(plan.span_of(1 + plan.rotation()), 3, "every rotation");
+        assert_eq!(plan.span_of(4), 1);
+        // A `+` must follow a fragment or another `+` of its node.
+        let e = SlotTable::parse("s.txt", "slot 0: 1 + 0\n").unwrap_err();
+        assert!(e.starts_with("s.txt:1: `+` for node 1"), "{e}");
+        let e = SlotTable::parse("s.txt", "1 2 0\n- 0 1\n+ 0 1\n").unwrap_err();
+        assert!(e.starts_with("s.txt:3: `+` for node 0"), "{e}");
+        // Without a `+` nothing spans: no spans kept.
+        assert!(SlotTable::parse("s.txt", "1 2 0\n")
+            .unwrap()
+            .spans
+            .is_empty());
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod optimize;
 pub mod osm;
 pub mod plot;
 pub mod rate;
+pub mod rated;
 pub mod routing;
 pub mod schedule;
 pub mod setup;

@@ -33,6 +33,9 @@ pub struct SlotSchedule {
     /// No schedule of these flows on these routes has fewer slots: the
     /// most flows any one directed link carries in a rotation.
     pub lower_bound: usize,
+    /// Slots each entry of `slots` spans (a flow over a path slower than
+    /// the slots are sized for, [`crate::rated`]); empty: one each.
+    pub spans: Vec<Vec<u8>>,
 }
 
 impl SlotSchedule {
@@ -54,6 +57,7 @@ impl SlotSchedule {
             steps_split: 0,
             flows_moved: 0,
             lower_bound: steps.len(),
+            spans: Vec::new(),
         }
     }
 
@@ -93,6 +97,7 @@ impl SlotSchedule {
             plain_slots,
             steps_split: 0,
             flows_moved: 0,
+            spans: Vec::new(),
         }
     }
 
@@ -102,8 +107,14 @@ impl SlotSchedule {
         self.plain_slots as f64 / self.slots.len().max(1) as f64
     }
 
+    /// Slots the entry of rank `rank` in slot `k` spans.
+    pub fn span(&self, k: usize, rank: usize) -> usize {
+        self.spans.get(k).map_or(1, |row| usize::from(row[rank]))
+    }
+
     /// The schedule file (`event_builder.schedule_file`): comment lines,
-    /// then `slot K: d0 d1 ...`.
+    /// then `slot K: d0 d1 ...`, `-` where a rank sends nothing, `+` where
+    /// its fragment of an earlier slot still spans this one.
     pub fn to_text(&self, comment: &str) -> String {
         let mut out = String::new();
         for line in comment.lines() {
@@ -111,11 +122,19 @@ impl SlotSchedule {
             out.push_str(line);
             out.push('\n');
         }
+        let mut spanning = vec![0usize; self.ranks];
         for (k, row) in self.slots.iter().enumerate() {
             out.push_str(&format!("slot {k}:"));
-            for d in row {
+            for (r, d) in row.iter().enumerate() {
                 match d {
-                    Some(d) => out.push_str(&format!(" {d}")),
+                    Some(d) => {
+                        out.push_str(&format!(" {d}"));
+                        spanning[r] = self.span(k, r) - 1;
+                    }
+                    None if spanning[r] > 0 => {
+                        out.push_str(" +");
+                        spanning[r] -= 1;
+                    }
                     None => out.push_str(" -"),
                 }
             }

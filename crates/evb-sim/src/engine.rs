@@ -85,6 +85,9 @@ pub struct Params {
     /// MTU packets of a message moved as one unit on InfiniBand links
     /// (`sim.train_packets`): its wire size counts every packet's headers.
     pub train: u32,
+    /// InfiniBand hosts inject a message at its path's rate, the least
+    /// link rate on its route (`sim.static_rate`).
+    pub static_rate: bool,
     /// Ethernet switches and the hosts on them.
     pub eth: EthParams,
 }
@@ -219,6 +222,9 @@ struct OutPort {
     eth_switch: bool,
     credits: Vec<u32>,
     busy: bool,
+    /// Host outputs under static rate: free again no sooner than this (the
+    /// gap after a packet that keeps a message at its path's rate).
+    pace_until: Ps,
     /// InfiniBand switch outputs: (input port id, VL) whose head packet
     /// wants this output.
     waiting: VecDeque<(u32, u8)>,
@@ -400,6 +406,10 @@ pub struct Net {
     /// Links run at different rates (packets may have to wait for their
     /// tails before going on).
     mixed_rates: bool,
+    /// Static rate: per (source, destination) host, the path's rate where
+    /// it is below the source's link rate (0: none), `hosts x hosts`;
+    /// empty when no path is slower than its source's link.
+    path_rate: Vec<f32>,
     pub hosts: Vec<HostCounters>,
     pub eth_counters: EthCounters,
     rng: Pcg64Mcg,
@@ -574,6 +584,11 @@ impl Net {
         }
         let lossy = !params.eth.lossless && fabric.ethernet.iter().any(|&e| e);
         let mixed_rates = rates.len() > 1;
+        let path_rate = if params.static_rate && mixed_rates {
+            slower_paths(&fabric, params.link_gbps)
+        } else {
+            Vec::new()
+        };
         let mut net = Net {
             fabric,
             now: 0,
@@ -593,6 +608,7 @@ impl Net {
             host_eth,
             lossy,
             mixed_rates,
+            path_rate,
             hosts: vec![HostCounters::default(); hosts as usize],
             eth_counters: EthCounters::default(),
             rng,
@@ -628,6 +644,16 @@ impl Net {
     /// (other VLs) always go at once.
     pub fn limit_data_messages(&mut self, h: u32, k: u32) {
         self.data_limit[h as usize] = k;
+    }
+
+    /// The rate host `h` injects packets for host `dst` at, where the
+    /// path is slower than `h`'s link and static rate is on.
+    fn static_rate_of(&self, h: u32, dst: u32) -> Option<f64> {
+        if self.path_rate.is_empty() || !self.outs[h as usize].credit_based {
+            return None;
+        }
+        let r = self.path_rate[h as usize * self.hosts.len() + dst as usize];
+        (r > 0.0).then_some(f64::from(r))
     }
 
     /// The data rate of host `h`'s link, Gb/s.
@@ -772,6 +798,12 @@ impl Net {
             }
             Ev::OutFree { out } => {
                 let o = &mut self.outs[out as usize];
+                if o.pace_until > self.now {
+                    // Static rate: the gap after the packet is not over.
+                    let t = o.pace_until;
+                    self.at(t, Ev::OutFree { out });
+                    return;
+                }
                 o.busy = false;
                 let fed_by = std::mem::replace(&mut o.fed_by, u32::MAX);
                 if o.eth_switch {
@@ -1281,6 +1313,11 @@ impl Net {
                 self.leave_queue(id);
             }
             self.transmit(host, pkt);
+            if let Some(r) = self.static_rate_of(host, dst) {
+                // The next packet leaves as if this one had gone at the
+                // path's rate (the HCA's inter-packet delay).
+                self.outs[host as usize].pace_until = self.now + tx_ps_at(wire, r);
+            }
             return;
         }
     }
@@ -1517,6 +1554,7 @@ impl OutPort {
             eth_switch: false,
             credits: vec![blocks; vls],
             busy: false,
+            pace_until: 0,
             waiting: VecDeque::new(),
             egress: Vec::new(),
             egress_bytes: 0,
@@ -1552,5 +1590,32 @@ impl InPort {
             xon: u32::MAX,
             pausing: 0,
         }
+    }
+}
+
+/// Per (source, destination) host: the path's rate where it is below the
+/// source's own link rate, else 0; empty if there is none (or the fabric
+/// is too large for a table of every pair: no pacing then).
+fn slower_paths(fabric: &SimFabric, default: f64) -> Vec<f32> {
+    const MAX_HOSTS: usize = 4096;
+    let n = fabric.hosts();
+    if n > MAX_HOSTS {
+        return Vec::new();
+    }
+    let mut table = vec![0f32; n * n];
+    let mut any = false;
+    for src in 0..n {
+        let own = fabric.host_link_gbps(src, default);
+        for dst in (0..n).filter(|&d| d != src) {
+            if let Some(r) = fabric.path_gbps(src, dst, default).filter(|&r| r < own) {
+                table[src * n + dst] = r as f32;
+                any = true;
+            }
+        }
+    }
+    if any {
+        table
+    } else {
+        Vec::new()
     }
 }

@@ -77,6 +77,27 @@ impl SimFabric {
         }
     }
 
+    /// The least link rate from host `src` to host `dst` along the routes;
+    /// `None` if the routes do not lead there (the fabric's validation says
+    /// why).
+    pub fn path_gbps(&self, src: usize, dst: usize, default: f64) -> Option<f64> {
+        let (mut switch, _) = self.host_attach[src];
+        let mut rate = self.host_link_gbps(src, default);
+        for _ in 0..=self.ports.len() {
+            let port = *self.routes.get(switch as usize)?.get(dst)?;
+            if port == u16::MAX {
+                return None;
+            }
+            rate = rate.min(self.port_link_gbps(switch as usize, usize::from(port), default));
+            match self.ports[switch as usize].get(usize::from(port))? {
+                Peer::Host(h) if *h as usize == dst => return Some(rate),
+                Peer::Switch { switch: s, .. } => switch = *s,
+                _ => return None,
+            }
+        }
+        None
+    }
+
     /// The rate of the link on switch `s` port `p`, Gb/s.
     pub fn port_link_gbps(&self, s: usize, p: usize, default: f64) -> f64 {
         match self.port_gbps.get(s).and_then(|ps| ps.get(p)) {

@@ -442,6 +442,7 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         seed: config.run.seed,
         flit: s.granularity == Granularity::Flit,
         train: s.train_packets,
+        static_rate: s.static_rate,
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,

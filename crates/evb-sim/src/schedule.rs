@@ -19,7 +19,7 @@ use evb_core::slots::SlotTable;
 use evb_core::{Config, Layout};
 use serde::{Deserialize, Serialize};
 
-use crate::fabric::{Peer, SimFabric};
+use crate::fabric::SimFabric;
 
 /// What a fabric was built from, for a schedule computed from it.
 #[derive(Debug)]
@@ -109,6 +109,9 @@ pub fn prepare(config: &mut Config, fabric: &SimFabric) -> Result<Option<Schedul
     } else if let Some(routed) = fabric_routes(fabric, nodes) {
         let local = config.event_builder.local == LocalTraffic::Nic;
         if let Some((table, s)) = fabric_schedule(routed, config, &layout, local)? {
+            if s.slot_gbps > 0.0 {
+                config.slot_gbps = Some(s.slot_gbps);
+            }
             config.slot_table = Some(table);
             summary = ScheduleSummary {
                 seconds: started.elapsed().as_secs_f64(),
@@ -157,7 +160,7 @@ fn fabric_schedule(
         return Ok(Some((table, summary)));
     }
     let order = &routed.order[..usize::from(layout.nodes)];
-    let chosen = evb_fabric::schedule::choose(
+    let rated = evb_fabric::rated::choose_slot_rate(
         &routed.topo,
         &routed.lfts,
         order,
@@ -166,6 +169,7 @@ fn fabric_schedule(
         false,
     )
     .map_err(|e| format!("the fabric's slot schedule: {e}"))?;
+    let (chosen, slot_gbps) = (rated.chosen, rated.slot_gbps);
     let s = chosen.aware;
     if s.slots == evb_fabric::schedule::SlotSchedule::plain(order.len(), local).slots {
         return Ok(None);
@@ -177,6 +181,7 @@ fn fabric_schedule(
             .iter()
             .map(|row| row.iter().map(|d| d.map(|d| d as u16)).collect())
             .collect(),
+        spans: s.spans.clone(),
     };
     if let Err(e) = table.check(layout, config.event_builder.local) {
         return Err(format!(
@@ -194,7 +199,9 @@ fn fabric_schedule(
         slots: s.slots.len(),
         lower_bound: s.lower_bound,
         slot_us: 0.0,
-        slot_gbps: 0.0,
+        // The rate the schedule's slots are for (faster than the slowest
+        // path where a rate-aware schedule won): the caller sizes them.
+        slot_gbps: slot_gbps.unwrap_or(0.0),
         seconds: 0.0,
     };
     let table = Arc::new(table);
@@ -220,7 +227,7 @@ pub fn slowest_path_gbps(fabric: &SimFabric, nodes: usize, default: f64) -> Opti
     for src in 0..nodes {
         let mut path_min = fabric.host_link_gbps(src, default);
         for dst in (0..nodes).filter(|&d| d != src) {
-            let rate = path_rate(fabric, src, dst, default)?;
+            let rate = fabric.path_gbps(src, dst, default)?;
             path_min = path_min.min(rate);
         }
         slowest = slowest.min(path_min);
@@ -244,25 +251,4 @@ fn most_common_host_gbps(fabric: &SimFabric, nodes: usize, default: f64) -> f64 
         i += j;
     }
     best.1
-}
-
-/// The least link rate from host `src` to host `dst` along the routes;
-/// `None` if the routes do not lead there (the fabric's validation says
-/// why).
-fn path_rate(fabric: &SimFabric, src: usize, dst: usize, default: f64) -> Option<f64> {
-    let (mut switch, _) = fabric.host_attach[src];
-    let mut rate = fabric.host_link_gbps(src, default);
-    for _ in 0..=fabric.ports.len() {
-        let port = *fabric.routes.get(switch as usize)?.get(dst)?;
-        if port == u16::MAX {
-            return None;
-        }
-        rate = rate.min(fabric.port_link_gbps(switch as usize, usize::from(port), default));
-        match fabric.ports[switch as usize].get(usize::from(port))? {
-            Peer::Host(h) if *h as usize == dst => return Some(rate),
-            Peer::Switch { switch: s, .. } => switch = *s,
-            _ => return None,
-        }
-    }
-    None
 }

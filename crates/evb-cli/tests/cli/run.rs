@@ -171,8 +171,9 @@ fn a_schedule_from_evb_fabric_drives_evb_run() {
 /// length itself, the same `evb fabric schedule` writes by hand.
 #[test]
 fn evb_run_on_its_fabric_takes_the_fabrics_schedule_and_slots() {
-    // 7 hosts at 200 Gb/s in a random order: the plain barrel conflicts.
-    let fabric = ["fat-tree:radix=4,hosts=7,gbps=200", "random:3"];
+    // 7 hosts at QDR (32 Gb/s) in a random order: the plain barrel
+    // conflicts; long slots (a shared 2-core machine keeps them).
+    let fabric = ["fat-tree:radix=4,hosts=7,gbps=4xQDR", "random:3"];
     let by_hand = tmp("fabric7-random.txt");
     let out = evb()
         .args([
@@ -219,9 +220,9 @@ fn evb_run_on_its_fabric_takes_the_fabrics_schedule_and_slots() {
         slots as u64,
         "{text}"
     );
-    // Slots sized for the fabric's 200 Gb/s: half the default 88 us (100).
+    // Slots sized for the fabric's 32 Gb/s: 100/32 of the default 88 us.
     let slot_us = v["summary"]["slot_clock"]["slot_us"].as_f64().unwrap();
-    assert!((40.0..48.0).contains(&slot_us), "{slot_us} us: {text}");
+    assert!((260.0..290.0).contains(&slot_us), "{slot_us} us: {text}");
     assert!(text.contains("the fabric's schedule: "), "{text}");
     // The run's copy of the schedule goes with the run.
     let file = v["summary"]["slot_clock"]["schedule_file"]
