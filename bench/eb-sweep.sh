@@ -17,15 +17,21 @@
 # window), the fragments that missed their slot, the EM's slot changes,
 # the simulator's wall time. Goal: >= 90 % of the link on every full-rate
 # case; the half-rate link proportional (its node can carry 50 %).
-# Usage: [CASES="72 288"] [TRAIN=1] [SHIFT=1] bench/eb-sweep.sh
+# Usage: [CASES="72 288"] [SEEDS="1 2 3"] [TRAIN=1] [SHIFT=1] [PLOT=out.svg] [X5=X5.topofile] bench/eb-sweep.sh
 #   CASES: tags to run (default: all but 540, 540-sep and 1024-ndr, which
 #   take many minutes each; CASES=all for every one). TRAIN: sim.train_packets (default 1,
-#   evb's default; 4 is ~3x faster and within 0.5 % at 288 nodes).
+#   evb's default; 4 is ~3x faster and within 0.5 % at 288 nodes). SEEDS:
+#   run.seed values, each case once per seed (default 1); the row gives the
+#   mean and the seeds' range. PLOT: an SVG bar chart of the table. X5: the
+#   public PSMN X5 ibnetdiscover dump (infiniband/X5.topofile in
+#   github.com/ltaulell/HPC_toolset, not in this repository) adds its case
+#   (89 hosts, QDR and DDR, minhop routing, order lid).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin evb
 evb=$PWD/target/release/evb
 train=${TRAIN:-1}
+seeds=${SEEDS:-1}
 shift=${SHIFT:-1}
 out=$(mktemp -d /tmp/evb-eb-sweep.XXXXXX)
 trap 'rm -rf "$out"' EXIT INT TERM
@@ -51,17 +57,25 @@ cases=(
   "1024-ndr|1024 nodes at 400G (NDR), 64-port switches|70000|--topology fat-tree:radix=64,hosts=1024,gbps=400 --order ftree"
   "540-sep|540 nodes + EM alone on a 31st leaf (configs/lhcb-540.toml)|240000|--config configs/lhcb-540.toml --topology fat-tree:radix=36,hosts=541 --order ftree"
 )
+if [ -n "${X5:-}" ]; then
+  cases+=("x5|PSMN X5 dump: 89 hosts (23 DDR), 11 switches, minhop, lid|600000|--topology $X5 --routing minhop --order lid")
+fi
 want=${CASES:-16 36 72 144 288 288-sep 288-sys 100-part 163-hdr 72-half}
 [ "$want" = all ] && want=$(printf '%s\n' "${cases[@]}" | cut -d'|' -f1 | tr '\n' ' ')
 
-printf '%-9s %-58s %8s %7s %6s %6s %7s %6s %5s %7s %8s\n' case shape "Gb/s" "% link" "+-" drift missed "slot x" chg "wall s" "shift %"
+printf '%-9s %-58s %8s %7s %6s %6s %7s %6s %5s %7s %8s %s\n' case shape "Gb/s" "% link" "+-" drift missed "slot x" chg "wall s" "shift %" "seeds (range)"
+: >"$out/rows.tsv"
 for c in "${cases[@]}"; do
   IFS='|' read -r tag what dur args <<<"$c"
   case " $want " in *" $tag "*) ;; *) continue ;; esac
+  jsons=()
   t0=$(date +%s.%N)
-  # shellcheck disable=SC2086  # the arguments split as written
-  eval "\"$evb\" sim --traffic eb --duration-us $dur --set sim.train_packets=$train --json \"$out/$tag.json\" $args" \
-    >"$out/$tag.txt" 2>&1 || { cat "$out/$tag.txt"; exit 1; }
+  for seed in $seeds; do
+    # shellcheck disable=SC2086  # the arguments split as written
+    eval "\"$evb\" sim --traffic eb --duration-us $dur --set sim.train_packets=$train --set run.seed=$seed --json \"$out/$tag-$seed.json\" $args" \
+      >"$out/$tag-$seed.txt" 2>&1 || { cat "$out/$tag-$seed.txt"; exit 1; }
+    jsons+=("$out/$tag-$seed.json")
+  done
   t1=$(date +%s.%N)
   ref="-"
   if [ "$shift" = 1 ]; then
@@ -70,18 +84,54 @@ for c in "${cases[@]}"; do
       >"$out/$tag-shift.txt" 2>&1 || { cat "$out/$tag-shift.txt"; exit 1; }
     ref=$(python3 -c 'import json,sys; print("%.1f" % (json.load(open(sys.argv[1]))["summary"]["fraction_of_link"]*100))' "$out/$tag-shift.json")
   fi
-  python3 - "$out/$tag.json" "$tag" "$what" "$(echo "$t1 $t0" | awk '{print $1-$2}')" "$ref" <<'PY'
+  python3 - "$tag" "$what" "$(echo "$t1 $t0 ${#jsons[@]}" | awk '{print ($1-$2)/$3}')" "$ref" "$out/rows.tsv" "${jsons[@]}" <<'PY'
 import json, sys
-d = json.load(open(sys.argv[1]))
-eb = d["summary"]["eb"]
+tag, what, wall, ref, rows = sys.argv[1:6]
+ebs = [json.load(open(p))["summary"]["eb"] for p in sys.argv[6:]]
+def mean(f):
+    return sum(f(e) for e in ebs) / len(ebs)
+fr = [e["network_fraction_of_link"] * 100 for e in ebs]
+eb = ebs[0]
 sl = eb.get("slots", {})
 nominal = eb.get("schedule", {}).get("slot_us") or 0
-stretch = sl.get("slot_us_end", nominal) / nominal if nominal else 1.0
+stretch = sl.get("slot_us_end", nominal) / nominal if nominal and sl.get("slot_us_end") else 1.0
 frag = max(sl.get("fragments", 0), 1)
-print(f"{sys.argv[2]:<9} {sys.argv[3]:<58} {eb['network_gbps_per_node']:8.2f} "
-      f"{eb['network_fraction_of_link']*100:6.1f}% {eb['built_ci95_gbps']:6.2f} "
-      f"{eb['drift']*100:+5.1f}% {sl.get('slots_missed', 0)/frag*100:6.2f}% {stretch:6.2f} "
-      f"{sl.get('slot_changes', 0):5d} {float(sys.argv[4]):7.1f} {sys.argv[5]:>8}")
+steady = all(e.get("steady", True) for e in ebs)
+spread = f"{len(ebs)}: {min(fr):.1f}-{max(fr):.1f}" + ("" if steady else " NOT STEADY")
+print(f"{tag:<9} {what:<58} {mean(lambda e: e['network_gbps_per_node']):8.2f} "
+      f"{sum(fr)/len(fr):6.1f}% {mean(lambda e: e['built_ci95_gbps']):6.2f} "
+      f"{mean(lambda e: e['drift'])*100:+5.1f}% {sl.get('slots_missed', 0)/frag*100:6.2f}% {stretch:6.2f} "
+      f"{sl.get('slot_changes', 0):5d} {float(wall):7.1f} {ref:>8} {spread}")
+with open(rows, "a") as f:
+    f.write(f"{tag}\t{sum(fr)/len(fr):.2f}\t{min(fr):.2f}\t{max(fr):.2f}\t{ref}\n")
 PY
 done
+if [ -n "${PLOT:-}" ]; then
+  python3 - "$out/rows.tsv" "$PLOT" <<'PY'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+w, h, left, bottom, top = 80 + 70 * len(rows), 360, 60, 60, 30
+plot_h = h - bottom - top
+y = lambda pct: top + plot_h * (1 - pct / 100.0)
+svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+       f'<text x="{w/2}" y="16" text-anchor="middle" font-size="13">Event building through the network, % of link (bench/eb-sweep.sh)</text>']
+for pct in (0, 25, 50, 75, 90, 100):
+    svg.append(f'<line x1="{left}" x2="{w-10}" y1="{y(pct)}" y2="{y(pct)}" stroke="#ddd"/>')
+    svg.append(f'<text x="{left-5}" y="{y(pct)+4}" text-anchor="end">{pct}</text>')
+for i, (tag, m, lo, hi, ref) in enumerate(rows):
+    x = left + 10 + 70 * i
+    m, lo, hi = float(m), float(lo), float(hi)
+    svg.append(f'<rect x="{x}" y="{y(m)}" width="26" height="{y(0)-y(m)}" fill="#3a6ea5"><title>{tag}: {m:.1f} %</title></rect>')
+    svg.append(f'<line x1="{x+13}" x2="{x+13}" y1="{y(hi)}" y2="{y(lo)}" stroke="black"/>')
+    if ref != "-":
+        r = float(ref)
+        svg.append(f'<rect x="{x+28}" y="{y(r)}" width="26" height="{y(0)-y(r)}" fill="#bbb"><title>{tag} shift-window: {r:.1f} %</title></rect>')
+    svg.append(f'<text x="{x+27}" y="{h-bottom+15}" text-anchor="middle">{tag}</text>')
+svg.append(f'<rect x="{left}" y="{h-25}" width="10" height="10" fill="#3a6ea5"/><text x="{left+14}" y="{h-16}">event builder, defaults (mean, seeds range)</text>')
+svg.append(f'<rect x="{left+260}" y="{h-25}" width="10" height="10" fill="#bbb"/><text x="{left+274}" y="{h-16}">same fabric, --traffic shift-window</text>')
+svg.append('</svg>')
+open(sys.argv[2], "w").write("\n".join(svg) + "\n")
+print(f"plot: {sys.argv[2]}")
+PY
+fi
 echo "train_packets=$train; missed: fragments that waited a rotation for their slot; slot x: the slot length at the end against the nominal"
