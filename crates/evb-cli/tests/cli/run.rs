@@ -115,20 +115,19 @@ fn split_roles_with_a_separate_event_manager() {
 /// rotation with one idle slot per node. Every event is built once, and
 /// the summary says where the slots came from. A table that misses a
 /// pair is refused, naming the key and the file.
-#[test]
-fn a_schedule_from_evb_fabric_drives_evb_run() {
-    let schedule = tmp("fabric7.txt");
+/// `evb fabric schedule --topology T --order O --out FILE`; the table.
+fn fabric_schedule(topology: &str, order: &str, file: &PathBuf) -> String {
     let out = evb()
         .args([
             "fabric",
             "schedule",
             "--topology",
-            "fat-tree:radix=4,hosts=7,spread",
+            topology,
             "--order",
-            "ftree",
+            order,
             "--out",
         ])
-        .arg(&schedule)
+        .arg(file)
         .output()
         .unwrap();
     assert!(
@@ -136,7 +135,13 @@ fn a_schedule_from_evb_fabric_drives_evb_run() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let table = std::fs::read_to_string(&schedule).unwrap();
+    std::fs::read_to_string(file).unwrap()
+}
+
+#[test]
+fn a_schedule_from_evb_fabric_drives_evb_run() {
+    let schedule = tmp("fabric7.txt");
+    let table = fabric_schedule("fat-tree:radix=4,hosts=7,spread", "ftree", &schedule);
     assert_eq!(table.lines().filter(|l| l.starts_with("slot ")).count(), 7);
     let set = format!("event_builder.schedule_file=\"{}\"", schedule.display());
     let (code, v, text) = run("fabric7", &[&set], &["--nodes", "7"]);
@@ -175,26 +180,7 @@ fn evb_run_on_its_fabric_takes_the_fabrics_schedule_and_slots() {
     // conflicts; long slots (a shared 2-core machine keeps them).
     let fabric = ["fat-tree:radix=4,hosts=7,gbps=4xQDR", "random:3"];
     let by_hand = tmp("fabric7-random.txt");
-    let out = evb()
-        .args([
-            "fabric",
-            "schedule",
-            "--topology",
-            fabric[0],
-            "--order",
-            fabric[1],
-            "--out",
-        ])
-        .arg(&by_hand)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let slots = std::fs::read_to_string(&by_hand)
-        .unwrap()
+    let slots = fabric_schedule(fabric[0], fabric[1], &by_hand)
         .lines()
         .filter(|l| l.starts_with("slot "))
         .count();
