@@ -26,10 +26,16 @@ pub struct Analysis {
     pub conflicts: u64,
     pub steps_with_conflicts: usize,
     pub steps: usize,
-    /// Slots a rotation of the schedule `evb fabric schedule` (and
-    /// `evb sim`) would run, and the fewest any schedule can have.
+    /// Slots a rotation of the conflict-aware schedule, and the fewest
+    /// any schedule can have. `searched`: the schedule `evb fabric
+    /// schedule` (and `evb sim`) writes, after its local search (the
+    /// simulated designs, and every conflict-free one); otherwise the
+    /// schedule before that search, which the search can only shorten
+    /// (it took up to 20 s a fabric at 164 hosts: too slow for every
+    /// candidate).
     pub slots: usize,
     pub lower_bound: usize,
+    pub searched: bool,
     pub seconds: f64,
 }
 
@@ -82,49 +88,75 @@ pub fn overrides(req: &Requirement, c: &Candidate, duration_us: Option<f64>) -> 
     o
 }
 
-/// The fabric of a candidate, routed by ftree, and its hosts in the
-/// ftree CA order. Fails where OpenSM's ftree would refuse the fabric.
-pub fn build(c: &Candidate) -> Result<(Topology, evb_fabric::Lfts, Vec<usize>)> {
+/// A candidate's fabric routed by ftree: its hosts in the ftree CA
+/// order, and the engine's destination positions (`None`: a dummy for a
+/// host a short leaf lacks).
+pub struct Routed {
+    pub topo: Topology,
+    pub lfts: evb_fabric::Lfts,
+    pub order: Vec<usize>,
+    pub positions: Vec<Option<usize>>,
+}
+
+/// The fabric of a candidate, routed by ftree. Fails where OpenSM's
+/// ftree would refuse the fabric.
+pub fn build(c: &Candidate) -> Result<Routed> {
     let topo = evb_fabric::topo::FatTreeSpec::parse(&c.spec)?.build()?;
     let routed =
         evb_fabric::ftree::route_ftree(&topo).with_context(|| format!("{}: ftree", c.spec))?;
     let lids = topo.lid_table();
-    let order: Vec<usize> = routed
-        .ca_order
-        .iter()
-        .filter_map(|&l| lids.get(l as usize).copied().flatten())
-        .collect();
+    let host = |l: u16| lids.get(l as usize).copied().flatten();
+    let order: Vec<usize> = routed.ca_order.iter().filter_map(|&l| host(l)).collect();
+    let positions = routed.positions.iter().map(|p| p.and_then(host)).collect();
     assert_eq!(order.len(), c.hosts, "the CA order holds every host");
-    Ok((topo, routed.lfts, order))
+    Ok(Routed {
+        topo,
+        lfts: routed.lfts,
+        order,
+        positions,
+    })
 }
 
-/// Conflicts and schedule of the first `n` ranks of `order`.
-pub fn analyse(
-    topo: &Topology,
-    lfts: &evb_fabric::Lfts,
-    order: &[usize],
-    n: usize,
-) -> Result<Analysis> {
+/// Conflicts and schedule of the first `n` ranks of the CA order: the
+/// conflict-aware schedule from the ranks' shift or from the shift over
+/// the engine's positions, whichever is shorter (as
+/// [`evb_fabric::schedule::choose`] starts), without its local search.
+pub fn analyse(r: &Routed, n: usize) -> Result<Analysis> {
+    use evb_fabric::schedule::{conflict_aware, SlotSchedule};
     let t0 = Instant::now();
-    let ranks = &order[..n];
+    let ranks = &r.order[..n];
     let steps = shift_steps(n);
-    let an = analyze(topo, lfts, ranks, &steps, 0)?;
-    let (slots, lower_bound) = if an.total.conflicts == 0 {
-        (n - 1, n - 1)
-    } else {
-        let s = evb_fabric::schedule::choose(topo, lfts, ranks, "ftree", false, false)?;
-        (s.aware.slots.len(), s.aware.lower_bound)
-    };
+    let an = analyze(&r.topo, &r.lfts, ranks, &steps, 0)?;
+    let mut s = conflict_aware(&r.topo, &r.lfts, ranks, SlotSchedule::plain(n, false))?;
+    let rank_of: std::collections::HashMap<usize, usize> =
+        ranks.iter().enumerate().map(|(i, &h)| (h, i)).collect();
+    let at: Vec<Option<usize>> = r
+        .positions
+        .iter()
+        .map(|p| p.and_then(|h| rank_of.get(&h).copied()))
+        .collect();
+    if at.len() > n && an.total.conflicts > 0 {
+        let p = conflict_aware(
+            &r.topo,
+            &r.lfts,
+            ranks,
+            SlotSchedule::shift_over_positions(&at, false),
+        )?;
+        if p.slots.len() < s.slots.len() {
+            s = p;
+        }
+    }
     assert!(
-        lower_bound <= slots && n - 1 <= slots,
+        s.lower_bound <= s.slots.len() && n - 1 <= s.slots.len(),
         "a rotation reaches every rank"
     );
     Ok(Analysis {
         conflicts: an.total.conflicts,
         steps_with_conflicts: an.total.steps_with_conflicts,
         steps: steps.len(),
-        slots,
-        lower_bound,
+        slots: s.slots.len(),
+        lower_bound: s.lower_bound,
+        searched: an.total.conflicts == 0,
         seconds: t0.elapsed().as_secs_f64(),
     })
 }
@@ -164,6 +196,11 @@ pub struct SimOutcome {
     /// Hosts x link rate x simulated time, Tbit: what the budget counts.
     pub tbit: f64,
     pub port_xmit_wait_s: f64,
+    /// The schedule the run used (the fabric's, as `evb fabric schedule`
+    /// writes it), and how long it took to compute (in `wall_seconds`).
+    pub slots: usize,
+    pub lower_bound: usize,
+    pub schedule_seconds: f64,
 }
 
 /// Simulated time a steady state needs: two rotations of warm-up (what
@@ -183,16 +220,18 @@ pub fn simulate(req: &Requirement, c: &Candidate) -> Result<SimOutcome> {
         remove_link: Vec::new(),
         swap_cables: Vec::new(),
     };
+    let t0 = Instant::now();
     let fabric = spec.build()?;
     let (mut config, _) = evb_sim::setup::sized_config(None, &overrides(req, c, None), &fabric)?;
     // The rotation of the schedule the run will use (computed once: the
     // fabric keeps it for the run).
     let mut probe = config.clone();
-    evb_sim::schedule::prepare(&mut probe, &fabric).map_err(anyhow::Error::msg)?;
+    let schedule = evb_sim::schedule::prepare(&mut probe, &fabric)
+        .map_err(anyhow::Error::msg)?
+        .context("a slotted barrel has a schedule")?;
     let rotation_us =
         evb_sim::rotation_ps(&probe).context("a slotted barrel has a rotation")? as f64 * 1e-6;
     config.sim.duration_us = (rotation_us * ROTATIONS).ceil();
-    let t0 = Instant::now();
     let mut result =
         evb_sim::simulate(&config, fabric.clone(), |_| {}).map_err(anyhow::Error::msg)?;
     let mut eb = result
@@ -221,6 +260,9 @@ pub fn simulate(req: &Requirement, c: &Candidate) -> Result<SimOutcome> {
         rotations: simulated_us / rotation_us,
         tbit: sim_tbit(c, simulated_us),
         port_xmit_wait_s: result.summary.total_xmit_wait_s,
+        slots: schedule.slots,
+        lower_bound: schedule.lower_bound,
+        schedule_seconds: schedule.seconds,
     })
 }
 
@@ -253,11 +295,12 @@ mod tests {
             .into_iter()
             .find(|c| c.leaf_model.as_deref() == Some("EDR-36"))
             .unwrap();
-        let (topo, lfts, order) = build(&c).unwrap();
-        let a = analyse(&topo, &lfts, &order, c.endpoints).unwrap();
+        let r = build(&c).unwrap();
+        let a = analyse(&r, c.endpoints).unwrap();
         assert_eq!(a.slots, 23, "{a:?}");
         let e = estimate(&req, &c, a.slots).unwrap();
         let s = simulate(&req, &c).unwrap();
+        assert_eq!((s.slots, s.lower_bound), (a.slots, a.lower_bound));
         assert!(s.steady, "{s:?}");
         assert!(s.rotations >= 4.0, "{s:?}");
         let ratio = s.gbps_per_node / e.gbps_per_node;

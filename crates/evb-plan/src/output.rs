@@ -84,6 +84,7 @@ pub fn text(plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "cost: switches and cables (k{}); bisect: Tb/s; conflicts: plain barrel over the ranks in ftree order; \
+         slots*: before the schedule's local search (`evb fabric schedule` finds as many or fewer); \
          Gb/s/node: `sim` = steady-state evb sim (wall time), `est` = estimate (slot share x ranks/slots), not simulated",
         req.currency
     );
@@ -124,7 +125,7 @@ fn row(rank: usize, d: &Design, req: &Requirement) -> String {
         kcost(d.bill.total),
         d.bisection_gbps / 1000.0,
         a.conflicts,
-        format!("{}({})", a.slots, a.lower_bound),
+        format!("{}{}({})", a.slots, if a.searched { "" } else { "*" }, a.lower_bound),
         format!("{:.2} {how}", d.predicted()),
         d.built_tbps(req),
         kcost(d.cost_per_tbps(req)),
@@ -203,6 +204,7 @@ fn design_json(rank: usize, d: &Design, req: &Requirement) -> Value {
         "steps_with_conflicts": d.analysis.steps_with_conflicts,
         "slots": d.analysis.slots,
         "lower_bound": d.analysis.lower_bound,
+        "slots_searched": d.analysis.searched,
         "slot_us": d.estimate.slot_us,
         "estimate_gbps_per_node": d.estimate.gbps_per_node,
         "predicted_gbps_per_node": d.predicted(),

@@ -142,10 +142,12 @@ fn evaluate_all(
         }
     }
     timing.fabrics_analysed = shapes.len();
+    // The largest first: the threads end together.
+    shapes.sort_by_key(|(_, c)| std::cmp::Reverse(c.hosts));
     let analysed = parallel(threads, shapes, |(key, c)| {
-        let r = evaluate::build(&c).and_then(|(topo, lfts, order)| {
-            let a = evaluate::analyse(&topo, &lfts, &order, c.endpoints)?;
-            Ok((topo, a))
+        let r = evaluate::build(&c).and_then(|r| {
+            let a = evaluate::analyse(&r, c.endpoints)?;
+            Ok((r.topo, a))
         });
         (key, r.map_err(|e| format!("{e:#}")))
     });
@@ -204,14 +206,18 @@ fn simulate_best(req: &Requirement, designs: &mut [Design], threads: usize, timi
         rank(designs, req);
         let mut batch: Vec<Candidate> = Vec::new();
         let mut planned = timing.simulated_tbit;
-        // The cheapest design of all second: what the money saved costs
-        // in rate is worth a simulation.
-        let cheapest = (0..designs.len())
-            .min_by(|&a, &b| designs[a].bill.total.total_cmp(&designs[b].bill.total))
-            .expect("designs are not empty");
+        // The cheapest fabric not simulated yet second: what the money
+        // saved costs in rate is worth a simulation.
         let mut order: Vec<&Design> = designs.iter().collect();
-        let c = order.remove(cheapest);
-        order.insert(1.min(order.len()), c);
+        let best = order[0].candidate.spec.clone();
+        let cheapest = (0..order.len())
+            .filter(|&i| order[i].candidate.spec != best)
+            .filter(|&i| !done.contains_key(&order[i].candidate.spec))
+            .min_by(|&a, &b| order[a].bill.total.total_cmp(&order[b].bill.total));
+        if let Some(i) = cheapest {
+            let c = order.remove(i);
+            order.insert(1.min(order.len()), c);
+        }
         for d in order {
             let c = &d.candidate;
             let fresh = !done.contains_key(&c.spec) && !batch.iter().any(|b| b.spec == c.spec);
@@ -243,6 +249,14 @@ fn simulate_best(req: &Requirement, designs: &mut [Design], threads: usize, timi
         }
         for d in designs.iter_mut() {
             if let Some(Ok(s)) = done.get(&d.candidate.spec) {
+                // The searched schedule the run used replaces the one
+                // before the search; the estimate follows it.
+                d.analysis.slots = s.slots;
+                d.analysis.lower_bound = s.lower_bound;
+                d.analysis.searched = true;
+                if let Ok(e) = evaluate::estimate(req, &d.candidate, s.slots) {
+                    d.estimate = e;
+                }
                 d.sim = Some(s.clone());
             }
         }
