@@ -266,6 +266,15 @@ pub fn simulate(req: &Requirement, c: &Candidate) -> Result<SimOutcome> {
     })
 }
 
+impl SimOutcome {
+    /// Steady, and settled: drift and the 95 % interval within 5 % of the
+    /// rate (a run can pass evb-sim's steady test, two batch means after
+    /// the warm-up, and still be climbing or swinging).
+    pub fn settled(&self) -> bool {
+        self.steady && self.drift.abs() <= 0.05 && self.ci95_gbps <= 0.05 * self.gbps_per_node.abs()
+    }
+}
+
 /// Hosts x port rate x simulated time, Tbit.
 pub fn sim_tbit(c: &Candidate, simulated_us: f64) -> f64 {
     c.hosts as f64 * c.port_gbps * simulated_us * 1e-6 / 1000.0

@@ -85,7 +85,7 @@ pub fn text(plan: &Plan) -> String {
         out,
         "cost: switches and cables (k{}); bisect: Tb/s; conflicts: plain barrel over the ranks in ftree order; \
          slots*: before the schedule's local search (`evb fabric schedule` finds as many or fewer); \
-         Gb/s/node: `sim` = steady-state evb sim (wall time), `est` = estimate (slot share x ranks/slots), not simulated",
+         Gb/s/node: `sim` = steady-state evb sim (wall time; `sim?`: not settled), `est` = estimate (slot share x ranks/slots), not simulated",
         req.currency
     );
     out.push_str(&timing(plan));
@@ -113,8 +113,8 @@ fn row(rank: usize, d: &Design, req: &Requirement) -> String {
     );
     let a = &d.analysis;
     let how = match &d.sim {
-        Some(s) if s.steady => format!("sim {:.0}s", s.wall_seconds),
-        Some(s) => format!("sim! {:.0}s", s.wall_seconds),
+        Some(s) if s.settled() => format!("sim {:.0}s", s.wall_seconds),
+        Some(s) => format!("sim? {:.0}s", s.wall_seconds),
         None => "est".into(),
     };
     let mut name = d.candidate.name();
@@ -155,7 +155,11 @@ fn timing(plan: &Plan) -> String {
             s.simulated_us / 1000.0,
             s.rotations,
             s.wall_seconds,
-            if s.steady { "steady" } else { "NOT steady" },
+            match (s.steady, s.settled()) {
+                (true, true) => "steady",
+                (true, false) => "steady by evb sim's test but NOT settled (drift or interval over 5 %)",
+                _ => "NOT steady",
+            },
             s.ci95_gbps,
             s.drift * 100.0
         );
@@ -209,6 +213,7 @@ fn design_json(rank: usize, d: &Design, req: &Requirement) -> Value {
         "estimate_gbps_per_node": d.estimate.gbps_per_node,
         "predicted_gbps_per_node": d.predicted(),
         "predicted_by": if d.simulated() { "sim" } else { "estimate" },
+        "sim_settled": d.sim.as_ref().map(|s| s.settled()),
         "sim": d.sim,
         "built_tbps": d.built_tbps(req),
         "cost_per_tbps": d.cost_per_tbps(req),
