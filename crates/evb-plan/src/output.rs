@@ -85,7 +85,7 @@ pub fn text(plan: &Plan) -> String {
         out,
         "cost: switches and cables (k{}); bisect: Tb/s; conflicts: plain barrel over the ranks in ftree order; \
          slots*: before the schedule's local search (`evb fabric schedule` finds as many or fewer); \
-         Gb/s/node: `sim` = steady-state evb sim (wall time; `sim?`: not settled), `est` = estimate (slot share x ranks/slots), not simulated",
+         Gb/s/node: `sim` = steady-state evb sim (wall time), `est` = estimate, `est sim?`: estimate, the simulation did not settle (drift over 5 %) (slot share x ranks/slots), not simulated",
         req.currency
     );
     out.push_str(&timing(plan));
@@ -114,7 +114,7 @@ fn row(rank: usize, d: &Design, req: &Requirement) -> String {
     let a = &d.analysis;
     let how = match &d.sim {
         Some(s) if s.settled() => format!("sim {:.0}s", s.wall_seconds),
-        Some(s) => format!("sim? {:.0}s", s.wall_seconds),
+        Some(_) => "est sim?".into(),
         None => "est".into(),
     };
     let mut name = d.candidate.name();
@@ -157,7 +157,7 @@ fn timing(plan: &Plan) -> String {
             s.wall_seconds,
             match (s.steady, s.settled()) {
                 (true, true) => "steady",
-                (true, false) => "steady by evb sim's test but NOT settled (drift or interval over 5 %)",
+                (true, false) => "steady by evb sim's test but NOT settled (drift over 5 %): the estimate stands",
                 _ => "NOT steady",
             },
             s.ci95_gbps,

@@ -31,14 +31,17 @@ pub struct Design {
 }
 
 impl Design {
-    /// Gb/s built per node: simulated if it was, else estimated.
+    /// Gb/s built per node: simulated if it was and the run settled,
+    /// else estimated.
     pub fn predicted(&self) -> f64 {
-        self.sim
-            .as_ref()
-            .map_or(self.estimate.gbps_per_node, |s| s.gbps_per_node)
+        match &self.sim {
+            Some(s) if s.settled() => s.gbps_per_node,
+            _ => self.estimate.gbps_per_node,
+        }
     }
+    /// Whether the prediction is a settled simulation's.
     pub fn simulated(&self) -> bool {
-        self.sim.is_some()
+        self.sim.as_ref().is_some_and(|s| s.settled())
     }
     pub fn meets(&self, req: &Requirement) -> bool {
         self.predicted() >= req.gbps_per_node
