@@ -267,11 +267,13 @@ pub fn simulate(req: &Requirement, c: &Candidate) -> Result<SimOutcome> {
 }
 
 impl SimOutcome {
-    /// Steady, and settled: drift and the 95 % interval within 5 % of the
-    /// rate (a run can pass evb-sim's steady test, two batch means after
-    /// the warm-up, and still be climbing or swinging).
+    /// Steady, and settled: a drift within 5 % (a run can pass evb-sim's
+    /// steady test, two batch means after the warm-up, and still be
+    /// climbing: 1000 nodes at 800 Gb/s, 1.5 us slots, drifted +11728 %).
+    /// The 95 % interval of two batch means is wide (t = 12.7) and only
+    /// printed.
     pub fn settled(&self) -> bool {
-        self.steady && self.drift.abs() <= 0.05 && self.ci95_gbps <= 0.05 * self.gbps_per_node.abs()
+        self.steady && self.drift.abs() <= 0.05
     }
 }
 
