@@ -6,6 +6,7 @@ mod diagnose;
 mod fabric;
 mod gen;
 mod log;
+mod plan;
 mod progress;
 mod report;
 mod run_fabric;
@@ -57,6 +58,8 @@ enum Command {
     Sim(sim::SimArgs),
     /// Simulate the cartesian product of parameter values, in parallel.
     Scan(sim::ScanArgs),
+    /// From a requirement to ranked fabric designs: switches, cables, cost, conflicts, the rate evb sim predicts.
+    Plan(plan::PlanArgs),
     /// Transport micro-benchmarks and conformance checks (real processes).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -197,6 +200,7 @@ fn main() -> ExitCode {
         cli.command,
         Command::Sim(_)
             | Command::Scan(_)
+            | Command::Plan(_)
             | Command::Fabric(_)
             | Command::Config(_)
             | Command::Report(_)
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),
         Command::Scan(args) => sim::scan(args).map(|_| ExitCode::SUCCESS),
+        Command::Plan(args) => plan::run(args).map(|_| ExitCode::SUCCESS),
         Command::Report(args) => report::run(args).map(|_| ExitCode::SUCCESS),
         Command::Store(args) => store::run(args),
         Command::Completions(args) => {

@@ -348,10 +348,18 @@ pub struct FatTreeSpec {
     pub host_rate: LinkRate,
     /// Rate of the switch-to-switch links (default: the host rate).
     pub uplink_rate: LinkRate,
+    /// 2 levels only: the spine is one director switch of this many ports
+    /// (648, 800, ...; 0: `up` spine switches). A director is a 2-level
+    /// tree of chips inside a chassis, and `ibnetdiscover` shows its chips:
+    /// line chips of radix `c` with `c/2` front ports, and `c/2` fabric
+    /// chips cabled to every line chip (`c*c/2` front ports: 36-port chips
+    /// for 648, 40-port for 800). Only the line chips the leaves' up-links
+    /// need are built (a chassis partly filled with line cards).
+    pub director: usize,
 }
 
 impl FatTreeSpec {
-    /// Parses `fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,down=32,up=15][,leaves=N|pods=N][,spread][,gbps=100][,uplink_gbps=200]`.
+    /// Parses `fat-tree:radix=36,hosts=540[,levels=3][,oversub=2][,down=32,up=15][,leaves=N|pods=N][,spread][,gbps=100][,uplink_gbps=200][,director=648]`.
     pub fn parse(s: &str) -> Result<FatTreeSpec> {
         let body = s
             .strip_prefix("fat-tree:")
@@ -363,7 +371,7 @@ impl FatTreeSpec {
         let mut down = None;
         let mut up = None;
         let mut oversub: Option<f64> = None;
-        let mut groups = 0;
+        let (mut groups, mut director) = (0, 0);
         let mut placement = Placement::Fill;
         let mut host_rate = LinkRate::EDR4;
         let mut uplink_rate = None;
@@ -380,6 +388,7 @@ impl FatTreeSpec {
                 "down" => down = Some(num()?),
                 "up" => up = Some(num()?),
                 "leaves" | "pods" => groups = num()?,
+                "director" => director = num()?,
                 "oversub" => {
                     let r = v.trim_end_matches(":1");
                     oversub =
@@ -450,6 +459,7 @@ impl FatTreeSpec {
             placement,
             host_rate,
             uplink_rate: uplink_rate.unwrap_or(host_rate),
+            director,
         })
     }
 
@@ -460,11 +470,21 @@ impl FatTreeSpec {
                 "a fabric needs at least 2 hosts".into(),
             ));
         }
+        if self.director > 0 {
+            director_chip_radix(self.director)?;
+            if self.levels != 2 {
+                return Err(FabricError::Invalid(
+                    "director=PORTS is the spine of a 2-level tree (levels=2)".into(),
+                ));
+            }
+        }
         let mut t = Topology::default();
         let (leaves, spines_per_group) = self.leaves_and_spines_per_group()?;
         let per_leaf = self.hosts_per_leaf(leaves);
         let leaf_ids = self.add_leaves_with_hosts(&mut t, &per_leaf)?;
-        if self.levels == 2 {
+        if self.director > 0 {
+            self.add_director(&mut t, &leaf_ids)?;
+        } else if self.levels == 2 {
             self.add_spines(&mut t, &leaf_ids)?;
         } else {
             self.add_mids_and_roots(&mut t, &leaf_ids, spines_per_group)?;
@@ -485,7 +505,13 @@ impl FatTreeSpec {
             } else {
                 min_leaves
             };
-            if leaves < min_leaves || leaves > k {
+            // A director's spine takes as many leaves as it has ports for.
+            let most = if self.director > 0 {
+                self.director / self.up
+            } else {
+                k
+            };
+            if leaves < min_leaves || leaves > most {
                 return Err(FabricError::Invalid(format!(
                     "{} hosts need {min_leaves} leaves of {} hosts; a 2-level tree of radix {k} has at most {k} leaves (use levels=3)",
                     self.hosts, self.down
@@ -582,6 +608,53 @@ impl FatTreeSpec {
         Ok(())
     }
 
+    /// The director spine, cabled as a 3-level fat tree inside: the leaves
+    /// in as few groups (pods) of at most `c/2` as will do, as even as can
+    /// be, up-link `j` of every leaf of pod `p` to line chip `p * up + j`
+    /// (its front port: the leaf's place in the pod), and every fabric chip
+    /// cabled to every line chip. OpenSM's ftree routes this without
+    /// conflicts when the pods are the same size (it refuses line chips
+    /// with different numbers of leaves below, and falls back to minhop);
+    /// spreading a leaf's up-links over line chips at random is worse.
+    fn add_director(&self, t: &mut Topology, leaf_ids: &[usize]) -> Result<()> {
+        let c = director_chip_radix(self.director)?;
+        let front = c / 2;
+        let pods = leaf_ids.len().div_ceil(front);
+        let per_pod = leaf_ids.len().div_ceil(pods);
+        if pods * self.up > c {
+            return Err(FabricError::Invalid(format!(
+                "director={}: {} leaves of {} up-links need {} line chips of {front} front ports; it has {c}",
+                self.director,
+                leaf_ids.len(),
+                self.up,
+                pods * self.up
+            )));
+        }
+        let lines: Vec<usize> = (0..pods * self.up)
+            .map(|i| {
+                let name = format!("dirL{:02}", i + 1);
+                t.add_node(NodeKind::Switch, &name, 0x0002_c902_0050_0000 + i as u64, c)
+            })
+            .collect();
+        for (l, &leaf) in leaf_ids.iter().enumerate() {
+            let (pod, place) = (l / per_pod, l % per_pod);
+            for j in 0..self.up {
+                let port = (self.down + j + 1) as u8;
+                let line = lines[pod * self.up + j];
+                t.connect_rated(leaf, port, line, (place + 1) as u8, Some(self.uplink_rate))?;
+            }
+        }
+        for f in 0..c - front {
+            let name = format!("dirF{:02}", f + 1);
+            let fc = t.add_node(NodeKind::Switch, &name, 0x0002_c902_0060_0000 + f as u64, c);
+            for (i, &line) in lines.iter().enumerate() {
+                let (lp, fp) = ((front + f + 1) as u8, (i + 1) as u8);
+                t.connect_rated(line, lp, fc, fp, Some(self.uplink_rate))?;
+            }
+        }
+        Ok(())
+    }
+
     /// 3 levels: the mid switches of each pod, then the roots above them.
     fn add_mids_and_roots(
         &self,
@@ -643,6 +716,18 @@ impl FatTreeSpec {
     }
 }
 
+/// The radix of a director's chips: `c` with `c * c / 2` front ports
+/// (648: 36, 800: 40).
+pub fn director_chip_radix(ports: usize) -> Result<usize> {
+    let c = ((2 * ports) as f64).sqrt().round() as usize;
+    if c < 4 || !c.is_multiple_of(2) || c * c / 2 != ports || c > 254 {
+        return Err(FabricError::Invalid(format!(
+            "director={ports}: a director of chips of radix c has c*c/2 front ports (648, 800, 1152, ...)"
+        )));
+    }
+    Ok(c)
+}
+
 /// Sorts names the way people expect: `node2` before `node10`.
 pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     fn chunks(s: &str) -> Vec<(bool, &str)> {
@@ -670,4 +755,51 @@ pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
         }
     }
     ca.len().cmp(&cb.len()).then(a.cmp(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A director spine: only the line chips the leaves need, every fabric
+    /// chip on every line chip, each leaf's up-links on distinct chips.
+    #[test]
+    fn director_spine() {
+        let t = FatTreeSpec::parse("fat-tree:radix=12,hosts=60,down=6,up=6,leaves=10,director=72")
+            .unwrap()
+            .build()
+            .unwrap();
+        let named = |p: &str| {
+            t.switches()
+                .into_iter()
+                .filter(|&s| t.nodes[s].name.starts_with(p))
+                .count()
+        };
+        // 10 leaves in two pods of 5, 6 line chips each; 6 fabric chips.
+        assert_eq!((named("leaf"), named("dirL"), named("dirF")), (10, 12, 6));
+        for leaf in t
+            .switches()
+            .into_iter()
+            .filter(|&s| t.nodes[s].name.starts_with("leaf"))
+        {
+            let mut lines: Vec<usize> = t.nodes[leaf]
+                .ports
+                .iter()
+                .flatten()
+                .map(|r| r.node)
+                .filter(|&n| t.nodes[n].is_switch())
+                .collect();
+            lines.sort_unstable();
+            lines.dedup();
+            assert_eq!(lines.len(), 6, "{}", t.nodes[leaf].name);
+        }
+        assert_eq!(director_chip_radix(648).unwrap(), 36);
+        assert_eq!(director_chip_radix(800).unwrap(), 40);
+        assert!(director_chip_radix(700).is_err());
+        let too_many = FatTreeSpec::parse("fat-tree:radix=12,hosts=80,down=6,up=6,director=72");
+        assert!(
+            too_many.unwrap().build().is_err(),
+            "14 leaves x 6 up-links > 72 ports"
+        );
+    }
 }

@@ -97,6 +97,16 @@ fn ftree_oversubscribed_radix12() {
     ftree_matches("fat-tree:radix=12,hosts=64,oversub=2", "ft_over12");
 }
 
+/// A director spine (`evb plan`'s leaf+director designs): OpenSM routes
+/// the leaves and the director's chips as evb's ftree does.
+#[test]
+fn ftree_director_spine_radix12() {
+    ftree_matches(
+        "fat-tree:radix=12,hosts=57,down=6,up=6,leaves=10,director=72",
+        "ft_dir72",
+    );
+}
+
 #[test]
 fn ftree_3level_radix8_spread() {
     ftree_matches("fat-tree:radix=8,levels=3,hosts=100,spread", "ft_3l8");

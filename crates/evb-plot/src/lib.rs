@@ -207,6 +207,52 @@ pub fn bar_chart_svg(
     )
 }
 
+/// A scatter chart: each series' points as marks (a series named with a
+/// leading `~` is drawn as a line instead, e.g. a Pareto front or a
+/// requirement), each point of `labels` (x, y, text) labelled. Writes
+/// `base.svg` and `base.png`.
+pub fn scatter_chart(
+    base: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    labels: &[(f64, f64, String)],
+) -> Result<[PathBuf; 2], PlotError> {
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Err(PlotError::Empty("a scatter chart needs points"));
+    }
+    let picture = Scatter {
+        title,
+        x_label,
+        y_label,
+        series,
+        labels,
+    };
+    render(base, (1000, 650), &picture)
+}
+
+/// [`scatter_chart`] as an SVG document in a string.
+pub fn scatter_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    labels: &[(f64, f64, String)],
+) -> Result<String, PlotError> {
+    if series.iter().all(|s| s.points.is_empty()) {
+        return Err(PlotError::Empty("a scatter chart needs points"));
+    }
+    let picture = Scatter {
+        title,
+        x_label,
+        y_label,
+        series,
+        labels,
+    };
+    render_svg_string((1000, 600), &picture)
+}
+
 /// A node of a fabric map: a switch, or a leaf's hosts.
 pub struct MapNode {
     pub label: String,
@@ -416,6 +462,84 @@ impl Picture for LineChart<'_> {
                 .map_err(|e| e.to_string())?;
         }
         area.present().map_err(|e| e.to_string())
+    }
+}
+
+struct Scatter<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: &'a [Series],
+    labels: &'a [(f64, f64, String)],
+}
+
+impl Picture for Scatter<'_> {
+    fn draw<DB: DrawingBackend>(&self, area: DrawingArea<DB, Shift>) -> Result<(), String> {
+        let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+        let all: Vec<(f64, f64)> = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().copied())
+            .collect();
+        let (x0, x1) = bounds(all.iter().map(|p| p.0));
+        let (y0, y1) = bounds(all.iter().map(|p| p.1));
+        // Room around the marks, and for the labels right of them.
+        let (dx, dy) = ((x1 - x0).max(1e-9) * 0.08, (y1 - y0).max(1e-9) * 0.1);
+        area.fill(&WHITE).map_err(e)?;
+        let mut chart = ChartBuilder::on(&area)
+            .caption(self.title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d((x0 - dx)..(x1 + 2.0 * dx), (y0 - dy).max(0.0)..(y1 + dy))
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, s) in self.series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            if let Some(name) = s.name.strip_prefix('~') {
+                chart
+                    .draw_series(LineSeries::new(
+                        s.points.iter().copied(),
+                        color.stroke_width(2),
+                    ))
+                    .map_err(|e| e.to_string())?
+                    .label(name.to_string())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                continue;
+            }
+            chart
+                .draw_series(s.points.iter().map(|&p| Circle::new(p, 5, color.filled())))
+                .map_err(|e| e.to_string())?
+                .label(s.name.clone())
+                .legend(move |(x, y)| Circle::new((x + 10, y), 5, color.filled()));
+        }
+        let style = ("sans-serif", 13).into_font().color(&BLACK);
+        for (x, y, text) in self.labels {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    text.clone(),
+                    (*x, *y),
+                    style.clone(),
+                )))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        area.present().map_err(e)
     }
 }
 

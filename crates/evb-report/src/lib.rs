@@ -1,6 +1,6 @@
 //! `evb-report`: one self-contained HTML page from the JSON files evb writes
 //! (`evb run --json`, `evb sim --json`, `evb scan --json`, `evb fabric
-//! conflicts --json`, `evb fabric diagnose --json`).
+//! conflicts --json`, `evb fabric diagnose --json`, `evb plan --json`).
 //!
 //! Why a single file: reports are mailed, attached to issues and opened on
 //! machines next to a DAQ with no internet access, so the page carries its
@@ -14,6 +14,7 @@ mod diagnose;
 mod fabric;
 mod html;
 mod json;
+mod plan;
 mod run;
 mod scan;
 mod sim;
@@ -81,6 +82,8 @@ pub enum Kind {
     FabricConflicts,
     /// `evb fabric diagnose --json` (`"kind": "evb-fabric-diagnose"`).
     FabricDiagnose,
+    /// `evb plan --json` (`"kind": "evb-plan"`).
+    Plan,
 }
 
 impl Kind {
@@ -91,6 +94,7 @@ impl Kind {
             Kind::Scan => "evb scan",
             Kind::FabricConflicts => "evb fabric conflicts",
             Kind::FabricDiagnose => "evb fabric diagnose",
+            Kind::Plan => "evb plan",
         }
     }
 }
@@ -146,8 +150,9 @@ pub fn detect(file: &Path, value: &Value) -> Result<Kind> {
             "evb-sim" => Ok(Kind::Sim),
             "evb-scan" => Ok(Kind::Scan),
             "evb-fabric-diagnose" => Ok(Kind::FabricDiagnose),
+            "evb-plan" => Ok(Kind::Plan),
             other => Err(not_evb(format!(
-                "`kind` is \"{}\", not one of evb-run, evb-sim, evb-scan, evb-fabric-diagnose",
+                "`kind` is \"{}\", not one of evb-run, evb-sim, evb-scan, evb-fabric-diagnose, evb-plan",
                 other.chars().take(60).collect::<String>()
             ))),
         },
@@ -171,7 +176,7 @@ pub fn detect(file: &Path, value: &Value) -> Result<Kind> {
                 .into(),
         )),
         None => Err(not_evb(
-            "no `kind` field (evb-run, evb-sim, evb-scan, evb-fabric-diagnose) and no `conflict_definition` and \
+            "no `kind` field (evb-run, evb-sim, evb-scan, evb-fabric-diagnose, evb-plan) and no `conflict_definition` and \
              `per_step` (evb fabric conflicts)"
                 .into(),
         )),
@@ -215,6 +220,7 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
         Kind::Scan,
         Kind::FabricConflicts,
         Kind::FabricDiagnose,
+        Kind::Plan,
     ] {
         let same: Vec<&Input> = inputs.iter().filter(|i| i.kind == kind).collect();
         if same.len() < 2 {
@@ -233,6 +239,7 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
             Kind::Scan => scan::compare(&same)?,
             Kind::FabricConflicts => fabric::compare(&same)?,
             Kind::FabricDiagnose => diagnose::compare(&same)?,
+            Kind::Plan => plan::compare(&same)?,
         });
         body.push_str("</section>\n");
     }
@@ -250,6 +257,7 @@ pub fn render(inputs: &[(PathBuf, Value)]) -> Result<String> {
             Kind::Scan => scan::section(input)?,
             Kind::FabricConflicts => fabric::section(input)?,
             Kind::FabricDiagnose => diagnose::section(input)?,
+            Kind::Plan => plan::section(input)?,
         });
         body.push_str("</section>\n");
     }
@@ -263,6 +271,7 @@ fn kind_slug(kind: Kind) -> &'static str {
         Kind::Scan => "scan",
         Kind::FabricConflicts => "fabric",
         Kind::FabricDiagnose => "diagnose",
+        Kind::Plan => "plan",
     }
 }
 

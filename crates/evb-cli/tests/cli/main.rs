@@ -13,6 +13,7 @@ mod failure;
 mod libevb;
 mod metrics;
 mod netfaults;
+mod plan;
 mod prealloc;
 mod readout;
 mod report_cli;
