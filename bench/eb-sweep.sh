@@ -17,7 +17,7 @@
 # window), the fragments that missed their slot, the EM's slot changes,
 # the simulator's wall time. Goal: >= 90 % of the link on every full-rate
 # case; the half-rate link proportional (its node can carry 50 %).
-# Usage: [CASES="72 288"] [SEEDS="1 2 3"] [TRAIN=1] [SHIFT=1] [PLOT=out.svg] [X5=X5.topofile] bench/eb-sweep.sh
+# Usage: [CASES="72 288"] [SEEDS="1 2 3"] [TRAIN=1] [SHIFT=1] [PLOT=out.svg] [ROWS=rows.tsv] [X5=X5.topofile] bench/eb-sweep.sh
 #   CASES: tags to run (default: all but 540, 540-sep and 1024-ndr, which
 #   take many minutes each; CASES=all for every one). TRAIN: sim.train_packets (default 1,
 #   evb's default; 4 is ~3x faster and within 0.5 % at 288 nodes). SEEDS:
@@ -64,7 +64,9 @@ want=${CASES:-16 36 72 144 288 288-sep 288-sys 100-part 163-hdr 72-half}
 [ "$want" = all ] && want=$(printf '%s\n' "${cases[@]}" | cut -d'|' -f1 | tr '\n' ' ')
 
 printf '%-9s %-58s %8s %7s %6s %6s %7s %6s %5s %7s %8s %s\n' case shape "Gb/s" "% link" "+-" drift missed "slot x" chg "wall s" "shift %" "seeds (range)"
-: >"$out/rows.tsv"
+# ROWS: a file that keeps the rows for the plot across runs of this script.
+rows=${ROWS:-$out/rows.tsv}
+[ -n "${ROWS:-}" ] || : >"$rows"
 for c in "${cases[@]}"; do
   IFS='|' read -r tag what dur args <<<"$c"
   case " $want " in *" $tag "*) ;; *) continue ;; esac
@@ -84,7 +86,7 @@ for c in "${cases[@]}"; do
       >"$out/$tag-shift.txt" 2>&1 || { cat "$out/$tag-shift.txt"; exit 1; }
     ref=$(python3 -c 'import json,sys; print("%.1f" % (json.load(open(sys.argv[1]))["summary"]["fraction_of_link"]*100))' "$out/$tag-shift.json")
   fi
-  python3 - "$tag" "$what" "$(echo "$t1 $t0 ${#jsons[@]}" | awk '{print ($1-$2)/$3}')" "$ref" "$out/rows.tsv" "${jsons[@]}" <<'PY'
+  python3 - "$tag" "$what" "$(echo "$t1 $t0 ${#jsons[@]}" | awk '{print ($1-$2)/$3}')" "$ref" "$rows" "${jsons[@]}" <<'PY'
 import json, sys
 tag, what, wall, ref, rows = sys.argv[1:6]
 ebs = [json.load(open(p))["summary"]["eb"] for p in sys.argv[6:]]
@@ -107,7 +109,7 @@ with open(rows, "a") as f:
 PY
 done
 if [ -n "${PLOT:-}" ]; then
-  python3 - "$out/rows.tsv" "$PLOT" <<'PY'
+  python3 - "$rows" "$PLOT" <<'PY'
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 w, h, left, bottom, top = 80 + 70 * len(rows), 360, 60, 60, 30
