@@ -179,7 +179,8 @@ impl Node {
                     .batched(
                         config.assign_batch(),
                         config.event_builder.assign_flush_us * 1000,
-                    );
+                    )
+                    .waits_for_lost_bus(config.event_builder.em_lost_wait_ms * 1_000_000);
                 if config.event_builder.schedule == Schedule::Slotted
                     && config.event_builder.adaptive_slots
                 {

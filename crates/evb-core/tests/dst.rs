@@ -934,6 +934,81 @@ fn a_slow_peer_is_never_taken_for_lost() {
     );
 }
 
+/// The EM's own endpoint stalls far past the peer timeout (a SIGSTOP,
+/// then a SIGCONT): every node gives it up, and it, waking, learns from
+/// the closed links that it lost every node at once; then the links come
+/// back, as the transports re-dial. Before, the EM took every BU lost for
+/// the end of the run and ended it there (found by `evb chaos`: `evb run
+/// -n 4 -t tcp --set nodes.em=separate --stop 4@3 --resume 4@4` built
+/// nothing after 4 s); now it waits for them as they wait for it
+/// (`em_lost_wait_ms`), and the run builds again, every MEP once.
+#[test]
+fn a_stalled_em_that_lost_every_node_takes_them_back() {
+    let (mut runs, mut built_after) = (0, 0);
+    for case in 0..80u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xe4_57a1);
+        let mut config = with_fast_liveness(random_config(16_000 + case));
+        config.nodes.em = EmPlacement::Separate;
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 0;
+        config.event_builder.local = LocalTraffic::Nic;
+        let layout = evb_core::Layout::from_config(&config);
+        let em_node = layout.em;
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.relink_ns = Some(MS);
+            let from = rng.gen_range(50_000..400_000);
+            // Past the 4 ms timeout, back before the nodes' 10 ms wait ends.
+            let stall = rng.gen_range(5 * MS..8 * MS);
+            let back = from + stall;
+            h.faults.nodes.extend(NodeFault::stall(em_node, from, back));
+            let report = h.run(Some(back + 20 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: the EM stalls {stall} ns from {from}: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            for n in (0..layout.endpoints).filter(|&n| n != em_node) {
+                assert!(
+                    report.drops.iter().any(|d| (d.0, d.1) == (n, em_node)),
+                    "node {n} never gave the EM up: {what}: {:?}",
+                    report.drops
+                );
+            }
+            assert!(
+                report.drain_timeouts.is_empty(),
+                "{what}: {:?}",
+                report.drain_timeouts
+            );
+            assert!(
+                report.built.values().all(|&n| n == 1),
+                "a MEP built twice: {what}"
+            );
+            let em = report.stats[em_node as usize].em.clone().unwrap();
+            assert_exact_accounting(&em, &report, &what);
+            let built_late = report
+                .log
+                .iter()
+                .any(|l| l.contains("Finish") && l.contains("Built") && log_time(l) > back + MS);
+            if built_late {
+                built_after += 1;
+            }
+            runs += 1;
+        }
+    }
+    assert_eq!(
+        built_after, runs,
+        "the run built again after the stall in {built_after} of {runs}"
+    );
+}
+
+/// The time of a harness log line (`t=NANOS n...`).
+fn log_time(line: &str) -> u64 {
+    line.strip_prefix("t=")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The EM's node dies and is not restarted: the nodes cut off from it
 /// wait `event_builder.em_lost_wait_ms`, then the drain timer ends their
 /// run: every batch a BU was given ends (built or incomplete), none is
