@@ -8,6 +8,7 @@
 # Usage: bench/chaos.sh [minutes] [evb chaos options...]   (default 8)
 # TRANSPORTS="tcp shm" picks the transports (default: tcp shm ucx:tcp ofi:tcp).
 # Needs root for the network faults (a namespace of its own per run).
+# NO_BUILD=1 runs target/release/evb as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-8}
@@ -15,7 +16,7 @@ shift || true
 transports=${TRANSPORTS:-tcp shm ucx:tcp ofi:tcp}
 n=$(wc -w <<<"$transports")
 each=$(python3 -c "print(float('$minutes') / $n)")
-cargo build --release --quiet --bin evb
+[ "${NO_BUILD:-0}" = 1 ] || cargo build --release --quiet --bin evb
 out=${OUT:-$(mktemp -d)}
 echo "chaos: $each minutes per transport ($transports); JSON in $out"
 for t in $transports; do
