@@ -531,10 +531,21 @@ impl Harness {
         }
         self.relink_mark.insert((a, b), self.seq);
         self.relink_mark.insert((b, a), self.seq);
+        self.forget_consumer_link(a, b);
         self.nodes[a as usize].on_peer_joined(now, b);
         self.drain(a);
         self.nodes[b as usize].on_peer_joined(now, a);
         self.drain(b);
+    }
+
+    /// The consumer credit granted and the deliveries made over the link
+    /// between `a` and `b` are void once it is gone: a new link (or a new
+    /// incarnation) starts from a new grant.
+    fn forget_consumer_link(&mut self, a: NodeId, b: NodeId) {
+        for key in [(a, b), (b, a)] {
+            self.consumer_credit.remove(&key);
+            self.consumer_outstanding.remove(&key);
+        }
     }
 
     /// Node `node` comes back as a new incarnation, unless the run it would
@@ -554,6 +565,9 @@ impl Harness {
         self.cut.retain(|&(to, from)| to != node && from != node);
         self.restart_mark.insert(node, self.seq);
         self.outstanding.remove(&node);
+        for other in 0..self.nodes.len() as NodeId {
+            self.forget_consumer_link(node, other);
+        }
         self.report.restarted_at = Some(now);
         // The survivors accept the new incarnation's connections
         // before anything arrives on them.

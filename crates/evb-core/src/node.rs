@@ -678,7 +678,7 @@ impl Node {
             bu.on_consumer_lost(now, peer, &mut self.bu_out);
         }
         if let Some(fu) = &mut self.fu {
-            fu.on_producer_lost(peer);
+            fu.on_producer_lost(now, peer, &mut self.fu_out);
         }
         self.flush(now);
     }
@@ -734,7 +734,40 @@ impl Node {
         if let Some(em) = &mut self.em {
             em.on_node_joined(peer, &self.layout, &mut self.em_out);
         }
+        self.consumer_joined(now, peer);
         self.flush(now);
+    }
+
+    /// The output side of a rejoin: a BU serves a consumer that is back
+    /// (once its new credits come), a consumer grants a BU that is back
+    /// its credits again. A BU that already told the consumers it is
+    /// through tells the one that is back again (it may be a new
+    /// incarnation, or have dropped the old link before the news).
+    fn consumer_joined(&mut self, now: Nanos, peer: NodeId) {
+        if self
+            .layout
+            .fu_of
+            .get(peer as usize)
+            .copied()
+            .flatten()
+            .is_some()
+        {
+            if let Some(bu) = &mut self.bu {
+                bu.on_consumer_joined(now, peer, &mut self.bu_out);
+                if self.output_ended {
+                    self.actions.push_back(Action::Send {
+                        to: peer,
+                        msg: Message::OutputEnd { bu: self.id },
+                    });
+                }
+            }
+        }
+        if self.done {
+            return;
+        }
+        if let Some(fu) = &mut self.fu {
+            fu.on_producer_joined(now, peer, &mut self.fu_out);
+        }
     }
 
     /// Why the node is not done, for diagnostics: empty when nothing is left.
