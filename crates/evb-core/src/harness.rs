@@ -578,6 +578,7 @@ impl Harness {
             }
         }
         self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
+        self.nodes[node as usize].rejoining();
         if node as usize == em {
             // It learns from the survivors how far the run got.
             let wait = 3 * self.faults.detection_ns.max(1);

@@ -151,6 +151,8 @@ pub struct Node {
     /// Every MEP this node has seen assigned is below this (told to an EM
     /// that rejoins: a restarted one resumes above it).
     seen_up_to: MepId,
+    /// A new incarnation of a node that died ([`Node::rejoining`]).
+    rejoining: bool,
     done: bool,
     control_rejected: u64,
     timers: Timers,
@@ -221,6 +223,7 @@ impl Node {
             output_ended: false,
             end_of_run: None,
             seen_up_to: 0,
+            rejoining: false,
             done: false,
             control_rejected: 0,
             timers: Timers::from_config(config),
@@ -255,6 +258,15 @@ impl Node {
     pub fn resume_em(&mut self, wait: Nanos) {
         let (layout, id) = (&self.layout, self.id);
         self.em = self.em.take().map(|em| em.resuming(layout, id, wait));
+    }
+
+    /// This node is a new incarnation of one that died, rejoining a run
+    /// under way: at [`Node::start`] it tells the EM it has seen nothing
+    /// (an EM restarted at the same time waits for every node's word
+    /// before it assigns, and would otherwise wait its whole resync wait
+    /// for this one, which never lost it). Call before [`Node::start`].
+    pub fn rejoining(&mut self) {
+        self.rejoining = true;
     }
 
     /// Every input brings the time: the RU keeps it for its phase waits
@@ -325,6 +337,17 @@ impl Node {
     pub fn start(&mut self, now: Nanos) {
         self.tick(now);
         self.watch.start(now);
+        if self.rejoining && self.layout.em != self.id && (self.ru.is_some() || self.bu.is_some()) {
+            // A new incarnation has seen nothing of the run: a restarted
+            // EM (restarted with it) need not wait for it to say so.
+            self.actions.push_back(Action::Send {
+                to: self.layout.em,
+                msg: Message::SeenUpTo {
+                    next_mep: 0,
+                    ended: false,
+                },
+            });
+        }
         if let Some(em) = &mut self.em {
             em.start(now);
         }

@@ -1218,3 +1218,65 @@ fn assert_output_survived(report: &evb_core::harness::Report, what: &str) {
     );
     assert_eq!(report.bu_total(|b| b.batches_undelivered), 0, "{what}");
 }
+
+/// The EM and another node die, and both restart at once: the new node
+/// tells the new EM it has seen nothing (it never lost the EM, so no
+/// rejoin would have made it say so), and the EM resumes at once rather
+/// than at the end of its resync wait. Found by `evb chaos -t tcp -d 10
+/// --every 1.0 --seed 24` (kill-em:4@6.17+1.83, kill:3@7.02+0.98: nothing
+/// built after 7 s; the EM waited 2.4 s for node 3).
+#[test]
+fn an_em_restarted_with_another_node_resumes_at_once() {
+    let (mut runs, mut prompt) = (0, 0);
+    for case in 0..60u64 {
+        let mut config = random_config(18_000 + case);
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 600;
+        let layout = evb_core::Layout::from_config(&config);
+        let em = layout.em;
+        let others: Vec<u16> = (0..layout.nodes).filter(|&n| n != em).collect();
+        if others.len() < 2 {
+            continue; // A survivor must tell the new EM how far the run got.
+        }
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0x2e_57a7);
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let victim = others[rng.gen_range(0..others.len())];
+            let crash_at = rng.gen_range(0..300_000);
+            let restart_at = crash_at + rng.gen_range(2 * MS..4 * MS);
+            h.faults.detection_ns = MS;
+            h.faults.nodes.push(NodeFault::crash(em, crash_at));
+            h.faults
+                .nodes
+                .push(NodeFault::crash(victim, crash_at + 10_000));
+            h.faults.nodes.push(NodeFault::restart(em, restart_at));
+            h.faults.nodes.push(NodeFault::restart(victim, restart_at));
+            let report = h.run(None, 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: the EM and node {victim} die and restart: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            assert!(
+                report.built.values().all(|&n| n == 1),
+                "a MEP built twice: {what}"
+            );
+            let Some(back) = report.restarted_at else {
+                continue; // The run was over before the restart.
+            };
+            let first_assign = report
+                .log
+                .iter()
+                .filter(|l| l.contains(&format!(" n{em} ")) && l.contains("Assign"))
+                .map(|l| log_time(l))
+                .find(|&t| t >= back);
+            runs += 1;
+            // The resync wait is 3 detection times: well within one.
+            if first_assign.is_some_and(|t| t < back + MS) {
+                prompt += 1;
+            }
+        }
+    }
+    eprintln!("{runs} double restarts: the EM resumed at once in {prompt}");
+    assert!(runs >= 60, "{runs}");
+    assert_eq!(prompt, runs, "the EM resumed at once in {prompt} of {runs}");
+}
