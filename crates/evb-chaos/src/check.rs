@@ -244,7 +244,9 @@ fn attribute_losses(
 }
 
 /// After the last fault the run builds again: over the second before its
-/// last half second, at least half its rate before the first fault.
+/// last half second, at least half its rate over the second before the
+/// first fault (not from the start: the readout's catch-up burst of the
+/// first seconds is no rate a loaded machine keeps).
 fn check_comes_back(
     faults: &[Fault],
     watched: &Watched,
@@ -252,7 +254,13 @@ fn check_comes_back(
     violations: &mut Vec<Violation>,
 ) {
     let series = &watched.series;
-    let before = rate(series, 1.0, bounds.warmup_s.max(1.5));
+    let first = faults
+        .iter()
+        .map(|f| f.at_s)
+        .fold(f64::INFINITY, f64::min)
+        .min(bounds.duration_s - 1.0)
+        .max(1.5);
+    let before = rate(series, (first - 1.0).max(0.5), first);
     let end = bounds.duration_s - 0.5;
     let tail = rate(series, end - 1.0, end);
     if before > 0.0 && tail < 0.5 * before {

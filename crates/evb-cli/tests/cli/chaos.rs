@@ -3,9 +3,9 @@
 //! from a seed are done to real processes and sockets, every invariant
 //! holds, and the JSON names every fault and its effect; the schedule that
 //! found the stopped EM that never came back replays clean; bad input is
-//! refused, never a panic. (Seeds that hit the bugs still open, listed in
-//! docs/reliability.md, are not run here: 24, 26 and 27 of the same
-//! command fail today.)
+//! refused, never a panic. The seeds are the three from 22 on, as they
+//! come: none picked for passing (24 found the EM that waited for a node
+//! restarted with it).
 
 use std::time::Duration;
 
@@ -17,8 +17,8 @@ fn a_short_chaos_run_holds_every_invariant() {
     let json = scratch_dir("chaos").join("chaos.json");
     let (out, text) = run_bounded(
         evb()
-            .args(["chaos", "-t", "tcp", "-d", "10", "--every", "1.0"])
-            .args(["--seed", "22", "--json"])
+            .args(["chaos", "-t", "tcp", "-d", "8", "--every", "1.0"])
+            .args(["--seed", "22", "--runs", "3", "--json"])
             .arg(&json),
         "evb chaos",
         Duration::from_secs(120),
@@ -27,7 +27,7 @@ fn a_short_chaos_run_holds_every_invariant() {
     let s = &v["summary"];
     assert_eq!(s["violations"], serde_json::json!([]), "{text}");
     assert!(out.status.success(), "{text}");
-    assert_eq!(s["runs"], 1, "{text}");
+    assert_eq!(s["runs"], 3, "{text}");
     let faults = s["faults"].as_array().expect("summary.faults");
     assert!(faults.len() >= 4, "{text}");
     let mut kinds: Vec<&str> = faults.iter().map(|f| f["kind"].as_str().unwrap()).collect();
@@ -67,7 +67,7 @@ fn a_stopped_em_comes_back_under_chaos() {
     let json = scratch_dir("chaos-em").join("chaos.json");
     let (out, text) = run_bounded(
         evb()
-            .args(["chaos", "-t", "tcp", "-d", "10"])
+            .args(["chaos", "-t", "tcp", "-d", "8"])
             .args(["--faults", "stop:4@4.00+1.20", "--json"])
             .arg(&json),
         "evb chaos",
