@@ -2,6 +2,7 @@
 //! crates; this file only parses the command line and dispatches.
 
 mod bench;
+mod chaos;
 mod diagnose;
 mod fabric;
 mod gen;
@@ -60,6 +61,8 @@ enum Command {
     Scan(sim::ScanArgs),
     /// From a requirement to ranked fabric designs: switches, cables, cost, conflicts, the rate evb sim predicts.
     Plan(plan::PlanArgs),
+    /// A randomized fault soak of a real `evb run` from a seed: invariants, recovery times.
+    Chaos(chaos::ChaosArgs),
     /// Transport micro-benchmarks and conformance checks (real processes).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -218,6 +221,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run(args),
         Command::Node(args) => cmd_node(args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Chaos(args) => chaos::run(args),
         Command::Config(cmd) => cmd_config(cmd),
         Command::Fabric(args) => fabric::run(args).map(|_| ExitCode::SUCCESS),
         Command::Sim(args) => sim::run(args).map(|_| ExitCode::SUCCESS),

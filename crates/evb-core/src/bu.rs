@@ -21,6 +21,11 @@
 //! its unconfirmed batches go back to the front of the output queue and are
 //! delivered again to the others (at least once: the dead FU may have
 //! finished one whose credit never arrived).
+//!
+//! A lost FU comes back (restarted, or its link relinked after a stall):
+//! it is served again from its new grant of credits; nothing granted or
+//! delivered over the old link counts. While no FU is left, built batches
+//! wait for one to come back, until the drain ends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -140,7 +145,8 @@ pub struct BuStats {
     /// in `batches_delivered`).
     pub batches_delivered_partial: u64,
     pub bytes_delivered: u64,
-    /// Built batches no consumer could take (all gone, or the drain ended).
+    /// Built batches no consumer took before the drain ended (every
+    /// consumer busy, or gone and not back).
     pub batches_undelivered: u64,
     /// Delivered batches the consumer confirmed (its credit came back), per
     /// FU index; and deliveries made again because their FU was lost
@@ -287,6 +293,21 @@ struct Output {
     full_since: Option<Nanos>,
 }
 
+impl Output {
+    /// FU index `f` takes nothing more on its current link: its credits
+    /// are void, and its unconfirmed batches go first to whoever takes
+    /// deliveries next (delivered again, at least once).
+    fn take_back(&mut self, f: usize) {
+        self.gone[f] = true;
+        self.credits[f] = 0;
+        let lost = std::mem::take(&mut self.unconfirmed[f]);
+        for mut w in lost.into_iter().rev() {
+            w.redelivery = true;
+            self.queue.push_front(w);
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BuilderUnit {
     node: NodeId,
@@ -416,26 +437,35 @@ impl BuilderUnit {
         self.pump_output(now, out);
     }
 
-    /// The FU on endpoint `fu` is gone: it gets nothing more. Without any
-    /// consumer left, the waiting batches can never be delivered.
+    /// The FU on endpoint `fu` is gone: it gets nothing more until it is
+    /// back ([`BuilderUnit::on_consumer_joined`]). Without any consumer
+    /// left, the waiting batches wait for one to come back (a restarted
+    /// consumer, or this BU's own links back after it stalled), holding
+    /// their EM credits, until the drain ends ([`BuilderUnit::abandon_all`]).
     pub fn on_consumer_lost(&mut self, now: Nanos, fu: NodeId, out: &mut Vec<BuAction>) {
         let Some(o) = &mut self.output else { return };
         let Some(f) = o.fu_of.get(fu as usize).copied().flatten() else {
             return;
         };
-        o.gone[f as usize] = true;
-        o.credits[f as usize] = 0;
-        // Its unconfirmed batches go first to the consumers left.
-        let lost = std::mem::take(&mut o.unconfirmed[f as usize]);
-        for mut w in lost.into_iter().rev() {
-            w.redelivery = true;
-            o.queue.push_front(w);
-        }
-        if o.gone.iter().all(|&g| g) {
-            self.drop_output(now, out);
-        } else {
-            self.pump_output(now, out);
-        }
+        o.take_back(f as usize);
+        self.pump_output(now, out);
+    }
+
+    /// The FU on endpoint `fu` is back after it was lost: a new incarnation
+    /// of its process, or the same process over a new link. It takes
+    /// deliveries again once its new grant of credits arrives: nothing it
+    /// was granted or delivered on the old link counts any more (what was
+    /// unconfirmed went back to the queue when it was lost, and goes back
+    /// now if its loss went unnoticed, a restart quicker than the peer
+    /// timeout).
+    pub fn on_consumer_joined(&mut self, now: Nanos, fu: NodeId, out: &mut Vec<BuAction>) {
+        let Some(o) = &mut self.output else { return };
+        let Some(f) = o.fu_of.get(fu as usize).copied().flatten() else {
+            return;
+        };
+        o.take_back(f as usize);
+        o.gone[f as usize] = false;
+        self.pump_output(now, out);
     }
 
     /// Hands waiting batches to consumers with credit (round-robin), and

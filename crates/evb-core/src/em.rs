@@ -169,6 +169,10 @@ pub struct EventManager {
     /// until when.
     resync_wait: Nanos,
     resync_deadline: Option<Nanos>,
+    /// How long the EM waits for a BU to come back once it has lost them
+    /// all (0: it ends the run at once), and until when it waits.
+    orphan_wait: Nanos,
+    orphaned_until: Option<Nanos>,
     /// New assignments of the current step, as (MEP, BU index), in MEP
     /// order; sent as runs ([`Message::AssignRun`]) at the end of the step,
     /// or before anything else the EM says (every message keeps its order).
@@ -208,6 +212,8 @@ impl EventManager {
             resync: None,
             resync_wait: 0,
             resync_deadline: None,
+            orphan_wait: 0,
+            orphaned_until: None,
             pending: Vec::new(),
             pending_since: None,
             assign_batch: 1,
@@ -216,6 +222,15 @@ impl EventManager {
             now: 0,
             stats: EmStats::default(),
         }
+    }
+
+    /// Once every BU is lost, waits up to `wait` for one to come back
+    /// before ending the run. All of them lost at once is most often this
+    /// EM cut off (its process stopped, its links down): they come back
+    /// when it does, as the nodes wait `em_lost_wait_ms` for the EM.
+    pub fn waits_for_lost_bus(mut self, wait: Nanos) -> EventManager {
+        self.orphan_wait = wait;
+        self
     }
 
     /// Collects up to `batch` new assignments (for at most `flush` ns)
@@ -437,7 +452,13 @@ impl EventManager {
             .filter(|_| !self.stopped && !self.stop_requested)
             .and_then(|p| Some(p.slot_time(p.epoch?, p.slots + 1)));
         let flush = self.pending_since.map(|t| t + self.assign_flush_ns);
-        resync.into_iter().chain(slot).chain(flush).min()
+        let orphaned = self.orphaned_until.filter(|_| !self.stopped);
+        resync
+            .into_iter()
+            .chain(slot)
+            .chain(flush)
+            .chain(orphaned)
+            .min()
     }
 
     /// Paced readout: the trigger slots up to `now` deliver their MEPs, or
@@ -454,6 +475,12 @@ impl EventManager {
             // Who has not answered by now is gone for this EM.
             self.resync = Some(Vec::new());
             self.end_resync(out);
+        }
+        if self.orphaned_until.is_some_and(|d| now >= d) {
+            self.orphaned_until = None;
+            if !self.stopped && self.bu_lost.iter().all(|&l| l) {
+                self.end_without_bus(out);
+            }
         }
         if self.stopped || self.stop_requested {
             return;
@@ -776,18 +803,31 @@ impl EventManager {
             self.open_round(b, out);
         }
         if self.bu_lost.iter().all(|&l| l) && !self.stopped && self.resync.is_none() {
-            // Nobody left to build: the run is over, and what the readout
-            // holds for a BU can never be built. (A restarted EM that has
-            // not heard from the nodes yet waits: they may be reconnecting.)
-            if let Some(p) = &mut self.pacing {
-                self.stats.meps_lost_no_bu += p.waiting;
-                p.waiting = 0;
+            // Nobody left to build. (A restarted EM that has not heard
+            // from the nodes yet waits: they may be reconnecting.)
+            if self.orphan_wait > 0 {
+                // The RUs give up what they held for its rounds when they
+                // see this EM again: those MEPs are lost now.
+                self.lose_all_rounds();
+                let until = self.now.saturating_add(self.orphan_wait);
+                self.orphaned_until.get_or_insert(until);
+            } else {
+                self.end_without_bus(out);
             }
-            self.lose_all_rounds();
-            self.stop(out);
         } else {
             self.decide(out);
         }
+    }
+
+    /// No BU is left (or came back in time): the run is over, and what the
+    /// readout holds for a BU can never be built.
+    fn end_without_bus(&mut self, out: &mut Vec<(NodeId, Message)>) {
+        if let Some(p) = &mut self.pacing {
+            self.stats.meps_lost_no_bu += p.waiting;
+            p.waiting = 0;
+        }
+        self.lose_all_rounds();
+        self.stop(out);
     }
 
     /// Endpoint `node` is back after it was lost (a new incarnation of the
@@ -824,6 +864,7 @@ impl EventManager {
             let b = b as usize;
             if self.bu_lost[b] {
                 self.bu_lost[b] = false;
+                self.orphaned_until = None;
                 self.credits[b] = 0;
                 self.granted[b] = 0;
                 rejoined = true;

@@ -80,6 +80,10 @@ pub struct FuStats {
 struct Delivery {
     mep: MepId,
     bu_index: u16,
+    /// The link to its BU it came over ([`FilterUnit::on_producer_lost`]
+    /// starts a new one): only a delivery of the current link returns a
+    /// credit.
+    link: u32,
     events: u64,
     bytes: u64,
 }
@@ -101,11 +105,15 @@ pub struct FilterUnit {
     granted: Vec<u32>,
     /// Per BU index: it said it delivers nothing more, or it is gone.
     ended: Vec<bool>,
+    /// Per BU index: its link is lost (and not back).
+    lost: Vec<bool>,
+    /// Per BU index: links to it lost so far (the current link's number).
+    link: Vec<u32>,
     queue: VecDeque<Delivery>,
     /// The batch being worked on, and when that work ends.
     current: Option<(Delivery, Nanos, Nanos)>,
-    /// Admitted deliveries whose payload has not arrived yet.
-    admitted: u32,
+    /// Per BU index: admitted deliveries whose payload has not arrived yet.
+    admitted: Vec<u32>,
     /// Hold mode: the deliveries the driver's application holds, and
     /// since when.
     hold: bool,
@@ -133,9 +141,11 @@ impl FilterUnit {
             bu_of: layout.bu_of.clone(),
             granted: vec![0; layout.bus()],
             ended: vec![false; layout.bus()],
+            lost: vec![false; layout.bus()],
+            link: vec![0; layout.bus()],
             queue: VecDeque::new(),
             current: None,
-            admitted: 0,
+            admitted: vec![0; layout.bus()],
             hold: false,
             held: Vec::new(),
             stats: FuStats::default(),
@@ -231,7 +241,7 @@ impl FilterUnit {
         self.current.is_none()
             && self.queue.is_empty()
             && self.held.is_empty()
-            && self.admitted == 0
+            && self.admitted.iter().all(|&a| a == 0)
             && self.ended.iter().all(|&e| e)
     }
 
@@ -270,7 +280,7 @@ impl FilterUnit {
         match bu {
             Some(b) if ok && !self.ended[b as usize] && self.granted[b as usize] > 0 => {
                 self.granted[b as usize] -= 1;
-                self.admitted += 1;
+                self.admitted[b as usize] += 1;
                 Admit::Keep
             }
             _ => {
@@ -289,7 +299,9 @@ impl FilterUnit {
         intact: bool,
         out: &mut Vec<FuAction>,
     ) {
-        self.admitted = self.admitted.saturating_sub(1);
+        if let Some(a) = self.admitted.get_mut(h.source as usize) {
+            *a = a.saturating_sub(1);
+        }
         self.stats.batches_received += 1;
         self.stats.events_received += u64::from(h.event_count);
         self.stats.bytes_received += u64::from(h.payload_len);
@@ -302,6 +314,7 @@ impl FilterUnit {
         let d = Delivery {
             mep: h.mep,
             bu_index: h.source,
+            link: self.link.get(h.source as usize).copied().unwrap_or(0),
             events: u64::from(h.event_count),
             bytes: u64::from(h.payload_len),
         };
@@ -327,14 +340,74 @@ impl FilterUnit {
 
     /// Endpoint `peer` is gone: if it was a BU, expect nothing more from it
     /// (a delivery it admitted but never finished sending is forgotten).
-    pub fn on_producer_lost(&mut self, peer: NodeId) {
-        self.on_output_end(peer);
+    /// What it delivered and this FU has not started on is dropped
+    /// unconsumed (the driver frees it: [`FilterUnit::holds`]), the batch
+    /// in hand too: the BU delivers every batch it has no credit back for
+    /// again, to another consumer or to this one when the link is back,
+    /// and a batch consumed here as well would be consumed (and stored)
+    /// twice. A batch the application holds stays its own, but its credit
+    /// no longer returns.
+    pub fn on_producer_lost(&mut self, now: Nanos, peer: NodeId, out: &mut Vec<FuAction>) {
+        let Some(b) = self.bu_of.get(peer as usize).copied().flatten() else {
+            return;
+        };
+        let b = b as usize;
+        self.ended[b] = true;
+        if self.lost[b] {
+            return;
+        }
+        self.lost[b] = true;
+        self.link[b] += 1;
+        self.granted[b] = 0;
+        self.admitted[b] = 0;
+        self.queue.retain(|d| d.bu_index as usize != b);
+        if let Some((d, started, _)) = self.current {
+            if d.bu_index as usize == b {
+                // Its work is undone; the time spent on it still counts.
+                self.stats.busy_ns += now.saturating_sub(started);
+                self.current = None;
+                self.work(now, out);
+            }
+        }
+    }
+
+    /// Endpoint `peer`, a BU lost before, is back (restarted, or over a
+    /// new link): it gets a fresh grant of credits, and delivers until it
+    /// says it is through.
+    pub fn on_producer_joined(&mut self, now: Nanos, peer: NodeId, out: &mut Vec<FuAction>) {
+        let Some(b) = self.bu_of.get(peer as usize).copied().flatten() else {
+            return;
+        };
+        // A loss that went unnoticed (a restart quicker than the peer
+        // timeout) is a loss all the same.
+        self.on_producer_lost(now, peer, out);
+        let b = b as usize;
+        self.lost[b] = false;
+        self.ended[b] = false;
+        self.granted[b] = self.credits;
+        out.push(FuAction::Credit {
+            bu: peer,
+            credits: self.credits,
+        });
+    }
+
+    /// Whether this FU still has batch `mep` of the BU on endpoint `bu`
+    /// (queued, in hand, or held by the application): a delivery it no
+    /// longer has and never consumed was dropped with its BU's link.
+    pub fn holds(&self, bu: NodeId, mep: MepId) -> bool {
+        let Some(b) = self.bu_of.get(bu as usize).copied().flatten() else {
+            return false;
+        };
+        let is = |d: &Delivery| d.bu_index == b && d.mep == mep;
+        self.queue.iter().any(is)
+            || self.current.is_some_and(|(d, _, _)| is(&d))
+            || self.held.iter().any(|(d, _)| is(d))
     }
 
     /// The drain period is over: stop waiting for anyone.
     pub fn abandon(&mut self) {
         self.ended.fill(true);
-        self.admitted = 0;
+        self.admitted.fill(0);
     }
 
     pub fn on_timeout(&mut self, now: Nanos, out: &mut Vec<FuAction>) {
@@ -380,7 +453,7 @@ impl FilterUnit {
         self.stats.batches_accepted += u64::from(accepted > 0);
         let bu = self.bu_nodes[d.bu_index as usize];
         out.push(FuAction::Consumed { mep: d.mep, bu });
-        if !self.ended[d.bu_index as usize] {
+        if !self.ended[d.bu_index as usize] && d.link == self.link[d.bu_index as usize] {
             self.granted[d.bu_index as usize] += 1;
             out.push(FuAction::Credit { bu, credits: 1 });
         }

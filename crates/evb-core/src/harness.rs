@@ -70,6 +70,12 @@ enum Event {
     Restart {
         node: NodeId,
     },
+    /// A link given up between two live nodes comes back
+    /// ([`Faults::relink_ns`]).
+    Relink {
+        a: NodeId,
+        b: NodeId,
+    },
 }
 
 /// Orderable copies of wire types for the event queue.
@@ -105,6 +111,12 @@ pub struct Faults {
     /// report of a closed connection (a hang has none: only the core's
     /// silence timers find it).
     pub detection_ns: Nanos,
+    /// A link one end gave up while both ends live (a stall past the
+    /// peer timeout) comes back this long after, once neither end is
+    /// stalled, as the transports re-dial or relink it: both ends see the
+    /// other join, and nothing sent on the old link arrives after. `None`:
+    /// it stays down (a restart alone brings a node back).
+    pub relink_ns: Option<Nanos>,
 }
 
 impl Faults {
@@ -219,6 +231,9 @@ pub struct Harness {
     /// Per restarted node: events queued up to this sequence number were
     /// meant for its earlier incarnation, and are dropped.
     restart_mark: BTreeMap<NodeId, u64>,
+    /// Per (to, from): events scheduled up to this sequence number were
+    /// sent on a link that was given up and relinked since.
+    relink_mark: BTreeMap<(NodeId, NodeId), u64>,
     /// Per (BU, FU): credit granted (as sent) and not yet used.
     consumer_credit: BTreeMap<(NodeId, NodeId), i64>,
     /// Per (BU, FU): delivered, not yet consumed.
@@ -255,6 +270,7 @@ impl Harness {
             bytes_per_ns: 10.0,
             crashed: BTreeSet::new(),
             restart_mark: BTreeMap::new(),
+            relink_mark: BTreeMap::new(),
             consumer_credit: BTreeMap::new(),
             consumer_outstanding: BTreeMap::new(),
             cut: BTreeSet::new(),
@@ -401,7 +417,10 @@ impl Harness {
             }
             Event::SendComplete { node, .. } => Some(*node),
             Event::Stop => Some(self.layout.em),
-            Event::Crash { .. } | Event::Hang { .. } | Event::Restart { .. } => None,
+            Event::Crash { .. }
+            | Event::Hang { .. }
+            | Event::Restart { .. }
+            | Event::Relink { .. } => None,
         };
         if target.is_some_and(|t| self.crashed.contains(&t)) {
             return; // The dead take no input.
@@ -419,6 +438,13 @@ impl Harness {
             if self.cut.contains(&(*to, *from)) {
                 return; // The link was given up: nothing more from it.
             }
+            if self
+                .relink_mark
+                .get(&(*to, *from))
+                .is_some_and(|&m| seq <= m)
+            {
+                return; // Sent on the old link, which is gone.
+            }
         }
         match event {
             Event::Hang { node } => {
@@ -426,6 +452,7 @@ impl Harness {
             }
             Event::Crash { node } => self.crash(node),
             Event::Restart { node } => self.restart(node),
+            Event::Relink { a, b } => self.relink(a, b),
             Event::PeerLost { to, peer } => {
                 self.nodes[to as usize].on_peer_lost(now, peer);
                 self.drain(to);
@@ -486,6 +513,41 @@ impl Harness {
         }
     }
 
+    /// The link between live nodes `a` and `b`, given up, comes back: once
+    /// neither is stalled, both see the other join.
+    fn relink(&mut self, a: NodeId, b: NodeId) {
+        let now = self.now;
+        if self.crashed.contains(&a) || self.crashed.contains(&b) {
+            return; // A restart brings a dead node back, not a relink.
+        }
+        let thawed = self.thawed(a, now).max(self.thawed(b, now));
+        if thawed > now {
+            let again = thawed + self.faults.relink_ns.unwrap_or(0);
+            self.schedule(again, Event::Relink { a, b });
+            return;
+        }
+        if !self.cut.remove(&(a, b)) & !self.cut.remove(&(b, a)) {
+            return; // Already back (the other end gave it up too).
+        }
+        self.relink_mark.insert((a, b), self.seq);
+        self.relink_mark.insert((b, a), self.seq);
+        self.forget_consumer_link(a, b);
+        self.nodes[a as usize].on_peer_joined(now, b);
+        self.drain(a);
+        self.nodes[b as usize].on_peer_joined(now, a);
+        self.drain(b);
+    }
+
+    /// The consumer credit granted and the deliveries made over the link
+    /// between `a` and `b` are void once it is gone: a new link (or a new
+    /// incarnation) starts from a new grant.
+    fn forget_consumer_link(&mut self, a: NodeId, b: NodeId) {
+        for key in [(a, b), (b, a)] {
+            self.consumer_credit.remove(&key);
+            self.consumer_outstanding.remove(&key);
+        }
+    }
+
     /// Node `node` comes back as a new incarnation, unless the run it would
     /// rejoin is over.
     fn restart(&mut self, node: NodeId) {
@@ -503,6 +565,9 @@ impl Harness {
         self.cut.retain(|&(to, from)| to != node && from != node);
         self.restart_mark.insert(node, self.seq);
         self.outstanding.remove(&node);
+        for other in 0..self.nodes.len() as NodeId {
+            self.forget_consumer_link(node, other);
+        }
         self.report.restarted_at = Some(now);
         // The survivors accept the new incarnation's connections
         // before anything arrives on them.
@@ -513,6 +578,7 @@ impl Harness {
             }
         }
         self.nodes[node as usize] = Node::new(&self.config, &self.layout, node);
+        self.nodes[node as usize].rejoining();
         if node as usize == em {
             // It learns from the survivors how far the run got.
             let wait = 3 * self.faults.detection_ns.max(1);
@@ -685,6 +751,9 @@ impl Harness {
                     // Closing the link: its other end learns of it.
                     let at = self.delivery_time(id, peer, 0);
                     self.schedule(at, Event::PeerLost { to: peer, peer: id });
+                    if let Some(d) = self.faults.relink_ns {
+                        self.schedule(at + d, Event::Relink { a: id, b: peer });
+                    }
                 }
                 Action::DrainTimedOut { without_em, .. } => {
                     self.report.drain_timeouts.push((id, now, without_em));

@@ -151,6 +151,8 @@ pub struct Node {
     /// Every MEP this node has seen assigned is below this (told to an EM
     /// that rejoins: a restarted one resumes above it).
     seen_up_to: MepId,
+    /// A new incarnation of a node that died ([`Node::rejoining`]).
+    rejoining: bool,
     done: bool,
     control_rejected: u64,
     timers: Timers,
@@ -179,7 +181,8 @@ impl Node {
                     .batched(
                         config.assign_batch(),
                         config.event_builder.assign_flush_us * 1000,
-                    );
+                    )
+                    .waits_for_lost_bus(config.event_builder.em_lost_wait_ms * 1_000_000);
                 if config.event_builder.schedule == Schedule::Slotted
                     && config.event_builder.adaptive_slots
                 {
@@ -220,6 +223,7 @@ impl Node {
             output_ended: false,
             end_of_run: None,
             seen_up_to: 0,
+            rejoining: false,
             done: false,
             control_rejected: 0,
             timers: Timers::from_config(config),
@@ -254,6 +258,15 @@ impl Node {
     pub fn resume_em(&mut self, wait: Nanos) {
         let (layout, id) = (&self.layout, self.id);
         self.em = self.em.take().map(|em| em.resuming(layout, id, wait));
+    }
+
+    /// This node is a new incarnation of one that died, rejoining a run
+    /// under way: at [`Node::start`] it tells the EM it has seen nothing
+    /// (an EM restarted at the same time waits for every node's word
+    /// before it assigns, and would otherwise wait its whole resync wait
+    /// for this one, which never lost it). Call before [`Node::start`].
+    pub fn rejoining(&mut self) {
+        self.rejoining = true;
     }
 
     /// Every input brings the time: the RU keeps it for its phase waits
@@ -324,6 +337,17 @@ impl Node {
     pub fn start(&mut self, now: Nanos) {
         self.tick(now);
         self.watch.start(now);
+        if self.rejoining && self.layout.em != self.id && (self.ru.is_some() || self.bu.is_some()) {
+            // A new incarnation has seen nothing of the run: a restarted
+            // EM (restarted with it) need not wait for it to say so.
+            self.actions.push_back(Action::Send {
+                to: self.layout.em,
+                msg: Message::SeenUpTo {
+                    next_mep: 0,
+                    ended: false,
+                },
+            });
+        }
         if let Some(em) = &mut self.em {
             em.start(now);
         }
@@ -677,7 +701,7 @@ impl Node {
             bu.on_consumer_lost(now, peer, &mut self.bu_out);
         }
         if let Some(fu) = &mut self.fu {
-            fu.on_producer_lost(peer);
+            fu.on_producer_lost(now, peer, &mut self.fu_out);
         }
         self.flush(now);
     }
@@ -733,7 +757,40 @@ impl Node {
         if let Some(em) = &mut self.em {
             em.on_node_joined(peer, &self.layout, &mut self.em_out);
         }
+        self.consumer_joined(now, peer);
         self.flush(now);
+    }
+
+    /// The output side of a rejoin: a BU serves a consumer that is back
+    /// (once its new credits come), a consumer grants a BU that is back
+    /// its credits again. A BU that already told the consumers it is
+    /// through tells the one that is back again (it may be a new
+    /// incarnation, or have dropped the old link before the news).
+    fn consumer_joined(&mut self, now: Nanos, peer: NodeId) {
+        if self
+            .layout
+            .fu_of
+            .get(peer as usize)
+            .copied()
+            .flatten()
+            .is_some()
+        {
+            if let Some(bu) = &mut self.bu {
+                bu.on_consumer_joined(now, peer, &mut self.bu_out);
+                if self.output_ended {
+                    self.actions.push_back(Action::Send {
+                        to: peer,
+                        msg: Message::OutputEnd { bu: self.id },
+                    });
+                }
+            }
+        }
+        if self.done {
+            return;
+        }
+        if let Some(fu) = &mut self.fu {
+            fu.on_producer_joined(now, peer, &mut self.fu_out);
+        }
     }
 
     /// Why the node is not done, for diagnostics: empty when nothing is left.

@@ -28,6 +28,10 @@ pub const FLAG_BATCH: u16 = 1;
 /// out with fragments missing and is delivered anyway
 /// (`output.deliver_partial`); a missing source's fragment is empty.
 pub const FLAG_PARTIAL: u16 = 2;
+/// [`FragmentHeader::flags`] bit, with [`FLAG_BATCH`]: the batch is
+/// delivered again (its first consumer was lost before confirming it, and
+/// may have stored it): a consumer stores it only if no consumer has yet.
+pub const FLAG_AGAIN: u16 = 4;
 
 /// Payload length of a delivered batch of `sources` fragments totalling
 /// `fragment_bytes`: a u32 fragment count, a u32 length per fragment, then

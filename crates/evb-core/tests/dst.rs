@@ -934,6 +934,81 @@ fn a_slow_peer_is_never_taken_for_lost() {
     );
 }
 
+/// The EM's own endpoint stalls far past the peer timeout (a SIGSTOP,
+/// then a SIGCONT): every node gives it up, and it, waking, learns from
+/// the closed links that it lost every node at once; then the links come
+/// back, as the transports re-dial. Before, the EM took every BU lost for
+/// the end of the run and ended it there (found by `evb chaos`: `evb run
+/// -n 4 -t tcp --set nodes.em=separate --stop 4@3 --resume 4@4` built
+/// nothing after 4 s); now it waits for them as they wait for it
+/// (`em_lost_wait_ms`), and the run builds again, every MEP once.
+#[test]
+fn a_stalled_em_that_lost_every_node_takes_them_back() {
+    let (mut runs, mut built_after) = (0, 0);
+    for case in 0..80u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xe4_57a1);
+        let mut config = with_fast_liveness(random_config(16_000 + case));
+        config.nodes.em = EmPlacement::Separate;
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 0;
+        config.event_builder.local = LocalTraffic::Nic;
+        let layout = evb_core::Layout::from_config(&config);
+        let em_node = layout.em;
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.relink_ns = Some(MS);
+            let from = rng.gen_range(50_000..400_000);
+            // Past the 4 ms timeout, back before the nodes' 10 ms wait ends.
+            let stall = rng.gen_range(5 * MS..8 * MS);
+            let back = from + stall;
+            h.faults.nodes.extend(NodeFault::stall(em_node, from, back));
+            let report = h.run(Some(back + 20 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: the EM stalls {stall} ns from {from}: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            for n in (0..layout.endpoints).filter(|&n| n != em_node) {
+                assert!(
+                    report.drops.iter().any(|d| (d.0, d.1) == (n, em_node)),
+                    "node {n} never gave the EM up: {what}: {:?}",
+                    report.drops
+                );
+            }
+            assert!(
+                report.drain_timeouts.is_empty(),
+                "{what}: {:?}",
+                report.drain_timeouts
+            );
+            assert!(
+                report.built.values().all(|&n| n == 1),
+                "a MEP built twice: {what}"
+            );
+            let em = report.stats[em_node as usize].em.clone().unwrap();
+            assert_exact_accounting(&em, &report, &what);
+            let built_late = report
+                .log
+                .iter()
+                .any(|l| l.contains("Finish") && l.contains("Built") && log_time(l) > back + MS);
+            if built_late {
+                built_after += 1;
+            }
+            runs += 1;
+        }
+    }
+    assert_eq!(
+        built_after, runs,
+        "the run built again after the stall in {built_after} of {runs}"
+    );
+}
+
+/// The time of a harness log line (`t=NANOS n...`).
+fn log_time(line: &str) -> u64 {
+    line.strip_prefix("t=")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The EM's node dies and is not restarted: the nodes cut off from it
 /// wait `event_builder.em_lost_wait_ms`, then the drain timer ends their
 /// run: every batch a BU was given ends (built or incomplete), none is
@@ -1014,4 +1089,194 @@ fn the_drain_timer_ends_the_run() {
         assert!(report.end_time < 50 * MS, "ended by the drain: {what}");
     }
     assert!(runs > 80, "only {runs} runs");
+}
+
+/// A consumer comes back after its links were given up: stalled past the
+/// peer timeout then resumed (its links relink), killed then restarted (a
+/// new incarnation), or a BU node stalled (its links to every consumer
+/// given up, then relinked). The BUs serve it again from its new grant of
+/// credits (none granted or delivered over an old link counts), the run
+/// ends without a drain timeout, no batch is built twice, every built one
+/// is consumed, and none is confirmed twice. Found by `evb chaos`: a
+/// consumer link that went down while both processes lived never carried a
+/// delivery again (`evb run -n 4 --consumers 2 -t tcp --stop 0@7.03
+/// --resume 0@8.0` timed out draining).
+#[test]
+fn consumers_that_come_back_are_served_again() {
+    let (mut runs, mut served_again) = (0, 0);
+    for case in 0..72u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xc0_5e_7e);
+        let mut config = with_fast_liveness(random_config(17_000 + case));
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 0;
+        config.event_builder.local = LocalTraffic::Nic;
+        config.output.consumers = rng.gen_range(1..=3);
+        config.output.consumer_credits = rng.gen_range(1..=3);
+        config.output.bu_output_batches = rng.gen_range(0..=4);
+        config.output.consumer_busy_us = [0, 5, 50][rng.gen_range(0..3)];
+        let layout = evb_core::Layout::from_config(&config);
+        let kind = case % 3;
+        // The unit whose links go: a consumer, or a node with a BU (not
+        // the EM's, whose stall is a test of its own).
+        let victim = match kind {
+            0 | 1 => layout.fu_nodes[rng.gen_range(0..layout.fus())],
+            _ => {
+                let bus: Vec<u16> = layout
+                    .bu_nodes
+                    .iter()
+                    .copied()
+                    .filter(|&b| b != layout.em)
+                    .collect();
+                if bus.is_empty() {
+                    continue;
+                }
+                bus[rng.gen_range(0..bus.len())]
+            }
+        };
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.relink_ns = Some(MS);
+            h.faults.detection_ns = rng.gen_range(100_000..2_000_000);
+            let from = rng.gen_range(500_000..3 * MS);
+            // Past the 4 ms peer timeout.
+            let back = from + rng.gen_range(5 * MS..8 * MS);
+            let how = match kind {
+                0 => {
+                    h.faults.nodes.extend(NodeFault::stall(victim, from, back));
+                    "the consumer stalls"
+                }
+                1 => {
+                    h.faults.nodes.push(NodeFault::crash(victim, from));
+                    h.faults.nodes.push(NodeFault::restart(victim, back));
+                    "the consumer is killed and restarted"
+                }
+                _ => {
+                    h.faults.nodes.extend(NodeFault::stall(victim, from, back));
+                    "a BU node stalls"
+                }
+            };
+            let report = h.run(Some(back + 20 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: {how} (node {victim}) from {from} to {back} ns: {config:?}"
+            );
+            if !report.all_done || !report.drain_timeouts.is_empty() {
+                for line in report.log.iter().rev().take(40).rev() {
+                    eprintln!("{line}");
+                }
+            }
+            assert_output_survived(&report, &what);
+            // The unit that was away works again.
+            let again = |l: &&String| {
+                log_time(l) > back
+                    && if kind == 2 {
+                        l.contains(&format!(" n{victim} Deliver"))
+                    } else {
+                        l.contains(&format!(" n{victim} Consumed"))
+                    }
+            };
+            if report.log.iter().any(|l| again(&l)) {
+                served_again += 1;
+            }
+            runs += 1;
+        }
+    }
+    eprintln!("{runs} runs: served again in {served_again}");
+    assert!(runs >= 120, "{runs}");
+    assert_eq!(
+        served_again, runs,
+        "served again in {served_again} of {runs}"
+    );
+}
+
+/// A run with consumers through a fault ended without a drain timeout,
+/// built each batch once, confirmed each delivery once, and every built
+/// batch was consumed.
+fn assert_output_survived(report: &evb_core::harness::Report, what: &str) {
+    assert!(report.all_done, "{what}");
+    assert!(
+        report.drain_timeouts.is_empty(),
+        "{what}: {:?}",
+        report.drain_timeouts
+    );
+    assert!(
+        report.built.values().all(|&n| n == 1),
+        "a MEP built twice: {what}"
+    );
+    assert_eq!(report.consumer_credit_violations, 0, "{what}");
+    assert!(
+        report.confirmed.values().all(|&n| n == 1),
+        "a delivery confirmed twice: {what}"
+    );
+    let unconsumed: Vec<_> = report
+        .built
+        .keys()
+        .filter(|m| !report.consumed.contains_key(m))
+        .collect();
+    assert!(
+        unconsumed.is_empty(),
+        "built, never consumed: {unconsumed:?}: {what}"
+    );
+    assert_eq!(report.bu_total(|b| b.batches_undelivered), 0, "{what}");
+}
+
+/// The EM and another node die, and both restart at once: the new node
+/// tells the new EM it has seen nothing (it never lost the EM, so no
+/// rejoin would have made it say so), and the EM resumes at once rather
+/// than at the end of its resync wait. Found by `evb chaos -t tcp -d 10
+/// --every 1.0 --seed 24` (kill-em:4@6.17+1.83, kill:3@7.02+0.98: nothing
+/// built after 7 s; the EM waited 2.4 s for node 3).
+#[test]
+fn an_em_restarted_with_another_node_resumes_at_once() {
+    let (mut runs, mut prompt) = (0, 0);
+    for case in 0..60u64 {
+        let mut config = random_config(18_000 + case);
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 600;
+        let layout = evb_core::Layout::from_config(&config);
+        let em = layout.em;
+        let others: Vec<u16> = (0..layout.nodes).filter(|&n| n != em).collect();
+        if others.len() < 2 {
+            continue; // A survivor must tell the new EM how far the run got.
+        }
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0x2e_57a7);
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            let victim = others[rng.gen_range(0..others.len())];
+            let crash_at = rng.gen_range(0..300_000);
+            let restart_at = crash_at + rng.gen_range(2 * MS..4 * MS);
+            h.faults.detection_ns = MS;
+            h.faults.nodes.push(NodeFault::crash(em, crash_at));
+            h.faults
+                .nodes
+                .push(NodeFault::crash(victim, crash_at + 10_000));
+            h.faults.nodes.push(NodeFault::restart(em, restart_at));
+            h.faults.nodes.push(NodeFault::restart(victim, restart_at));
+            let report = h.run(None, 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: the EM and node {victim} die and restart: {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            assert!(
+                report.built.values().all(|&n| n == 1),
+                "a MEP built twice: {what}"
+            );
+            let Some(back) = report.restarted_at else {
+                continue; // The run was over before the restart.
+            };
+            let first_assign = report
+                .log
+                .iter()
+                .filter(|l| l.contains(&format!(" n{em} ")) && l.contains("Assign"))
+                .map(|l| log_time(l))
+                .find(|&t| t >= back);
+            runs += 1;
+            // The resync wait is 3 detection times: well within one.
+            if first_assign.is_some_and(|t| t < back + MS) {
+                prompt += 1;
+            }
+        }
+    }
+    eprintln!("{runs} double restarts: the EM resumed at once in {prompt}");
+    assert!(runs >= 60, "{runs}");
+    assert_eq!(prompt, runs, "the EM resumed at once in {prompt} of {runs}");
 }

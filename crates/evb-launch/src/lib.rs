@@ -187,8 +187,49 @@ enum FromNode {
     Garbage(usize, String),
 }
 
+/// Watches a run from inside the launcher's loop (`evb chaos`): called on
+/// every pass of the supervision loop (every node line, at least every
+/// 100 ms), once the nodes have their peers, with what the launcher knows.
+pub trait RunObserver {
+    fn tick(&mut self, run: &RunView<'_>);
+}
+
+/// No observer.
+impl RunObserver for () {
+    fn tick(&mut self, _: &RunView<'_>) {}
+}
+
+/// What a [`RunObserver`] sees of a run going on.
+pub struct RunView<'a> {
+    /// Seconds since the nodes were handed their peers (the time of
+    /// `--kill RANK@SECONDS` and of the failure timeline).
+    pub elapsed_s: f64,
+    pub config: &'a Config,
+    /// The current process of each endpoint started here (a restart
+    /// replaces it).
+    pub pids: Vec<u32>,
+    /// The endpoint's output has not ended (its process runs).
+    pub open: &'a [bool],
+    /// Each endpoint's address, as the PEERS line gives it.
+    pub peers: &'a [String],
+    /// The latest report of each endpoint's current process.
+    pub latest: &'a [NodeReport],
+    /// The last reports of the processes restarts replaced.
+    pub earlier_reports: &'a [NodeReport],
+    /// The final report of each endpoint that has written one.
+    pub finals: &'a [Option<NodeReport>],
+}
+
 /// Runs the event builder; returns the result and whether it was clean.
 pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
+    run_local_observed(opts, &mut ())
+}
+
+/// [`run_local`], with `observer` called throughout the run.
+pub fn run_local_observed(
+    opts: &RunOptions,
+    observer: &mut dyn RunObserver,
+) -> Result<(RunResult, bool)> {
     let mut config = effective_config(opts)?;
     let restarts = opts.faults.iter().any(|f| f.kind == FaultKind::Restart);
     // shm nodes keep their inboxes for a rejoin only when one is planned.
@@ -248,6 +289,7 @@ pub fn run_local(opts: &RunOptions) -> Result<(RunResult, bool)> {
         &mut stdins,
         &rx,
         &starter,
+        observer,
     );
     // Whatever happened, no node outlives the launcher.
     for c in &mut children {
@@ -635,6 +677,20 @@ impl Watch {
         }
     }
 
+    /// What an observer sees of the run now.
+    fn view<'a>(&'a self, elapsed_s: f64, config: &'a Config, children: &[Child]) -> RunView<'a> {
+        RunView {
+            elapsed_s,
+            config,
+            pids: children.iter().map(Child::id).collect(),
+            open: &self.open,
+            peers: &self.peers,
+            latest: &self.latest,
+            earlier_reports: &self.earlier_reports,
+            finals: &self.finals,
+        }
+    }
+
     /// Everyone else is finished and a node has gone quiet (stopped,
     /// hung): it will not finish; end it.
     fn end_quiet_nodes(&self, children: &mut [Child]) {
@@ -817,7 +873,9 @@ fn show_sample(
 }
 
 /// Hands the nodes their peers, then watches the run until every node's
-/// output has ended: progress, injected faults and restarts, Ctrl-C.
+/// output has ended: progress, injected faults and restarts, Ctrl-C, and
+/// the observer's ticks.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     opts: &RunOptions,
     config: &Config,
@@ -826,6 +884,7 @@ fn supervise(
     stdins: &mut [Option<ChildStdin>],
     rx: &mpsc::Receiver<FromNode>,
     starter: &NodeStarter,
+    observer: &mut dyn RunObserver,
 ) -> Result<Supervised> {
     let external = starter.external.as_ref();
     let launched = children.len();
@@ -881,6 +940,7 @@ fn supervise(
         let elapsed = start.elapsed().as_secs_f64();
         watch.signal_due(&mut pending_signals, children, elapsed);
         watch.restart_due(&mut pending_restarts, children, stdins, starter, elapsed)?;
+        observer.tick(&watch.view(elapsed, config, children));
         let n_int = interrupts.load(Ordering::SeqCst);
         if n_int >= 1 && !stop_sent {
             stop_sent = true;

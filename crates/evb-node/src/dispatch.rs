@@ -15,7 +15,7 @@ use evb_core::{Action, MepId, NodeId, Outcome};
 use crate::mepbuf::MepBuf;
 use crate::transport::Transport;
 
-use super::output::{slot_bytes, store_accepted, store_batch, write_batch};
+use super::output::{slot_bytes, store_accepted, store_batch, store_wait, write_batch};
 use super::*;
 
 impl Runtime {
@@ -63,6 +63,7 @@ impl Runtime {
                 Action::DropPeer { peer, .. } => {
                     let ms = self.config.transport.peer_timeout_ms;
                     self.give_up_link(transport, peer, format!("silent for more than {ms} ms"));
+                    self.forget_deliveries_of(peer);
                 }
                 Action::DrainTimedOut {
                     without_em,
@@ -182,7 +183,7 @@ impl Runtime {
                 }
             }
             if let (Some(store), Some(fu)) = (self.store.as_mut(), self.engine.node.fu()) {
-                store_accepted(store, fu, mep, &d)?;
+                store_accepted(store, store_wait(&self.config), fu, mep, &d)?;
             }
             self.engine.give_back_rx(d.buf);
         }
@@ -200,7 +201,8 @@ impl Runtime {
                 write_batch(file, mep, b, partial).context("writing to the output file")?;
             }
             if let (Some(store), Some(b)) = (self.store.as_mut(), batch.as_ref()) {
-                store_batch(store, mep, self.config.source.events_per_mep, b)?;
+                let wait = store_wait(&self.config);
+                store_batch(store, wait, mep, self.config.source.events_per_mep, b)?;
             }
         }
         if let Some(b) = batch {
@@ -333,8 +335,13 @@ impl Runtime {
     ) {
         let e = &mut self.engine;
         if let Some((data, header)) = e.deliveries.get(&mep) {
-            // Again: its first consumer was lost before confirming it.
-            transport.send_fragment(to, header, data.clone());
+            // Again: its first consumer was lost before confirming it,
+            // and may have stored it.
+            let again = FragmentHeader {
+                flags: header.flags | evb_core::wire::FLAG_AGAIN,
+                ..*header
+            };
+            transport.send_fragment(to, &again, data.clone());
             return;
         }
         let Some(b) = e.batches.get(&mep) else {

@@ -170,6 +170,9 @@ struct Delivered {
     intact: bool,
     /// An incomplete batch delivered anyway (`output.deliver_partial`).
     partial: bool,
+    /// Delivered again ([`evb_core::wire::FLAG_AGAIN`]): stored only if no
+    /// consumer stored it yet.
+    again: bool,
 }
 
 struct Runtime {
@@ -572,6 +575,7 @@ impl Runtime {
         self.give_up_link(transport, peer, reason);
         let now = self.engine.now();
         self.engine.node.on_peer_lost(now, peer);
+        self.forget_deliveries_of(peer);
     }
 
     /// Records the loss of `peer` and gives up its link.
@@ -579,6 +583,25 @@ impl Runtime {
         tracing::warn!("evb node {}: endpoint {peer} lost: {reason}", self.rank);
         self.lost.push(crate::report::PeerLoss::now(peer, reason));
         transport.drop_peer(peer, &mut self.events);
+    }
+
+    /// After the node learned of `peer`'s loss: the batches its consumer
+    /// dropped unconsumed (they come again, from that BU once it is back
+    /// or to another consumer) give their buffers back.
+    fn forget_deliveries_of(&mut self, peer: NodeId) {
+        let e = &mut self.engine;
+        let Some(fu) = e.node.fu() else { return };
+        let gone: Vec<(NodeId, MepId)> = e
+            .consuming
+            .keys()
+            .copied()
+            .filter(|&(bu, mep)| bu == peer && !fu.holds(bu, mep))
+            .collect();
+        for key in gone {
+            if let Some(d) = e.consuming.remove(&key) {
+                e.give_back_rx(d.buf);
+            }
+        }
     }
 
     /// Before the node judges its peers: those it would find silent are

@@ -14,6 +14,7 @@ use super::*;
 /// (the BU's credits then stay in use: backpressure reaches the EM).
 pub(super) fn store_batch(
     store: &mut evb_store::StoreWriter,
+    wait: Duration,
     mep: MepId,
     events_per_mep: u32,
     b: &BatchSlots,
@@ -34,23 +35,49 @@ pub(super) fn store_batch(
         })
         .unzip();
     let run_sources = b.slots.len() as u32;
+    with_room(store, wait, |store| {
+        store.write_batch_sources(mep, events_per_mep, run_sources, &sources, &parts)
+    })
+}
+
+/// Runs `write` until the store takes it, waiting for room up to `wait`
+/// (the writer's queue bounds memory; a store too slow for longer than
+/// that costs the batch, counted, rather than freezing the node's event
+/// loop past its peers' patience). A write that fails (a full disk) costs
+/// its object only: the writer counts it and goes on (`keep_going`).
+fn with_room(
+    store: &mut evb_store::StoreWriter,
+    wait: Duration,
+    mut write: impl FnMut(&mut evb_store::StoreWriter) -> Result<(), evb_store::StoreError>,
+) -> Result<()> {
     loop {
-        match store.write_batch_sources(mep, events_per_mep, run_sources, &sources, &parts) {
+        match write(store) {
             Ok(()) => return Ok(()),
             Err(evb_store::StoreError::Backpressure { .. }) => {
-                store.flush().context("the event store")?;
+                if !store.wait_for_room(wait) {
+                    store.note_dropped();
+                    return Ok(());
+                }
             }
             Err(e) => return Err(anyhow!("the event store: {e}")),
         }
     }
 }
 
+/// How long a node's event loop may wait for its store's writer: a
+/// quarter of the peer timeout, so its peers never take it for hung.
+pub(super) fn store_wait(config: &Config) -> Duration {
+    Duration::from_millis((config.transport.peer_timeout_ms / 4).max(1))
+}
+
 /// A Filter Unit stores the events of a consumed batch its trigger
 /// accepted (an object only if it accepted any), waiting for the writer
 /// when its queue is full: the FU stays busy, so its credits, and through
-/// them the BUs and the EM, wait too.
+/// them the BUs and the EM, wait too. A batch delivered again is stored
+/// only if no consumer stored it yet.
 pub(super) fn store_accepted(
     store: &mut evb_store::StoreWriter,
+    wait: Duration,
     fu: &evb_core::fu::FilterUnit,
     mep: MepId,
     d: &Delivered,
@@ -72,22 +99,28 @@ pub(super) fn store_accepted(
         .filter(|(_, f)| !f.is_empty())
         .map(|(i, f)| (i as u32, *f))
         .unzip();
-    loop {
-        match store.write_events(
-            mep,
-            d.events,
-            all.len() as u32,
-            &sources,
-            &parts,
-            Some(&accepted),
-        ) {
-            Ok(()) => return Ok(()),
-            Err(evb_store::StoreError::Backpressure { .. }) => {
-                store.flush().context("the event store")?;
-            }
-            Err(e) => return Err(anyhow!("the event store: {e}")),
+    let run_sources = all.len() as u32;
+    with_room(store, wait, |store| {
+        if d.again {
+            store.write_events_again(
+                mep,
+                d.events,
+                run_sources,
+                &sources,
+                &parts,
+                Some(&accepted),
+            )
+        } else {
+            store.write_events(
+                mep,
+                d.events,
+                run_sources,
+                &sources,
+                &parts,
+                Some(&accepted),
+            )
         }
-    }
+    })
 }
 
 /// Appends a built batch: `EVBB`, MEP (u64), fragment count (u32), each
@@ -161,10 +194,17 @@ pub(super) fn open_outputs(
             };
             let target = evb_store::StoreTarget::parse(spec)
                 .with_context(|| format!("output.store `{spec}`"))?;
-            Some(
-                evb_store::StoreWriter::open(&target, config.run.run_id, rank)
-                    .with_context(|| format!("opening the event store `{spec}`"))?,
-            )
+            // A full or failing store costs the objects it cannot take,
+            // counted, not the run.
+            let options = evb_store::WriterOptions {
+                keep_going: true,
+                ..evb_store::WriterOptions::default()
+            };
+            let mut writer =
+                evb_store::StoreWriter::open_with(&target, config.run.run_id, rank, options)
+                    .with_context(|| format!("opening the event store `{spec}`"))?;
+            writer.check_stored_by(&layout.fu_nodes);
+            Some(writer)
         }
         _ => None,
     };

@@ -132,6 +132,9 @@ pub(crate) fn prepare(opts: NodeOptions, embedded: bool) -> Result<(Runtime, Box
     rt.engine.fill_ring();
     rt.metrics = metrics;
     rt.restarted = opts.rejoin;
+    if opts.rejoin {
+        rt.engine.node.rejoining();
+    }
     if opts.rejoin && rank == rt.layout.em {
         // The EM died and this is its new incarnation: it learns from the
         // nodes how far the run got before it assigns again. Set before

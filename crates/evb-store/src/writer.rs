@@ -31,6 +31,12 @@ pub struct WriterOptions {
     pub timeout: Duration,
     /// S3: attempts after a failed PUT before the writer gives up.
     pub retries: u32,
+    /// A failed write (a full disk, an unreachable S3) costs only its
+    /// object: counted in [`StoreStats::failed`], the error kept in
+    /// [`StoreStats::last_error`], and the writer goes on with the next
+    /// (the space may come back). Off: the first failure stops the writer
+    /// and every later call returns it.
+    pub keep_going: bool,
 }
 
 impl Default for WriterOptions {
@@ -40,6 +46,7 @@ impl Default for WriterOptions {
             sync: false,
             timeout: Duration::from_secs(60),
             retries: 2,
+            keep_going: false,
         }
     }
 }
@@ -57,6 +64,15 @@ pub struct StoreStats {
     pub refused: u64,
     /// Batches accepted but not written because a write failed.
     pub failed: u64,
+    /// The last write error (with `keep_going`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Batches delivered again ([`StoreWriter::write_events_again`]) found
+    /// already stored, by this node or another consumer: not written twice.
+    pub already_stored: u64,
+    /// Batches given up because the writer had no room for longer than
+    /// [`StoreWriter::wait_for_room`] allows (a store too slow).
+    pub dropped_slow: u64,
     /// Seconds the background thread spent checksumming and writing.
     pub busy_seconds: f64,
 }
@@ -65,6 +81,8 @@ struct Job {
     mep: u64,
     events: u32,
     object: Vec<u8>,
+    /// Skip it if one of these nodes stored this MEP already.
+    unless_stored_by: Vec<u16>,
 }
 
 #[derive(Default)]
@@ -72,6 +90,8 @@ struct State {
     queued: usize,
     stats: StoreStats,
     error: Option<String>,
+    /// Since when the queue is full without a write finishing.
+    full_since: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -98,6 +118,9 @@ pub struct StoreWriter {
     run_id: u32,
     node: u16,
     queue_depth: usize,
+    keep_going: bool,
+    /// Nodes whose objects a batch delivered again is checked against.
+    stored_by: Vec<u16>,
     jobs: Option<SyncSender<Job>>,
     spare_buffers: Receiver<Vec<u8>>,
     shared: Arc<Shared>,
@@ -150,12 +173,25 @@ impl StoreWriter {
         let worker_shared = Arc::clone(&shared);
         let worker = std::thread::Builder::new()
             .name(format!("evb-store-{node}"))
-            .spawn(move || write_loop(run_id, node, &sink, &job_rx, &spare_tx, &worker_shared))
+            .spawn(move || {
+                let keep_going = options.keep_going;
+                write_loop(
+                    run_id,
+                    node,
+                    &sink,
+                    keep_going,
+                    &job_rx,
+                    &spare_tx,
+                    &worker_shared,
+                )
+            })
             .map_err(|e| StoreError::Failed(format!("cannot start the writer thread: {e}")))?;
         Ok(StoreWriter {
             run_id,
             node,
             queue_depth: options.queue_depth,
+            keep_going: options.keep_going,
+            stored_by: vec![node],
             jobs: Some(jobs),
             spare_buffers,
             shared,
@@ -217,6 +253,75 @@ impl StoreWriter {
         fragments: &[&[u8]],
         selected: Option<&[u32]>,
     ) -> Result<(), StoreError> {
+        let batch = (mep, events_per_mep, run_sources);
+        self.queue(batch, sources, fragments, selected, Vec::new())
+    }
+
+    /// The nodes (this one included) whose objects
+    /// [`Self::write_events_again`] looks for: the consumers of the run,
+    /// any of which may have stored a batch delivered again.
+    pub fn check_stored_by(&mut self, nodes: &[u16]) {
+        self.stored_by = nodes.to_vec();
+        if !self.stored_by.contains(&self.node) {
+            self.stored_by.push(self.node);
+        }
+    }
+
+    /// [`Self::write_events`] for a batch delivered again (its first
+    /// consumer was lost before confirming it, and may have stored it):
+    /// the writer's thread writes it only if none of the nodes of
+    /// [`Self::check_stored_by`] has an object of this MEP already
+    /// ([`StoreStats::already_stored`] counts those it skips).
+    pub fn write_events_again(
+        &mut self,
+        mep: u64,
+        events_per_mep: u32,
+        run_sources: u32,
+        sources: &[u32],
+        fragments: &[&[u8]],
+        selected: Option<&[u32]>,
+    ) -> Result<(), StoreError> {
+        let batch = (mep, events_per_mep, run_sources);
+        let by = self.stored_by.clone();
+        self.queue(batch, sources, fragments, selected, by)
+    }
+
+    /// Waits up to `bound` for room in the queue; false if there is none
+    /// by then, or if the queue has been full without a write finishing
+    /// for `bound` already (a stuck store costs its caller at most `bound`
+    /// once, not once per batch).
+    pub fn wait_for_room(&self, bound: Duration) -> bool {
+        let mut state = self.shared.lock();
+        let since = *state.full_since.get_or_insert_with(Instant::now);
+        let until = since + bound;
+        while state.queued >= self.queue_depth {
+            let now = Instant::now();
+            if now >= until {
+                return false;
+            }
+            state = self
+                .shared
+                .drained
+                .wait_timeout(state, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// A batch given up for want of room ([`Self::wait_for_room`]).
+    pub fn note_dropped(&self) {
+        self.shared.lock().stats.dropped_slow += 1;
+    }
+
+    fn queue(
+        &mut self,
+        (mep, events_per_mep, run_sources): (u64, u32, u32),
+        sources: &[u32],
+        fragments: &[&[u8]],
+        selected: Option<&[u32]>,
+        unless_stored_by: Vec<u16>,
+    ) -> Result<(), StoreError> {
         {
             let mut state = self.shared.lock();
             if let Some(err) = &state.error {
@@ -246,6 +351,7 @@ impl StoreWriter {
             mep,
             events: selected.map_or(events_per_mep, |s| s.len() as u32),
             object,
+            unless_stored_by,
         };
         // Never blocks: fewer than queue_depth jobs are queued.
         self.jobs
@@ -289,10 +395,14 @@ impl StoreWriter {
     }
 
     /// Writes what is queued, stops the writer thread and returns the
-    /// totals. Error if any write failed.
+    /// totals. Error if any write failed (unless `keep_going`: then the
+    /// totals count the failures).
     pub fn close(mut self) -> Result<StoreStats, StoreError> {
         self.stop();
         let state = self.shared.lock();
+        if self.keep_going {
+            return Ok(state.stats.clone());
+        }
         match &state.error {
             Some(err) => Err(StoreError::Failed(format!(
                 "{err} ({} objects written, {} batches not written)",
@@ -326,6 +436,7 @@ fn write_loop(
     run_id: u32,
     node: u16,
     sink: &Sink,
+    keep_going: bool,
     jobs: &Receiver<Job>,
     spare: &SyncSender<Vec<u8>>,
     shared: &Shared,
@@ -333,23 +444,35 @@ fn write_loop(
     while let Ok(mut job) = jobs.recv() {
         let failed_before = shared.lock().error.is_some();
         let started = Instant::now();
+        let stored = job
+            .unless_stored_by
+            .iter()
+            .any(|&n| is_stored(sink, &format::object_key(run_id, n, job.mep)));
         let result = if failed_before {
             Err(String::new())
+        } else if stored {
+            Ok(false)
         } else {
             format::seal(&mut job.object);
             let name = format::object_key(run_id, node, job.mep);
-            write_object(sink, &name, &job.object)
+            write_object(sink, &name, &job.object).map(|()| true)
         };
         let busy = started.elapsed();
         {
             let mut state = shared.lock();
             state.queued -= 1;
+            state.full_since = None;
             state.stats.busy_seconds += busy.as_secs_f64();
             match result {
-                Ok(()) => {
+                Ok(true) => {
                     state.stats.objects += 1;
                     state.stats.events += u64::from(job.events);
                     state.stats.bytes += job.object.len() as u64;
+                }
+                Ok(false) => state.stats.already_stored += 1,
+                Err(err) if keep_going => {
+                    state.stats.failed += 1;
+                    state.stats.last_error = Some(err);
                 }
                 Err(err) => {
                     state.stats.failed += 1;
@@ -363,6 +486,20 @@ fn write_loop(
         // Hand the buffer back for the next batch; drop it if one is
         // already waiting (bounds memory at queue_depth + 1 buffers).
         let _ = spare.try_send(job.object);
+    }
+}
+
+/// Whether the object `name` is in the store (an object is there whole or
+/// not at all). An S3 store that cannot say is taken as not having it.
+fn is_stored(sink: &Sink, name: &str) -> bool {
+    match sink {
+        Sink::Dir { root, .. } => root.join(name).is_file(),
+        Sink::S3 { client, .. } => {
+            let key = client.target().key(name);
+            client
+                .list(&key)
+                .is_ok_and(|objects| objects.iter().any(|o| o.key == key))
+        }
     }
 }
 
@@ -402,5 +539,9 @@ fn write_file(root: &std::path::Path, name: &str, object: &[u8], sync: bool) -> 
         }
         std::fs::rename(&tmp, &path)
     })();
+    if result.is_err() {
+        // A full disk leaves no half object behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
     result.map_err(|e| format!("{}: {e}", path.display()))
 }

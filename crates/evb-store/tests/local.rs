@@ -348,6 +348,102 @@ fn a_failing_disk_stops_the_writer_with_the_path() {
     assert!(err.contains("0 objects written"), "{err}");
 }
 
+/// With `keep_going` (what a node opens): a write that fails (here the
+/// node's directory pulled away, as a full disk would fail it) costs its
+/// object only, leaves no half object, and the writer takes the next ones
+/// once the store can take them again; close reports the count.
+#[test]
+fn a_failing_write_costs_its_object_only_with_keep_going() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let options = WriterOptions {
+        queue_depth: 1,
+        keep_going: true,
+        ..WriterOptions::default()
+    };
+    let mut writer = StoreWriter::open_with(&target, 1, 0, options).unwrap();
+    let node_dir = dir.path().join("run1/node0");
+    std::fs::remove_dir(&node_dir).unwrap();
+    let f = fragment(0, &[8]);
+    writer.write_batch(0, 1, &[&f]).unwrap();
+    let stats = writer.flush().unwrap();
+    assert_eq!((stats.objects, stats.failed), (0, 1));
+    assert!(stats.last_error.unwrap().contains("run1/node0"));
+    std::fs::create_dir_all(&node_dir).unwrap();
+    writer.write_batch(1, 1, &[&f]).unwrap();
+    let stats = writer.close().unwrap();
+    assert_eq!((stats.objects, stats.failed), (1, 1));
+    let names: Vec<_> = std::fs::read_dir(&node_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["00000000000000000001.evbo".to_string()]);
+}
+
+/// A batch delivered again is written only if no consumer stored it yet:
+/// the first consumer's object stands, the second writes nothing.
+#[test]
+fn a_batch_delivered_again_is_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let f = fragment(0, &[8, 3]);
+    let mut first = StoreWriter::open(&target, 1, 4).unwrap();
+    first.write_batch(7, 2, &[&f]).unwrap();
+    assert_eq!(first.close().unwrap().objects, 1);
+    let mut second = StoreWriter::open(&target, 1, 5).unwrap();
+    second.check_stored_by(&[4, 5]);
+    second
+        .write_events_again(7, 2, 1, &[0], &[&f], None)
+        .unwrap();
+    second.flush().unwrap();
+    second
+        .write_events_again(8, 2, 1, &[0], &[&f], None)
+        .unwrap();
+    let stats = second.close().unwrap();
+    assert_eq!((stats.objects, stats.already_stored), (1, 1));
+    let report = read_store(&target, &ReadOptions::default()).unwrap();
+    assert_eq!(report.objects, 2, "{report:?}");
+}
+
+/// A writer stuck (no write finishing: here its file is a FIFO nobody
+/// reads, a store that hangs) costs its caller at most the bound once: the
+/// next wait gives up at once, and room comes back with the next write.
+#[test]
+fn a_stuck_writer_costs_its_caller_the_bound_once() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let options = WriterOptions {
+        queue_depth: 1,
+        ..WriterOptions::default()
+    };
+    let mut writer = StoreWriter::open_with(&target, 1, 0, options).unwrap();
+    let fifo = dir.path().join("run1/node0/.00000000000000000000.evbo.tmp");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if !made.is_ok_and(|s| s.success()) {
+        eprintln!("no mkfifo: skipped");
+        return;
+    }
+    let f = fragment(0, &[8]);
+    writer.write_batch(0, 1, &[&f]).unwrap();
+    let err = writer.write_batch(1, 1, &[&f]).unwrap_err();
+    assert!(matches!(err, StoreError::Backpressure { .. }), "{err}");
+    let bound = Duration::from_millis(200);
+    let t = Instant::now();
+    assert!(!writer.wait_for_room(bound));
+    let first = t.elapsed();
+    assert!(first >= bound && first < 5 * bound, "{first:?}");
+    let t = Instant::now();
+    assert!(!writer.wait_for_room(bound));
+    assert!(t.elapsed() < bound / 2, "{:?}", t.elapsed());
+    // The store wakes up: the write finishes, there is room again.
+    let reader = std::thread::spawn(move || std::fs::read(fifo).unwrap().len());
+    assert!(writer.wait_for_room(Duration::from_secs(10)));
+    writer.write_batch(1, 1, &[&f]).unwrap();
+    assert!(reader.join().unwrap() > 0);
+    assert_eq!(writer.close().unwrap().objects, 2);
+}
+
 #[test]
 fn zero_queue_depth_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,7 @@
 //! 14 s of compiling and linking each on the 2-core CI machine).
 
 mod backpressure;
+mod chaos;
 mod cluster;
 mod consumers;
 mod delay;

@@ -1,0 +1,104 @@
+//! `evb chaos`: a short randomized soak of a real `evb run` over tcp, in
+//! its own network namespace (root, as the CI runs): the faults drawn
+//! from a seed are done to real processes and sockets, every invariant
+//! holds, and the JSON names every fault and its effect; the schedule that
+//! found the stopped EM that never came back replays clean; bad input is
+//! refused, never a panic. The seeds are the three from 22 on, as they
+//! come: none picked for passing (24 found the EM that waited for a node
+//! restarted with it).
+
+use std::time::Duration;
+
+use evb_testkit::process::run_bounded;
+use evb_testkit::{evb, read_json, scratch_dir};
+
+#[test]
+fn a_short_chaos_run_holds_every_invariant() {
+    let json = scratch_dir("chaos").join("chaos.json");
+    let (out, text) = run_bounded(
+        evb()
+            .args(["chaos", "-t", "tcp", "-d", "8", "--every", "1.0"])
+            .args(["--seed", "22", "--runs", "3", "--json"])
+            .arg(&json),
+        "evb chaos",
+        Duration::from_secs(120),
+    );
+    let v = read_json(&json, &text);
+    let s = &v["summary"];
+    assert_eq!(s["violations"], serde_json::json!([]), "{text}");
+    assert!(out.status.success(), "{text}");
+    assert_eq!(s["runs"], 3, "{text}");
+    let faults = s["faults"].as_array().expect("summary.faults");
+    assert!(faults.len() >= 4, "{text}");
+    let mut kinds: Vec<&str> = faults.iter().map(|f| f["kind"].as_str().unwrap()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    assert!(kinds.len() >= 4, "{kinds:?}\n{text}");
+    for f in faults {
+        assert!(f["at_s"].as_f64().is_some_and(|t| t >= 3.0), "{f}");
+        assert!(f["events_lost"].as_u64().is_some(), "{f}");
+        assert!(f.get("recovery_s").is_some(), "{f}");
+    }
+    for run in v["runs"].as_array().unwrap() {
+        // Exact accounting, and the store read back whole.
+        let n = |k: &str| run[k].as_u64().unwrap();
+        assert_eq!(
+            n("events_generated"),
+            n("events_built") + n("events_incomplete") + n("events_lost"),
+            "{run}"
+        );
+        assert!(n("store_objects") > 100, "{run}");
+        assert!(n("metrics_answers") > 20, "{run}");
+        let replay = run["replay"].as_str().unwrap();
+        assert!(replay.contains("--faults '"), "{replay}");
+    }
+    // The table names every kind injected.
+    for k in kinds {
+        assert!(text.contains(k), "{k} missing from the table:\n{text}");
+    }
+}
+
+/// The EM (its own endpoint) stopped past the peer timeout, then resumed:
+/// every node lost it and it lost every node. Before the fix in evb-core
+/// (`EventManager::waits_for_lost_bus`) it ended the run there and nothing
+/// was built after; now the run comes back.
+#[test]
+fn a_stopped_em_comes_back_under_chaos() {
+    let json = scratch_dir("chaos-em").join("chaos.json");
+    let (out, text) = run_bounded(
+        evb()
+            .args(["chaos", "-t", "tcp", "-d", "8"])
+            .args(["--faults", "stop:4@4.00+1.20", "--json"])
+            .arg(&json),
+        "evb chaos",
+        Duration::from_secs(120),
+    );
+    let v = read_json(&json, &text);
+    assert_eq!(v["summary"]["violations"], serde_json::json!([]), "{text}");
+    assert!(out.status.success(), "{text}");
+    let f = &v["summary"]["faults"][0];
+    assert_eq!(f["kind"], "stop", "{text}");
+    assert!(
+        f["recovery_s"].as_f64().is_some_and(|r| r < 2.0),
+        "{f}\n{text}"
+    );
+}
+
+#[test]
+fn bad_schedules_and_options_are_refused() {
+    for (args, says) in [
+        (&["--faults", "kill:2"][..], "no `@`"),
+        (&["--faults", "boom:1@4+1"][..], "unknown fault kind"),
+        (&["--kinds", "kill,nope"][..], "unknown fault kind"),
+        (&["-d", "2"][..], "--duration"),
+    ] {
+        let (out, text) = run_bounded(
+            evb().arg("chaos").args(args),
+            "evb chaos",
+            Duration::from_secs(30),
+        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {text}");
+        assert!(text.contains(says), "{args:?}: {text}");
+        assert!(!text.contains("panicked"), "{text}");
+    }
+}
