@@ -201,9 +201,33 @@ fn attribute_losses(
     let seen = watched.series.last().map_or(0, |l| l.2);
     let total = s.events_incomplete + s.events_lost;
     if total > seen {
-        // Found at the end (the last reports): at the end of the run.
-        let last = watched.series.last().map_or(bounds.duration_s, |l| l.0);
-        steps.push((last, total - seen));
+        // Found at the end (the last reports). With the EM killed, what
+        // the run's accounting lacks is known only then: MEPs its dead
+        // incarnation handed out that no BU built or timed out (it
+        // assigned them, the RUs read them out, and let them go when the
+        // new EM came). That remainder is the EM kills' (the last one's);
+        // without one, it is a loss at the end of the run.
+        let remainder = s
+            .events_lost
+            .saturating_sub(s.events_lost_bu_gone + s.events_lost_no_bu)
+            .min(total - seen);
+        let last_em_kill = effects
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == Kind::KillEm)
+            .max_by(|a, b| a.1.at_s.total_cmp(&b.1.at_s))
+            .map(|(i, _)| i);
+        let rest = match last_em_kill {
+            Some(i) if remainder > 0 => {
+                effects[i].events_lost += remainder;
+                total - seen - remainder
+            }
+            _ => total - seen,
+        };
+        if rest > 0 {
+            let last = watched.series.last().map_or(bounds.duration_s, |l| l.0);
+            steps.push((last, rest));
+        }
     }
     for (t, lost) in steps {
         let holder = effects

@@ -255,6 +255,10 @@ struct Waiting {
     redelivery: bool,
     /// It found no consumer credit (counted in `consumer_credit_stalls`).
     stalled: bool,
+    /// Re-assigned here after its first BU was lost: that BU may have
+    /// built and delivered it before it died (see
+    /// [`BuilderUnit::may_be_stored`]).
+    reassigned: bool,
     /// Incomplete, delivered anyway (`output.deliver_partial`): the EM
     /// hears it as incomplete.
     partial: bool,
@@ -339,6 +343,9 @@ pub struct BuilderUnit {
     output: Option<Output>,
     /// `output.deliver_partial`.
     deliver_partial: bool,
+    /// With consumers: MEPs re-assigned here (their first BU lost), until
+    /// they finish.
+    reassigned: BTreeSet<MepId>,
     pub stats: BuStats,
 }
 
@@ -383,6 +390,7 @@ impl BuilderUnit {
             }),
             stats: BuStats::new(layout.rus(), layout.fus()),
             deliver_partial: config.output.deliver_partial,
+            reassigned: BTreeSet::new(),
         }
     }
 
@@ -572,6 +580,27 @@ impl BuilderUnit {
             }
         }
         self.pump_output(now, out);
+    }
+
+    /// The EM re-assigned `mep` here (its first BU was lost, the RUs still
+    /// hold its fragments): call before [`BuilderUnit::on_assign`].
+    pub fn on_reassigned(&mut self, mep: MepId) {
+        if self.output.is_some() && !self.finished.contains_key(&mep) {
+            self.reassigned.insert(mep);
+        }
+    }
+
+    /// Whether the delivery of `mep` just made may find it stored already
+    /// (for [`crate::wire::FLAG_AGAIN`]): a delivery again (its first
+    /// consumer was lost before confirming it), or a batch re-assigned
+    /// here whose first BU may have delivered it before it was lost.
+    pub fn may_be_stored(&self, mep: MepId) -> bool {
+        self.output.as_ref().is_some_and(|o| {
+            o.unconfirmed
+                .iter()
+                .flatten()
+                .any(|w| w.mep == mep && (w.redelivery || w.reassigned))
+        })
     }
 
     /// Credits to grant when the run starts.
@@ -888,12 +917,7 @@ impl BuilderUnit {
                 }
             }
         }
-        self.finished.insert(mep, batch.assigned);
-        self.finished_order.push_back(mep);
-        if self.finished_order.len() > FINISHED_MEMORY {
-            let old = self.finished_order.pop_front().expect("non-empty");
-            self.finished.remove(&old);
-        }
+        let reassigned = self.remember_finished(mep, batch.assigned);
         let events = u64::from(self.events_per_mep);
         let s = &mut self.stats;
         match &outcome {
@@ -949,6 +973,7 @@ impl BuilderUnit {
                 reported: false,
                 stalled: false,
                 redelivery: false,
+                reassigned,
                 partial,
             });
             self.pump_output(now, out);
@@ -973,6 +998,18 @@ impl BuilderUnit {
             };
             out.push(BuAction::Finished { mep, outcome: code });
         }
+    }
+
+    /// Remembers `mep` finished (for late duplicates), within bounds;
+    /// whether it had been re-assigned here.
+    fn remember_finished(&mut self, mep: MepId, assigned: bool) -> bool {
+        self.finished.insert(mep, assigned);
+        self.finished_order.push_back(mep);
+        if self.finished_order.len() > FINISHED_MEMORY {
+            let old = self.finished_order.pop_front().expect("non-empty");
+            self.finished.remove(&old);
+        }
+        self.reassigned.remove(&mep)
     }
 
     fn issue_requests(&mut self, out: &mut Vec<BuAction>) {
@@ -1132,6 +1169,43 @@ mod tests {
             payload_len: 64,
             crc32c: 0,
         }
+    }
+
+    /// A batch re-assigned here (its first BU lost, maybe after it
+    /// delivered it) is delivered flagged: it may be stored already; one
+    /// assigned here first is not. Found by `evb chaos` over shm (seed 14:
+    /// a BU killed, two MEPs stored by both consumers).
+    #[test]
+    fn a_reassigned_batch_may_be_stored_already() {
+        let mut config = Config::default();
+        config.nodes.count = 2;
+        config.output.consumers = 1;
+        let layout = Layout::from_config(&config);
+        let mut bu = BuilderUnit::new(&config, &layout, layout.bu_nodes[0]);
+        let mut out = Vec::new();
+        bu.start(&mut out);
+        bu.on_consumer_credit(0, layout.fu_nodes[0], 4, &mut out);
+        bu.on_reassigned(7);
+        for mep in [6, 7] {
+            bu.on_assign(0, mep, &mut out);
+            for s in 0..2u16 {
+                let mut h = fragment(&config, s, mep);
+                h.payload_len = 4 * config.source.events_per_mep;
+                assert_eq!(bu.admit(0, layout.ru_nodes[s as usize], &h), Admit::Keep);
+                bu.on_fragment(0, &h, 0, &mut out);
+            }
+        }
+        let delivered: Vec<MepId> = out
+            .iter()
+            .filter_map(|a| match a {
+                BuAction::Deliver { mep, .. } => Some(*mep),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delivered, vec![6, 7]);
+        assert!(!bu.may_be_stored(6));
+        assert!(bu.may_be_stored(7));
+        assert!(bu.reassigned.is_empty());
     }
 
     /// `output.deliver_partial`: a batch that times out with one of three
@@ -1315,6 +1389,7 @@ mod tests {
                 reported: false,
                 stalled: false,
                 redelivery: false,
+                reassigned: false,
                 partial: false,
             });
         };

@@ -1132,6 +1132,9 @@ impl Node {
         self.seen_up_to = self.seen_up_to.max(mep.saturating_add(1));
         if bu == self.id {
             if let Some(b) = &mut self.bu {
+                if again {
+                    b.on_reassigned(mep);
+                }
                 b.on_assign(now, mep, &mut self.bu_out);
             }
         }

@@ -3,7 +3,7 @@
 //! consumers, finishing batches into the sink or the store.
 
 use std::rc::Rc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use evb_core::bu::Admit;
@@ -183,7 +183,13 @@ impl Runtime {
                 }
             }
             if let (Some(store), Some(fu)) = (self.store.as_mut(), self.engine.node.fu()) {
-                store_accepted(store, store_wait(&self.config), fu, mep, &d)?;
+                // Consumed long after it came (this process was stopped),
+                // its BU may have given this consumer up and delivered
+                // it to another: stored only if none has.
+                let late = Duration::from_millis(self.config.transport.peer_timeout_ms / 2);
+                let stalled = self.stalled_until.is_some_and(|u| Instant::now() < u);
+                let again = d.again || stalled || d.arrived.elapsed() > late;
+                store_accepted(store, store_wait(&self.config), fu, mep, &d, again)?;
             }
             self.engine.give_back_rx(d.buf);
         }
@@ -347,6 +353,9 @@ impl Runtime {
         let Some(b) = e.batches.get(&mep) else {
             return;
         };
+        // Re-assigned after its first BU was lost, which may have
+        // delivered it: stored only if no consumer has.
+        let again = e.node.bu().is_some_and(|bu| bu.may_be_stored(mep));
         let parts: Vec<&[u8]> = b.slots.iter().map(slot_bytes).collect();
         let mut buf = e.pool.take().unwrap_or_default();
         buf.clear();
@@ -360,7 +369,9 @@ impl Runtime {
         let header = FragmentHeader {
             run_id: self.config.run.run_id,
             source: self.layout.bu_of[self.rank as usize].expect("a BU delivers"),
-            flags: FLAG_BATCH | if partial { FLAG_PARTIAL } else { 0 },
+            flags: FLAG_BATCH
+                | if partial { FLAG_PARTIAL } else { 0 }
+                | if again { evb_core::wire::FLAG_AGAIN } else { 0 },
             mep,
             event_count: events as u32,
             payload_len: buf.len() as u32,

@@ -173,6 +173,9 @@ struct Delivered {
     /// Delivered again ([`evb_core::wire::FLAG_AGAIN`]): stored only if no
     /// consumer stored it yet.
     again: bool,
+    /// When it arrived: one consumed long after (this process was stopped
+    /// meanwhile) may have been delivered again to another consumer.
+    arrived: Instant,
 }
 
 struct Runtime {
@@ -204,6 +207,11 @@ struct Runtime {
     metrics: Option<crate::metrics::Metrics>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
+    /// After this process was stopped or starved past half the peer
+    /// timeout, until two peer timeouts later: a BU may have given this
+    /// consumer up and delivered what it holds to another, so what it
+    /// consumes is stored only if no consumer has stored it.
+    stalled_until: Option<Instant>,
     /// `output.sink = "store"`: this node's event-store writer (a BU's, or
     /// with consumers an FU's).
     store: Option<evb_store::StoreWriter>,
@@ -229,6 +237,8 @@ struct Turns {
     /// When the EM ends a timed run.
     stop_at: Option<Instant>,
     stopped: bool,
+    /// The latest the loop's last wait should have returned.
+    wake_by: Instant,
 }
 
 impl Runtime {
@@ -290,6 +300,7 @@ impl Runtime {
             },
             metrics: None,
             actions_left: false,
+            stalled_until: None,
             store,
             store_closed: None,
             output_network: None,
@@ -348,6 +359,7 @@ impl Runtime {
             stop_at: (self.rank == self.layout.em && duration > 0.0)
                 .then(|| self.engine.epoch + Duration::from_secs_f64(duration)),
             stopped: false,
+            wake_by: Instant::now(),
         }
     }
 
@@ -364,6 +376,12 @@ impl Runtime {
         // node's own timers (batches, slots, heartbeats, silent peers,
         // the drain, the linger).
         let now_i = Instant::now();
+        let peer_timeout = Duration::from_millis(self.config.transport.peer_timeout_ms);
+        if now_i.saturating_duration_since(t.wake_by) > peer_timeout / 2 {
+            // This process was stopped (or starved) for a while: its peers
+            // may have given it up meanwhile (see `Runtime::stalled_until`).
+            self.stalled_until = Some(now_i + 2 * peer_timeout);
+        }
         if !t.stopped && t.stop_at.is_some_and(|s| now_i >= s) {
             t.stopped = true;
             let now = self.engine.now();
@@ -419,6 +437,7 @@ impl Runtime {
             // A consumer at work burns its core, as a real filter does.
             timeout = Duration::ZERO;
         }
+        t.wake_by = Instant::now() + timeout;
         transport.poll(timeout, &mut self.engine, &mut self.events)?;
         self.handle_link_events(transport)?;
         Ok(false)

@@ -81,6 +81,7 @@ pub(super) fn store_accepted(
     fu: &evb_core::fu::FilterUnit,
     mep: MepId,
     d: &Delivered,
+    again: bool,
 ) -> Result<()> {
     if !d.intact {
         return Ok(());
@@ -101,7 +102,7 @@ pub(super) fn store_accepted(
         .unzip();
     let run_sources = all.len() as u32;
     with_room(store, wait, |store| {
-        if d.again {
+        if again {
             store.write_events_again(
                 mep,
                 d.events,

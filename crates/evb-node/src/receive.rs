@@ -215,6 +215,7 @@ impl RxHandler for Engine {
                 intact,
                 partial: header.flags & FLAG_PARTIAL != 0,
                 again: header.flags & evb_core::wire::FLAG_AGAIN != 0,
+                arrived: std::time::Instant::now(),
             };
             self.consuming.insert((peer, header.mep), delivered);
             let held = |e: &Self| e.node.fu().map_or(0, |f| f.held());

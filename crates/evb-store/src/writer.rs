@@ -153,6 +153,7 @@ impl StoreWriter {
                 let dir = root.join(format::object_key(run_id, node, 0));
                 let dir = dir.parent().expect("object key has a directory");
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+                remove_unfinished(dir);
                 Sink::Dir {
                     root: root.clone(),
                     sync: options.sync,
@@ -486,6 +487,22 @@ fn write_loop(
         // Hand the buffer back for the next batch; drop it if one is
         // already waiting (bounds memory at queue_depth + 1 buffers).
         let _ = spare.try_send(job.object);
+    }
+}
+
+/// The `.tmp` files a writer of this node left when it was killed in the
+/// middle of a write: a new writer of the node (its restarted process)
+/// owns the directory, and an unfinished object is no object.
+fn remove_unfinished(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 

@@ -444,6 +444,23 @@ fn a_stuck_writer_costs_its_caller_the_bound_once() {
     assert_eq!(writer.close().unwrap().objects, 2);
 }
 
+/// A node's new writer (its process restarted after a kill in the middle
+/// of a write) removes the unfinished object its predecessor left.
+#[test]
+fn a_new_writer_removes_its_predecessors_unfinished_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let node_dir = dir.path().join("run1/node3");
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let tmp = node_dir.join(".00000000000000000009.evbo.tmp");
+    std::fs::write(&tmp, b"half an object").unwrap();
+    let writer = StoreWriter::open(&target, 1, 3).unwrap();
+    assert!(!tmp.exists());
+    writer.close().unwrap();
+    let report = read_store(&target, &ReadOptions::default()).unwrap();
+    assert!(report.bad.is_empty(), "{report:?}");
+}
+
 #[test]
 fn zero_queue_depth_is_refused() {
     let dir = tempfile::tempdir().unwrap();
