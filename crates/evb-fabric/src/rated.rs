@@ -108,9 +108,19 @@ pub fn rated_schedule(
     local: bool,
     slot_gbps: f64,
 ) -> Result<Option<SlotSchedule>> {
-    assert!(slot_gbps > 0.0, "slots sized for a positive rate");
-    let n = order.len();
     let all = flows(topo, lfts, order, local)?;
+    Ok(pack(topo, order.len(), &all, local, slot_gbps))
+}
+
+/// [`rated_schedule`] of the flows `all` among `n` ranks.
+fn pack(
+    topo: &Topology,
+    n: usize,
+    all: &[Flow],
+    local: bool,
+    slot_gbps: f64,
+) -> Option<SlotSchedule> {
+    assert!(slot_gbps > 0.0, "slots sized for a positive rate");
     let (offsets, nlinks) = topo.port_offsets();
     let spans: Vec<usize> = all.iter().map(|f| span_for(f.gbps, slot_gbps)).collect();
     // What a flow takes of each link on its path, Gb/s, for its span.
@@ -145,7 +155,7 @@ pub fn rated_schedule(
         .max()
         .unwrap_or(0);
     if all.len().saturating_mul(lower_bound.max(1)) > RATED_SIZE_LIMIT {
-        return Ok(None);
+        return None;
     }
     // Longest spans first; within a span, the shift's order.
     let mut idx: Vec<usize> = (0..all.len()).collect();
@@ -191,7 +201,7 @@ pub fn rated_schedule(
     let plain_slots = if local { n } else { n.saturating_sub(1) };
     let moved = slots.len().saturating_sub(plain_slots);
     debug_assert!(slots.len() >= lower_bound);
-    Ok(Some(SlotSchedule {
+    Some(SlotSchedule {
         ranks: n,
         slots,
         plain_slots,
@@ -199,7 +209,7 @@ pub fn rated_schedule(
         flows_moved: moved,
         lower_bound,
         spans: span_rows,
-    }))
+    })
 }
 
 /// A schedule and the link rate its slots are sized for.
@@ -238,7 +248,7 @@ pub fn choose_slot_rate(
     };
     let mut best = (base.aware.slots.len() as f64 / slowest, slowest, None);
     for &rate in rates.iter().skip(1) {
-        let Some(s) = rated_schedule(topo, lfts, order, local, rate)? else {
+        let Some(s) = pack(topo, order.len(), &all, local, rate) else {
             continue;
         };
         let time = s.slots.len() as f64 / rate;

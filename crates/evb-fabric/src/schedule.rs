@@ -513,30 +513,6 @@ pub fn choose(
     Ok(chosen)
 }
 
-/// The slowest path's data rate between two of `order`'s ranks, Gb/s: the
-/// least rate of a link on it (what the slotted barrel's slots are sized
-/// for, so that every fragment fits its slot). `None` when no link on
-/// those paths has a known rate (a generated fabric without `gbps`).
-pub fn slowest_path_gbps(topo: &Topology, lfts: &Lfts, order: &[usize]) -> Result<Option<f64>> {
-    let (offsets, _) = topo.port_offsets();
-    let mut slowest: Option<f64> = None;
-    let mut path = Vec::new();
-    for &src in order {
-        for &dst in order.iter().filter(|&&d| d != src) {
-            path.clear();
-            trace(topo, lfts, &offsets, src, dst, &mut path)?;
-            for &link in &path {
-                let (node, port) = crate::lft::link_of(&offsets, link);
-                if let Some(g) = topo.link_gbps(node, port) {
-                    slowest = Some(slowest.map_or(g, |s: f64| s.min(g)));
-                }
-            }
-        }
-    }
-    debug_assert!(slowest.is_none_or(|g| g > 0.0));
-    Ok(slowest)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
