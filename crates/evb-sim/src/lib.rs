@@ -443,6 +443,7 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         flit: s.granularity == Granularity::Flit,
         train: s.train_packets,
         static_rate: s.static_rate,
+        host: s.host.clone(),
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,
