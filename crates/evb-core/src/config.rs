@@ -832,8 +832,11 @@ pub struct SimSection {
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
     pub granularity: Granularity,
     /// MTU packets of one message moved as one unit of the model (their
-    /// headers still counted one by one): k times fewer events, the
-    /// interleaving of messages on a link k times coarser. 1: every packet.
+    /// headers still counted one by one, their buffer space returned packet
+    /// by packet): k times fewer events, the interleaving of messages on a
+    /// link k times coarser. 1: every packet; 0 (auto): up to 8 for the
+    /// slotted event builder on 128 hosts or more (one flow on a link at a
+    /// time, where trains give the figures of single packets), else 1.
     pub train_packets: u32,
     /// InfiniBand hosts inject a message at its path's rate (the least
     /// link rate on its route, as the SA's path record gives it and an HCA
@@ -991,7 +994,7 @@ impl Default for SimSection {
             load: 1.0,
             sample_us: 10.0,
             granularity: Granularity::Packet,
-            train_packets: 1,
+            train_packets: 0,
             static_rate: true,
             crash: None,
             peer_timeout_us: 100.0,
@@ -1628,13 +1631,13 @@ impl Config {
         if sim.grace_ns >= sim.window_ns {
             return Err(("sim.grace_ns", "must be shorter than sim.window_ns".into()));
         }
-        if !(1..=64).contains(&sim.train_packets)
+        if sim.train_packets > 64
             || u64::from(sim.vl_buffer_bytes)
                 < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
         {
             return Err((
                 "sim.train_packets",
-                "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
+                "must be 0 (auto) or from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
                     .into(),
             ));
         }

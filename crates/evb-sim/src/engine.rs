@@ -1075,6 +1075,25 @@ impl Net {
                     .incoming
                     .push((start + drained + lat, p.vl, 1));
             }
+        } else if p.payload > self.params.mtu && !self.host_eth_out(to) {
+            // A train: each packet's blocks come back as its tail leaves,
+            // as they would packet by packet (a train holding its whole
+            // buffer until its last packet left starves a link whose
+            // buffer holds two trains or fewer).
+            let k = p.payload.div_ceil(self.params.mtu);
+            let span = end - start;
+            let per = p.blocks / k;
+            for i in 1..=k {
+                let blocks = if i == k {
+                    p.blocks - per * (k - 1)
+                } else {
+                    per
+                };
+                let left = start + span * Ps::from(i) / Ps::from(k);
+                self.outs[to as usize]
+                    .incoming
+                    .push((left + lat, p.vl, blocks));
+            }
         } else {
             self.outs[to as usize]
                 .incoming
@@ -1084,6 +1103,11 @@ impl Net {
         if self.outs[to as usize].blocked_since.is_some() {
             self.wait_for_credits(to);
         }
+    }
+
+    /// Output `out` belongs to an Ethernet host or switch (no trains).
+    fn host_eth_out(&self, out: u32) -> bool {
+        !self.outs[out as usize].credit_based
     }
 
     fn release_msg(&mut self, id: MsgId) {

@@ -799,6 +799,48 @@ fn packet_trains_keep_the_figures_of_single_packets() {
     assert!((a - b).abs() < 0.005 * a, "{a} vs {b}");
     let ratio = one.summary.events_processed as f64 / four.summary.events_processed as f64;
     assert!(ratio > 2.5, "events: {ratio}x fewer");
+    // Trains of 8 on 400G links whose 64 KiB buffers hold two of them: a
+    // train's buffer space comes back packet by packet as it leaves (held
+    // until its last packet left, this permutation fell to 180 Gb/s a host).
+    let permutation = |k: u32| {
+        let (.., fabric) = fat_tree("fat-tree:radix=8,hosts=16,gbps=400", "ftree");
+        let ov = [
+            "nodes.count=16".to_string(),
+            "sim.traffic=\"permutation\"".into(),
+            "sim.duration_us=300".into(),
+            format!("sim.train_packets={k}"),
+        ];
+        let config =
+            Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap();
+        simulate(&config, fabric, |_| {})
+            .unwrap()
+            .summary
+            .throughput_per_host_gbps
+    };
+    let (a, b) = (permutation(1), permutation(8));
+    assert!((a - b).abs() < 0.02 * a, "{a} vs {b}");
+}
+
+/// The default train (`sim.train_packets = 0`): 8 packets for the slotted
+/// event builder from 128 hosts up, single packets otherwise; a set value
+/// wins.
+#[test]
+fn trains_are_on_by_default_only_where_they_change_nothing() {
+    let config = |sets: &[&str]| {
+        let ov: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap()
+    };
+    let slotted = config(&[]);
+    assert_eq!(evb_sim::train_packets(&slotted, 128), 8);
+    assert_eq!(evb_sim::train_packets(&slotted, 127), 1);
+    let barrel = config(&["event_builder.schedule=\"barrel\""]);
+    assert_eq!(evb_sim::train_packets(&barrel, 540), 1);
+    let shift = config(&["sim.traffic=\"shift-window\""]);
+    assert_eq!(evb_sim::train_packets(&shift, 540), 1);
+    let small_buffers = config(&["sim.vl_buffer_bytes=16384"]);
+    assert_eq!(evb_sim::train_packets(&small_buffers, 540), 3);
+    let set = config(&["sim.train_packets=2"]);
+    assert_eq!(evb_sim::train_packets(&set, 16), 2);
 }
 
 /// A QDR tree with two hosts whose cables trained at DDR, on leaves whose
