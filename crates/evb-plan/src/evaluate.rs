@@ -78,9 +78,9 @@ pub fn overrides(req: &Requirement, c: &Candidate, duration_us: Option<f64>) -> 
             (8.0 * mean).max(4096.0) as u64
         ),
         format!("sim.link_gbps={}", c.port_gbps),
-        // Four packets a unit: 4x fewer events, the same figures
-        // (docs/sim.md, LHCb scale).
-        "sim.train_packets=4".into(),
+        // Eight packets a unit at every size: 8x fewer events, the slotted
+        // builder's figures unchanged (docs/sim.md, trains of packets).
+        "sim.train_packets=8".into(),
     ];
     if let Some(d) = duration_us {
         o.push(format!("sim.duration_us={d:.0}"));
