@@ -1,5 +1,6 @@
 //! Parameter scans: the cartesian product of configuration values, each
-//! point simulated independently and in parallel on all cores.
+//! point simulated independently and in parallel (on every core, or on
+//! `jobs` threads).
 //!
 //! With replications, every point runs with R seeds (`run.seed`,
 //! `run.seed + 1`, ...) and is ranked by the mean of its R figures, with a
@@ -125,6 +126,8 @@ pub struct ScanOptions {
     /// Seeds per point (at least 1).
     pub replications: usize,
     pub figure: Figure,
+    /// Simulations at once (`None`: one per core).
+    pub jobs: Option<usize>,
 }
 
 impl Default for ScanOptions {
@@ -133,6 +136,7 @@ impl Default for ScanOptions {
             shard: None,
             replications: 1,
             figure: Figure::Built,
+            jobs: None,
         }
     }
 }
@@ -199,9 +203,13 @@ pub fn run_scan(
         shard,
         replications,
         figure,
+        jobs,
     } = options;
     if replications == 0 {
         return Err("--replications must be at least 1".into());
+    }
+    if jobs == Some(0) {
+        return Err("--jobs must be at least 1".into());
     }
     if replications > 1 && axes.iter().any(|a| a.key == "run.seed") {
         return Err(
@@ -228,21 +236,32 @@ pub fn run_scan(
         .collect::<Result<_, _>>()?;
     // Every (point, replication) is a job of its own, so that the cores
     // stay busy however few points there are.
-    let jobs: Vec<(usize, usize)> = (0..configs.len())
+    let work: Vec<(usize, usize)> = (0..configs.len())
         .flat_map(|p| (0..replications).map(move |r| (p, r)))
         .collect();
-    let runs: Vec<(usize, SimSummary, f64)> = jobs
-        .into_par_iter()
-        .map(|(p, r)| {
-            let (config, fabric) = &configs[p];
-            let mut config = config.clone();
-            config.run.seed = config.run.seed.wrapping_add(r as u64);
-            let result = simulate(&config, fabric.clone(), |_| {})?;
-            on_run_done();
-            let value = figure.of(&result.summary)?;
-            Ok((p, result.summary, value))
-        })
-        .collect::<Result<_, String>>()?;
+    let run_all = || {
+        work.into_par_iter()
+            .map(|(p, r)| {
+                let (config, fabric) = &configs[p];
+                let mut config = config.clone();
+                config.run.seed = config.run.seed.wrapping_add(r as u64);
+                let result = simulate(&config, fabric.clone(), |_| {})?;
+                on_run_done();
+                let value = figure.of(&result.summary)?;
+                Ok((p, result.summary, value))
+            })
+            .collect::<Result<Vec<(usize, SimSummary, f64)>, String>>()
+    };
+    // `jobs` threads of a pool of the scan's own (a schedule computed
+    // inside a run parallelises within it too).
+    let runs = match jobs {
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| format!("--jobs {n}: {e}"))?
+            .install(run_all)?,
+        None => run_all()?,
+    };
     let mut per_point: Vec<(Option<SimSummary>, Vec<f64>)> =
         vec![(None, Vec::new()); configs.len()];
     for (p, summary, value) in runs {

@@ -93,13 +93,20 @@ fn sim_runs_the_event_builder_from_the_run_config() {
     assert!(ok, "{err}");
 }
 
+/// Points run on `--jobs` threads; the node count is the configuration
+/// file's (a separate EM on a host of its own) and, without `--topology`,
+/// the fabric is sized for it, as `evb sim` does.
 #[test]
 fn scan_runs_every_point_and_ranks_them() {
     let json = tmp("scan.json");
+    let cfg = tmp("scan5.toml");
+    std::fs::write(&cfg, "[nodes]\ncount = 5\nem = \"separate\"\n").unwrap();
     let (ok, out, err) = evb(&[
         "scan",
-        "--topology",
-        "switch:hosts=6",
+        "--config",
+        &cfg,
+        "--jobs",
+        "1",
         "--traffic",
         "eb",
         "--duration-us",
@@ -117,6 +124,10 @@ fn scan_runs_every_point_and_ranks_them() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 6);
+    for p in points {
+        assert_eq!(p["summary"]["hosts"], 6, "5 nodes and the EM: {p}");
+    }
+    assert!(out.contains("note: no --topology: switch:hosts=6"), "{out}");
     let best = v["best"].as_u64().unwrap() as usize;
     let top = points[best]["figure_gbps"].as_f64().unwrap();
     assert!(points
@@ -140,6 +151,8 @@ fn scan_runs_every_point_and_ranks_them() {
     ]);
     assert!(!ok);
     assert!(err.contains("event_builder.credits"), "{err}");
+    let (ok, _, err) = evb(&["scan", "--jobs", "0", "--param", "event_builder.credits=1"]);
+    assert!(!ok && err.contains("--jobs must be at least 1"), "{err}");
 }
 
 /// A node dies in the simulation (`sim.crash`): the same state machines as
@@ -596,33 +609,40 @@ fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
     );
 }
 
-/// The shipped distribution benches run as documented: their producers and
-/// consumers, at their link rates, and `evb config check` takes them.
+/// The shipped distribution benches run as documented, with the default
+/// topology (one switch sized for the configuration's nodes): their
+/// producers and consumers, at their link rates, and `evb config check`
+/// takes them. A fabric too small for the file's nodes is refused, saying
+/// what would fit.
 #[test]
 fn the_distribution_bench_configs_run() {
     for (file, hosts, producers, consumers, consumer_gbps) in [
-        ("distribution-18x14.toml", "18", 18, 14, 100.0),
-        ("distribution-18x14-busy.toml", "18", 18, 14, 100.0),
-        ("distribution-14x72.toml", "14", 14, 72, 25.0),
+        ("distribution-18x14.toml", 18, 18, 14, 100.0),
+        ("distribution-18x14-busy.toml", 18, 18, 14, 100.0),
+        ("distribution-14x72.toml", 14, 14, 72, 25.0),
     ] {
         let path = format!("{}/../../configs/{file}", env!("CARGO_MANIFEST_DIR"));
         let (ok, _, err) = evb(&["config", "check", &path]);
         assert!(ok, "{file}: {err}");
         let json = tmp(&format!("{file}.json"));
-        let topology = format!("switch:hosts={hosts}");
         let (ok, out, err) = evb(&[
             "sim",
             "--config",
             &path,
-            "--topology",
-            &topology,
             "--duration-us",
             "2000",
             "--json",
             &json,
         ]);
         assert!(ok, "{file}: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "note: no --topology: switch:hosts={hosts}, one switch"
+            )),
+            "{file}: {out}"
+        );
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["summary"]["hosts"], hosts, "{file}");
         let c = &v["summary"]["consumers"];
         assert_eq!(c["producers"], producers, "{file}: {c}");
         assert_eq!(c["consumers"], consumers, "{file}: {c}");
@@ -637,6 +657,16 @@ fn the_distribution_bench_configs_run() {
             "{file}: {c}"
         );
     }
+    let path = format!(
+        "{}/../../configs/distribution-18x14.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (ok, _, err) = evb(&["sim", "--config", &path, "--topology", "switch:hosts=16"]);
+    assert!(
+        !ok && err.contains("nodes.count = 18 needs 18 hosts of the fabric, but it has 16")
+            && err.contains("or give a --topology of 18 hosts or more"),
+        "{err}"
+    );
 }
 
 /// One of 36 hosts on a cable trained to half width that the slots do
