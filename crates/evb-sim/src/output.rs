@@ -456,7 +456,7 @@ pub fn scan_text(result: &ScanResult, fabric: &str) -> String {
             _ => String::new(),
         });
     out += &format!(
-        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by Gb/s {} in steady state; {:.0}% of points within 2% of the best{replications}; % of usable: {}{usable}\n",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by steady-state Gb/s {}; {:.0}% of points within 2% of the best{replications}; % of usable: {}{usable}\n",
         result.points.len(),
         result.wall_seconds,
         result.figure.label(),
