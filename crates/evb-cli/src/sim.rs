@@ -221,23 +221,7 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     if args.params.is_empty() {
         bail!("evb scan needs at least one --param KEY=V1,V2,...");
     }
-    let shard = args
-        .shard
-        .as_deref()
-        .map(|s| -> Result<[usize; 2]> {
-            let (i, n) = s
-                .split_once('/')
-                .with_context(|| format!("--shard {s}: expected I/N"))?;
-            Ok([
-                i.trim()
-                    .parse()
-                    .with_context(|| format!("--shard {s}: bad I"))?,
-                n.trim()
-                    .parse()
-                    .with_context(|| format!("--shard {s}: bad N"))?,
-            ])
-        })
-        .transpose()?;
+    let shard = args.shard.as_deref().map(parse_shard).transpose()?;
     if args.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
@@ -322,6 +306,21 @@ pub fn scan(args: ScanArgs) -> Result<()> {
         sim.csv.as_deref(),
         sim.plot.as_deref(),
     )
+}
+
+/// `--shard I/N`.
+fn parse_shard(s: &str) -> Result<[usize; 2]> {
+    let (i, n) = s
+        .split_once('/')
+        .with_context(|| format!("--shard {s}: expected I/N"))?;
+    Ok([
+        i.trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: bad I"))?,
+        n.trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: bad N"))?,
+    ])
 }
 
 fn merge(m: MergeArgs) -> Result<()> {

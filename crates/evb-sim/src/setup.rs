@@ -116,9 +116,9 @@ impl FabricSpec {
         }
         let hosts =
             hosts.with_context(|| format!("--topology {}: needs hosts=N", self.topology))?;
-        if !(2..=4096).contains(&hosts) {
+        if !(2..=MAX_SWITCH_HOSTS).contains(&hosts) {
             bail!(
-                "--topology {}: hosts must be between 2 and 4096",
+                "--topology {}: hosts must be between 2 and {MAX_SWITCH_HOSTS}",
                 self.topology
             );
         }
@@ -128,6 +128,9 @@ impl FabricSpec {
         Ok(SimFabric::single_switch(hosts))
     }
 }
+
+/// The most hosts `switch:hosts=N` takes.
+pub const MAX_SWITCH_HOSTS: usize = 4096;
 
 /// Hosts of the event-building fabric when the command line names none
 /// and the configuration sets no node count: `switch:hosts=16`.
@@ -166,6 +169,13 @@ pub fn default_topology(
     probe.push("event_builder.schedule_file=\"\"".into());
     let config = Config::load(path, &probe)?;
     let need = hosts_needed(&config);
+    if need > MAX_SWITCH_HOSTS {
+        bail!(
+            "nodes.count = {}{} needs {need} hosts, more than one switch has (at most {MAX_SWITCH_HOSTS}): give a --topology",
+            config.nodes.count,
+            extras(&config)
+        );
+    }
     let hosts = need.max(2);
     let spec = format!("switch:hosts={hosts}");
     Ok((

@@ -302,6 +302,13 @@ fn bad_topology_is_a_clear_error() {
     assert!(!ok && err.contains("hosts"), "{err}");
     let (ok, _, err) = evb(&["sim", "--topology", "torus:hosts=8"]);
     assert!(!ok && err.contains("unknown kind"), "{err}");
+    // Without --topology the switch is sized for the nodes, up to its limit.
+    let (ok, _, err) = evb(&["sim", "--set", "nodes.count=5000"]);
+    assert!(
+        !ok && err.contains("nodes.count = 5000 needs 5000 hosts")
+            && err.contains("give a --topology"),
+        "{err}"
+    );
 }
 
 #[test]
