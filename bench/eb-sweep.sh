@@ -19,8 +19,9 @@
 # case; the half-rate link proportional (its node can carry 50 %).
 # Usage: [CASES="72 288"] [SEEDS="1 2 3"] [TRAIN=1] [SHIFT=1] [PLOT=out.svg] [ROWS=rows.tsv] [X5=X5.topofile] bench/eb-sweep.sh
 #   CASES: tags to run (default: all but 540, 540-sep and 1024-ndr, which
-#   take many minutes each; CASES=all for every one). TRAIN: sim.train_packets (default 1,
-#   evb's default; 4 is ~3x faster and within 0.5 % at 288 nodes). SEEDS:
+#   take many minutes each; CASES=all for every one). TRAIN: sim.train_packets (default: evb's
+#   default, auto: trains of 8 for the slotted builder from 128 hosts up,
+#   which give the figures of single packets; TRAIN=1 for packet by packet). SEEDS:
 #   run.seed values, each case once per seed (default 1); the row gives the
 #   mean and the seeds' range. PLOT: an SVG bar chart of the table. X5: the
 #   public PSMN X5 ibnetdiscover dump (infiniband/X5.topofile in
@@ -30,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --bin evb
 evb=$PWD/target/release/evb
-train=${TRAIN:-1}
+train=${TRAIN:-0}
 seeds=${SEEDS:-1}
 shift=${SHIFT:-1}
 out=$(mktemp -d /tmp/evb-eb-sweep.XXXXXX)
@@ -54,7 +55,7 @@ cases=(
   "163-hdr|LHCb HDR: 163 nodes at 200G, 40-port switches|80000|--config configs/lhcb-163-hdr.toml --topology fat-tree:radix=40,hosts=163,gbps=200 --order ftree"
   "72-half|72 nodes, one cable at half width the file does not tell|200000|--topology $out/t72-half.ibnd --order ftree --set event_builder.slot_us=87.98"
   "540|540 nodes on a 540-host tree (30 full leaves)|240000|--topology fat-tree:radix=36,hosts=540 --order ftree"
-  "1024-ndr|1024 nodes at 400G (NDR), 64-port switches|70000|--topology fat-tree:radix=64,hosts=1024,gbps=400 --order ftree"
+  "1024-ndr|1024 nodes at 400G (NDR), 64-port switches|140000|--topology fat-tree:radix=64,hosts=1024,gbps=400 --order ftree"
   "540-sep|540 nodes + EM alone on a 31st leaf (configs/lhcb-540.toml)|240000|--config configs/lhcb-540.toml --topology fat-tree:radix=36,hosts=541 --order ftree"
 )
 if [ -n "${X5:-}" ]; then

@@ -832,8 +832,11 @@ pub struct SimSection {
     /// `packet` (virtual cut-through, the fast default) or `flit` (64-byte flits).
     pub granularity: Granularity,
     /// MTU packets of one message moved as one unit of the model (their
-    /// headers still counted one by one): k times fewer events, the
-    /// interleaving of messages on a link k times coarser. 1: every packet.
+    /// headers still counted one by one, their buffer space returned packet
+    /// by packet): k times fewer events, the interleaving of messages on a
+    /// link k times coarser. 1: every packet; 0 (auto): up to 8 for the
+    /// slotted event builder on 128 hosts or more (one flow on a link at a
+    /// time, where trains give the figures of single packets), else 1.
     pub train_packets: u32,
     /// InfiniBand hosts inject a message at its path's rate (the least
     /// link rate on its route, as the SA's path record gives it and an HCA
@@ -856,7 +859,65 @@ pub struct SimSection {
     pub heartbeat_us: f64,
     /// The output network that carries built batches to the consumers.
     pub output: SimOutputSection,
+    /// The hosts: what lies between a NIC and memory.
+    pub host: SimHostSection,
 }
+
+/// `[sim.host]`: the part of a host between its NIC and its memory. Every
+/// byte a NIC sends is read from memory over PCIe and every byte it
+/// receives is written there (DMA), one direction each; a message from a
+/// host to itself (`event_builder.local = "nic"`) never reaches the wire:
+/// the NIC loops it back, reading and writing it over PCIe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimHostSection {
+    /// Payload rate of a NIC's DMA per direction, Gb/s (0: the x16 slot
+    /// of the PCIe generation a NIC of the host's link rate ships with,
+    /// see [`SimHostSection::pcie_gbps_for`]).
+    pub pcie_gbps: f64,
+    /// A producer's (BU's) thread that serves the output network copies
+    /// each batch once, at this rate, before its NIC may send it, one batch
+    /// after the other, Gb/s (0: zero copy, the NIC reads the BU's buffers
+    /// as evb's BU delivers).
+    pub producer_copy_gbps: f64,
+}
+
+impl Default for SimHostSection {
+    fn default() -> Self {
+        SimHostSection {
+            pcie_gbps: 0.0,
+            producer_copy_gbps: 0.0,
+        }
+    }
+}
+
+impl SimHostSection {
+    /// The DMA rate per direction of a host whose NIC runs at `link_gbps`:
+    /// `pcie_gbps`, or (0) a x16 slot of PCIe Gen3 up to 100 Gb/s links
+    /// (ConnectX-5 EDR), Gen4 up to 200 (ConnectX-6 HDR), Gen5 up to 400
+    /// (ConnectX-7 NDR), Gen6 above: 16 lanes at 8/16/32/64 GT/s, less the
+    /// line code (128b/130b) and the transaction layer's overhead on
+    /// 256-byte payloads (24 bytes of header, sequence number and LCRC, and
+    /// ~4 % for flow control and acknowledgements: 87.5 % in all), i.e.
+    /// 110 / 221 / 441 / 882 Gb/s.
+    pub fn pcie_gbps_for(&self, link_gbps: f64) -> f64 {
+        if self.pcie_gbps > 0.0 {
+            return self.pcie_gbps;
+        }
+        let gts = match link_gbps {
+            l if l <= 100.0 => 8.0,
+            l if l <= 200.0 => 16.0,
+            l if l <= 400.0 => 32.0,
+            _ => 64.0,
+        };
+        16.0 * gts * 128.0 / 130.0 * PCIE_EFFICIENCY
+    }
+}
+
+/// What of a PCIe link's encoded rate carries payload: 256-byte TLP
+/// payloads with 24 bytes of framing, header, sequence number and LCRC
+/// (91.4 %), less the link's flow-control and ACK packets.
+pub const PCIE_EFFICIENCY: f64 = 0.875;
 
 /// `[sim.output]`: the network between the BUs' second NICs and the
 /// consumers (the filter farm), an Ethernet network with RoCE v2 in the
@@ -933,12 +994,13 @@ impl Default for SimSection {
             load: 1.0,
             sample_us: 10.0,
             granularity: Granularity::Packet,
-            train_packets: 1,
+            train_packets: 0,
             static_rate: true,
             crash: None,
             peer_timeout_us: 100.0,
             heartbeat_us: 25.0,
             output: SimOutputSection::default(),
+            host: SimHostSection::default(),
         }
     }
 }
@@ -1520,6 +1582,20 @@ impl Config {
         if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
             return Err(("sim.link_gbps", "must be a positive number".into()));
         }
+        if !(sim.host.pcie_gbps.is_finite() && (0.0..=1e6).contains(&sim.host.pcie_gbps)) {
+            return Err((
+                "sim.host.pcie_gbps",
+                "must be 0 (the PCIe x16 slot of the link's generation) or a rate in Gb/s up to 1e6".into(),
+            ));
+        }
+        if !(sim.host.producer_copy_gbps.is_finite()
+            && (0.0..=1e6).contains(&sim.host.producer_copy_gbps))
+        {
+            return Err((
+                "sim.host.producer_copy_gbps",
+                "must be 0 (zero copy) or a rate in Gb/s up to 1e6".into(),
+            ));
+        }
         if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
             return Err(("sim.mtu_bytes", "must be between 64 and 1048576".into()));
         }
@@ -1555,13 +1631,13 @@ impl Config {
         if sim.grace_ns >= sim.window_ns {
             return Err(("sim.grace_ns", "must be shorter than sim.window_ns".into()));
         }
-        if !(1..=64).contains(&sim.train_packets)
+        if sim.train_packets > 64
             || u64::from(sim.vl_buffer_bytes)
                 < u64::from(sim.train_packets) * (u64::from(sim.mtu_bytes) + 64) + 64
         {
             return Err((
                 "sim.train_packets",
-                "must be from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
+                "must be 0 (auto) or from 1 to 64, and a train of that many MTU packets must fit sim.vl_buffer_bytes"
                     .into(),
             ));
         }

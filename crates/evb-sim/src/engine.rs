@@ -38,8 +38,15 @@
 //!
 //! Host: queue pairs (one per message in flight) served packet by packet in
 //! turn at link rate, MTU segmentation with the header overheads of the
-//! network (InfiniBand or RoCE v2), a sink that always drains, and a
-//! host-side latency (PCIe + software) drawn from a histogram.
+//! network (InfiniBand or RoCE v2), and a host-side latency (PCIe +
+//! software) drawn from a histogram. Between the NIC and memory, DMA at
+//! the PCIe rate (`sim.host.pcie_gbps`), one server per direction: a
+//! packet leaves no sooner than its payload has been read, and an arriving
+//! packet's buffer in the NIC (its credits) is free once its payload has
+//! been written, so a receive path slower than the wire backs up into the
+//! fabric. A message to the host itself never reaches the wire: the NIC
+//! loops it back through both DMA directions (a whole message at a time,
+//! first come first served with the packets).
 //!
 //! Time is in picoseconds.
 
@@ -88,6 +95,8 @@ pub struct Params {
     /// InfiniBand hosts inject a message at its path's rate, the least
     /// link rate on its route (`sim.static_rate`).
     pub static_rate: bool,
+    /// The hosts' NIC-to-memory path (`[sim.host]`).
+    pub host: evb_core::config::SimHostSection,
     /// Ethernet switches and the hosts on them.
     pub eth: EthParams,
 }
@@ -410,6 +419,11 @@ pub struct Net {
     /// it is below the source's link rate (0: none), `hosts x hosts`;
     /// empty when no path is slower than its source's link.
     path_rate: Vec<f32>,
+    /// Per host: ps per payload byte of its NIC's DMA (0: no limit), and
+    /// when its read (send) and write (receive) directions are free.
+    dma_ps_per_byte: Vec<f64>,
+    dma_read_free: Vec<Ps>,
+    dma_write_free: Vec<Ps>,
     pub hosts: Vec<HostCounters>,
     pub eth_counters: EthCounters,
     rng: Pcg64Mcg,
@@ -589,7 +603,16 @@ impl Net {
         } else {
             Vec::new()
         };
+        let dma_ps_per_byte = (0..hosts as usize)
+            .map(|h| {
+                let link = fabric.host_link_gbps(h, params.link_gbps);
+                8000.0 / params.host.pcie_gbps_for(link)
+            })
+            .collect();
         let mut net = Net {
+            dma_ps_per_byte,
+            dma_read_free: vec![0; hosts as usize],
+            dma_write_free: vec![0; hosts as usize],
             fabric,
             now: 0,
             queue: EventQueue::new(),
@@ -704,6 +727,10 @@ impl Net {
                 (self.msgs.len() - 1) as MsgId
             }
         };
+        if src == dst {
+            self.loop_back(id);
+            return id;
+        }
         let s = src as usize;
         if self.data_limit[s] > 0 && vl == 0 {
             if self.data_active[s] >= self.data_limit[s] {
@@ -716,6 +743,29 @@ impl Net {
         self.active[s].push_back(id);
         self.try_inject(src);
         id
+    }
+
+    /// A message from a host to itself: its NIC reads it from memory and
+    /// writes it back (each direction in turn with the packets it serves),
+    /// the wire untouched. Sent when read, delivered when written.
+    fn loop_back(&mut self, id: MsgId) {
+        let m = self.msgs[id as usize].as_mut().expect("just posted");
+        let (h, bytes) = (m.src as usize, m.bytes);
+        m.sent = bytes;
+        m.received = bytes;
+        m.queued = false;
+        m.done_posted = true;
+        let dma = (bytes as f64 * self.dma_ps_per_byte[h]).round() as Ps;
+        let read = self.now.max(self.dma_read_free[h]) + dma;
+        self.dma_read_free[h] = read;
+        // The write follows the read as it streams; it ends once both have.
+        let written = (self.now.max(self.dma_write_free[h]) + dma).max(read);
+        self.dma_write_free[h] = written;
+        let host = h as u32;
+        let sent_at = read + self.host_latency();
+        self.at(sent_at, Ev::SendDone { host, msg: id });
+        let delivered_at = written + self.host_latency();
+        self.at(delivered_at, Ev::Delivered { host, msg: id });
     }
 
     /// A data message of `host` has sent its last packet: the next one
@@ -1025,6 +1075,25 @@ impl Net {
                     .incoming
                     .push((start + drained + lat, p.vl, 1));
             }
+        } else if p.payload > self.params.mtu && !self.host_eth_out(to) {
+            // A train: each packet's blocks come back as its tail leaves,
+            // as they would packet by packet (a train holding its whole
+            // buffer until its last packet left starves a link whose
+            // buffer holds two trains or fewer).
+            let k = p.payload.div_ceil(self.params.mtu);
+            let span = end - start;
+            let per = p.blocks / k;
+            for i in 1..=k {
+                let blocks = if i == k {
+                    p.blocks - per * (k - 1)
+                } else {
+                    per
+                };
+                let left = start + span * Ps::from(i) / Ps::from(k);
+                self.outs[to as usize]
+                    .incoming
+                    .push((left + lat, p.vl, blocks));
+            }
         } else {
             self.outs[to as usize]
                 .incoming
@@ -1034,6 +1103,11 @@ impl Net {
         if self.outs[to as usize].blocked_since.is_some() {
             self.wait_for_credits(to);
         }
+    }
+
+    /// Output `out` belongs to an Ethernet host or switch (no trains).
+    fn host_eth_out(&self, out: u32) -> bool {
+        !self.outs[out as usize].credit_based
     }
 
     fn release_msg(&mut self, id: MsgId) {
@@ -1093,6 +1167,16 @@ impl Net {
     /// delivery of a message's last packet a host latency after its tail).
     fn arrive_at_host(&mut self, from: u32, host: u32, pkt: u32, head: Ps, tail: Ps) {
         let p = self.packets[pkt as usize];
+        // Its buffer in the NIC is free once DMA has written it to memory.
+        let h = host as usize;
+        let tail = if self.dma_ps_per_byte[h] > 0.0 {
+            let dma = (f64::from(p.payload) * self.dma_ps_per_byte[h]).round() as Ps;
+            let written = tail.max(self.dma_write_free[h] + dma);
+            self.dma_write_free[h] = written;
+            written
+        } else {
+            tail
+        };
         self.return_credits(from, p, head, tail);
         self.free_packets.push(pkt);
         let complete = if self.lossy && self.host_eth[host as usize] {
@@ -1313,12 +1397,29 @@ impl Net {
                 self.leave_queue(id);
             }
             self.transmit(host, pkt);
-            if let Some(r) = self.static_rate_of(host, dst) {
-                // The next packet leaves as if this one had gone at the
-                // path's rate (the HCA's inter-packet delay).
-                self.outs[host as usize].pace_until = self.now + tx_ps_at(wire, r);
-            }
+            self.pace_injection(host, dst, wire, payload);
             return;
+        }
+    }
+
+    /// After a packet of `payload` bytes (`wire` on the wire) to `dst`
+    /// left `host`: its next packet leaves no sooner than the path's static
+    /// rate and the NIC's DMA reads allow.
+    fn pace_injection(&mut self, host: u32, dst: u32, wire: u32, payload: u32) {
+        if let Some(r) = self.static_rate_of(host, dst) {
+            // As if this one had gone at the path's rate (the HCA's
+            // inter-packet delay).
+            self.outs[host as usize].pace_until = self.now + tx_ps_at(wire, r);
+        }
+        let h = host as usize;
+        if self.dma_ps_per_byte[h] > 0.0 {
+            // The next packet's payload is read after this one's: the NIC
+            // sends no faster than DMA reads (loopbacks included).
+            let dma = (f64::from(payload) * self.dma_ps_per_byte[h]).round() as Ps;
+            let read = self.now.max(self.dma_read_free[h]) + dma;
+            self.dma_read_free[h] = read;
+            let o = &mut self.outs[h];
+            o.pace_until = o.pace_until.max(read);
         }
     }
 

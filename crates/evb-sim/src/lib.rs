@@ -493,8 +493,9 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
         host_latency,
         seed: config.run.seed,
         flit: s.granularity == Granularity::Flit,
-        train: s.train_packets,
+        train: s.train_packets.max(1),
         static_rate: s.static_rate,
+        host: s.host.clone(),
         eth: engine::EthParams {
             mtu: s.output.mtu_bytes,
             switch_latency_ps: s.output.switch_latency_ns * PS_PER_NS,
@@ -504,6 +505,32 @@ pub fn params_from_config(config: &Config) -> Result<Params, String> {
             ..engine::EthParams::default()
         },
     })
+}
+
+/// Fabrics from this many hosts up get trains of packets by default.
+pub const AUTO_TRAIN_HOSTS: usize = 128;
+
+/// The MTU packets a train moves as one unit (`sim.train_packets`; 0:
+/// auto). Auto: the slotted event builder puts one flow on a link at a
+/// time, so a train of up to 8 packets (what fits a VL buffer) gives the
+/// figures of single packets (equal to the hundredth of a Gb/s at 72
+/// nodes, 163 x HDR and 128 x NDR, docs/sim.md) with 8 times fewer events;
+/// on fabrics of `AUTO_TRAIN_HOSTS` hosts or more it is the default there.
+/// Everything else, whose flows interleave packet by packet, keeps single
+/// packets.
+pub fn train_packets(config: &Config, hosts: usize) -> u32 {
+    let s = &config.sim;
+    if s.train_packets > 0 {
+        return s.train_packets;
+    }
+    let slotted = s.traffic == SimTraffic::Eb
+        && config.event_builder.schedule == evb_core::config::Schedule::Slotted
+        && s.granularity == Granularity::Packet;
+    if !slotted || hosts < AUTO_TRAIN_HOSTS {
+        return 1;
+    }
+    let packet = u64::from(s.mtu_bytes) + 64;
+    ((u64::from(s.vl_buffer_bytes) - 64) / packet).clamp(1, 8) as u32
 }
 
 /// Whether the consumers sit on an output network of their own.
@@ -617,7 +644,8 @@ pub fn simulate(
         fabric
     };
     fabric.validate()?;
-    let params = params_from_config(config)?;
+    let mut params = params_from_config(config)?;
+    params.train = train_packets(config, fabric.hosts());
     let s = &config.sim;
     let end: Ps = (s.duration_us * 1e6) as Ps;
     let sample: Ps = ((s.sample_us * 1e6) as Ps).max(1);

@@ -241,6 +241,15 @@ pub struct EventBuilder {
     timer_at: Vec<Option<Ps>>,
     /// Control messages of the current step, by destination.
     outbox: std::collections::BTreeMap<u16, Vec<Message>>,
+    /// `sim.host.producer_copy_gbps` as ps per byte (0: zero copy): a
+    /// producer's (BU's) thread that serves the output network copies each
+    /// batch once before its NIC may send it, one batch after the other.
+    producer_ps_per_byte: f64,
+    /// Per endpoint: when its producer thread is free, and the deliveries
+    /// it has prepared or is preparing (ready at, src host, dst host,
+    /// bytes, tag), in order.
+    producer_free: Vec<Ps>,
+    prepared: Vec<std::collections::VecDeque<Prepared>>,
     pub built_bytes: u64,
     pub events_built: u64,
     pub batches_incomplete: u64,
@@ -279,9 +288,22 @@ pub struct EventBuilder {
     endpoint_of_host: Vec<u16>,
 }
 
+/// A delivery a producer's thread is preparing: when it is ready, from
+/// and to which hosts, its bytes, its tag.
+#[derive(Debug, Clone, Copy)]
+struct Prepared {
+    ready: Ps,
+    src: u32,
+    dst: u32,
+    bytes: u64,
+    tag: u64,
+}
+
 /// Timer tokens: the node's own deadline, its death.
 const TIMER_DEADLINE: u64 = 0;
 const TIMER_CRASH: u64 = 1;
+/// A producer thread has prepared a delivery.
+const TIMER_PREPARED: u64 = 2;
 
 impl EventBuilder {
     pub fn new(config: &Config, hosts: usize) -> Result<EventBuilder, String> {
@@ -357,6 +379,12 @@ impl EventBuilder {
             free: Vec::new(),
             timer_at: vec![None; layout.endpoints as usize],
             outbox: std::collections::BTreeMap::new(),
+            producer_ps_per_byte: match config.sim.host.producer_copy_gbps {
+                g if g > 0.0 => 8000.0 / g,
+                _ => 0.0,
+            },
+            producer_free: vec![0; layout.endpoints as usize],
+            prepared: vec![std::collections::VecDeque::new(); layout.endpoints as usize],
             built_bytes: 0,
             events_built: 0,
             batches_incomplete: 0,
@@ -447,6 +475,28 @@ impl EventBuilder {
         net.now() / PS_PER_NS
     }
 
+    /// Endpoint `host`'s producer sends a batch of `bytes` (`tag`) from
+    /// host `src` to `dst`: at once, or when its thread has copied it
+    /// (one batch after the other).
+    fn deliver(&mut self, net: &mut Net, host: u32, src: u32, dst: u32, bytes: u64, tag: u64) {
+        if self.producer_ps_per_byte == 0.0 {
+            net.post(src, dst, bytes, 0, tag, None);
+            return;
+        }
+        let h = host as usize;
+        let copy = (bytes as f64 * self.producer_ps_per_byte).round() as Ps;
+        let ready = net.now().max(self.producer_free[h]) + copy;
+        self.producer_free[h] = ready;
+        self.prepared[h].push_back(Prepared {
+            ready,
+            src,
+            dst,
+            bytes,
+            tag,
+        });
+        net.set_timer(host, ready, TIMER_PREPARED);
+    }
+
     /// Carries out what the node on endpoint `host` asked for.
     fn drain(&mut self, net: &mut Net, host: u32) {
         let h = host as usize;
@@ -513,7 +563,7 @@ impl EventBuilder {
                     let tag = self.carry(Carried::Fragment(header));
                     let wire = payload + (FRAME_HEADER_LEN + FRAGMENT_HEADER_LEN) as u64;
                     let (src, dst) = self.hosts_for(host as u16, to);
-                    net.post(src, dst, wire, 0, tag, None);
+                    self.deliver(net, host, src, dst, wire, tag);
                 }
                 Action::Consumed { .. } | Action::Confirmed { .. } => {}
                 Action::Release { .. } | Action::Done | Action::DrainTimedOut { .. } => {}
@@ -573,7 +623,8 @@ impl Traffic for EventBuilder {
             Carried::Fragment(h) => {
                 // No bytes are simulated: the CRC is taken as correct.
                 if self.nodes[to].admit_fragment(now, from, &h) == Admit::Keep {
-                    if h.flags & FLAG_BATCH == 0 {
+                    // A fragment the NIC looped back never crossed the network.
+                    if h.flags & FLAG_BATCH == 0 && msg.src != msg.dst {
                         self.interval_network += u64::from(h.payload_len);
                     }
                     self.nodes[to].on_fragment(now, &h, h.crc32c);
@@ -635,6 +686,17 @@ impl Traffic for EventBuilder {
                 return;
             }
             _ if self.dead[h] => return,
+            TIMER_PREPARED => {
+                let now = net.now();
+                while let Some(&p) = self.prepared[h].front() {
+                    if p.ready > now {
+                        break;
+                    }
+                    self.prepared[h].pop_front();
+                    net.post(p.src, p.dst, p.bytes, 0, p.tag, None);
+                }
+                return;
+            }
             _ => {}
         }
         self.timer_at[h] = None;

@@ -799,6 +799,48 @@ fn packet_trains_keep_the_figures_of_single_packets() {
     assert!((a - b).abs() < 0.005 * a, "{a} vs {b}");
     let ratio = one.summary.events_processed as f64 / four.summary.events_processed as f64;
     assert!(ratio > 2.5, "events: {ratio}x fewer");
+    // Trains of 8 on 400G links whose 64 KiB buffers hold two of them: a
+    // train's buffer space comes back packet by packet as it leaves (held
+    // until its last packet left, this permutation fell to 180 Gb/s a host).
+    let permutation = |k: u32| {
+        let (.., fabric) = fat_tree("fat-tree:radix=8,hosts=16,gbps=400", "ftree");
+        let ov = [
+            "nodes.count=16".to_string(),
+            "sim.traffic=\"permutation\"".into(),
+            "sim.duration_us=300".into(),
+            format!("sim.train_packets={k}"),
+        ];
+        let config =
+            Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap();
+        simulate(&config, fabric, |_| {})
+            .unwrap()
+            .summary
+            .throughput_per_host_gbps
+    };
+    let (a, b) = (permutation(1), permutation(8));
+    assert!((a - b).abs() < 0.02 * a, "{a} vs {b}");
+}
+
+/// The default train (`sim.train_packets = 0`): 8 packets for the slotted
+/// event builder from 128 hosts up, single packets otherwise; a set value
+/// wins.
+#[test]
+fn trains_are_on_by_default_only_where_they_change_nothing() {
+    let config = |sets: &[&str]| {
+        let ov: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        Config::from_str_with_overrides("test", "", &ov, std::path::Path::new(".")).unwrap()
+    };
+    let slotted = config(&[]);
+    assert_eq!(evb_sim::train_packets(&slotted, 128), 8);
+    assert_eq!(evb_sim::train_packets(&slotted, 127), 1);
+    let barrel = config(&["event_builder.schedule=\"barrel\""]);
+    assert_eq!(evb_sim::train_packets(&barrel, 540), 1);
+    let shift = config(&["sim.traffic=\"shift-window\""]);
+    assert_eq!(evb_sim::train_packets(&shift, 540), 1);
+    let small_buffers = config(&["sim.vl_buffer_bytes=16384"]);
+    assert_eq!(evb_sim::train_packets(&small_buffers, 540), 3);
+    let set = config(&["sim.train_packets=2"]);
+    assert_eq!(evb_sim::train_packets(&set, 16), 2);
 }
 
 /// A QDR tree with two hosts whose cables trained at DDR, on leaves whose
@@ -867,4 +909,79 @@ fn a_fabric_of_mixed_rates_gets_slots_for_its_fast_links() {
     // No slot grew: every fragment fits the slots its path needs.
     let slots = rated.slots.as_ref().unwrap();
     assert_eq!(slots.slot_changes, 0, "{slots:?}");
+}
+
+/// The host between NIC and memory (`[sim.host]`): a NIC sends no faster
+/// than DMA reads, and a receive path slower than the wire backs up into
+/// the fabric (the NIC's buffer is free only once DMA has written it to
+/// memory): an incast runs at the receiver's DMA rate with the senders
+/// waiting for credits, nothing lost. The default (a PCIe x16 slot of the
+/// link's generation, 110 Gb/s for EDR) leaves the wire the limit.
+#[test]
+fn a_host_path_slower_than_the_wire_limits_the_host() {
+    let r = sim(8, "permutation", 300.0, &["sim.host.pcie_gbps=60.0"]);
+    for h in &r.hosts {
+        let (tx, rx) = (h.sent_gbps, h.received_gbps);
+        assert!(
+            tx > 57.0 && tx < 60.5 && rx > 57.0 && rx <= 60.01,
+            "{tx} {rx}"
+        );
+    }
+    // Received counts what reached the NIC: its buffer's worth above the
+    // DMA rate over the run.
+    let r = sim(8, "incast", 1000.0, &["sim.host.pcie_gbps=60.0"]);
+    let rx0 = r.hosts[0].received_gbps;
+    assert!(rx0 > 57.0 && rx0 < 61.0, "{rx0}");
+    assert!(
+        r.summary.total_xmit_wait_s > 100e-6,
+        "the receiver's NIC buffers fill: credits must run out ({})",
+        r.summary.total_xmit_wait_s
+    );
+    let r = sim(8, "permutation", 300.0, &[]);
+    assert!(r.summary.throughput_per_host_gbps > 100.0 * EFFICIENCY - 1.0);
+}
+
+/// `event_builder.local = "nic"`: the node's own fragment is looped back
+/// by its NIC (read and written over PCIe), not sent to the switch and
+/// back. In the slotted barrel of 16 nodes its slot leaves the wire idle:
+/// the network carries 15/16 of the link while the BU builds at the rate
+/// of the memory case (the published bench: 95.95 Gb/s per node through
+/// the network in memory, 92.93 through the NIC).
+#[test]
+fn the_local_fragment_through_the_nic_is_looped_back_off_the_wire() {
+    let memory = sim(16, "eb", 40_000.0, &[]);
+    let nic = sim(16, "eb", 40_000.0, &["event_builder.local=\"nic\""]);
+    let (m, n) = (
+        memory.summary.eb.as_ref().unwrap(),
+        nic.summary.eb.as_ref().unwrap(),
+    );
+    let ratio = n.network_gbps_per_node / m.network_gbps_per_node;
+    assert!((ratio - 15.0 / 16.0).abs() < 0.01, "network: {ratio}");
+    // Through the NIC, what the BU builds all crossed its NIC: the
+    // loopback at DMA speed, the rest at the wire's.
+    let wire = nic.summary.throughput_per_host_gbps;
+    assert!(
+        (wire / n.network_gbps_per_node - 1.0).abs() < 0.02,
+        "the wire carries no loopback: {wire} vs {}",
+        n.network_gbps_per_node
+    );
+}
+
+/// A producer whose thread copies each batch once before its NIC sends it
+/// (`sim.host.producer_copy_gbps`) delivers no faster than it copies, with
+/// consumers that could take more; without the copy the same producers
+/// reach about their link.
+#[test]
+fn a_producer_that_copies_its_batches_delivers_at_its_copy_rate() {
+    let per_producer = |sets: &[&str]| {
+        let r = eb_with_consumers(4, 8, 6000.0, sets);
+        r.summary
+            .consumers
+            .expect("consumers summary")
+            .producer_gbps_per_producer
+    };
+    let copying = per_producer(&["sim.host.producer_copy_gbps=40.0"]);
+    let zero_copy = per_producer(&[]);
+    assert!(copying > 34.0 && copying < 40.5, "{copying}");
+    assert!(zero_copy > 1.5 * copying, "{zero_copy} vs {copying}");
 }
