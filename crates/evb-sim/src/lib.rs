@@ -26,7 +26,7 @@ pub mod traffic;
 
 use std::time::Instant;
 
-use evb_core::config::{FlowControl, Granularity, OutputNetwork, SimTraffic};
+use evb_core::config::{FlowControl, Granularity, LocalTraffic, OutputNetwork, SimTraffic};
 use evb_core::{Config, Layout};
 use serde::{Deserialize, Serialize};
 
@@ -192,6 +192,11 @@ pub struct EbSummary {
     pub network_fraction_of_link: f64,
     #[serde(default)]
     pub network_fraction_of_usable: f64,
+    /// Where a node's own fragment goes (`event_builder.local`): `memory`
+    /// (handed over) or `nic` (looped back by its NIC); either way it
+    /// crosses no link and is in `built_gbps_per_node` only.
+    #[serde(default)]
+    pub local: String,
     pub latency_p50_us: f64,
     pub latency_p99_us: f64,
     pub latency_max_us: f64,
@@ -880,6 +885,11 @@ fn eb_summary(
         network_gbps_per_node: network_per_node,
         network_fraction_of_link: network_per_node / link_gbps,
         network_fraction_of_usable: network_per_node / usable,
+        local: match config.event_builder.local {
+            LocalTraffic::Memory => "memory",
+            LocalTraffic::Nic => "nic",
+        }
+        .to_string(),
         latency_p50_us: q(0.5),
         latency_p99_us: q(0.99),
         latency_max_us: q(1.0),

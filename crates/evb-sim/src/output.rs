@@ -151,7 +151,12 @@ fn steady_text(eb: &EbSummary, s: &SimSummary) -> String {
             // node builds can be more than its link carries.
             let local = if eb.built_gbps_per_node > eb.network_gbps_per_node * 1.0001 {
                 format!(
-                    ", its own fragment included (handed over in memory, it crosses no link{})",
+                    ", its own fragment included ({}, it crosses no link{})",
+                    if eb.local == "nic" {
+                        "looped back by its NIC"
+                    } else {
+                        "handed over in memory"
+                    },
                     if eb.built_gbps_per_node > s.usable_link_gbps {
                         ": hence above the link's rate"
                     } else {
