@@ -170,10 +170,9 @@ pub struct DiagnoseArgs {
     /// ibdiagnet2.pm or ibdiagnet2.db_csv.
     #[arg(long, num_args = 1..=2, required = true)]
     counters: Vec<PathBuf>,
-    /// The event builder's rank order (as its hostfile, or name, lid,
-    /// ftree, random:SEED).
-    #[arg(long, default_value = "name")]
-    order: String,
+    // The order the event builder's ranks ran in.
+    #[arg(long, help = crate::vocab::ORDER_HELP)]
+    order: Option<String>,
     /// Write the diagnosis as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -232,7 +231,9 @@ pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
     .load()?;
     print_notes(&loaded.notes);
     let topo = &loaded.topo;
-    let order = evb_fabric::optimize::order_from_spec(&a.order, topo)?;
+    let resolved = evb_fabric::optimize::order_or_default(a.order.as_deref(), topo)?;
+    print_notes(resolved.note.as_slice());
+    let order = resolved.order;
     let mut placed = Vec::new();
     for f in &a.counters {
         let (read, _) = read_any(f, topo, file_time(f)?)?;
@@ -250,7 +251,7 @@ pub fn diagnose(a: DiagnoseArgs) -> Result<()> {
         lfts: &loaded.lfts,
         routing: loaded.what.clone(),
         order,
-        order_spec: a.order.clone(),
+        order_spec: resolved.spec,
         a: earlier,
         b: later,
         run_steps: match &a.run {

@@ -45,9 +45,8 @@ enum FabricCmd {
 struct ScheduleArgs {
     #[command(flatten)]
     input: FabricInput,
-    /// Rank order (rank i = node i of the event builder): name, lid, random:SEED, ftree, or a file.
-    #[arg(long, default_value = "ftree")]
-    order: String,
+    #[arg(long, help = crate::vocab::ORDER_HELP)]
+    order: Option<String>,
     /// Where local fragments go (`event_builder.local`): memory (no slot for a rank's own BU) or nic.
     #[arg(long, default_value = "memory")]
     local: String,
@@ -85,8 +84,7 @@ pub(crate) struct Tables {
     /// LFT dump (opensm-lfts.dump, or dump_lfts / ibroute output).
     #[arg(long, conflicts_with = "routing")]
     pub(crate) lfts: Option<PathBuf>,
-    /// Routing engine when no --lfts: ftree, minhop, updn, dfsssp, dmodk, random:SEED (default ftree; ftree, updn and dfsssp fall back to minhop where OpenSM does, unless --strict). `diagnose` also routes a repaired fabric with it.
-    #[arg(long)]
+    #[arg(long, help = crate::vocab::ROUTING_HELP)]
     pub(crate) routing: Option<String>,
     /// Refuse a fabric the routing engine cannot route instead of falling
     /// back to minhop as OpenSM does.
@@ -132,9 +130,8 @@ struct FabricInput {
 struct ConflictsArgs {
     #[command(flatten)]
     input: FabricInput,
-    /// Rank order: name, lid, random:SEED, ftree, optimized, or a file (hostfile or opensm-ftree-ca-order.dump).
-    #[arg(long, default_value = "name")]
-    order: String,
+    #[arg(long, help = crate::vocab::CONFLICTS_ORDER_HELP)]
+    order: Option<String>,
     /// Write the report as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -187,9 +184,8 @@ struct RouteArgs {
     topology: String,
     #[command(flatten)]
     naming: Naming,
-    /// Rank order: name, lid, random:SEED, ftree, or a file.
-    #[arg(long, default_value = "name")]
-    order: String,
+    #[arg(long, help = crate::vocab::ORDER_HELP)]
+    order: Option<String>,
     /// LFT file to write (opensm-lfts.dump format; load with opensm -R file -U FILE).
     #[arg(long)]
     out: PathBuf,
@@ -211,8 +207,7 @@ struct ExportArgs {
     topology: String,
     #[command(flatten)]
     naming: Naming,
-    /// Routing engine for --lfts-out (default ftree).
-    #[arg(long)]
+    #[arg(long, help = crate::vocab::ROUTING_HELP)]
     routing: Option<String>,
     /// Refuse a fabric the routing engine cannot route (no fallback to minhop).
     #[arg(long)]
@@ -229,9 +224,9 @@ struct ExportArgs {
     /// Hostfile in --order.
     #[arg(long)]
     hostfile: Option<PathBuf>,
-    /// Rank order for --hostfile.
-    #[arg(long, default_value = "name")]
-    order: String,
+    // The rank order of --hostfile.
+    #[arg(long, help = crate::vocab::ORDER_HELP)]
+    order: Option<String>,
     /// Slurm topology.conf (topology/tree plugin).
     #[arg(long)]
     slurm: Option<PathBuf>,
@@ -259,7 +254,9 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         other => bail!("--local: `{other}` is neither memory nor nic"),
     };
     let (topo, lfts, what, _) = load(&a.input)?;
-    let mut order = optimize::order_from_spec(&a.order, &topo)?;
+    let resolved = optimize::order_or_default(a.order.as_deref(), &topo)?;
+    print_notes(resolved.note.as_slice());
+    let (mut order, order_spec) = (resolved.order, resolved.spec);
     if let Some(r) = a.ranks {
         if r > order.len() {
             bail!("--ranks {r}: the order has only {} hosts", order.len());
@@ -272,7 +269,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     }
     let conflicts = analyze(&topo, &lfts, &order, &shift_steps(n), 0)?;
     let rated =
-        evb_fabric::rated::choose_slot_rate(&topo, &lfts, &order, &a.order, local, a.compact)?;
+        evb_fabric::rated::choose_slot_rate(&topo, &lfts, &order, &order_spec, local, a.compact)?;
     let chosen = rated.chosen;
     if let Some(note) = &chosen.note {
         println!("{note}");
@@ -290,7 +287,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
         s.plain_slots,
         what,
         a.input.topology,
-        a.order,
+        order_spec,
         names.join(" "),
         a.local,
         n - 1
@@ -298,7 +295,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     io::write_text(&a.out, &s.to_text(&header))?;
     println!(
         "{what}; {n} ranks in order {}: the plain barrel has {} conflicts in {} of {} steps",
-        a.order, conflicts.total.conflicts, conflicts.total.steps_with_conflicts, s.plain_slots
+        order_spec, conflicts.total.conflicts, conflicts.total.steps_with_conflicts, s.plain_slots
     );
     if a.plain {
         println!(
@@ -326,7 +323,7 @@ fn schedule(a: ScheduleArgs) -> Result<()> {
     }
     if let Some(j) = &a.json {
         let v = serde_json::json!({
-            "ranks": n, "order": a.order, "routing": what, "local": a.local,
+            "ranks": n, "order": order_spec, "routing": what, "local": a.local,
             "plain_slots": s.plain_slots, "slots": s.slots.len(),
             "steps_split": s.steps_split, "flows_moved": s.flows_moved,
             "lower_bound": s.lower_bound,
@@ -377,22 +374,27 @@ fn send_steps(s: &Option<String>, n: usize, conv: StepConvention) -> Result<Vec<
     Ok(setup::send_steps(s.as_deref(), n, conv)?)
 }
 
+/// The rank order `spec` names (the default without one), its name, and
+/// the search report of `optimized`; a note on stderr when the default
+/// order could not be ftree.
 fn resolve_order(
-    spec: &str,
+    spec: Option<&str>,
     topo: &Topology,
     lfts: Option<&Lfts>,
     steps: &[usize],
     limit: f64,
     seed: u64,
-) -> Result<(Vec<usize>, Option<optimize::SearchReport>)> {
-    Ok(setup::resolve_order(
+) -> Result<(Vec<usize>, String, Option<optimize::SearchReport>)> {
+    let (resolved, search) = setup::resolve_order(
         spec,
         topo,
         lfts,
         steps,
         Duration::from_secs_f64(limit),
         seed,
-    )?)
+    )?;
+    print_notes(resolved.note.as_slice());
+    Ok((resolved.order, resolved.spec, search))
 }
 
 fn conflicts(a: ConflictsArgs) -> Result<()> {
@@ -400,8 +402,14 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
     let (topo, lfts, what, fallback) = load(&a.input)?;
     let nh = topo.hosts().len();
     let steps = send_steps(&a.input.steps, nh, conv)?;
-    let (order, search) =
-        resolve_order(&a.order, &topo, Some(&lfts), &steps, a.time_limit, a.seed)?;
+    let (order, order_spec, search) = resolve_order(
+        a.order.as_deref(),
+        &topo,
+        Some(&lfts),
+        &steps,
+        a.time_limit,
+        a.seed,
+    )?;
     if order.len() != nh {
         eprintln!(
             "note: order lists {} of {} hosts; only those ranks take part",
@@ -436,7 +444,7 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
         a.input.topology,
         nh,
         topo.switches().len(),
-        a.order
+        order_spec
     );
     if conv == StepConvention::Receive {
         println!("steps numbered by the rank received from: in step s rank i receives from i+s");
@@ -460,13 +468,14 @@ fn conflicts(a: ConflictsArgs) -> Result<()> {
         },
         "links": link_json,
     });
-    write_outputs(&an, &a, &what, secs, search, extra)?;
+    write_outputs(&an, &a, &order_spec, &what, secs, search, extra)?;
     Ok(())
 }
 
 fn write_outputs(
     an: &Analysis,
     a: &ConflictsArgs,
+    order: &str,
     what: &str,
     secs: f64,
     search: Option<optimize::SearchReport>,
@@ -481,7 +490,7 @@ fn write_outputs(
             "link_rates": extra["links"]["link_rates"],
             "links_of_unknown_rate": extra["links"]["links_of_unknown_rate"],
             "degraded_links": extra["links"]["degraded_links"],
-            "order": a.order,
+            "order": order,
             "hosts": an.hosts,
             "analysis_seconds": secs,
             "conflict_definition": "per step and directed link: max(0, flows - 1), summed",
@@ -499,7 +508,7 @@ fn write_outputs(
     for p in &a.plot {
         let title = format!(
             "{}: {} hosts, order {}, {} conflicts",
-            a.input.topology, an.hosts, a.order, an.total.conflicts
+            a.input.topology, an.hosts, order, an.total.conflicts
         );
         evb_fabric::plot::plot(an, &title, p)?;
     }
@@ -546,7 +555,7 @@ fn route_cmd(a: RouteArgs) -> Result<()> {
     let topo = load_named(&a.topology, &a.naming)?;
     let nh = topo.hosts().len();
     let steps = send_steps(&a.steps, nh, conv)?;
-    let (order, _) = resolve_order(&a.order, &topo, None, &steps, 0.0, 1)?;
+    let (order, order_spec, _) = resolve_order(a.order.as_deref(), &topo, None, &steps, 0.0, 1)?;
     let (lfts, rep) =
         optimize::route_for_shift(&topo, &order, &steps, Duration::from_secs_f64(a.time_limit))?;
     // Check the written tables with the analysis itself.
@@ -554,7 +563,7 @@ fn route_cmd(a: RouteArgs) -> Result<()> {
     io::write_text(&a.out, &io::write_opensm_lfts(&topo, &lfts))?;
     println!(
         "routing for order '{}': {} conflicts (D-mod-K by rank: {})",
-        a.order, an.total.conflicts, rep.start_conflicts
+        order_spec, an.total.conflicts, rep.start_conflicts
     );
     if an.total.conflicts > 0 {
         println!("zero conflicts not reached; why:");
@@ -594,7 +603,7 @@ fn export(a: ExportArgs) -> Result<()> {
         wrote += 1;
     }
     if let Some(p) = &a.hostfile {
-        let (o, _) = resolve_order(&a.order, &topo, None, &[], 0.0, 1)?;
+        let (o, _, _) = resolve_order(a.order.as_deref(), &topo, None, &[], 0.0, 1)?;
         io::write_text(p, &io::write_hostfile(&topo, &o))?;
         wrote += 1;
     }

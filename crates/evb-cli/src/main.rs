@@ -13,6 +13,7 @@ mod report;
 mod run_fabric;
 mod sim;
 mod store;
+mod vocab;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

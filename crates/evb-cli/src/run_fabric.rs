@@ -33,14 +33,12 @@ pub struct FabricRunArgs {
     /// With --fabric: its forwarding tables (opensm-lfts.dump, dump_lfts or ibroute output)
     #[arg(long, requires = "fabric", value_name = "FILE")]
     pub fabric_lfts: Option<PathBuf>,
-    /// With --fabric and no --fabric-lfts: the routing engine (ftree, minhop, updn, dfsssp,
-    /// dmodk; ftree falls back to minhop where OpenSM does)
-    #[arg(long, requires = "fabric", default_value = "ftree")]
-    pub fabric_routing: String,
-    /// With --fabric: the rank order the nodes run in (ftree, name, lid, leaf, a hostfile or
-    /// OpenSM's CA order dump): rank i is the order's host i
-    #[arg(long, requires = "fabric", default_value = "ftree")]
-    pub fabric_order: String,
+    // With --fabric and no --fabric-lfts: the routing engine.
+    #[arg(long, requires = "fabric", value_name = "ROUTING", help = crate::vocab::ROUTING_HELP)]
+    pub fabric_routing: Option<String>,
+    // With --fabric: the order the nodes' ranks run in.
+    #[arg(long, requires = "fabric", value_name = "ORDER", help = crate::vocab::ORDER_HELP)]
+    pub fabric_order: Option<String>,
     /// With --fabric: GUID-to-host-name map for the fabric file
     #[arg(long, requires = "fabric", value_name = "FILE")]
     pub fabric_names: Option<PathBuf>,
@@ -119,7 +117,7 @@ impl FabricRunArgs {
             topology: spec.clone(),
             names: self.fabric_names.clone(),
             lfts: self.fabric_lfts.clone(),
-            routing: Some(self.fabric_routing.clone()),
+            routing: self.fabric_routing.clone(),
             ..FabricSource::default()
         }
         .load()
@@ -128,13 +126,22 @@ impl FabricRunArgs {
             eprintln!("{note}");
         }
         let (topo, lfts) = (&loaded.topo, &loaded.lfts);
-        let mut order = evb_fabric::optimize::order_from_spec(&self.fabric_order, topo)
-            .with_context(|| format!("--fabric-order {}", self.fabric_order))?;
+        let resolved = evb_fabric::optimize::order_or_default(self.fabric_order.as_deref(), topo)
+            .with_context(|| {
+            format!(
+                "--fabric-order {}",
+                self.fabric_order.as_deref().unwrap_or("(default)")
+            )
+        })?;
+        if let Some(note) = &resolved.note {
+            eprintln!("note: --fabric {spec}: {note}");
+        }
+        let (mut order, order_spec) = (resolved.order, resolved.spec);
         let ranks = usize::from(Layout::from_config(&cfg).nodes);
         if order.len() < ranks {
             bail!(
                 "--fabric {spec}: the order {} has {} hosts, the event builder {ranks} nodes",
-                self.fabric_order,
+                order_spec,
                 order.len()
             );
         }
@@ -144,14 +151,8 @@ impl FabricRunArgs {
         let local = cfg.event_builder.local == LocalTraffic::Nic;
         // The schedule decides the slots' rate where the fabric's paths run
         // at several (a rate-aware schedule may size them for a faster one).
-        let rated = evb_fabric::rated::choose_slot_rate(
-            topo,
-            lfts,
-            &order,
-            &self.fabric_order,
-            local,
-            false,
-        )?;
+        let rated =
+            evb_fabric::rated::choose_slot_rate(topo, lfts, &order, &order_spec, local, false)?;
         let slot_gbps = if wants_schedule {
             rated.slot_gbps
         } else {
@@ -180,7 +181,7 @@ impl FabricRunArgs {
             } else {
                 let header = format!(
                     "evb slot schedule for {ranks} ranks of {spec} ({}), order {}",
-                    loaded.what, self.fabric_order
+                    loaded.what, order_spec
                 );
                 said.push(plan.write_schedule(&s, &header, &chosen.shift)?);
             }
@@ -188,7 +189,7 @@ impl FabricRunArgs {
         plan.summary = Some(format!(
             "slotted barrel on {spec} ({}, order {}): {}",
             loaded.what,
-            self.fabric_order,
+            order_spec,
             said.join("; ")
         ));
         Ok(plan)

@@ -1,6 +1,8 @@
 //! `evb sim`: simulate an event builder (or synthetic traffic) on a fabric.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -8,7 +10,7 @@ use evb_core::Config;
 use evb_sim::fabric::SimFabric;
 use evb_sim::output;
 use evb_sim::scan::ScanResult;
-use evb_sim::setup::{sized_config, FabricSpec};
+use evb_sim::setup::{default_topology, sized_config, FabricSpec};
 
 #[derive(Debug, Clone, Args)]
 pub struct SimArgs {
@@ -19,19 +21,20 @@ pub struct SimArgs {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
     /// Fabric: `switch:hosts=N` (one switch), `fat-tree:radix=36,hosts=72[,...]`
-    /// (see docs/fabric.md), or an `ibnetdiscover` file.
-    #[arg(long, default_value = "switch:hosts=16")]
-    pub topology: String,
+    /// (see docs/fabric.md), or an `ibnetdiscover` file. Default: one switch
+    /// with a host for every endpoint the configuration puts on the fabric
+    /// when it sets nodes.count (nodes, a separate EM, consumers with
+    /// sim.output.network = "fabric"), else `switch:hosts=16`.
+    #[arg(long)]
+    pub topology: Option<String>,
     /// Forwarding tables to use (OpenSM `opensm-lfts.dump` or `dump_lfts`
     /// output); without it, `--routing` computes them.
     #[arg(long)]
     pub lfts: Option<PathBuf>,
-    /// Routing engine when no --lfts: ftree, minhop, dmodk, random:SEED.
-    #[arg(long, default_value = "ftree")]
-    pub routing: String,
-    /// Rank order: name, lid, leaf, random:SEED, ftree, or a hostfile.
-    #[arg(long, default_value = "name")]
-    pub order: String,
+    #[arg(long, help = crate::vocab::ROUTING_HELP)]
+    pub routing: Option<String>,
+    #[arg(long, help = crate::vocab::ORDER_HELP)]
+    pub order: Option<String>,
     /// What-if: remove a host or switch by name (repeatable), as `evb fabric`.
     #[arg(long = "remove")]
     pub remove: Vec<String>,
@@ -70,17 +73,21 @@ pub struct SimArgs {
     pub counters: Option<PathBuf>,
 }
 
-/// Builds the simulated fabric from `--topology`, `--lfts`/`--routing`,
-/// `--order` and the what-if edits.
-pub fn build_fabric(args: &SimArgs) -> Result<SimFabric> {
-    fabric_spec(args).build()
+/// The topology `--topology` names or, without it, the default sized for
+/// the configuration and its overrides ([`default_topology`]), with a
+/// note when it was sized so.
+fn topology(args: &SimArgs, overrides: &[String]) -> Result<(String, Option<String>)> {
+    match &args.topology {
+        Some(t) => Ok((t.clone(), None)),
+        None => default_topology(args.config.as_deref(), overrides),
+    }
 }
 
-/// The fabric `--topology`, `--lfts`/`--routing`, `--order` and the edits
+/// The fabric `topology`, `--lfts`/`--routing`, `--order` and the edits
 /// describe.
-fn fabric_spec(args: &SimArgs) -> FabricSpec {
+fn fabric_spec(args: &SimArgs, topology: &str) -> FabricSpec {
     FabricSpec {
-        topology: args.topology.clone(),
+        topology: topology.to_string(),
         lfts: args.lfts.clone(),
         routing: args.routing.clone(),
         order: args.order.clone(),
@@ -106,8 +113,12 @@ fn overrides(args: &SimArgs) -> Vec<String> {
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
-    let fabric = build_fabric(&args)?;
-    let (config, notes) = sized_config(args.config.as_deref(), &overrides(&args), &fabric)?;
+    let overrides = overrides(&args);
+    let (topology, sized) = topology(&args, &overrides)?;
+    let spec = fabric_spec(&args, &topology);
+    let fabric = spec.build()?;
+    let (config, more) = sized_config(args.config.as_deref(), &overrides, &fabric)?;
+    let notes: Vec<String> = sized.into_iter().chain(more).collect();
     let bar = crate::progress::bar(1000, "simulating");
     let mut result = evb_sim::simulate(&config, fabric, |f| bar.set_position((f * 1000.0) as u64))
         .map_err(anyhow::Error::msg)?;
@@ -129,7 +140,7 @@ pub fn run(args: SimArgs) -> Result<()> {
         write(path, &output::timeseries_csv(&result))?;
     }
     if let Some(path) = &args.counters {
-        let Some(topo) = fabric_spec(&args).topology()? else {
+        let Some(topo) = spec.topology()? else {
             bail!("--counters: switch:hosts=N has no ports to name; give a fat-tree: or ibnetdiscover topology");
         };
         let snap = output::counters_snapshot(&result, &topo)?;
@@ -172,6 +183,10 @@ pub struct ScanArgs {
     /// the distribution to consumers).
     #[arg(long, default_value = "built")]
     pub figure: String,
+    /// Simulations run at once, each on a thread of its own (default: one
+    /// per core).
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -206,79 +221,106 @@ pub fn scan(args: ScanArgs) -> Result<()> {
     if args.params.is_empty() {
         bail!("evb scan needs at least one --param KEY=V1,V2,...");
     }
-    let shard = args
-        .shard
-        .as_deref()
-        .map(|s| -> Result<[usize; 2]> {
-            let (i, n) = s
-                .split_once('/')
-                .with_context(|| format!("--shard {s}: expected I/N"))?;
-            Ok([
-                i.trim()
-                    .parse()
-                    .with_context(|| format!("--shard {s}: bad I"))?,
-                n.trim()
-                    .parse()
-                    .with_context(|| format!("--shard {s}: bad N"))?,
-            ])
-        })
-        .transpose()?;
+    let shard = args.shard.as_deref().map(parse_shard).transpose()?;
+    if args.jobs == Some(0) {
+        bail!("--jobs must be at least 1");
+    }
     let sim = args.sim;
-    let fabric = build_fabric(&sim)?;
     let axes = args
         .params
         .iter()
         .map(|p| evb_sim::scan::Axis::parse(p))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
-    let mut base = overrides(&sim);
-    if !base.iter().any(|o| o.starts_with("nodes.count")) {
-        base.insert(0, format!("nodes.count={}", fabric.hosts()));
-    }
+    let base = overrides(&sim);
     let figure = evb_sim::scan::Figure::parse(&args.figure).map_err(anyhow::Error::msg)?;
     let total: usize = axes.iter().map(|a| a.values.len()).product::<usize>() * args.replications;
     let bar = crate::progress::bar(total as u64, "scan points");
-    // One fabric per (order, routing) met in the scan.
-    let fabrics = std::sync::Mutex::new(std::collections::HashMap::new());
+    // One fabric per (topology, order, routing) met in the scan: the
+    // topology is sized for each point's configuration when --topology is
+    // not given, as `evb sim` sizes it.
+    type Key = (String, Option<String>, Option<String>);
+    let fabrics = Mutex::new(HashMap::<Key, SimFabric>::new());
+    let notes = Mutex::new(Vec::<String>::new());
     let load = |point: &[(String, String)]| -> Result<(Config, SimFabric), String> {
         let mut args = sim.clone();
         let mut overrides = Vec::new();
         for (k, v) in point {
             match k.as_str() {
-                "order" => args.order = v.clone(),
-                "routing" => args.routing = v.clone(),
+                "order" => args.order = Some(v.clone()),
+                "routing" => args.routing = Some(v.clone()),
                 _ => overrides.push(format!("{k}={v}")),
             }
         }
-        let key = (args.order.clone(), args.routing.clone());
+        let all = point_overrides(&base, &overrides);
+        let (topology, sized) = topology(&args, &all).map_err(|e| format!("{e:#}"))?;
+        let key = (topology.clone(), args.order.clone(), args.routing.clone());
         let cached = fabrics.lock().expect("not poisoned").get(&key).cloned();
         let fabric = match cached {
             Some(f) => f,
             None => {
-                let f = build_fabric(&args).map_err(|e| format!("{e:#}"))?;
+                let f = fabric_spec(&args, &topology)
+                    .build()
+                    .map_err(|e| format!("{e:#}"))?;
                 fabrics.lock().expect("not poisoned").insert(key, f.clone());
                 f
             }
         };
-        let config = Config::load(sim.config.as_deref(), &point_overrides(&base, &overrides))
-            .map_err(|e| e.to_string())?;
+        let (config, more) =
+            sized_config(sim.config.as_deref(), &all, &fabric).map_err(|e| format!("{e:#}"))?;
+        let mut said = notes.lock().expect("not poisoned");
+        for n in sized.into_iter().chain(more) {
+            if !said.contains(&n) {
+                said.push(n);
+            }
+        }
         Ok((config, fabric))
     };
     let options = evb_sim::scan::ScanOptions {
         shard,
         replications: args.replications,
         figure,
+        jobs: args.jobs,
     };
     let result =
         evb_sim::scan::run_scan(&axes, load, options, || bar.inc(1)).map_err(anyhow::Error::msg)?;
     bar.finish_and_clear();
-    print_scan(&result, &fabric.name);
+    let mut names: Vec<String> = fabrics
+        .into_inner()
+        .expect("not poisoned")
+        .into_values()
+        .map(|f| f.name)
+        .collect();
+    names.sort();
+    let fabric = match names.len() {
+        1..=3 => names.join(" | "),
+        n => format!("{n} fabrics"),
+    };
+    print_scan(&result, &fabric);
+    for n in notes.into_inner().expect("not poisoned") {
+        println!("note: {n}");
+    }
     write_scan(
         &result,
         sim.json.as_deref(),
         sim.csv.as_deref(),
         sim.plot.as_deref(),
     )
+}
+
+/// `--shard I/N`.
+fn parse_shard(s: &str) -> Result<[usize; 2]> {
+    let (i, n) = s
+        .split_once('/')
+        .with_context(|| format!("--shard {s}: expected I/N"))?;
+    Ok([
+        i.trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: bad I"))?,
+        n.trim()
+            .parse()
+            .with_context(|| format!("--shard {s}: bad N"))?,
+    ])
 }
 
 fn merge(m: MergeArgs) -> Result<()> {

@@ -39,6 +39,59 @@ pub fn order_random(topo: &Topology, seed: u64) -> Vec<usize> {
     h
 }
 
+/// The rank order every command takes when none is given (`--order`,
+/// `--fabric-order`): the ftree engine's CA order, the order OpenSM's
+/// ftree routing balances its routes for, in which a shift over a tree of
+/// full leaves has no conflict; on a fabric that engine cannot route (it
+/// falls back to minhop, and OpenSM writes no CA order), the order by name.
+pub const DEFAULT_ORDER: &str = "ftree";
+
+/// The routing engine every command takes when neither tables nor an
+/// engine are given (`--routing`, `--fabric-routing`).
+pub const DEFAULT_ROUTING: &str = "ftree";
+
+/// A rank order as the command line gives it, or the default.
+#[derive(Debug, Clone)]
+pub struct ResolvedOrder {
+    /// Topology node of each rank.
+    pub order: Vec<usize>,
+    /// The order's name as given, or the default's (`ftree`, or `name`
+    /// where the ftree engine cannot route the fabric).
+    pub spec: String,
+    /// Why the default is not `ftree` on this fabric, for the user.
+    pub note: Option<String>,
+}
+
+/// The rank order `given` names ([`order_from_spec`]), or without one the
+/// default ([`DEFAULT_ORDER`]): the ftree CA order, or the order by name
+/// (with a note saying why) where the ftree engine cannot route the fabric.
+/// An order given by name is never replaced: `--order ftree` on such a
+/// fabric is an error that says so.
+pub fn order_or_default(given: Option<&str>, topo: &Topology) -> Result<ResolvedOrder> {
+    if let Some(spec) = given {
+        return Ok(ResolvedOrder {
+            order: order_from_spec(spec, topo)?,
+            spec: spec.to_string(),
+            note: None,
+        });
+    }
+    match order_ftree(topo) {
+        Ok(order) => Ok(ResolvedOrder {
+            order,
+            spec: DEFAULT_ORDER.into(),
+            note: None,
+        }),
+        Err(_) => Ok(ResolvedOrder {
+            order: order_by_name(topo),
+            spec: "name".into(),
+            note: Some(
+                "rank order: name (the default, ftree, is the ftree engine's CA order, and that engine cannot route this fabric; --order ftree says why)"
+                    .into(),
+            ),
+        }),
+    }
+}
+
 /// A rank order from its name: `name`, `lid`, `leaf`, `ftree`, `random` or
 /// `random:SEED`, or a file (hostfile or `opensm-ftree-ca-order.dump`).
 /// (`optimized` needs routing tables: see [`optimize_order`].)
@@ -554,4 +607,29 @@ pub fn explain(topo: &Topology, steps: &[usize], n: usize) -> (u64, Vec<String>)
         reasons.push(format!("lower bound for any order and routing: {bound} conflicts (leaf up/down-links cannot carry the off-leaf flows one per step)"));
     }
     (bound, reasons)
+}
+
+#[cfg(test)]
+mod default_order_tests {
+    use super::*;
+
+    /// The default order is the ftree CA order where the ftree engine
+    /// routes the fabric, else the order by name with a note; an order
+    /// given by name is never replaced.
+    #[test]
+    fn the_default_order_is_ftree_or_by_name_where_ftree_cannot_route() {
+        let full = crate::io::load_topology("fat-tree:radix=4,hosts=8").unwrap();
+        let d = order_or_default(None, &full).unwrap();
+        assert_eq!((d.spec.as_str(), d.note), ("ftree", None));
+        assert_eq!(d.order, order_ftree(&full).unwrap());
+        let mut cut = full.clone();
+        cut.apply_edits(&[], &["leaf001:3".into()], &[]).unwrap();
+        let d = order_or_default(None, &cut).unwrap();
+        assert_eq!(d.spec, "name");
+        assert!(d.note.unwrap().contains("cannot route"));
+        assert_eq!(d.order, order_by_name(&cut));
+        assert!(order_or_default(Some("ftree"), &cut).is_err());
+        let given = order_or_default(Some("lid"), &cut).unwrap();
+        assert_eq!((given.spec.as_str(), given.note), ("lid", None));
+    }
 }

@@ -115,7 +115,7 @@ pub fn route_like_opensm(
     engine: Option<&str>,
     strict: bool,
 ) -> Result<OpenSmRouting> {
-    let e = Engine::parse(engine.unwrap_or("ftree"))?;
+    let e = Engine::parse(engine.unwrap_or(optimize::DEFAULT_ROUTING))?;
     let r = route_or_fallback(topo, &e, strict)?;
     let what = match &r.fallback {
         None => format!("{} routing by evb", r.engine.name()),
@@ -216,24 +216,29 @@ pub fn parse_steps(spec: Option<&str>, n: usize) -> Result<Vec<usize>> {
 
 /// The rank order `spec` names: `optimized` searches one (for up to
 /// `limit`, from `seed`; it needs the tables), anything else is
-/// [`optimize::order_from_spec`].
+/// [`optimize::order_or_default`] (no `spec`: the default order).
 pub fn resolve_order(
-    spec: &str,
+    spec: Option<&str>,
     topo: &Topology,
     lfts: Option<&Lfts>,
     steps: &[usize],
     limit: Duration,
     seed: u64,
-) -> Result<(Vec<usize>, Option<SearchReport>)> {
+) -> Result<(optimize::ResolvedOrder, Option<SearchReport>)> {
     Ok(match spec {
-        "optimized" | "optimised" => {
+        Some(s @ ("optimized" | "optimised")) => {
             let lfts = lfts.ok_or_else(|| {
                 FabricError::Invalid("--order optimized needs routing tables".into())
             })?;
             let (o, r) = optimize::optimize_order(topo, lfts, steps, limit, seed)?;
-            (o, Some(r))
+            let order = optimize::ResolvedOrder {
+                order: o,
+                spec: s.to_string(),
+                note: None,
+            };
+            (order, Some(r))
         }
-        other => (optimize::order_from_spec(other, topo)?, None),
+        other => (optimize::order_or_default(other, topo)?, None),
     })
 }
 

@@ -214,8 +214,8 @@ pub fn simulate(req: &Requirement, c: &Candidate) -> Result<SimOutcome> {
     let spec = evb_sim::setup::FabricSpec {
         topology: c.spec.clone(),
         lfts: None,
-        routing: "ftree".into(),
-        order: "ftree".into(),
+        routing: Some("ftree".into()),
+        order: Some("ftree".into()),
         remove: Vec::new(),
         remove_link: Vec::new(),
         swap_cables: Vec::new(),

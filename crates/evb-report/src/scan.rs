@@ -16,7 +16,9 @@ const RANKED: usize = 20;
 struct Point {
     params: Vec<(String, String)>,
     figure_gbps: f64,
-    link_rate_gbps: Option<f64>,
+    /// What crossed a link, of its usable payload rate (`evb scan`'s
+    /// `% of usable`; absent from older files).
+    fraction_of_usable: Option<f64>,
 }
 
 struct Scan {
@@ -54,7 +56,7 @@ impl Scan {
             points.push(Point {
                 params,
                 figure_gbps: p.get("figure_gbps").f64()?,
-                link_rate_gbps: p.get("summary").get("link_rate_gbps").opt_f64()?,
+                fraction_of_usable: p.get("fraction_of_usable").opt_f64()?,
             });
         }
         Ok(Scan {
@@ -174,7 +176,7 @@ pub(crate) fn section(input: &Input) -> Result<String> {
 
     let mut ranked: Vec<&Point> = scan.points.iter().collect();
     ranked.sort_by(|a, b| b.figure_gbps.total_cmp(&a.figure_gbps));
-    let mut head = vec!["rank", "Gb/s", "% of link"];
+    let mut head = vec!["rank", "Gb/s", "% of usable"];
     head.extend(scan.axes.iter().map(String::as_str));
     let rows: Vec<Vec<Cell>> = ranked
         .iter()
@@ -184,10 +186,7 @@ pub(crate) fn section(input: &Input) -> Result<String> {
             let mut row = vec![
                 Cell::num((i + 1).to_string()),
                 Cell::num(format!("{:.2}", p.figure_gbps)),
-                Cell::num(fixed(
-                    p.link_rate_gbps.map(|l| p.figure_gbps / l * 100.0),
-                    1,
-                )),
+                Cell::num(fixed(p.fraction_of_usable.map(|f| f * 100.0), 1)),
             ];
             row.extend(p.params.iter().map(|(_, v)| Cell::new(v.clone())));
             row

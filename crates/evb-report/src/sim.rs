@@ -17,11 +17,17 @@ struct Summary {
     per_host_gbps: f64,
     link_rate_gbps: f64,
     fraction_of_link: f64,
+    /// The links' usable payload rate and the share of it (absent from
+    /// older files).
+    usable_link_gbps: Option<f64>,
+    fraction_of_usable: Option<f64>,
     min_host_gbps: f64,
     max_host_gbps: f64,
     simulated_s: f64,
     max_link_utilisation: Option<f64>,
     eb_built_gbps_per_node: Option<f64>,
+    eb_network_gbps_per_node: Option<f64>,
+    eb_network_fraction_of_usable: Option<f64>,
     eb_latency_p99_us: Option<f64>,
 }
 
@@ -35,13 +41,37 @@ impl Summary {
             per_host_gbps: s.get("throughput_per_host_gbps").f64()?,
             link_rate_gbps: s.get("link_rate_gbps").f64()?,
             fraction_of_link: s.get("fraction_of_link").f64()?,
+            usable_link_gbps: s.get("usable_link_gbps").opt_f64()?,
+            fraction_of_usable: s.get("fraction_of_usable").opt_f64()?,
             min_host_gbps: s.get("min_host_gbps").f64()?,
             max_host_gbps: s.get("max_host_gbps").f64()?,
             simulated_s: s.get("simulated_seconds").f64()?,
             max_link_utilisation: s.get("max_link_utilisation").opt_f64()?,
             eb_built_gbps_per_node: eb.get("built_gbps_per_node").opt_f64()?,
+            eb_network_gbps_per_node: eb.get("network_gbps_per_node").opt_f64()?,
+            eb_network_fraction_of_usable: eb.get("network_fraction_of_usable").opt_f64()?,
             eb_latency_p99_us: eb.get("latency_p99_us").opt_f64()?,
         })
+    }
+}
+
+impl Summary {
+    /// The per-host figure's share of the link: of its usable payload
+    /// rate where the file has it, else of the raw rate, saying which.
+    fn share(&self) -> String {
+        match (self.fraction_of_usable, self.usable_link_gbps) {
+            (Some(f), Some(u)) => format!(
+                "{:.1}% of the usable {:.2} of {:.1} Gb/s",
+                f * 100.0,
+                u,
+                self.link_rate_gbps
+            ),
+            _ => format!(
+                "{:.1}% of {:.1} Gb/s",
+                self.fraction_of_link * 100.0,
+                self.link_rate_gbps
+            ),
+        }
     }
 }
 
@@ -56,12 +86,11 @@ pub(crate) fn summary_facts(s: &At) -> Result<String> {
         ),
         ("simulated", format!("{:.1} us", sum.simulated_s * 1e6)),
         (
-            "delivered per host",
+            "received per host, whole run",
             format!(
-                "{:.2} Gb/s ({:.1}% of {:.1} Gb/s); min {:.2}, max {:.2}",
+                "{:.2} Gb/s ({}); min {:.2}, max {:.2}",
                 sum.per_host_gbps,
-                sum.fraction_of_link * 100.0,
-                sum.link_rate_gbps,
+                sum.share(),
                 sum.min_host_gbps,
                 sum.max_host_gbps
             ),
@@ -87,8 +116,16 @@ pub(crate) fn summary_facts(s: &At) -> Result<String> {
             opt_count(eb.get("batches_incomplete").opt_u64()?),
         ));
         rows.push((
-            "built per node",
+            "built per node, steady state (own fragment included)",
             fixed(sum.eb_built_gbps_per_node, 2) + " Gb/s",
+        ));
+        rows.push((
+            "crossed the network per node, steady state",
+            fixed(sum.eb_network_gbps_per_node, 2)
+                + " Gb/s"
+                + &sum
+                    .eb_network_fraction_of_usable
+                    .map_or(String::new(), |f| format!(" ({:.1}% of usable)", f * 100.0)),
         ));
         rows.push((
             "batch latency p50 / p99 / max",
@@ -257,7 +294,10 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
             Cell::num(s.hosts.to_string()),
             Cell::num(format!("{:.1}", s.simulated_s * 1e6)),
             Cell::num(format!("{:.2}", s.per_host_gbps)),
-            Cell::num(format!("{:.1}", s.fraction_of_link * 100.0)),
+            Cell::num(format!(
+                "{:.1}",
+                s.fraction_of_usable.unwrap_or(s.fraction_of_link) * 100.0
+            )),
             Cell::num(fixed(s.eb_built_gbps_per_node, 2)),
             Cell::num(fixed(s.eb_latency_p99_us, 1)),
         ]);
@@ -272,9 +312,9 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
             "traffic",
             "hosts",
             "simulated us",
-            "delivered Gb/s per host",
-            "% of link",
-            "built Gb/s per node",
+            "received Gb/s per host, whole run",
+            "% of usable (older files: of link)",
+            "built Gb/s per node, steady state",
             "latency p99 us",
         ],
         &rows,
@@ -282,7 +322,7 @@ pub(crate) fn compare(inputs: &[&Input]) -> Result<String> {
     out.push_str(&figure(
         inputs[0].file,
         evb_plot::bar_chart_svg(
-            "Built Gb/s per node (event builder) or delivered Gb/s per host",
+            "Built Gb/s per node (event builder, steady state) or received Gb/s per host",
             "simulation",
             "Gb/s",
             &bars,

@@ -26,7 +26,7 @@ pub mod traffic;
 
 use std::time::Instant;
 
-use evb_core::config::{FlowControl, Granularity, OutputNetwork, SimTraffic};
+use evb_core::config::{FlowControl, Granularity, LocalTraffic, OutputNetwork, SimTraffic};
 use evb_core::{Config, Layout};
 use serde::{Deserialize, Serialize};
 
@@ -45,11 +45,26 @@ pub struct SimSummary {
     /// Hosts of the event-building fabric (the output network's are in
     /// `hosts[]` after them, and summarised in `consumers`).
     pub hosts: usize,
-    /// Mean payload delivered per host of the fabric, Gb/s.
+    /// Mean payload received per host of the fabric over the whole run
+    /// (warm-up included), all messages (control too), Gb/s.
     pub throughput_per_host_gbps: f64,
+    /// The hosts' links' data rate (after encoding), mean over the hosts.
     pub link_rate_gbps: f64,
-    /// throughput_per_host_gbps / link_rate_gbps.
+    /// throughput_per_host_gbps / link_rate_gbps (of the raw data rate).
     pub fraction_of_link: f64,
+    /// The payload rate the hosts' links can carry: the data rate less
+    /// the headers of MTU-sized packets (`mtu_bytes` of payload and
+    /// `packet_header_bytes` more each; a message's first packet carries
+    /// a 16-byte RETH besides), Gb/s.
+    #[serde(default)]
+    pub usable_link_gbps: f64,
+    #[serde(default)]
+    pub mtu_bytes: u32,
+    #[serde(default)]
+    pub packet_header_bytes: u32,
+    /// throughput_per_host_gbps / usable_link_gbps.
+    #[serde(default)]
+    pub fraction_of_usable: f64,
     pub min_host_gbps: f64,
     pub max_host_gbps: f64,
     pub simulated_seconds: f64,
@@ -78,6 +93,18 @@ pub struct OutputSummary {
     pub consumers: usize,
     pub producer_link_gbps: f64,
     pub consumer_link_gbps: f64,
+    /// The payload rate those links can carry (Ethernet: RoCE v2 packets
+    /// of `sim.output.mtu_bytes` and 86 bytes of headers; `fabric`:
+    /// InfiniBand's), Gb/s.
+    #[serde(default)]
+    pub producer_usable_gbps: f64,
+    #[serde(default)]
+    pub consumer_usable_gbps: f64,
+    /// The steady window: after `warmup_us`, `batch_means` batches.
+    #[serde(default)]
+    pub warmup_us: f64,
+    #[serde(default)]
+    pub batch_means: usize,
     /// Per producer (BU): batch payload its output NIC sent, Gb/s
     /// (retransmissions included); with `fabric`, batches posted.
     pub producer_gbps_per_producer: f64,
@@ -88,6 +115,13 @@ pub struct OutputSummary {
     /// The same two as aggregates over all producers / all consumers.
     pub producer_gbps_total: f64,
     pub consumer_gbps_total: f64,
+    /// Per producer and per consumer as a fraction of their links' usable
+    /// payload rate.
+    #[serde(default)]
+    pub producer_fraction_of_usable: f64,
+    #[serde(default)]
+    pub consumer_fraction_of_usable: f64,
+    /// The rest is over the whole run, warm-up included.
     /// Mean over consumers of the fraction of time busy with a batch.
     pub busy_fraction_mean: f64,
     /// Times the EM had a MEP to assign and no BU had credit.
@@ -131,20 +165,38 @@ pub struct EbSummary {
     pub built_ci95_gbps: f64,
     #[serde(default)]
     pub batch_means: usize,
-    /// Start of the run left out, microseconds.
+    /// Start of the run left out, microseconds, and why that long (the
+    /// rule of [`warmup`], the rounding to whole rotations and the
+    /// rotations the batches leave over), for the user.
     #[serde(default)]
     pub warmup_us: f64,
+    #[serde(default)]
+    pub warmup_rule: String,
+    /// The steady window's length after the warm-up, microseconds, and a
+    /// slotted barrel's rotation (the window holds whole ones).
+    #[serde(default)]
+    pub steady_us: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation_us: Option<f64>,
     /// (last quarter - second quarter) / second quarter of the built
     /// series: a steady state has none.
     #[serde(default)]
     pub drift: f64,
     /// The part of `built_gbps_per_node` that crossed the network (all of
     /// it with `event_builder.local = "nic"`), and that as a fraction of
-    /// the link rate: never more than 1.
+    /// the BUs' links' data rate and of their usable payload rate
+    /// (`summary.usable_link_gbps`'s rule): never more than 1.
     #[serde(default)]
     pub network_gbps_per_node: f64,
     #[serde(default)]
     pub network_fraction_of_link: f64,
+    #[serde(default)]
+    pub network_fraction_of_usable: f64,
+    /// Where a node's own fragment goes (`event_builder.local`): `memory`
+    /// (handed over) or `nic` (looped back by its NIC); either way it
+    /// crosses no link and is in `built_gbps_per_node` only.
+    #[serde(default)]
+    pub local: String,
     pub latency_p50_us: f64,
     pub latency_p99_us: f64,
     pub latency_max_us: f64,
@@ -379,7 +431,12 @@ pub struct SimConsumers {
     /// (`output.accept_fraction`): what goes on to storage.
     pub events_consumed: u64,
     pub events_accepted: u64,
-    /// Batch bytes delivered by the BUs and consumed, over the run, Gb/s.
+    /// Batch payload the BUs handed to the output network over the run,
+    /// counted when handed over (the consumers' credits let several
+    /// batches a consumer go at once, and those still queued in the
+    /// producers' NICs at the end count too: not a rate any link carried,
+    /// and above the links' for a short run), and the batch payload the
+    /// consumers finished, Gb/s, all BUs / all consumers.
     pub producer_gbps: f64,
     pub consumer_gbps: f64,
     /// Times the EM had a MEP to assign and no BU had credit.
@@ -526,20 +583,40 @@ pub fn with_output_network(config: &Config, mut fabric: SimFabric) -> Result<Sim
 /// a fifth of the run, or two rotations of a slotted barrel if that is
 /// longer, at most half the run.
 pub fn warmup_ps(config: &Config) -> Ps {
+    warmup(config).0
+}
+
+/// [`warmup_ps`] and which of its rules set it, for the user.
+pub fn warmup(config: &Config) -> (Ps, &'static str) {
     let end = (config.sim.duration_us * 1e6) as Ps;
     if config.sim.warmup_us > 0.0 {
-        return (config.sim.warmup_us * 1e6) as Ps;
+        return ((config.sim.warmup_us * 1e6) as Ps, "sim.warmup_us");
     }
-    let mut warmup = end / 5;
-    if config.event_builder.schedule == evb_core::config::Schedule::Slotted {
-        let layout = evb_core::Layout::from_config(config);
-        if layout.rus() > 0 {
-            let plan = evb_core::slots::SlotPlan::for_source(config, &layout, 0);
-            warmup = warmup.max(2 * plan.rotation() * plan.slot_ns * PS_PER_NS);
+    let fifth = end / 5;
+    let rotations = rotation_ps(config).map_or(0, |r| 2 * r);
+    if rotations > fifth {
+        if rotations > end / 2 {
+            (
+                end / 2,
+                "half the run, the most it may be: two rotations are longer",
+            )
+        } else {
+            (rotations, "two rotations, longer than a fifth of the run")
         }
+    } else {
+        (fifth, "a fifth of the run")
     }
-    warmup.min(end / 2)
 }
+
+/// The payload rate a link of `gbps` carries in packets of `mtu` bytes of
+/// payload and `header` bytes more.
+pub fn usable_gbps(gbps: f64, mtu: u32, header: u32) -> f64 {
+    gbps * f64::from(mtu) / f64::from(mtu + header)
+}
+
+/// Bytes an InfiniBand packet carries besides its payload: LRH, BTH, ICRC
+/// and VCRC (the RETH of a message's first packet aside).
+pub const IB_PACKET_HEADER_BYTES: u32 = engine::LRH + engine::BTH + engine::ICRC + engine::VCRC;
 
 /// A slotted barrel's rotation, ps: the steady-state figures are taken
 /// over whole rotations ([`stats::batch_means_periodic`]).
@@ -616,13 +693,11 @@ pub fn simulate(
     let links = link_results(&ports, secs);
     let first_steady = (warmup_ps(config).div_ceil(sample)) as usize;
     let host_link = mean_link_gbps(&net, 0..fabric_hosts as u32);
-    let eb_summary = eb.as_ref().map(|e| {
-        let bus = Layout::from_config(config).bu_nodes;
-        let bu_link = mean_link_gbps(&net, bus.iter().map(|&b| u32::from(b)));
-        EbSummary {
-            schedule: schedule.clone(),
-            ..eb_summary(config, e, bu_link, end, sample)
-        }
+    let (mtu, header) = (net.params.mtu, IB_PACKET_HEADER_BYTES);
+    let host_usable = usable_gbps(host_link, mtu, header);
+    let eb_summary = eb.as_ref().map(|e| EbSummary {
+        schedule: schedule.clone(),
+        ..eb_summary(config, e, &net, end, sample)
     });
     let end_ns = end / PS_PER_NS;
     let consumers = eb
@@ -644,6 +719,10 @@ pub fn simulate(
             throughput_per_host_gbps: mean,
             link_rate_gbps: host_link,
             fraction_of_link: mean / host_link,
+            usable_link_gbps: host_usable,
+            mtu_bytes: mtu,
+            packet_header_bytes: header,
+            fraction_of_usable: mean / host_usable,
             min_host_gbps: rx.iter().copied().fold(f64::INFINITY, f64::min),
             max_host_gbps: rx.iter().copied().fold(0.0, f64::max),
             simulated_seconds: secs,
@@ -732,11 +811,14 @@ fn link_results(ports: &[engine::PortReport], secs: f64) -> Vec<LinkResult> {
 fn eb_summary(
     config: &Config,
     e: &traffic::EventBuilder,
-    link_gbps: f64,
+    net: &Net,
     end: Ps,
     sample: Ps,
 ) -> EbSummary {
-    let warmup = warmup_ps(config);
+    let bus = Layout::from_config(config).bu_nodes;
+    let link_gbps = mean_link_gbps(net, bus.iter().map(|&b| u32::from(b)));
+    let usable = usable_gbps(link_gbps, net.params.mtu, IB_PACKET_HEADER_BYTES);
+    let (warmup, rule) = warmup(config);
     let first_steady = (warmup.div_ceil(sample)) as usize;
     let rotation = rotation_ps(config);
     let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
@@ -765,6 +847,12 @@ fn eb_summary(
         Some(_) => built.from_ps as f64 * 1e-6,
         None => first_steady as f64 * sample as f64 * 1e-6,
     };
+    let steady_us = match rotation {
+        Some(_) if built.to_ps > built.from_ps => (built.to_ps - built.from_ps) as f64 * 1e-6,
+        _ => end as f64 * 1e-6 - warmup_us,
+    }
+    .max(0.0);
+    let warmup_rule = warmup_text(warmup, rule, rotation, &built);
     let first_built_us = e.first_built_ns.map(|t| t as f64 * 1e-3);
     let period_us = rotation.map_or(warmup as f64, |r| r as f64) * 1e-6;
     let (steady, steady_needs_us) = steady_state(
@@ -790,9 +878,18 @@ fn eb_summary(
         built_ci95_gbps: built.ci95 / bus,
         batch_means: built.batches,
         warmup_us,
+        warmup_rule,
+        steady_us,
+        rotation_us: rotation.map(|r| r as f64 * 1e-6),
         drift,
         network_gbps_per_node: network_per_node,
         network_fraction_of_link: network_per_node / link_gbps,
+        network_fraction_of_usable: network_per_node / usable,
+        local: match config.event_builder.local {
+            LocalTraffic::Memory => "memory",
+            LocalTraffic::Nic => "nic",
+        }
+        .to_string(),
         latency_p50_us: q(0.5),
         latency_p99_us: q(0.99),
         latency_max_us: q(1.0),
@@ -808,6 +905,39 @@ fn eb_summary(
         slots: slot_keeping(config, e),
         built_gbps_series: e.built_series.clone(),
     }
+}
+
+/// Why the warm-up is as long as it is: the rule that set it (`base` ps,
+/// [`warmup`]) and, for a slotted barrel, the rotations it came to once
+/// rounded up to a rotation's end and given the rotations the batches
+/// leave over.
+fn warmup_text(base: Ps, rule: &str, rotation: Option<Ps>, built: &stats::Steady) -> String {
+    let ms = |ps: u64| ps as f64 * 1e-9;
+    let Some(r) = rotation.filter(|&r| r > 0 && built.to_ps > built.from_ps) else {
+        return format!("{rule}, {:.2} ms", ms(base));
+    };
+    if !built.from_ps.is_multiple_of(r) {
+        return format!(
+            "{rule}, {:.2} ms; fewer than two whole rotations of {:.3} ms follow",
+            ms(base),
+            ms(r)
+        );
+    }
+    let rounded = base.div_ceil(r);
+    let total = built.from_ps / r;
+    let over = total.saturating_sub(rounded);
+    let window = (built.to_ps - built.from_ps) / r;
+    let mut text = format!("{total} rotations of {:.3} ms: {rule}", ms(r));
+    if !base.is_multiple_of(r) {
+        text += &format!(", {:.2} ms, rounded up to whole rotations", ms(base));
+    }
+    if over > 0 {
+        text += &format!(
+            ", and {over} left over by cutting the {window} measured into {} equal batches",
+            built.batches
+        );
+    }
+    text
 }
 
 /// The steady-state distribution figures of a finished `eb` simulation
@@ -867,18 +997,31 @@ fn output_summary(
         ),
         None => (net.params.link_gbps, net.params.link_gbps),
     };
+    let (mtu, header) = match e.output_hosts() {
+        Some(_) => (net.params.eth.mtu, net.params.eth.header_bytes),
+        None => (net.params.mtu, IB_PACKET_HEADER_BYTES),
+    };
+    let (pu, cu) = (usable_gbps(pg, mtu, header), usable_gbps(cg, mtu, header));
+    let per_producer = produced.mean / p.max(1) as f64;
+    let per_consumer = consumed.mean / c.max(1) as f64;
     OutputSummary {
         network,
         producers: p,
         consumers: c,
         producer_link_gbps: pg,
         consumer_link_gbps: cg,
-        producer_gbps_per_producer: produced.mean / p.max(1) as f64,
+        producer_usable_gbps: pu,
+        consumer_usable_gbps: cu,
+        warmup_us: (first_steady as u64 * net.sample_ps) as f64 * 1e-6,
+        batch_means: consumed.batches,
+        producer_gbps_per_producer: per_producer,
         producer_ci95_gbps: produced.ci95 / p.max(1) as f64,
-        consumer_gbps_per_consumer: consumed.mean / c.max(1) as f64,
+        consumer_gbps_per_consumer: per_consumer,
         consumer_ci95_gbps: consumed.ci95 / c.max(1) as f64,
         producer_gbps_total: produced.mean,
         consumer_gbps_total: consumed.mean,
+        producer_fraction_of_usable: per_producer / pu,
+        consumer_fraction_of_usable: per_consumer / cu,
         busy_fraction_mean: busy,
         em_credit_stalls: e
             .nodes

@@ -9,8 +9,11 @@ use evb_plot::{line_chart, Series};
 use crate::scan::{heat_grid, HeatGrid, ScanResult};
 use crate::{EbSummary, SimConsumers, SimResult, SimSummary};
 
-/// The result as `evb sim` prints it: what ran, throughput, the event
-/// builder's figures and, with consumers, the distribution to them.
+/// The result as `evb sim` prints it: what ran, the links and what they
+/// can carry, the event builder's steady state and whole run, and, with
+/// consumers, the distribution to them. Every figure says whether it is
+/// a steady state (warm-up left out) or the whole run, and every share of
+/// a link is of its usable payload rate, which the summary states.
 pub fn summary_text(result: &SimResult) -> String {
     let mut out = String::new();
     let s = &result.summary;
@@ -28,53 +31,43 @@ pub fn summary_text(result: &SimResult) -> String {
         out += &format!("note: {note}\n");
     }
     out += &format!(
-        "throughput per host: mean {:.2} Gb/s ({:.1}% of {:.1} Gb/s), min {:.2}, max {:.2}; max link utilisation {:.1}%; PortXmitWait total {:.3} ms\n",
+        "links: {:.1} Gb/s, usable payload {:.2} Gb/s ({}-byte packets with {} bytes of headers each); \"of usable\" is of that rate\n",
+        s.link_rate_gbps, s.usable_link_gbps, s.mtu_bytes, s.packet_header_bytes
+    );
+    let fabric = format!(
+        "payload received per host {:.2} Gb/s mean ({:.1}% of usable; all messages, control included), min {:.2}, max {:.2}; busiest link busy {:.1}% of the time; PortXmitWait {:.3} ms in all",
         s.throughput_per_host_gbps,
-        s.fraction_of_link * 100.0,
-        s.link_rate_gbps,
+        s.fraction_of_usable * 100.0,
         s.min_host_gbps,
         s.max_host_gbps,
         s.max_link_utilisation * 100.0,
         s.total_xmit_wait_s * 1e3
     );
-    if let Some(eb) = &s.eb {
-        out += &event_builder_text(eb);
+    match &s.eb {
+        Some(eb) => out += &event_builder_text(eb, s, &fabric),
+        None => out += &format!("whole run: {fabric}\n"),
     }
     if let Some(o) = &s.consumers {
-        out += &format!(
-            "distribution ({}, {} producers at {} Gb/s -> {} consumers at {} Gb/s, steady state): {:.2} +- {:.2} Gb/s per producer, {:.2} +- {:.2} Gb/s per consumer ({:.1} / {:.1} Gb/s in all); consumers busy {:.0}%; pause frames {}, drops {}, resent {:.1} MB\n",
-            o.network,
-            o.producers,
-            o.producer_link_gbps,
-            o.consumers,
-            o.consumer_link_gbps,
-            o.producer_gbps_per_producer,
-            o.producer_ci95_gbps,
-            o.consumer_gbps_per_consumer,
-            o.consumer_ci95_gbps,
-            o.producer_gbps_total,
-            o.consumer_gbps_total,
-            o.busy_fraction_mean * 100.0,
-            o.pause_frames,
-            o.drops,
-            o.retransmitted_bytes as f64 * 1e-6
-        );
+        out += &distribution_text(o, s.eb.as_ref().is_none_or(|e| e.steady));
     }
     if let Some(c) = &result.consumers {
+        let unconsumed = c.batches_delivered.saturating_sub(c.batches_consumed);
+        let busy = c.busy_fraction.iter().sum::<f64>() / c.busy_fraction.len().max(1) as f64;
         out += &format!(
-            "consumers: {}  delivered {} batches ({:.2} Gb/s)  consumed {} ({:.2} Gb/s); EM credit stalls {}, BU output full {:.1} us; busy {}\n",
-            c.consumers,
+            "consumers, whole run ({:.2} ms, warm-up included): {} batches handed to the output network, {} consumed ({:.2} Gb/s of batch payload, all {} consumers), {unconsumed} handed over and not consumed by the end (queued in the producers' NICs, on their way or being consumed); busy {:.0}% of the time on average ({}); EM credit stalls {}, BU output queues full {:.1} us in all\n",
+            s.simulated_seconds * 1e3,
             c.batches_delivered,
-            c.producer_gbps,
             c.batches_consumed,
             c.consumer_gbps,
-            c.em_credit_stalls,
-            c.output_full_s * 1e6,
+            c.consumers,
+            busy * 100.0,
             c.busy_fraction
                 .iter()
                 .map(|b| format!("{:.0}%", b * 100.0))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(" "),
+            c.em_credit_stalls,
+            c.output_full_s * 1e6,
         );
         if c.events_accepted < c.events_consumed {
             out += &format!(
@@ -88,35 +81,133 @@ pub fn summary_text(result: &SimResult) -> String {
     out
 }
 
-/// The event builder's lines of the summary: what was built, the steady
-/// state, and what the run's faults, slot clock and throttle did.
-fn event_builder_text(eb: &EbSummary) -> String {
-    let mut out = String::new();
-    out += &format!(
-        "event builder: {} events built, {} batches incomplete; latency p50 {:.1} us, p99 {:.1} us, max {:.1} us\n",
-        eb.events_built, eb.batches_incomplete, eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+/// How long a run must be, from the `needs_us` of a run without a steady
+/// state, in whole milliseconds.
+fn run_at_least(needs_us: f64) -> String {
+    let ms = (needs_us / 1000.0).ceil().max(1.0);
+    format!("run at least {ms:.0} ms (--duration-us {:.0})", ms * 1000.0)
+}
+
+/// The distribution line: steady-state figures per producer and per
+/// consumer against their links' usable rate, or why there are none.
+fn distribution_text(o: &crate::OutputSummary, eb_steady: bool) -> String {
+    let usable = if (o.producer_usable_gbps - o.consumer_usable_gbps).abs() < 1e-9 {
+        format!("usable payload {:.2} Gb/s each", o.producer_usable_gbps)
+    } else {
+        format!(
+            "usable payload {:.2} / {:.2} Gb/s",
+            o.producer_usable_gbps, o.consumer_usable_gbps
+        )
+    };
+    let what = format!(
+        "distribution ({}, {} producers at {} Gb/s -> {} consumers at {} Gb/s, {usable})",
+        o.network, o.producers, o.producer_link_gbps, o.consumers, o.consumer_link_gbps
     );
-    if let Some(needs) = eb.steady_needs_us.filter(|_| !eb.steady) {
-        let first = eb.first_built_us.map_or("no batch built".to_string(), |t| {
-            format!("first batch built at {t:.0} us")
-        });
-        out += &format!(
-            "no steady state: {} events built, {first}; run at least {:.0} ms (--duration-us {:.0}); the figures below are a start-up transient\n",
-            eb.events_built,
-            needs / 1000.0,
-            (needs / 1000.0).ceil() * 1000.0
-        );
-    }
+    let mut out = if !eb_steady || o.batch_means < 2 {
+        format!("{what}: no steady state, too short to measure\n")
+    } else {
+        format!(
+            "{what}, steady state after {:.2} ms, {} batch means: sent {:.2} +- {:.2} Gb/s per producer ({:.1}% of usable), received {:.2} +- {:.2} Gb/s per consumer ({:.1}% of usable); all producers {:.1} Gb/s, all consumers {:.1} Gb/s\n",
+            o.warmup_us / 1e3,
+            o.batch_means,
+            o.producer_gbps_per_producer,
+            o.producer_ci95_gbps,
+            o.producer_fraction_of_usable * 100.0,
+            o.consumer_gbps_per_consumer,
+            o.consumer_ci95_gbps,
+            o.consumer_fraction_of_usable * 100.0,
+            o.producer_gbps_total,
+            o.consumer_gbps_total,
+        )
+    };
     out += &format!(
-        "{}state (after {:.0} us, {} batch means): built {:.2} +- {:.2} Gb/s per node, of which {:.2} Gb/s through the network ({:.1}% of link); drift {:+.1}%\n",
-        if eb.steady { "steady " } else { "not a steady " },
-        eb.warmup_us,
-        eb.batch_means,
-        eb.built_gbps_per_node,
-        eb.built_ci95_gbps,
-        eb.network_gbps_per_node,
-        eb.network_fraction_of_link * 100.0,
-        eb.drift * 100.0
+        "output network, whole run: producers' NICs paused {:.1}% of the time, pause frames {}, drops {}, resent {:.1} MB\n",
+        o.producer_paused_fraction * 100.0,
+        o.pause_frames,
+        o.drops,
+        o.retransmitted_bytes as f64 * 1e-6
+    );
+    out
+}
+
+/// The steady-state line of the event builder: the window, the warm-up
+/// and why, built and crossed per node, the drift; or, for a run too
+/// short, that there is none and how long to run.
+fn steady_text(eb: &EbSummary, s: &SimSummary) -> String {
+    let mut out = String::new();
+    match eb.steady_needs_us.filter(|_| !eb.steady) {
+        Some(needs) => {
+            let first = eb.first_built_us.map_or("no batch built".to_string(), |t| {
+                format!("first batch built at {t:.0} us")
+            });
+            out += &format!(
+                "no steady state: {} events built, {first}; too short to measure a rate: {}\n",
+                eb.events_built,
+                run_at_least(needs)
+            );
+        }
+        None => {
+            // The node's own fragment is handed over in memory: what a
+            // node builds can be more than its link carries.
+            let local = if eb.built_gbps_per_node > eb.network_gbps_per_node * 1.0001 {
+                format!(
+                    ", its own fragment included ({}, it crosses no link{})",
+                    if eb.local == "nic" {
+                        "looped back by its NIC"
+                    } else {
+                        "handed over in memory"
+                    },
+                    if eb.built_gbps_per_node > s.usable_link_gbps {
+                        ": hence above the link's rate"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                String::new()
+            };
+            out += &format!(
+                "steady state over {:.2} ms{} after a warm-up of {:.2} ms ({}), {} batch means: built {:.2} +- {:.2} Gb/s per node{local}; crossed the network {:.2} Gb/s per node ({:.1}% of usable); drift {:+.1}%\n",
+                eb.steady_us / 1e3,
+                eb.rotation_us
+                    .filter(|&r| r > 0.0)
+                    .map_or(String::new(), |r| format!(
+                        " ({:.0} rotations)",
+                        eb.steady_us / r
+                    )),
+                eb.warmup_us / 1e3,
+                eb.warmup_rule,
+                eb.batch_means,
+                eb.built_gbps_per_node,
+                eb.built_ci95_gbps,
+                eb.network_gbps_per_node,
+                eb.network_fraction_of_usable * 100.0,
+                eb.drift * 100.0
+            );
+        }
+    }
+    out
+}
+
+/// The event builder's lines of the summary: the steady state (or why
+/// there is none), the whole run with the fabric's figures (`fabric`),
+/// and what the run's faults, slot clock and throttle did.
+fn event_builder_text(eb: &EbSummary, s: &SimSummary, fabric: &str) -> String {
+    let mut out = String::new();
+    out += &steady_text(eb, s);
+    let latency = if eb.events_built == 0 {
+        "no batch latency: none built".to_string()
+    } else {
+        format!(
+            "batch latency p50 {:.1} us, p99 {:.1} us, max {:.1} us",
+            eb.latency_p50_us, eb.latency_p99_us, eb.latency_max_us
+        )
+    };
+    out += &format!(
+        "whole run ({:.2} ms, warm-up included): {} events built, {} batches incomplete; {latency}; {fabric}\n",
+        s.simulated_seconds * 1e3,
+        eb.events_built,
+        eb.batches_incomplete,
     );
     if let Some(c) = &eb.crash {
         out += &format!(
@@ -151,7 +242,7 @@ fn event_builder_text(eb: &EbSummary) -> String {
     }
     if let Some(k) = &eb.slots {
         out += &format!(
-            "slots: {} fragments sent, {} started late within their slot, {} slots missed (the fragment waited a rotation)",
+            "slots, whole run: {} fragments sent, {} started late within their slot, {} slots missed (the fragment waited a rotation)",
             k.fragments, k.late_starts, k.slots_missed
         );
         if k.slot_changes > 0 {
@@ -359,30 +450,55 @@ pub fn scan_text(result: &ScanResult, fabric: &str) -> String {
     } else {
         String::new()
     };
+    let usable = result
+        .points
+        .first()
+        .map_or(String::new(), |p| match result.figure {
+            crate::scan::Figure::Built => format!(
+                " ({:.2} of {:.1} Gb/s)",
+                p.summary.usable_link_gbps, p.summary.link_rate_gbps
+            ),
+            _ => String::new(),
+        });
     out += &format!(
-        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by Gb/s {}; {:.0}% of points within 2% of the best{replications}\n",
+        "evb scan: {} points{shard} on {fabric} in {:.1} s, ranked by steady-state Gb/s {}; {:.0}% of points within 2% of the best{replications}; % of usable: {}{usable}\n",
         result.points.len(),
         result.wall_seconds,
         result.figure.label(),
-        result.fraction_within_2pct_of_best * 100.0
+        result.fraction_within_2pct_of_best * 100.0,
+        result.figure.usable_label(),
     );
     out += &format!(
-        "{:>10}  {:>8}  {:>10}  parameters\n",
-        "Gb/s", "+- 95%", "% of link"
+        "{:>10}  {:>8}  {:>11}  parameters\n",
+        "Gb/s", "+- 95%", "% of usable"
     );
     for &i in &order {
         let p = &result.points[i];
         let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if !p.is_steady() {
+            // A start-up transient is no measurement: no figure.
+            let needs = p
+                .summary
+                .eb
+                .as_ref()
+                .and_then(|e| e.steady_needs_us)
+                .map_or(String::new(), |us| format!(": {}", run_at_least(us)));
+            out += &format!(
+                "{:>10}  {:>8}  {:>11}  {}  (no steady state, too short to measure{needs}; not ranked)\n",
+                "-",
+                "-",
+                "-",
+                params.join(" ")
+            );
+            continue;
+        }
         let ci = p.ci95_gbps.map_or("-".to_string(), |c| format!("{c:.2}"));
-        let transient = if p.is_steady() {
-            ""
-        } else {
-            "  (no steady state: not ranked)"
-        };
+        let pct = p
+            .fraction_of_usable
+            .map_or("-".to_string(), |f| format!("{:.1}%", f * 100.0));
         out += &format!(
-            "{:>10.2}  {ci:>8}  {:>9.1}%  {}{transient}\n",
+            "{:>10.2}  {ci:>8}  {pct:>11}  {}\n",
             p.figure_gbps,
-            p.figure_gbps / p.summary.link_rate_gbps * 100.0,
             params.join(" ")
         );
     }

@@ -1,5 +1,6 @@
 //! Parameter scans: the cartesian product of configuration values, each
-//! point simulated independently and in parallel on all cores.
+//! point simulated independently and in parallel (on every core, or on
+//! `jobs` threads).
 //!
 //! With replications, every point runs with R seeds (`run.seed`,
 //! `run.seed + 1`, ...) and is ranked by the mean of its R figures, with a
@@ -59,6 +60,11 @@ pub struct ScanPoint {
     /// The figure of every replication, by seed.
     #[serde(default)]
     pub replicates: Vec<f64>,
+    /// What the point carried through a link as a fraction of the link's
+    /// usable payload rate ([`Figure::fraction_of_usable`]), the mean over
+    /// the replications.
+    #[serde(default)]
+    pub fraction_of_usable: Option<f64>,
 }
 
 impl ScanPoint {
@@ -85,10 +91,35 @@ impl Figure {
     /// What the figure is, for a table header.
     pub fn label(self) -> &'static str {
         match self {
-            Figure::Built => "built per node (eb) or delivered per host",
+            Figure::Built => "built per node, its own fragment included (eb), or received per host",
             Figure::Producer => "sent per producer",
             Figure::Consumer => "received per consumer",
         }
+    }
+
+    /// What the "% of usable" column is, for a table header.
+    pub fn usable_label(self) -> &'static str {
+        match self {
+            Figure::Built => "what crossed the network per node (eb) or was received per host, of the hosts' links' usable payload rate",
+            Figure::Producer => "of the producers' links' usable payload rate",
+            Figure::Consumer => "of the consumers' links' usable payload rate",
+        }
+    }
+
+    /// The share of its link's usable payload rate a simulation's figure
+    /// stands for: for `eb` what crossed the network (a node's own
+    /// fragment does not), else the figure itself; `None` when the summary
+    /// predates the usable rate.
+    pub fn fraction_of_usable(self, s: &SimSummary) -> Option<f64> {
+        let f = match self {
+            Figure::Built => match &s.eb {
+                Some(e) => e.network_fraction_of_usable,
+                None => s.fraction_of_usable,
+            },
+            Figure::Producer => s.consumers.as_ref()?.producer_fraction_of_usable,
+            Figure::Consumer => s.consumers.as_ref()?.consumer_fraction_of_usable,
+        };
+        (s.usable_link_gbps > 0.0).then_some(f)
     }
 
     pub fn parse(s: &str) -> Result<Figure, String> {
@@ -125,6 +156,8 @@ pub struct ScanOptions {
     /// Seeds per point (at least 1).
     pub replications: usize,
     pub figure: Figure,
+    /// Simulations at once (`None`: one per core).
+    pub jobs: Option<usize>,
 }
 
 impl Default for ScanOptions {
@@ -133,6 +166,7 @@ impl Default for ScanOptions {
             shard: None,
             replications: 1,
             figure: Figure::Built,
+            jobs: None,
         }
     }
 }
@@ -186,6 +220,9 @@ pub fn combinations(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
     out
 }
 
+/// One run of a point: (point, summary, figure, fraction of usable).
+type Run = (usize, SimSummary, f64, Option<f64>);
+
 /// Runs every point. `load` turns a point's `(key, value)` pairs into a
 /// validated configuration and the fabric to run it on (so errors name the
 /// offending `--param`, and axes such as the rank order can change the fabric).
@@ -199,9 +236,13 @@ pub fn run_scan(
         shard,
         replications,
         figure,
+        jobs,
     } = options;
     if replications == 0 {
         return Err("--replications must be at least 1".into());
+    }
+    if jobs == Some(0) {
+        return Err("--jobs must be at least 1".into());
     }
     if replications > 1 && axes.iter().any(|a| a.key == "run.seed") {
         return Err(
@@ -228,35 +269,49 @@ pub fn run_scan(
         .collect::<Result<_, _>>()?;
     // Every (point, replication) is a job of its own, so that the cores
     // stay busy however few points there are.
-    let jobs: Vec<(usize, usize)> = (0..configs.len())
+    let work: Vec<(usize, usize)> = (0..configs.len())
         .flat_map(|p| (0..replications).map(move |r| (p, r)))
         .collect();
-    let runs: Vec<(usize, SimSummary, f64)> = jobs
-        .into_par_iter()
-        .map(|(p, r)| {
-            let (config, fabric) = &configs[p];
-            let mut config = config.clone();
-            config.run.seed = config.run.seed.wrapping_add(r as u64);
-            let result = simulate(&config, fabric.clone(), |_| {})?;
-            on_run_done();
-            let value = figure.of(&result.summary)?;
-            Ok((p, result.summary, value))
-        })
-        .collect::<Result<_, String>>()?;
-    let mut per_point: Vec<(Option<SimSummary>, Vec<f64>)> =
-        vec![(None, Vec::new()); configs.len()];
-    for (p, summary, value) in runs {
+    let run_all = || {
+        work.into_par_iter()
+            .map(|(p, r)| {
+                let (config, fabric) = &configs[p];
+                let mut config = config.clone();
+                config.run.seed = config.run.seed.wrapping_add(r as u64);
+                let result = simulate(&config, fabric.clone(), |_| {})?;
+                on_run_done();
+                let value = figure.of(&result.summary)?;
+                let usable = figure.fraction_of_usable(&result.summary);
+                Ok((p, result.summary, value, usable))
+            })
+            .collect::<Result<Vec<Run>, String>>()
+    };
+    // `jobs` threads of a pool of the scan's own (a schedule computed
+    // inside a run parallelises within it too).
+    let runs = match jobs {
+        Some(n) => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .map_err(|e| format!("--jobs {n}: {e}"))?
+            .install(run_all)?,
+        None => run_all()?,
+    };
+    type PerPoint = (Option<SimSummary>, Vec<f64>, Vec<Option<f64>>);
+    let mut per_point: Vec<PerPoint> = vec![(None, Vec::new(), Vec::new()); configs.len()];
+    for (p, summary, value, usable) in runs {
         let slot = &mut per_point[p];
         // Jobs come back in order: the first is the base seed's.
         slot.0.get_or_insert(summary);
         slot.1.push(value);
+        slot.2.push(usable);
     }
     let points = combos
         .into_iter()
         .zip(indices)
         .zip(per_point)
-        .map(|((params, index), (summary, replicates))| {
+        .map(|((params, index), (summary, replicates, usable))| {
             let stats = crate::stats::mean_ci(&replicates);
+            let usable: Option<Vec<f64>> = usable.into_iter().collect();
             ScanPoint {
                 index,
                 params,
@@ -264,6 +319,7 @@ pub fn run_scan(
                 figure_gbps: stats.mean,
                 ci95_gbps: (replicates.len() > 1).then_some(stats.ci95),
                 replicates,
+                fraction_of_usable: usable.map(|u| u.iter().sum::<f64>() / u.len().max(1) as f64),
             }
         })
         .collect();

@@ -19,10 +19,12 @@ pub struct FabricSpec {
     pub topology: String,
     /// Forwarding tables to use; without them, `routing` computes them.
     pub lfts: Option<PathBuf>,
-    /// Routing engine: ftree, minhop, dmodk, random:SEED.
-    pub routing: String,
-    /// Rank order: name, lid, leaf, random:SEED, ftree, or a hostfile.
-    pub order: String,
+    /// Routing engine (ftree, minhop, updn, dfsssp, dmodk, random:SEED);
+    /// `None`: the default, [`evb_fabric::optimize::DEFAULT_ROUTING`].
+    pub routing: Option<String>,
+    /// Rank order (ftree, name, lid, leaf, random:SEED, or a file);
+    /// `None`: the default ([`evb_fabric::optimize::order_or_default`]).
+    pub order: Option<String>,
     /// What-if edits: hosts or switches removed, cables removed
     /// (`NAME:PORT`), cables swapped (`A:PORT,B:PORT`).
     pub remove: Vec<String>,
@@ -42,7 +44,7 @@ impl FabricSpec {
             None => {
                 // As OpenSM does: an engine that cannot route the fabric falls
                 // back to minhop, and says why.
-                let engine = evb_fabric::routing::Engine::parse(&self.routing)?;
+                let engine = evb_fabric::routing::Engine::parse(self.routing())?;
                 let routed = evb_fabric::routing::route_or_fallback(&topo, &engine, false)?;
                 if let Some(why) = &routed.fallback {
                     eprintln!("evb sim: {why}");
@@ -50,21 +52,32 @@ impl FabricSpec {
                 routed.lfts
             }
         };
-        let order = evb_fabric::optimize::order_from_spec(&self.order, &topo)?;
+        let resolved = evb_fabric::optimize::order_or_default(self.order.as_deref(), &topo)?;
+        if let Some(note) = &resolved.note {
+            eprintln!("evb sim: note: {note}");
+        }
+        let (order, order_spec) = (resolved.order, resolved.spec);
         let routing = match &self.lfts {
             Some(p) => format!("lfts {}", p.display()),
-            None => self.routing.clone(),
+            None => self.routing().to_string(),
         };
-        let name = format!("{} ({routing}, order {})", self.topology, self.order);
+        let name = format!("{} ({routing}, order {order_spec})", self.topology);
         let mut fabric = crate::fabric::from_topology(&topo, &lfts, &order, &name)
             .map_err(anyhow::Error::msg)?;
         fabric.routed = Some(std::sync::Arc::new(crate::schedule::Routed::new(
             topo,
             lfts,
             order,
-            &self.order,
+            &order_spec,
         )));
         Ok(fabric)
+    }
+
+    /// The routing engine asked for, or the default.
+    pub fn routing(&self) -> &str {
+        self.routing
+            .as_deref()
+            .unwrap_or(evb_fabric::optimize::DEFAULT_ROUTING)
     }
 
     /// The fabric as `evb-fabric` models it, edits applied; `None` for
@@ -103,9 +116,9 @@ impl FabricSpec {
         }
         let hosts =
             hosts.with_context(|| format!("--topology {}: needs hosts=N", self.topology))?;
-        if !(2..=4096).contains(&hosts) {
+        if !(2..=MAX_SWITCH_HOSTS).contains(&hosts) {
             bail!(
-                "--topology {}: hosts must be between 2 and 4096",
+                "--topology {}: hosts must be between 2 and {MAX_SWITCH_HOSTS}",
                 self.topology
             );
         }
@@ -114,6 +127,65 @@ impl FabricSpec {
         }
         Ok(SimFabric::single_switch(hosts))
     }
+}
+
+/// The most hosts `switch:hosts=N` takes.
+pub const MAX_SWITCH_HOSTS: usize = 4096;
+
+/// Hosts of the event-building fabric when the command line names none
+/// and the configuration sets no node count: `switch:hosts=16`.
+pub const DEFAULT_HOSTS: usize = 16;
+
+/// The fabric's hosts a configuration needs: its endpoints, less the
+/// consumers when they are on an output network of their own.
+fn hosts_needed(c: &Config) -> usize {
+    let layout = Layout::from_config(c);
+    let all = usize::from(layout.endpoints);
+    if crate::separate_output(c) {
+        all - layout.fus()
+    } else {
+        all
+    }
+}
+
+/// Whether the file or the overrides set the node count.
+fn sets_node_count(path: Option<&Path>, overrides: &[String]) -> bool {
+    overrides.iter().any(|o| o.starts_with("nodes.count")) || Config::file_sets(path, "nodes.count")
+}
+
+/// The topology when `--topology` is not given: one switch with a host for
+/// every endpoint the configuration puts on the fabric (its nodes, a
+/// separate EM, consumers on the fabric) when it sets `nodes.count`, else
+/// [`DEFAULT_HOSTS`]; and, when sized from the configuration, a note
+/// saying so.
+pub fn default_topology(
+    path: Option<&Path>,
+    overrides: &[String],
+) -> Result<(String, Option<String>)> {
+    if !sets_node_count(path, overrides) {
+        return Ok((format!("switch:hosts={DEFAULT_HOSTS}"), None));
+    }
+    let mut probe = overrides.to_vec();
+    probe.push("event_builder.schedule_file=\"\"".into());
+    let config = Config::load(path, &probe)?;
+    let need = hosts_needed(&config);
+    if need > MAX_SWITCH_HOSTS {
+        bail!(
+            "nodes.count = {}{} needs {need} hosts, more than one switch has (at most {MAX_SWITCH_HOSTS}): give a --topology",
+            config.nodes.count,
+            extras(&config)
+        );
+    }
+    let hosts = need.max(2);
+    let spec = format!("switch:hosts={hosts}");
+    Ok((
+        spec.clone(),
+        Some(format!(
+            "no --topology: {spec}, one switch with a host for each of the configuration's {need} endpoints on the fabric (nodes.count = {}{})",
+            config.nodes.count,
+            extras(&config)
+        )),
+    ))
 }
 
 /// The configuration of a simulation on `fabric`, and notes for the user
@@ -132,17 +204,7 @@ pub fn sized_config(
     let mut overrides = overrides.to_vec();
     let by_set = overrides.iter().any(|o| o.starts_with("nodes.count"));
     let by_file = Config::file_sets(path, "nodes.count");
-    // The fabric's hosts a configuration needs: its endpoints, less the
-    // consumers when they are on the output network.
-    let on_fabric = |c: &Config| {
-        let layout = Layout::from_config(c);
-        let all = usize::from(layout.endpoints);
-        if crate::separate_output(c) {
-            all - layout.fus()
-        } else {
-            all
-        }
-    };
+    let on_fabric = hosts_needed;
     let mut notes = Vec::new();
     if by_set || by_file {
         // Without the schedule file, which is checked against the count.
@@ -158,7 +220,7 @@ pub fn sized_config(
         if need > hosts {
             bail!(
                 "{whose}: nodes.count = {}{} needs {need} hosts of the fabric, but it has {hosts} \
-                 (set nodes.count = {} or fewer{})",
+                 (set nodes.count = {} or fewer{}, or give a --topology of {need} hosts or more)",
                 config.nodes.count,
                 extras(&config),
                 config.nodes.count as usize - (need - hosts),

@@ -20,10 +20,12 @@ pub struct Steady {
     pub ci95: f64,
     /// Batches the interval rests on (0: too few samples for one).
     pub batches: usize,
-    /// Where the steady window starts (ps), once known (the callers that
-    /// know the sample interval set it).
+    /// Where the steady window starts and ends (ps), once known (the
+    /// callers that know the sample interval set them; `to_ps` 0: unknown).
     #[serde(default)]
     pub from_ps: u64,
+    #[serde(default)]
+    pub to_ps: u64,
 }
 
 /// Batch means wanted over a steady window.
@@ -53,6 +55,7 @@ pub fn mean_ci(values: &[f64]) -> Steady {
             ci95: 0.0,
             batches: 0,
             from_ps: 0,
+            to_ps: 0,
         };
     }
     let mean = values.iter().sum::<f64>() / n as f64;
@@ -67,6 +70,7 @@ pub fn mean_ci(values: &[f64]) -> Steady {
         ci95,
         batches: n,
         from_ps: 0,
+        to_ps: 0,
     }
 }
 
@@ -88,13 +92,33 @@ pub fn batch_means(series: &[f64], first: usize) -> Steady {
     mean_ci(&means)
 }
 
+/// How `k` whole rotations are cut into batches of equal length: the
+/// most batches (at most [`BATCHES`], at least 5 when there are 5
+/// rotations or more) that leave at most a tenth of the rotations over,
+/// else the count that leaves the fewest; and the rotations per batch.
+/// The rotations left over (fewer than the batches) go with the warm-up.
+pub fn rotation_batches(k: usize) -> (usize, usize) {
+    if k == 0 {
+        return (0, 0);
+    }
+    let counts = k.min(5)..=k.min(BATCHES);
+    let batches = counts
+        .clone()
+        .rev()
+        .find(|&b| (k % b) * 10 <= k)
+        .or_else(|| counts.min_by_key(|&b| (k % b, usize::MAX - b)))
+        .expect("at least one count");
+    (batches, k / batches)
+}
+
 /// Batch means over whole periods of a periodic schedule (a slotted
 /// barrel's rotation, `period` ps), the series sampled every `sample` ps:
 /// a window that cuts a rotation counts some of its slots and not others,
 /// which for a schedule whose slots are not all alike (extra slots of a
 /// conflict-aware schedule) swings the figure. The window starts at the
-/// first rotation boundary after `warmup` and holds whole rotations, each
-/// batch some of them; with fewer than two rotations, plain batch means.
+/// first rotation boundary after `warmup` and holds whole rotations, cut
+/// into equal batches by [`rotation_batches`] (the few rotations left over
+/// go with the warm-up); with fewer than two rotations, plain batch means.
 pub fn batch_means_periodic(series: &[f64], warmup: u64, period: u64, sample: u64) -> Steady {
     let at = |t: u64| ((t as f64 / sample.max(1) as f64).round() as usize).min(series.len());
     let end = series.len() as u64 * sample;
@@ -108,11 +132,11 @@ pub fn batch_means_periodic(series: &[f64], warmup: u64, period: u64, sample: u6
         let first = warmup.div_ceil(sample.max(1));
         let mut st = batch_means(series, first as usize);
         st.from_ps = first * sample;
+        st.to_ps = end;
         return st;
     }
-    let batches = k.min(BATCHES);
-    let per = k / batches;
-    // Extra rotations go with the warm-up.
+    let (batches, per) = rotation_batches(k);
+    // Extra rotations (fewer than the batches) go with the warm-up.
     let first = start + (k - batches * per) as u64 * period;
     let means: Vec<f64> = (0..batches)
         .map(|j| {
@@ -124,6 +148,7 @@ pub fn batch_means_periodic(series: &[f64], warmup: u64, period: u64, sample: u6
         .collect();
     Steady {
         from_ps: first,
+        to_ps: first + (batches * per) as u64 * period,
         ..mean_ci(&means)
     }
 }
@@ -213,6 +238,30 @@ mod tests {
         assert!(drift_periodic(&s, 7, 1).abs() < 1e-9);
         // Too short for two periods: plain batch means.
         assert_eq!(batch_means_periodic(&s[..10], 0, 7, 1).batches, 10);
+    }
+
+    /// Whole rotations are cut into 5 to 10 equal batches, at most a
+    /// tenth left over: 19 rotations are 9 batches of 2 (one over), not 10
+    /// of 1 (nine over, as the rule was); 301 are 10 of 30.
+    #[test]
+    fn rotations_go_into_batches_with_few_left_over() {
+        assert_eq!(rotation_batches(19), (9, 2));
+        assert_eq!(rotation_batches(20), (10, 2));
+        assert_eq!(rotation_batches(13), (6, 2));
+        assert_eq!(rotation_batches(301), (10, 30));
+        assert_eq!(rotation_batches(3), (3, 1));
+        assert_eq!(rotation_batches(0), (0, 0));
+        for k in 5..2000 {
+            let (b, per) = rotation_batches(k);
+            let over = k - b * per;
+            assert!((5..=10).contains(&b) && over < b, "{k}: {b} x {per}");
+            assert!(over * 10 <= k, "{k}: {over} of {k} over");
+        }
+        // 19 rotations of 7 samples after a warm-up of one: the window
+        // starts at the third (one left over) and ends with the series.
+        let s = vec![1.0; 7 * 20];
+        let st = batch_means_periodic(&s, 1, 7, 1);
+        assert_eq!((st.batches, st.from_ps, st.to_ps), (9, 14, 140));
     }
 
     #[test]

@@ -984,3 +984,79 @@ fn generated_rates() {
         "{err}"
     );
 }
+
+/// `--order` and `--routing` mean the same in every command that takes
+/// them: one help listing every accepted value, one default (ftree, the
+/// order falling back to name where the ftree engine cannot route).
+#[test]
+fn order_and_routing_are_one_vocabulary() {
+    let help = |cmd: &[&str]| -> String {
+        let (out, _) = run_bounded(
+            evb_testkit::evb().args(cmd).arg("--help"),
+            "evb --help",
+            Duration::from_secs(60),
+        );
+        assert!(out.status.success(), "{cmd:?}");
+        // Help wraps at the terminal's width: compare the words.
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let order = "ftree (the default: the ftree engine's CA order; by name where that engine \
+                 cannot route the fabric), name";
+    let orders = [
+        "lid, leaf (hosts by leaf",
+        "random or random:SEED",
+        "a hostfile",
+    ];
+    let routing = "ftree (the default), minhop, updn, dfsssp, dmodk, random or random:SEED";
+    // (scan shares sim's flags, node run's, and route and order the
+    // fabric commands' texts.)
+    for (cmd, has_order, has_routing) in [
+        (&["sim"][..], true, true),
+        (&["fabric", "conflicts"][..], true, true),
+        (&["fabric", "schedule"][..], true, true),
+        (&["fabric", "export"][..], true, true),
+        (&["fabric", "diagnose"][..], true, true),
+        (&["run"][..], true, true),
+    ] {
+        let text = help(cmd);
+        if has_order {
+            assert!(text.contains(order), "{cmd:?}: {text}");
+            for o in orders {
+                assert!(text.contains(o), "{cmd:?} lacks {o}: {text}");
+            }
+        }
+        if has_routing {
+            assert!(text.contains(routing), "{cmd:?}: {text}");
+        }
+    }
+    // The default order: ftree where the ftree engine routes the fabric...
+    let out = ok(&["conflicts", "--topology", "fat-tree:radix=4,hosts=8"]);
+    assert!(out.contains("order 'ftree'"), "{out}");
+    let d = tempfile::tempdir().unwrap();
+    let slots = d.path().join("s.txt");
+    let slots = slots.to_str().unwrap();
+    let out = ok(&[
+        "schedule",
+        "--topology",
+        "fat-tree:radix=4,hosts=8",
+        "--out",
+        slots,
+    ]);
+    assert!(out.contains("in order ftree"), "{out}");
+    // ... by name, with a note, where it cannot (a cable removed).
+    let (s, out, err) = evb(&[
+        "conflicts",
+        "--topology",
+        "fat-tree:radix=4,hosts=8",
+        "--remove-link",
+        "leaf001:3",
+    ]);
+    assert!(s && out.contains("order 'name'"), "{out}{err}");
+    assert!(
+        err.contains("note: rank order: name (the default, ftree,"),
+        "{err}"
+    );
+}

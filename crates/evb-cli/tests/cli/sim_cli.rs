@@ -57,10 +57,21 @@ fn sim_writes_the_documented_json_and_csv() {
     assert_eq!(s["link_rate_gbps"].as_f64(), Some(100.0));
     assert!((s["simulated_seconds"].as_f64().unwrap() - 200e-6).abs() < 1e-9);
     assert!(s["throughput_per_host_gbps"].as_f64().unwrap() > 95.0);
+    // Shares of a link are of its usable payload rate: 4096-byte packets
+    // and 26 bytes of headers each.
+    let usable = s["usable_link_gbps"].as_f64().unwrap();
+    assert!((usable - 100.0 * 4096.0 / 4122.0).abs() < 1e-9, "{s}");
+    let share = s["fraction_of_usable"].as_f64().unwrap();
+    assert!((share * usable - s["throughput_per_host_gbps"].as_f64().unwrap()).abs() < 1e-9);
+    assert!(share <= 1.0, "{s}");
     let lines = std::fs::read_to_string(&csv).unwrap();
     assert!(lines.starts_with("t_us,mean_rx_gbps"));
     assert_eq!(lines.lines().count(), 1 + 20, "a sample every 10 us");
-    assert!(out.contains("throughput per host"), "{out}");
+    assert!(
+        out.contains("usable payload 99.37 Gb/s")
+            && out.contains("whole run: payload received per host"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -93,13 +104,20 @@ fn sim_runs_the_event_builder_from_the_run_config() {
     assert!(ok, "{err}");
 }
 
+/// Points run on `--jobs` threads; the node count is the configuration
+/// file's (a separate EM on a host of its own) and, without `--topology`,
+/// the fabric is sized for it, as `evb sim` does.
 #[test]
 fn scan_runs_every_point_and_ranks_them() {
     let json = tmp("scan.json");
+    let cfg = tmp("scan5.toml");
+    std::fs::write(&cfg, "[nodes]\ncount = 5\nem = \"separate\"\n").unwrap();
     let (ok, out, err) = evb(&[
         "scan",
-        "--topology",
-        "switch:hosts=6",
+        "--config",
+        &cfg,
+        "--jobs",
+        "1",
         "--traffic",
         "eb",
         "--duration-us",
@@ -117,6 +135,10 @@ fn scan_runs_every_point_and_ranks_them() {
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 6);
+    for p in points {
+        assert_eq!(p["summary"]["hosts"], 6, "5 nodes and the EM: {p}");
+    }
+    assert!(out.contains("note: no --topology: switch:hosts=6"), "{out}");
     let best = v["best"].as_u64().unwrap() as usize;
     let top = points[best]["figure_gbps"].as_f64().unwrap();
     assert!(points
@@ -140,6 +162,37 @@ fn scan_runs_every_point_and_ranks_them() {
     ]);
     assert!(!ok);
     assert!(err.contains("event_builder.credits"), "{err}");
+    let (ok, _, err) = evb(&["scan", "--jobs", "0", "--param", "event_builder.credits=1"]);
+    assert!(!ok && err.contains("--jobs must be at least 1"), "{err}");
+    // `% of usable` is what crossed the network: never above 100 %, where
+    // the built figure (the local fragment included) may be. A point too
+    // short to measure prints no figure.
+    let (ok, out, err) = evb(&[
+        "scan",
+        "--topology",
+        "switch:hosts=4",
+        "--set",
+        "source.events_per_mep=128",
+        "--param",
+        "sim.duration_us=100,1500",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("% of usable"), "{out}");
+    let rows: Vec<&str> = out.lines().skip(2).take(2).collect();
+    let pct: f64 = rows[0]
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(pct > 50.0 && pct <= 100.0, "{out}");
+    assert!(
+        rows[1].trim_start().starts_with("-")
+            && rows[1].contains("sim.duration_us=100 ")
+            && rows[1].contains("too short to measure"),
+        "{out}"
+    );
 }
 
 /// A node dies in the simulation (`sim.crash`): the same state machines as
@@ -249,6 +302,13 @@ fn bad_topology_is_a_clear_error() {
     assert!(!ok && err.contains("hosts"), "{err}");
     let (ok, _, err) = evb(&["sim", "--topology", "torus:hosts=8"]);
     assert!(!ok && err.contains("unknown kind"), "{err}");
+    // Without --topology the switch is sized for the nodes, up to its limit.
+    let (ok, _, err) = evb(&["sim", "--set", "nodes.count=5000"]);
+    assert!(
+        !ok && err.contains("nodes.count = 5000 needs 5000 hosts")
+            && err.contains("give a --topology"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -416,6 +476,34 @@ fn sim_reports_the_distribution_to_consumers_on_the_output_network() {
     // The event-building fabric has the 4 nodes only.
     assert_eq!(v["summary"]["hosts"], 4);
     assert!(out.contains("per producer"), "{out}");
+    // Shares of the consumers' 25G links' usable payload rate (RoCE v2:
+    // 4096 bytes a packet and 86 of headers), never above it.
+    let usable = c["consumer_usable_gbps"].as_f64().unwrap();
+    assert!((usable - 25.0 * 4096.0 / 4182.0).abs() < 1e-9, "{c}");
+    let share = c["consumer_fraction_of_usable"].as_f64().unwrap();
+    // (At saturation a packet counted at an edge of the steady window can
+    // put it a hair over: 1.00002 measured.)
+    assert!(
+        (share * usable - per_consumer).abs() < 1e-9 && share <= 1.001,
+        "{c}"
+    );
+    // The whole run counts batches handed over, with no rate: counted when
+    // handed over, it includes those the credits let queue in the NICs.
+    let whole = &v["consumers"];
+    let (handed, consumed) = (
+        whole["batches_delivered"].as_u64().unwrap(),
+        whole["batches_consumed"].as_u64().unwrap(),
+    );
+    assert!(
+        out.contains(&format!(
+            "{handed} batches handed to the output network, {consumed} consumed"
+        )) && out.contains(&format!(
+            "{} handed over and not consumed",
+            handed - consumed
+        )),
+        "{out}"
+    );
+    assert!(!out.contains("delivered"), "{out}");
     // The shared-fabric model needs the consumers among the fabric's hosts.
     let (ok, out, err) = evb(&[
         "sim",
@@ -596,33 +684,40 @@ fn the_shift_over_ftree_positions_builds_more_on_short_leaves() {
     );
 }
 
-/// The shipped distribution benches run as documented: their producers and
-/// consumers, at their link rates, and `evb config check` takes them.
+/// The shipped distribution benches run as documented, with the default
+/// topology (one switch sized for the configuration's nodes): their
+/// producers and consumers, at their link rates, and `evb config check`
+/// takes them. A fabric too small for the file's nodes is refused, saying
+/// what would fit.
 #[test]
 fn the_distribution_bench_configs_run() {
     for (file, hosts, producers, consumers, consumer_gbps) in [
-        ("distribution-18x14.toml", "18", 18, 14, 100.0),
-        ("distribution-18x14-busy.toml", "18", 18, 14, 100.0),
-        ("distribution-14x72.toml", "14", 14, 72, 25.0),
+        ("distribution-18x14.toml", 18, 18, 14, 100.0),
+        ("distribution-18x14-busy.toml", 18, 18, 14, 100.0),
+        ("distribution-14x72.toml", 14, 14, 72, 25.0),
     ] {
         let path = format!("{}/../../configs/{file}", env!("CARGO_MANIFEST_DIR"));
         let (ok, _, err) = evb(&["config", "check", &path]);
         assert!(ok, "{file}: {err}");
         let json = tmp(&format!("{file}.json"));
-        let topology = format!("switch:hosts={hosts}");
         let (ok, out, err) = evb(&[
             "sim",
             "--config",
             &path,
-            "--topology",
-            &topology,
             "--duration-us",
             "2000",
             "--json",
             &json,
         ]);
         assert!(ok, "{file}: {out}{err}");
+        assert!(
+            out.contains(&format!(
+                "note: no --topology: switch:hosts={hosts}, one switch"
+            )),
+            "{file}: {out}"
+        );
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["summary"]["hosts"], hosts, "{file}");
         let c = &v["summary"]["consumers"];
         assert_eq!(c["producers"], producers, "{file}: {c}");
         assert_eq!(c["consumers"], consumers, "{file}: {c}");
@@ -637,6 +732,16 @@ fn the_distribution_bench_configs_run() {
             "{file}: {c}"
         );
     }
+    let path = format!(
+        "{}/../../configs/distribution-18x14.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (ok, _, err) = evb(&["sim", "--config", &path, "--topology", "switch:hosts=16"]);
+    assert!(
+        !ok && err.contains("nodes.count = 18 needs 18 hosts of the fabric, but it has 16")
+            && err.contains("or give a --topology of 18 hosts or more"),
+        "{err}"
+    );
 }
 
 /// One of 36 hosts on a cable trained to half width that the slots do
@@ -749,7 +854,16 @@ fn a_run_without_a_steady_state_says_how_long_to_run() {
     let needs = eb["steady_needs_us"].as_f64().unwrap();
     assert!(needs > 3000.0, "{eb}");
     assert!(
-        out.contains("no steady state:") && out.contains("run at least"),
+        out.contains("no steady state:")
+            && out.contains("too short to measure a rate: run at least"),
+        "{out}"
+    );
+    // No rate printed for what cannot be measured (3 ms here: no batch
+    // built yet), nor a latency.
+    assert!(
+        !out.contains("Gb/s per node")
+            && !out.contains("steady state over")
+            && out.contains("no batch latency: none built"),
         "{out}"
     );
     let (out, eb) = run(&format!("{}", (needs / 1000.0).ceil() * 1000.0));
@@ -761,6 +875,29 @@ fn a_run_without_a_steady_state_says_how_long_to_run() {
     assert!(
         eb["network_fraction_of_link"].as_f64().unwrap() > 0.95,
         "{out}"
+    );
+    // The warm-up, in whole rotations, and why; the window after it.
+    let rotation = eb["rotation_us"].as_f64().unwrap();
+    let (warmup, window) = (
+        eb["warmup_us"].as_f64().unwrap(),
+        eb["steady_us"].as_f64().unwrap(),
+    );
+    let rotations = (warmup / rotation).round();
+    assert!((warmup - rotations * rotation).abs() < 0.01, "{eb}");
+    let said = format!(
+        "after a warm-up of {:.2} ms ({rotations} rotations of {:.3} ms: ",
+        warmup / 1e3,
+        rotation / 1e3
+    );
+    assert!(out.contains(&said), "{said}: {out}");
+    assert!(
+        out.contains(&format!("steady state over {:.2} ms", window / 1e3)),
+        "{out}"
+    );
+    let usable = eb["network_fraction_of_usable"].as_f64().unwrap();
+    assert!(
+        usable > eb["network_fraction_of_link"].as_f64().unwrap() && usable <= 1.0,
+        "{eb}"
     );
     assert_eq!(
         eb["slots"]["slot_changes"], 0,
