@@ -132,9 +132,23 @@ pub trait Endpoint {
     fn relink(&mut self, _peer: usize, _tag: u64) {}
 }
 
-/// How long a restarted endpoint waits for the live peers to take it back
-/// before it starts; later answers are joins during the run.
+/// How long a restarted endpoint waits at most for the live peers to take
+/// it back before it starts; later answers are joins during the run.
+/// Never more than a quarter of the peer timeout ([`rejoin_wait`]): a peer
+/// that took it back expects its heartbeats from then on, and one that
+/// never answers (dead, or not reachable) must not keep it silent that
+/// long.
 const REJOIN_WAIT: Duration = Duration::from_secs(2);
+
+/// [`REJOIN_WAIT`], within a quarter of `peer_timeout_ms`. With 2 s against
+/// the 800 ms timeout, a node restarted while another was dead waited for
+/// the dead one while the live ones, which had taken it back, lost it by
+/// its silence, relinked, and lost it again (`evb chaos -t ofi:tcp` with
+/// `kill:1@4+2,kill-consumer:6@4.5+0.8`: back only 4.55 s after the
+/// restart).
+pub fn rejoin_wait(peer_timeout_ms: u64) -> Duration {
+    REJOIN_WAIT.min(Duration::from_millis(peer_timeout_ms / 4))
+}
 
 struct Queued {
     peer: NodeId,
@@ -168,6 +182,8 @@ pub struct MsgTransport<E: Endpoint> {
     max_body: u64,
     completions: Vec<Completion>,
     recv_buffers: usize,
+    /// [`rejoin_wait`] of the run's peer timeout.
+    rejoin_wait: Duration,
     /// Rejoin is enabled: a lost peer's link can come back.
     rejoin: bool,
     /// This process is a restarted endpoint (rejoin enabled).
@@ -201,6 +217,7 @@ impl<E: Endpoint> MsgTransport<E> {
             run_id: config.run.run_id,
             endpoints: layout.endpoints,
             recv_buffers: posted_receives(linked.len()),
+            rejoin_wait: rejoin_wait(config.transport.peer_timeout_ms),
             linked,
             peer_index: vec![None; n],
             queued: (0..n).map(|_| VecDeque::new()).collect(),
@@ -593,7 +610,7 @@ impl<E: Endpoint> MsgTransport<E> {
             let buf = handler.spare_buffer(self.max_message);
             self.ep.post_recv(buf)?;
         }
-        let deadline = Instant::now() + REJOIN_WAIT;
+        let deadline = Instant::now() + self.rejoin_wait;
         let mut events = Vec::new();
         loop {
             let waiting: Vec<NodeId> = (0..self.endpoints)
@@ -1014,6 +1031,12 @@ mod tests {
     /// A new incarnation of a peer whose link is still up: the old link is
     /// reported closed at the end of one poll, the join at the end of the
     /// next, and what the new one sent is handed over only after that.
+    #[test]
+    fn a_restarted_endpoint_waits_for_answers_less_than_a_quarter_peer_timeout() {
+        assert_eq!(rejoin_wait(800), Duration::from_millis(200));
+        assert_eq!(rejoin_wait(60_000), REJOIN_WAIT);
+    }
+
     #[test]
     fn a_join_over_a_live_link_is_a_close_then_a_join() {
         let mut t = rejoining_peer();
