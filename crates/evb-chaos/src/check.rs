@@ -18,11 +18,51 @@ pub struct Violation {
     /// The fault kind it is tied to, when it is tied to one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<Kind>,
+    /// The invariant broken ([`INVARIANTS`]).
+    pub invariant: &'static str,
     pub what: String,
 }
 
+/// The invariants, the gravest first (shrinking keeps the gravest one a
+/// failing run broke: `--shrink`).
+pub const INVARIANTS: [&str; 8] = [
+    "no-hang",
+    "stored-once",
+    "accounting",
+    "max-lost",
+    "comes-back",
+    "metrics",
+    "resources",
+    "loss-explained",
+];
+
 fn violation(kind: Option<Kind>, what: String) -> Violation {
-    Violation { kind, what }
+    let invariant = if what.contains("events lost or incomplete at") {
+        "loss-explained"
+    } else if what.starts_with("the run did not come back") {
+        "comes-back"
+    } else if what.starts_with("hang:")
+        || what.contains("did not end by itself")
+        || what.contains("exited with status")
+        || what.starts_with("endpoints without a final report")
+    {
+        "no-hang"
+    } else if what.starts_with("store") || what.starts_with("the store") {
+        "stored-once"
+    } else if what.contains("more than --max-lost") {
+        "max-lost"
+    } else if what.starts_with("metrics of endpoint") {
+        "metrics"
+    } else if what.contains("open descriptors") || what.contains("resident memory") {
+        "resources"
+    } else {
+        "accounting"
+    };
+    Violation {
+        kind,
+        invariant,
+        what,
+    }
 }
 
 /// What one fault did.

@@ -521,7 +521,8 @@ pub fn run_chaos(opts: &ChaosOptions, sandbox: &Sandbox) -> Result<ChaosResult> 
 }
 
 /// Greedy shrinking: drops one fault at a time, keeping each drop after
-/// which the run still breaks an invariant, within `shrink_runs` runs.
+/// which the run still breaks the gravest invariant the failing run broke
+/// ([`check::INVARIANTS`]), within `shrink_runs` runs.
 fn shrink(
     opts: &ChaosOptions,
     sandbox: &Sandbox,
@@ -530,6 +531,14 @@ fn shrink(
 ) -> Result<Shrunk> {
     let mut current = schedule::parse_list(&failing.schedule)?;
     let mut violations = failing.violations.clone();
+    // The gravest invariant the run broke: a smaller schedule still fails
+    // if it breaks that one (not any: on a loaded machine a loss with no
+    // fault in force would keep every drop).
+    let target = check::INVARIANTS
+        .into_iter()
+        .find(|i| violations.iter().any(|v| v.invariant == *i))
+        .unwrap_or("accounting");
+    eprintln!("evb chaos: shrink: keeping the schedule failing {target}");
     let mut tried = 0;
     let mut i = current.len();
     while i > 0 && tried < opts.shrink_runs {
@@ -538,15 +547,22 @@ fn shrink(
         let dropped = candidate.remove(i);
         tried += 1;
         let outcome = run_once(opts, sandbox, prep, failing.seed, &candidate)?;
+        let fails = outcome.violations.iter().any(|v| v.invariant == target);
         eprintln!(
             "evb chaos: shrink: without {dropped}: {}",
-            if outcome.violations.is_empty() {
-                "passes (kept)".to_string()
+            if fails {
+                format!(
+                    "still fails {target} ({} violations)",
+                    outcome.violations.len()
+                )
             } else {
-                format!("still fails ({} violations)", outcome.violations.len())
+                format!(
+                    "no longer fails {target} (kept; {} other violations)",
+                    outcome.violations.len()
+                )
             }
         );
-        if !outcome.violations.is_empty() {
+        if fails {
             current = candidate;
             violations = outcome.violations;
         }

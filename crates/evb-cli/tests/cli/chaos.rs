@@ -123,6 +123,19 @@ fn a_failing_schedule_is_shrunk_to_a_command_that_replays_it() {
     assert_eq!(s["runs_tried"], 1, "{text}");
     assert_eq!(s["schedule"], "kill:2@3.50+1.00,kill:3@5.00+1.00", "{text}");
     assert!(!s["violations"].as_array().unwrap().is_empty(), "{text}");
+    // Shrunk against the invariant that failed, not any.
+    assert!(
+        text.contains("keeping the schedule failing max-lost"),
+        "{text}"
+    );
+    assert!(
+        s["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["invariant"] == "max-lost"),
+        "{text}"
+    );
     let chaos = s["chaos_command"].as_str().unwrap();
     assert!(
         chaos.contains("--max-lost 0 --faults 'kill:2@3.50+1.00,kill:3@5.00+1.00'"),
