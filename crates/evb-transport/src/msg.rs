@@ -252,7 +252,10 @@ impl<E: Endpoint> MsgTransport<E> {
 
     fn queue(&mut self, q: Queued) -> bool {
         let p = q.peer as usize;
-        if self.peer_index.get(p).copied().flatten().is_none() || self.dropped[p] {
+        if self.peer_index.get(p).copied().flatten().is_none()
+            || self.dropped[p]
+            || self.bye_from[p]
+        {
             return false;
         }
         self.queued[p].push_back(q);
@@ -299,6 +302,35 @@ impl<E: Endpoint> MsgTransport<E> {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// `peer` said it finished the run: it takes nothing more in, and soon
+    /// its process is gone. What is queued or in flight to it is done
+    /// (`SendDone`), never to complete: an engine says "try again" to a
+    /// gone peer's address for ever (tcp;ofi_rxm), or never completes a
+    /// send to it, and an RU waiting for those ended its drain holding
+    /// them, its process killed by the launcher (`evb chaos -t ofi:tcp
+    /// --seed 7`: RUs far behind under load still had fragments for BU 2
+    /// when BU 2 had finished its batches and left).
+    fn abandon_sends(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>) {
+        let p = peer as usize;
+        for q in self.queued[p].drain(..) {
+            self.queued_total -= 1;
+            if let Some(mep) = q.mep {
+                events.push(LinkEvent::SendDone(mep));
+            }
+        }
+        let gone: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, (to, _))| *to == peer)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in gone {
+            if let Some((_, Some(mep))) = self.in_flight.remove(&ctx) {
+                events.push(LinkEvent::SendDone(mep));
             }
         }
     }
@@ -415,6 +447,7 @@ impl<E: Endpoint> MsgTransport<E> {
             if !self.bye_from[peer as usize] {
                 self.bye_from[peer as usize] = true;
                 events.push(LinkEvent::Finished { peer });
+                self.abandon_sends(peer, events);
             }
             return Some(buf);
         }
@@ -969,6 +1002,8 @@ mod tests {
         relinks: Vec<usize>,
         /// Offers rejoin.
         rejoins: bool,
+        /// Says "try again" to every send.
+        refuse: bool,
     }
 
     impl Endpoint for Scripted {
@@ -985,7 +1020,7 @@ mod tests {
             Ok(())
         }
         fn send(&mut self, _: usize, _: u64, _: Vec<u8>, _: Body, _: u64) -> Result<bool> {
-            Ok(true)
+            Ok(!self.refuse)
         }
         fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
             out.extend(self.next.pop_front().unwrap_or_default());
@@ -1028,15 +1063,60 @@ mod tests {
         t
     }
 
-    /// A new incarnation of a peer whose link is still up: the old link is
-    /// reported closed at the end of one poll, the join at the end of the
-    /// next, and what the new one sent is handed over only after that.
     #[test]
     fn a_restarted_endpoint_waits_for_answers_less_than_a_quarter_peer_timeout() {
         assert_eq!(rejoin_wait(800), Duration::from_millis(200));
         assert_eq!(rejoin_wait(60_000), REJOIN_WAIT);
     }
 
+    /// A peer that said it finished takes nothing more: what was in flight
+    /// or queued to it is done at its goodbye (the engine would never
+    /// complete it), and later sends to it are refused at once.
+    #[test]
+    fn sends_to_a_peer_that_finished_are_done_at_its_goodbye() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut t = MsgTransport::new(Scripted::default(), &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let header = |mep| FragmentHeader {
+            run_id: config.run.run_id,
+            source: 0,
+            flags: 0,
+            mep,
+            event_count: 1,
+            payload_len: 8,
+            crc32c: 0,
+        };
+        let data = || Rc::new(MepBuf::from_vec(vec![0; 8]));
+        let (mut seen, mut events) = (Seen::default(), Vec::new());
+        // One taken by the engine (in flight), one it says "try again" to.
+        assert!(t.send_fragment(1, &header(7), data()));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        t.ep.refuse = true;
+        assert!(t.send_fragment(1, &header(8), data()));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(events.is_empty(), "{events:?}");
+        assert!(t.has_pending_tx(Some(1)));
+        let bye = Completion::Received {
+            buf: Vec::new(),
+            len: 0,
+            tag: 1 | TAG_BYE,
+        };
+        t.ep.next.push_back(vec![bye]);
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(
+            events.contains(&LinkEvent::Finished { peer: 1 }),
+            "{events:?}"
+        );
+        assert!(events.contains(&LinkEvent::SendDone(7)), "{events:?}");
+        assert!(events.contains(&LinkEvent::SendDone(8)), "{events:?}");
+        assert!(!t.has_pending_tx(Some(1)));
+        assert!(!t.send_fragment(1, &header(9), data()));
+    }
+
+    /// A new incarnation of a peer whose link is still up: the old link is
+    /// reported closed at the end of one poll, the join at the end of the
+    /// next, and what the new one sent is handed over only after that.
     #[test]
     fn a_join_over_a_live_link_is_a_close_then_a_join() {
         let mut t = rejoining_peer();
