@@ -8,7 +8,8 @@
 # Usage: bench/chaos.sh [minutes] [evb chaos options...]   (default 8)
 # TRANSPORTS="tcp shm" picks the transports (default: tcp shm ucx:tcp ofi:tcp).
 # Needs root for the network faults (a namespace of its own per run).
-# NO_BUILD=1 runs target/release/evb as it is.
+# NO_BUILD=1 runs target/release/evb as it is; EVB=PATH runs that binary
+# instead (a copy, so that a build meanwhile does not change the soak's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-8}
@@ -16,12 +17,13 @@ shift || true
 transports=${TRANSPORTS:-tcp shm ucx:tcp ofi:tcp}
 n=$(wc -w <<<"$transports")
 each=$(python3 -c "print(float('$minutes') / $n)")
-[ "${NO_BUILD:-0}" = 1 ] || cargo build --release --quiet --bin evb
+evb=${EVB:-target/release/evb}
+[ "${NO_BUILD:-0}" = 1 ] || [ -n "${EVB:-}" ] || cargo build --release --quiet --bin evb
 out=${OUT:-$(mktemp -d)}
 echo "chaos: $each minutes per transport ($transports); JSON in $out"
 for t in $transports; do
     f="$out/chaos-${t//:/-}.json"
-    nice -n 10 target/release/evb chaos -t "$t" --minutes "$each" --json "$f" "$@" \
+    nice -n 10 "$evb" chaos -t "$t" --minutes "$each" --json "$f" "$@" \
         > "$out/chaos-${t//:/-}.txt" 2> "$out/chaos-${t//:/-}.log" || true
     echo "== $t: $(tail -n 1 "$out/chaos-${t//:/-}.txt" | head -c 200)"
 done

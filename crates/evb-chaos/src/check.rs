@@ -18,11 +18,51 @@ pub struct Violation {
     /// The fault kind it is tied to, when it is tied to one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<Kind>,
+    /// The invariant broken ([`INVARIANTS`]).
+    pub invariant: &'static str,
     pub what: String,
 }
 
+/// The invariants, the gravest first (shrinking keeps the gravest one a
+/// failing run broke: `--shrink`).
+pub const INVARIANTS: [&str; 8] = [
+    "no-hang",
+    "stored-once",
+    "accounting",
+    "max-lost",
+    "comes-back",
+    "metrics",
+    "resources",
+    "loss-explained",
+];
+
 fn violation(kind: Option<Kind>, what: String) -> Violation {
-    Violation { kind, what }
+    let invariant = if what.contains("events lost or incomplete at") {
+        "loss-explained"
+    } else if what.starts_with("the run did not come back") {
+        "comes-back"
+    } else if what.starts_with("hang:")
+        || what.contains("did not end by itself")
+        || what.contains("exited with status")
+        || what.starts_with("endpoints without a final report")
+    {
+        "no-hang"
+    } else if what.starts_with("store") || what.starts_with("the store") {
+        "stored-once"
+    } else if what.contains("more than --max-lost") {
+        "max-lost"
+    } else if what.starts_with("metrics of endpoint") {
+        "metrics"
+    } else if what.contains("open descriptors") || what.contains("resident memory") {
+        "resources"
+    } else {
+        "accounting"
+    };
+    Violation {
+        kind,
+        invariant,
+        what,
+    }
 }
 
 /// What one fault did.
@@ -66,6 +106,9 @@ pub struct Bounds {
     pub end_bound_s: f64,
     /// Seconds before the first fault (the rate before any).
     pub warmup_s: f64,
+    /// `--max-lost`: a fault that loses (or leaves incomplete) more events
+    /// than this breaks an invariant of the user's.
+    pub max_lost_per_fault: Option<u64>,
 }
 
 /// The built events at `t` (the latest sample at or before it).
@@ -109,6 +152,7 @@ pub fn evaluate(
     let mut violations = Vec::new();
     let mut effects = effects(faults, watched, bounds);
     attribute_losses(faults, watched, run, bounds, &mut effects, &mut violations);
+    check_max_lost(&effects, bounds, &mut violations);
     check_comes_back(faults, watched, bounds, &mut violations);
     check_accounting(run, &mut violations);
     check_processes(run, wall_s, bounds, &mut violations);
@@ -423,6 +467,22 @@ fn check_metrics(faults: &[Fault], watched: &Watched, violations: &mut Vec<Viola
         violations.push(violation(
             active.first().copied(),
             format!("metrics of endpoint {rank} (port {port}) at {t:.2} s: {what}; faults in force: {active:?}"),
+        ));
+    }
+}
+
+/// `--max-lost`: no fault lost more events than the user allows.
+fn check_max_lost(effects: &[FaultEffect], bounds: &Bounds, violations: &mut Vec<Violation>) {
+    let Some(max) = bounds.max_lost_per_fault else {
+        return;
+    };
+    for e in effects.iter().filter(|e| e.events_lost > max) {
+        violations.push(violation(
+            Some(e.kind),
+            format!(
+                "{} lost {} events, more than --max-lost {max}",
+                e.spec, e.events_lost
+            ),
         ));
     }
 }

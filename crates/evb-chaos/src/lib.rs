@@ -49,6 +49,8 @@ pub struct ChaosOptions {
     pub faults: Option<Vec<Fault>>,
     /// Shrink a failing schedule, with at most this many more runs.
     pub shrink_runs: u32,
+    /// A fault that loses more events than this is a violation.
+    pub max_lost_per_fault: Option<u64>,
     pub json: Option<PathBuf>,
     pub exe: Option<PathBuf>,
     /// The namespaces of [`Sandbox`] (needs root).
@@ -71,6 +73,7 @@ impl Default for ChaosOptions {
             kinds: Vec::new(),
             faults: None,
             shrink_runs: 0,
+            max_lost_per_fault: None,
             json: None,
             exe: None,
             sandbox: true,
@@ -260,12 +263,10 @@ fn prepare(opts: &ChaosOptions, sandbox: &Sandbox) -> Result<Prepared> {
         }
     };
     let wanted: Vec<Kind> = if opts.kinds.is_empty() {
-        // A full store ends the consumers that write it today (their
-        // writer fails, the node exits): asked for by name only.
-        Kind::ALL
-            .into_iter()
-            .filter(|&k| k != Kind::StoreFull)
-            .collect()
+        // Every kind, a full store too: the disk a DAQ's buffer fills is
+        // among the commonest faults it meets, and a full store costs its
+        // objects (counted as the writer's `failed`), not the run.
+        Kind::ALL.to_vec()
     } else {
         opts.kinds.clone()
     };
@@ -364,6 +365,7 @@ fn run_once(
             + 1.0,
         end_bound_s: eb.drain_timeout_ms.max(eb.em_lost_wait_ms) as f64 / 1000.0 + 10.0,
         warmup_s: WARMUP_S,
+        max_lost_per_fault: opts.max_lost_per_fault,
     };
     let (effects, violations) =
         check::evaluate(faults, &watched, &run, Some(&store), wall_s, &bounds);
@@ -407,6 +409,9 @@ fn chaos_command(opts: &ChaosOptions, seed: u64, faults: &[Fault]) -> String {
     for s in &opts.overrides {
         c += &format!(" --set {s}");
     }
+    if let Some(m) = opts.max_lost_per_fault {
+        c += &format!(" --max-lost {m}");
+    }
     c + &format!(" --faults '{}'", schedule::spell(faults))
 }
 
@@ -424,9 +429,14 @@ fn run_command(opts: &ChaosOptions, prep: &Prepared, faults: &[Fault]) -> Option
         c += &format!(" --config {}", cfg.display());
     }
     for s in &prep.overrides {
-        if !s.starts_with("nodes.count=")
+        // The sandbox's store and metrics ports are gone with it: a store
+        // of its own (in the directory it is run from), no metrics.
+        if s.starts_with("output.store=") {
+            c += " --set output.store=evb-chaos-store";
+        } else if !s.starts_with("nodes.count=")
             && !s.starts_with("output.consumers=")
             && !s.starts_with("run.duration_s=")
+            && !s.starts_with("metrics.base_port=")
         {
             c += &format!(" --set {s}");
         }
@@ -511,7 +521,8 @@ pub fn run_chaos(opts: &ChaosOptions, sandbox: &Sandbox) -> Result<ChaosResult> 
 }
 
 /// Greedy shrinking: drops one fault at a time, keeping each drop after
-/// which the run still breaks an invariant, within `shrink_runs` runs.
+/// which the run still breaks the gravest invariant the failing run broke
+/// ([`check::INVARIANTS`]), within `shrink_runs` runs.
 fn shrink(
     opts: &ChaosOptions,
     sandbox: &Sandbox,
@@ -520,6 +531,14 @@ fn shrink(
 ) -> Result<Shrunk> {
     let mut current = schedule::parse_list(&failing.schedule)?;
     let mut violations = failing.violations.clone();
+    // The gravest invariant the run broke: a smaller schedule still fails
+    // if it breaks that one (not any: on a loaded machine a loss with no
+    // fault in force would keep every drop).
+    let target = check::INVARIANTS
+        .into_iter()
+        .find(|i| violations.iter().any(|v| v.invariant == *i))
+        .unwrap_or("accounting");
+    eprintln!("evb chaos: shrink: keeping the schedule failing {target}");
     let mut tried = 0;
     let mut i = current.len();
     while i > 0 && tried < opts.shrink_runs {
@@ -528,15 +547,22 @@ fn shrink(
         let dropped = candidate.remove(i);
         tried += 1;
         let outcome = run_once(opts, sandbox, prep, failing.seed, &candidate)?;
+        let fails = outcome.violations.iter().any(|v| v.invariant == target);
         eprintln!(
             "evb chaos: shrink: without {dropped}: {}",
-            if outcome.violations.is_empty() {
-                "passes (kept)".to_string()
+            if fails {
+                format!(
+                    "still fails {target} ({} violations)",
+                    outcome.violations.len()
+                )
             } else {
-                format!("still fails ({} violations)", outcome.violations.len())
+                format!(
+                    "no longer fails {target} (kept; {} other violations)",
+                    outcome.violations.len()
+                )
             }
         );
-        if !outcome.violations.is_empty() {
+        if fails {
             current = candidate;
             violations = outcome.violations;
         }

@@ -53,6 +53,10 @@ pub struct ChaosArgs {
     /// this many more runs; prints the command that replays it.
     #[arg(long, value_name = "RUNS", default_value_t = 0)]
     shrink: u32,
+    /// One more invariant: a fault that loses (or leaves incomplete) more than this many
+    /// events is a violation (e.g. 0 for "no fault loses anything").
+    #[arg(long, value_name = "EVENTS")]
+    max_lost: Option<u64>,
     /// Write the runs, every fault's effect and the violations as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -103,6 +107,7 @@ pub fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         kinds,
         faults,
         shrink_runs: args.shrink,
+        max_lost_per_fault: args.max_lost,
         json: args.json,
         exe: None,
         sandbox: !args.no_sandbox,

@@ -207,8 +207,9 @@ struct Runtime {
     metrics: Option<crate::metrics::Metrics>,
     /// process_actions stopped at its budget with actions maybe left.
     actions_left: bool,
-    /// After this process was stopped or starved past half the peer
-    /// timeout, until two peer timeouts later: a BU may have given this
+    /// After this process was stopped, starved or blocked in a call past
+    /// half the peer timeout ([`stalled_until`]), until two peer timeouts
+    /// later: a BU may have given this
     /// consumer up and delivered what it holds to another, so what it
     /// consumes is stored only if no consumer has stored it.
     stalled_until: Option<Instant>,
@@ -377,10 +378,10 @@ impl Runtime {
         // the drain, the linger).
         let now_i = Instant::now();
         let peer_timeout = Duration::from_millis(self.config.transport.peer_timeout_ms);
-        if now_i.saturating_duration_since(t.wake_by) > peer_timeout / 2 {
+        if let Some(until) = stalled_until(t.wake_by, now_i, peer_timeout) {
             // This process was stopped (or starved) for a while: its peers
             // may have given it up meanwhile (see `Runtime::stalled_until`).
-            self.stalled_until = Some(now_i + 2 * peer_timeout);
+            self.stalled_until = Some(until);
         }
         if !t.stopped && t.stop_at.is_some_and(|s| now_i >= s) {
             t.stopped = true;
@@ -437,8 +438,25 @@ impl Runtime {
             // A consumer at work burns its core, as a real filter does.
             timeout = Duration::ZERO;
         }
-        t.wake_by = Instant::now() + timeout;
+        // This turn's own work took that long (a call into the transport
+        // blocked: evb-ucx's ucp_ep_create of a RELINK to a peer whose
+        // packets were dropped took 2.04 s), or the poll came back that
+        // late: as after a late wake (above), what comes in now may have
+        // waited as long, and the peers may have given this node up while
+        // its timers could not run to say so. Over ucx:tcp a consumer so
+        // blocked consumed, as first deliveries, batches its BUs had meanwhile
+        // given to the other consumer: stored twice (`evb chaos -t ucx:tcp
+        // --seed 10`, `link-down:5@6.09+2.15`: consumer 6 blocked relinking
+        // to consumer 5).
+        let before_poll = Instant::now();
+        if let Some(until) = stalled_until(now_i, before_poll, peer_timeout) {
+            self.stalled_until = Some(until);
+        }
+        t.wake_by = before_poll + timeout;
         transport.poll(timeout, &mut self.engine, &mut self.events)?;
+        if let Some(until) = stalled_until(t.wake_by, Instant::now(), peer_timeout) {
+            self.stalled_until = Some(until);
+        }
         self.handle_link_events(transport)?;
         Ok(false)
     }
@@ -634,5 +652,38 @@ impl Runtime {
                 self.engine.node.on_peer_starved(now, p);
             }
         }
+    }
+}
+
+/// A node that was due at `due` and got to `now` more than half a peer
+/// timeout later (stopped, starved, or blocked in a call) may have been
+/// given up by its peers meanwhile, its timers not having run to say so:
+/// until the returned time, what it consumes is stored only if no
+/// consumer has it ([`Runtime::stalled_until`]).
+fn stalled_until(due: Instant, now: Instant, peer_timeout: Duration) -> Option<Instant> {
+    (now.saturating_duration_since(due) > peer_timeout / 2).then_some(now + 2 * peer_timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ucx:tcp consumer of `evb chaos --seed 10`: its turn blocked
+    /// 2.04 s in ucp_ep_create (a RELINK to a peer whose packets were
+    /// dropped), then took in batches delivered before; a turn that
+    /// merely ran long stays fresh.
+    #[test]
+    fn a_turn_blocked_past_half_the_peer_timeout_is_a_stall() {
+        let timeout = Duration::from_millis(800);
+        let start = Instant::now();
+        let after = start + Duration::from_millis(2040);
+        assert_eq!(
+            stalled_until(start, after, timeout),
+            Some(after + Duration::from_millis(1600))
+        );
+        let quick = start + Duration::from_millis(300);
+        assert_eq!(stalled_until(start, quick, timeout), None);
+        // Early is never late.
+        assert_eq!(stalled_until(after, start, timeout), None);
     }
 }

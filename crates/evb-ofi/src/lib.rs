@@ -650,21 +650,43 @@ impl Endpoint {
         self.links.stale_dropped()
     }
 
-    /// Hands the endpoint's own queued messages to the library, in order,
-    /// until it says "try again".
+    /// Hands the endpoint's own queued messages to the library, in order
+    /// per peer: a peer the library says "try again" for keeps its
+    /// messages (in order) for the next call, and the other peers' go out.
+    /// tcp;ofi_rxm says "try again" for as long as it cannot connect, and
+    /// for ever to a dead peer's address: one queue for all peers held
+    /// every JOIN and answer behind a request to a dead peer (a restarted
+    /// consumer, asking a node killed meanwhile first, was taken back by
+    /// none of the others; `evb chaos -t ofi:tcp --seed 2` hung).
     fn push_control(&mut self) -> Result<(), Error> {
+        let mut blocked: Vec<PeerId> = Vec::new();
+        let mut kept = std::collections::VecDeque::new();
         while let Some(msg) = self.pending_control.pop_front() {
+            if blocked.contains(&msg.peer) {
+                kept.push_back(msg);
+                continue;
+            }
             let retry = msg.clone();
             let ControlMessage {
                 peer,
                 wire_tag,
                 bytes,
             } = msg;
-            if !self.post_send(peer, wire_tag, bytes, None, 0..0, CONTROL_CTX)? {
-                self.pending_control.push_front(retry);
-                break;
+            match self.post_send(peer, wire_tag, bytes, None, 0..0, CONTROL_CTX) {
+                Ok(true) => {}
+                Ok(false) => {
+                    blocked.push(peer);
+                    kept.push_back(retry);
+                }
+                Err(e) => {
+                    kept.push_back(retry);
+                    kept.append(&mut self.pending_control);
+                    self.pending_control = kept;
+                    return Err(e);
+                }
             }
         }
+        self.pending_control = kept;
         Ok(())
     }
 

@@ -261,3 +261,51 @@ fn the_higher_source_relinks_and_the_old_links_messages_are_dropped() {
     assert_eq!(at(LOW), (200..206).collect::<Vec<_>>());
     assert_eq!(joins.len(), 2, "no second relink: {joins:?}");
 }
+
+/// A restarted endpoint asks a dead peer (its process gone: tcp;ofi_rxm
+/// says "try again" to its address for ever) before a live one: the live
+/// one still takes it back at once, both ways. With one queue for every
+/// peer's JOINs and answers, the JOIN to the dead peer held the others
+/// behind it for ever (`evb chaos -t ofi:tcp --seed 2` hung: a consumer
+/// restarted while a node was dead was taken back by none of the others).
+#[test]
+fn a_dead_peer_asked_first_holds_up_no_other_join() {
+    let dead_addr = {
+        let dead = open_rejoin();
+        dead.local_address()
+    };
+    let mut eps: Vec<Endpoint> = (0..2).map(|_| open_rejoin()).collect();
+    eps[S].enable_rejoin(0);
+    let s_addr = eps[S].local_address();
+    for ep in eps.iter_mut() {
+        for _ in 0..8 {
+            ep.post_recv(Vec::with_capacity(evb_ofi::DEFAULT_MAX_MESSAGE))
+                .unwrap();
+        }
+    }
+    let (mut got, mut joins) = (Vec::new(), Vec::new());
+    let new = 1;
+    eps[new].enable_rejoin(1);
+    let _to_dead = eps[new].add_peer_rejoining(&dead_addr).unwrap();
+    let new_to_s = eps[new].add_peer_rejoining(&s_addr).unwrap();
+    let deadline = Deadline::new(10, "the live peer's join behind the dead one's");
+    while joins.len() < 2 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    let s_to_new = joins
+        .iter()
+        .find(|j| j.0 == S)
+        .map(|j| j.1)
+        .expect("the live peer reports the join");
+    assert!(joins.contains(&(new, new_to_s, 0)), "{joins:?}");
+    send(&mut eps, new, new_to_s, 1, 1, 100, &mut got, &mut joins);
+    send(&mut eps, S, s_to_new, 0, 2, 40_000, &mut got, &mut joins);
+    let deadline = Deadline::new(10, "messages both ways");
+    while got.len() < 2 {
+        deadline.check();
+        step(&mut eps, &mut got, &mut joins);
+    }
+    got.sort();
+    assert_eq!(got, vec![(S, 1, 1), (new, 0, 2)]);
+}

@@ -132,9 +132,23 @@ pub trait Endpoint {
     fn relink(&mut self, _peer: usize, _tag: u64) {}
 }
 
-/// How long a restarted endpoint waits for the live peers to take it back
-/// before it starts; later answers are joins during the run.
+/// How long a restarted endpoint waits at most for the live peers to take
+/// it back before it starts; later answers are joins during the run.
+/// Never more than a quarter of the peer timeout ([`rejoin_wait`]): a peer
+/// that took it back expects its heartbeats from then on, and one that
+/// never answers (dead, or not reachable) must not keep it silent that
+/// long.
 const REJOIN_WAIT: Duration = Duration::from_secs(2);
+
+/// [`REJOIN_WAIT`], within a quarter of `peer_timeout_ms`. With 2 s against
+/// the 800 ms timeout, a node restarted while another was dead waited for
+/// the dead one while the live ones, which had taken it back, lost it by
+/// its silence, relinked, and lost it again (`evb chaos -t ofi:tcp` with
+/// `kill:1@4+2,kill-consumer:6@4.5+0.8`: back only 4.55 s after the
+/// restart).
+pub fn rejoin_wait(peer_timeout_ms: u64) -> Duration {
+    REJOIN_WAIT.min(Duration::from_millis(peer_timeout_ms / 4))
+}
 
 struct Queued {
     peer: NodeId,
@@ -168,6 +182,8 @@ pub struct MsgTransport<E: Endpoint> {
     max_body: u64,
     completions: Vec<Completion>,
     recv_buffers: usize,
+    /// [`rejoin_wait`] of the run's peer timeout.
+    rejoin_wait: Duration,
     /// Rejoin is enabled: a lost peer's link can come back.
     rejoin: bool,
     /// This process is a restarted endpoint (rejoin enabled).
@@ -201,6 +217,7 @@ impl<E: Endpoint> MsgTransport<E> {
             run_id: config.run.run_id,
             endpoints: layout.endpoints,
             recv_buffers: posted_receives(linked.len()),
+            rejoin_wait: rejoin_wait(config.transport.peer_timeout_ms),
             linked,
             peer_index: vec![None; n],
             queued: (0..n).map(|_| VecDeque::new()).collect(),
@@ -235,7 +252,10 @@ impl<E: Endpoint> MsgTransport<E> {
 
     fn queue(&mut self, q: Queued) -> bool {
         let p = q.peer as usize;
-        if self.peer_index.get(p).copied().flatten().is_none() || self.dropped[p] {
+        if self.peer_index.get(p).copied().flatten().is_none()
+            || self.dropped[p]
+            || self.bye_from[p]
+        {
             return false;
         }
         self.queued[p].push_back(q);
@@ -282,6 +302,35 @@ impl<E: Endpoint> MsgTransport<E> {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// `peer` said it finished the run: it takes nothing more in, and soon
+    /// its process is gone. What is queued or in flight to it is done
+    /// (`SendDone`), never to complete: an engine says "try again" to a
+    /// gone peer's address for ever (tcp;ofi_rxm), or never completes a
+    /// send to it, and an RU waiting for those ended its drain holding
+    /// them, its process killed by the launcher (`evb chaos -t ofi:tcp
+    /// --seed 7`: RUs far behind under load still had fragments for BU 2
+    /// when BU 2 had finished its batches and left).
+    fn abandon_sends(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>) {
+        let p = peer as usize;
+        for q in self.queued[p].drain(..) {
+            self.queued_total -= 1;
+            if let Some(mep) = q.mep {
+                events.push(LinkEvent::SendDone(mep));
+            }
+        }
+        let gone: Vec<u64> = self
+            .in_flight
+            .iter()
+            .filter(|(_, (to, _))| *to == peer)
+            .map(|(&ctx, _)| ctx)
+            .collect();
+        for ctx in gone {
+            if let Some((_, Some(mep))) = self.in_flight.remove(&ctx) {
+                events.push(LinkEvent::SendDone(mep));
             }
         }
     }
@@ -398,6 +447,7 @@ impl<E: Endpoint> MsgTransport<E> {
             if !self.bye_from[peer as usize] {
                 self.bye_from[peer as usize] = true;
                 events.push(LinkEvent::Finished { peer });
+                self.abandon_sends(peer, events);
             }
             return Some(buf);
         }
@@ -593,7 +643,7 @@ impl<E: Endpoint> MsgTransport<E> {
             let buf = handler.spare_buffer(self.max_message);
             self.ep.post_recv(buf)?;
         }
-        let deadline = Instant::now() + REJOIN_WAIT;
+        let deadline = Instant::now() + self.rejoin_wait;
         let mut events = Vec::new();
         loop {
             let waiting: Vec<NodeId> = (0..self.endpoints)
@@ -952,6 +1002,8 @@ mod tests {
         relinks: Vec<usize>,
         /// Offers rejoin.
         rejoins: bool,
+        /// Says "try again" to every send.
+        refuse: bool,
     }
 
     impl Endpoint for Scripted {
@@ -968,7 +1020,7 @@ mod tests {
             Ok(())
         }
         fn send(&mut self, _: usize, _: u64, _: Vec<u8>, _: Body, _: u64) -> Result<bool> {
-            Ok(true)
+            Ok(!self.refuse)
         }
         fn progress(&mut self, out: &mut Vec<Completion>) -> Result<()> {
             out.extend(self.next.pop_front().unwrap_or_default());
@@ -1009,6 +1061,57 @@ mod tests {
         let mut t = MsgTransport::new(ep, &config, &layout, 0).unwrap();
         t.peer_index[1] = Some(0);
         t
+    }
+
+    #[test]
+    fn a_restarted_endpoint_waits_for_answers_less_than_a_quarter_peer_timeout() {
+        assert_eq!(rejoin_wait(800), Duration::from_millis(200));
+        assert_eq!(rejoin_wait(60_000), REJOIN_WAIT);
+    }
+
+    /// A peer that said it finished takes nothing more: what was in flight
+    /// or queued to it is done at its goodbye (the engine would never
+    /// complete it), and later sends to it are refused at once.
+    #[test]
+    fn sends_to_a_peer_that_finished_are_done_at_its_goodbye() {
+        let config = Config::load(None, &["nodes.count=2".into()]).unwrap();
+        let layout = Layout::from_config(&config);
+        let mut t = MsgTransport::new(Scripted::default(), &config, &layout, 0).unwrap();
+        t.peer_index[1] = Some(0);
+        let header = |mep| FragmentHeader {
+            run_id: config.run.run_id,
+            source: 0,
+            flags: 0,
+            mep,
+            event_count: 1,
+            payload_len: 8,
+            crc32c: 0,
+        };
+        let data = || Rc::new(MepBuf::from_vec(vec![0; 8]));
+        let (mut seen, mut events) = (Seen::default(), Vec::new());
+        // One taken by the engine (in flight), one it says "try again" to.
+        assert!(t.send_fragment(1, &header(7), data()));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        t.ep.refuse = true;
+        assert!(t.send_fragment(1, &header(8), data()));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(events.is_empty(), "{events:?}");
+        assert!(t.has_pending_tx(Some(1)));
+        let bye = Completion::Received {
+            buf: Vec::new(),
+            len: 0,
+            tag: 1 | TAG_BYE,
+        };
+        t.ep.next.push_back(vec![bye]);
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(
+            events.contains(&LinkEvent::Finished { peer: 1 }),
+            "{events:?}"
+        );
+        assert!(events.contains(&LinkEvent::SendDone(7)), "{events:?}");
+        assert!(events.contains(&LinkEvent::SendDone(8)), "{events:?}");
+        assert!(!t.has_pending_tx(Some(1)));
+        assert!(!t.send_fragment(1, &header(9), data()));
     }
 
     /// A new incarnation of a peer whose link is still up: the old link is
