@@ -878,7 +878,17 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     fn has_pending_tx(&self, to: Option<NodeId>) -> bool {
         match to {
             Some(p) => !self.queued[p as usize].is_empty(),
-            None => self.queued_total > 0,
+            // What waits for a peer that said goodbye (our goodbye to it,
+            // a control message) does not hold this node's own goodbye:
+            // the peer may be gone, its engine saying "try again" for ever.
+            None => {
+                self.queued_total > 0
+                    && self
+                        .queued
+                        .iter()
+                        .zip(&self.bye_from)
+                        .any(|(q, &bye)| !bye && !q.is_empty())
+            }
         }
     }
 
@@ -1118,6 +1128,12 @@ mod tests {
         assert!(events.contains(&LinkEvent::SendDone(8)), "{events:?}");
         assert!(!t.has_pending_tx(Some(1)));
         assert!(!t.send_fragment(1, &header(9), data()));
+        // A control message still goes (it lingers for our goodbye), but
+        // waiting for it does not hold this node's finish.
+        assert!(t.send_control(1, &Message::Heartbeat));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(t.has_pending_tx(Some(1)));
+        assert!(!t.has_pending_tx(None));
     }
 
     /// A new incarnation of a peer whose link is still up: the old link is
