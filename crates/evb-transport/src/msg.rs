@@ -252,10 +252,12 @@ impl<E: Endpoint> MsgTransport<E> {
 
     fn queue(&mut self, q: Queued) -> bool {
         let p = q.peer as usize;
-        if self.peer_index.get(p).copied().flatten().is_none()
-            || self.dropped[p]
-            || self.bye_from[p]
-        {
+        if self.peer_index.get(p).copied().flatten().is_none() || self.dropped[p] {
+            return false;
+        }
+        if self.bye_from[p] && q.mep.is_some() {
+            // Data for a peer that finished: never taken (its control
+            // messages and our goodbye still go: it lingers for them).
             return false;
         }
         self.queued[p].push_back(q);
@@ -306,17 +308,21 @@ impl<E: Endpoint> MsgTransport<E> {
         }
     }
 
-    /// `peer` said it finished the run: it takes nothing more in, and soon
-    /// its process is gone. What is queued or in flight to it is done
-    /// (`SendDone`), never to complete: an engine says "try again" to a
-    /// gone peer's address for ever (tcp;ofi_rxm), or never completes a
-    /// send to it, and an RU waiting for those ended its drain holding
-    /// them, its process killed by the launcher (`evb chaos -t ofi:tcp
-    /// --seed 7`: RUs far behind under load still had fragments for BU 2
-    /// when BU 2 had finished its batches and left).
+    /// `peer` said it finished the run: it builds and consumes nothing more,
+    /// and soon its process is gone. The fragments and batches queued or in
+    /// flight to it are done (`SendDone`), never to complete (the rest, our
+    /// goodbye first, still goes: it lingers for it): an engine says "try
+    /// again" to a gone peer's address for ever (tcp;ofi_rxm), or never
+    /// completes a send to it, and an RU waiting for those ended its drain
+    /// holding them, its process killed by the launcher (`evb chaos -t
+    /// ofi:tcp --seed 7`: RUs far behind under load still had fragments for
+    /// BU 2 when BU 2 had finished its batches and left).
     fn abandon_sends(&mut self, peer: NodeId, events: &mut Vec<LinkEvent>) {
         let p = peer as usize;
-        for q in self.queued[p].drain(..) {
+        let (data, rest): (VecDeque<Queued>, VecDeque<Queued>) =
+            self.queued[p].drain(..).partition(|q| q.mep.is_some());
+        self.queued[p] = rest;
+        for q in data {
             self.queued_total -= 1;
             if let Some(mep) = q.mep {
                 events.push(LinkEvent::SendDone(mep));
@@ -325,7 +331,7 @@ impl<E: Endpoint> MsgTransport<E> {
         let gone: Vec<u64> = self
             .in_flight
             .iter()
-            .filter(|(_, (to, _))| *to == peer)
+            .filter(|(_, (to, mep))| *to == peer && mep.is_some())
             .map(|(&ctx, _)| ctx)
             .collect();
         for ctx in gone {
@@ -872,7 +878,17 @@ impl<E: Endpoint> Transport for MsgTransport<E> {
     fn has_pending_tx(&self, to: Option<NodeId>) -> bool {
         match to {
             Some(p) => !self.queued[p as usize].is_empty(),
-            None => self.queued_total > 0,
+            // What waits for a peer that said goodbye (our goodbye to it,
+            // a control message) does not hold this node's own goodbye:
+            // the peer may be gone, its engine saying "try again" for ever.
+            None => {
+                self.queued_total > 0
+                    && self
+                        .queued
+                        .iter()
+                        .zip(&self.bye_from)
+                        .any(|(q, &bye)| !bye && !q.is_empty())
+            }
         }
     }
 
@@ -1112,6 +1128,12 @@ mod tests {
         assert!(events.contains(&LinkEvent::SendDone(8)), "{events:?}");
         assert!(!t.has_pending_tx(Some(1)));
         assert!(!t.send_fragment(1, &header(9), data()));
+        // A control message still goes (it lingers for our goodbye), but
+        // waiting for it does not hold this node's finish.
+        assert!(t.send_control(1, &Message::Heartbeat));
+        t.poll(Duration::ZERO, &mut seen, &mut events).unwrap();
+        assert!(t.has_pending_tx(Some(1)));
+        assert!(!t.has_pending_tx(None));
     }
 
     /// A new incarnation of a peer whose link is still up: the old link is
