@@ -140,10 +140,19 @@ fn steady_text(eb: &EbSummary, s: &SimSummary) -> String {
             let first = eb.first_built_us.map_or("no batch built".to_string(), |t| {
                 format!("first batch built at {t:.0} us")
             });
+            // A run long enough whose set warm-up ends before the first
+            // batch: a longer run would not help, a longer warm-up would.
+            let advice = match eb.first_built_us {
+                Some(t) if t > eb.warmup_us && s.simulated_seconds * 1e6 >= needs => format!(
+                    "the warm-up ({:.2} ms) ends before the first batch: set sim.warmup_us past {:.2} ms, or 0 (two rotations)",
+                    eb.warmup_us / 1000.0,
+                    t / 1000.0
+                ),
+                _ => format!("too short to measure a rate: {}", run_at_least(needs)),
+            };
             out += &format!(
-                "no steady state: {} events built, {first}; too short to measure a rate: {}\n",
+                "no steady state: {} events built, {first}; {advice}\n",
                 eb.events_built,
-                run_at_least(needs)
             );
         }
         None => {

@@ -904,3 +904,23 @@ fn a_run_without_a_steady_state_says_how_long_to_run() {
         "clean fabric, nominal slots: {eb}"
     );
 }
+
+/// A run long enough whose set warm-up ends before the first batch is
+/// built has no steady state, and is told to lengthen the warm-up, not the
+/// run (a longer run would not help).
+#[test]
+fn a_warm_up_shorter_than_the_first_batch_is_named() {
+    let (ok, out, err) = evb(&[
+        "sim",
+        "--duration-us",
+        "10000",
+        "--set",
+        "sim.warmup_us=500",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("no steady state:")
+            && out.contains("ends before the first batch: set sim.warmup_us past"),
+        "{out}"
+    );
+}
