@@ -32,5 +32,5 @@ pub mod slurm;
 
 pub use bin::{evb, evb_path, evb_path_str, mpich_evb, repo_root};
 pub use json::{final_report, read_json, read_json_or_null, summary_f64, summary_u64};
-pub use process::{run_bounded, wait_all, KillOnDrop};
+pub use process::{run_bounded, run_unpanicked, wait_all, KillOnDrop};
 pub use scratch::scratch_dir;

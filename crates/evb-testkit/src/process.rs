@@ -34,6 +34,18 @@ pub fn run_bounded(cmd: &mut Command, what: &str, limit: Duration) -> (Output, S
     (out, text)
 }
 
+/// [`run_bounded`] for a command's own tests: (success, stdout, stderr),
+/// failing the test if the process panicked, whatever its exit status.
+pub fn run_unpanicked(cmd: &mut Command, what: &str, limit: Duration) -> (bool, String, String) {
+    let (out, _) = run_bounded(cmd, what, limit);
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(!e.contains("panicked"), "{what} panicked: {e}");
+    (out.status.success(), o, e)
+}
+
 /// A process's stdout followed by its stderr, as text.
 pub fn text_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)

@@ -8,22 +8,16 @@ use std::process::Command;
 use std::time::Duration;
 
 use evb_testkit::slurm::Cluster;
-use evb_testkit::{evb_path, run_bounded};
+use evb_testkit::{evb_path, run_bounded, run_unpanicked};
 
 /// `evb fabric ARGS`, bounded in time (a guard against a hang only);
 /// returns (success, stdout, stderr), failing on a panic.
 fn evb(args: &[&str]) -> (bool, String, String) {
-    let (out, _) = run_bounded(
+    run_unpanicked(
         evb_testkit::evb().arg("fabric").args(args),
         "evb fabric",
         Duration::from_secs(600),
-    );
-    let (o, e) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(!e.contains("panicked"), "evb panicked: {e}");
-    (out.status.success(), o, e)
+    )
 }
 
 fn ok(args: &[&str]) -> String {

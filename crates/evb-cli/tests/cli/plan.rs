@@ -8,23 +8,17 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use evb_testkit::run_bounded;
+use evb_testkit::{run_bounded, run_unpanicked};
 use serde_json::Value;
 
 /// `evb ARGS`, bounded in time; returns (success, stdout, stderr),
 /// failing on a panic.
 fn evb(args: &[&str]) -> (bool, String, String) {
-    let (out, _) = run_bounded(
+    run_unpanicked(
         evb_testkit::evb().args(args),
         "evb",
         Duration::from_secs(300),
-    );
-    let (o, e) = (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(!e.contains("panicked"), "evb panicked: {e}");
-    (out.status.success(), o, e)
+    )
 }
 
 fn ok(args: &[&str]) -> String {
