@@ -23,13 +23,13 @@
 //! (`SlotLength`), so that all RUs switch at the same slot, and the
 //! reports of the next rotation, about slots before it, are not counted.
 //!
-//! The MEPs built while the slots were too short come out of phase with
-//! the rotation; a BU then needs a third credit to keep one MEP
-//! collecting in every rotation (measured, 72 nodes, one unknown
-//! half-rate link, 120 ms: credits 2 at 24 % of link, 3 at 39 %, the
-//! lengthened slots allow 44 %; hence the default `credits = 3`). Over
-//! 200 ms the 72-node case falls to 32 % even so (docs/sim.md): the
-//! phase is not yet restored.
+//! With the EM in a node, its assignments are paced into that node's
+//! slot headroom ([`crate::pacer`]), a budget taken from the slot in
+//! force: measured on 72 nodes with one unknown half-rate link, a budget
+//! of the nominal slot let 10,000 assignments queue at the EM's node and
+//! the rate fall to 30 % of link over 200 ms; from the lengthened slot,
+//! with the EM holding new assignments while its node's backlog lasts,
+//! 46.3 %, what the lengthened slots allow (docs/sim.md).
 
 use crate::bu::Nanos;
 use crate::slots::SlotEpoch;

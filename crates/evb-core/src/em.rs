@@ -181,6 +181,13 @@ pub struct EventManager {
     pending_since: Option<Nanos>,
     assign_batch: usize,
     assign_flush_ns: Nanos,
+    /// This EM's node still holds assignments it told before, paced into
+    /// its slots' headroom ([`crate::pacer`]): new ones wait and join the
+    /// next batch, so the runs grow instead of the queue.
+    control_backlog: bool,
+    /// The pending batch waited for that backlog: it goes as soon as the
+    /// backlog is gone, not at the flush timer.
+    held_for_backlog: bool,
     /// Slotted barrel: the slot length, lengthened when the RUs overrun
     /// their slots.
     slot_adapt: Option<SlotAdapt>,
@@ -218,6 +225,8 @@ impl EventManager {
             pending_since: None,
             assign_batch: 1,
             assign_flush_ns: 0,
+            control_backlog: false,
+            held_for_backlog: false,
             slot_adapt: None,
             now: 0,
             stats: EmStats::default(),
@@ -239,6 +248,16 @@ impl EventManager {
         self.assign_batch = batch.max(1) as usize;
         self.assign_flush_ns = flush;
         self
+    }
+
+    /// Whether this EM's node still holds earlier assignments for its
+    /// link's headroom (the node says so after each of its steps). While it
+    /// does, new assignments wait for the next batch: a node whose link
+    /// cannot carry one message to every RU per completed MEP (540 RUs,
+    /// or slots lengthened for a slow link) then sends fewer, larger runs
+    /// rather than a queue that grows until the MEPs wait on it.
+    pub fn set_control_backlog(&mut self, backlogged: bool) {
+        self.control_backlog = backlogged;
     }
 
     /// Slotted barrel: adapts the slot length (nominally `nominal` ns, in
@@ -451,7 +470,12 @@ impl EventManager {
         let slot = p
             .filter(|_| !self.stopped && !self.stop_requested)
             .and_then(|p| Some(p.slot_time(p.epoch?, p.slots + 1)));
-        let flush = self.pending_since.map(|t| t + self.assign_flush_ns);
+        // Held behind the node's backlog, the batch waits for the node to
+        // say it has drained (its next step), not for the flush timer.
+        let flush = self
+            .pending_since
+            .filter(|_| !self.control_backlog)
+            .map(|t| self.flush_time(t));
         let orphaned = self.orphaned_until.filter(|_| !self.stopped);
         resync
             .into_iter()
@@ -467,7 +491,7 @@ impl EventManager {
         self.set_now(now);
         if self
             .pending_since
-            .is_some_and(|t| now >= t + self.assign_flush_ns)
+            .is_some_and(|t| now >= self.flush_time(t))
         {
             self.assign(out);
         }
@@ -960,20 +984,42 @@ impl EventManager {
     /// round robin, makes consecutive runs: one `AssignRun` for the batch
     /// rather than a message per MEP when credits come back in any order.
     fn hold_for_batch(&mut self) -> bool {
-        if self.assign_batch <= 1 || self.stop_requested {
+        if self.stop_requested {
+            return false;
+        }
+        if self.control_backlog {
+            self.pending_since.get_or_insert(self.now);
+            self.held_for_backlog = true;
+            return true;
+        }
+        if self.assign_batch <= 1 {
+            self.pending_since = None;
+            self.held_for_backlog = false;
             return false;
         }
         let live = self.bu_lost.iter().filter(|&&l| !l).count();
         let free: usize = self.credits.iter().map(|&c| c as usize).sum();
         let due = self
             .pending_since
-            .is_some_and(|t| self.now >= t + self.assign_flush_ns);
+            .is_some_and(|t| self.now >= self.flush_time(t));
         if free == 0 || self.next_run_has_credit(self.assign_batch.min(live)) || due {
             self.pending_since = None;
+            self.held_for_backlog = false;
             return false;
         }
         self.pending_since.get_or_insert(self.now);
         true
+    }
+
+    /// When a batch opened at `since` goes: at the flush timer, or at once
+    /// if it waited for the node's backlog (which is gone when this is
+    /// asked: a backlogged EM has no flush deadline).
+    fn flush_time(&self, since: Nanos) -> Nanos {
+        if self.held_for_backlog {
+            since
+        } else {
+            since + self.assign_flush_ns
+        }
     }
 
     /// Whether the next `count` live BUs in round-robin order, from
@@ -1165,6 +1211,38 @@ mod tests {
         assert_eq!(em.stats.resumed_at, Some(7));
         assert!(em.is_stopped());
         assert!(out.iter().any(|(_, m)| *m == Message::EndOfRun { meps: 7 }));
+    }
+
+    /// While its node still holds earlier assignments for its link's
+    /// headroom, the EM tells no new ones: the credits that come back
+    /// meanwhile go out together, as one run to each RU, as soon as the
+    /// node has drained (not at the flush timer), so the EM's messages do
+    /// not outgrow its link however slowly the node lets them out.
+    #[test]
+    fn assignments_wait_for_the_nodes_backlog_and_go_as_one_run() {
+        let l = layout(4);
+        let mut em = EventManager::new(&l, 0).batched(1, 500_000);
+        let mut out = Vec::new();
+        em.start(0);
+        em.set_control_backlog(true);
+        for bu in 0..4 {
+            em.on_credit(bu, 1, &mut out);
+        }
+        assert!(out.is_empty(), "held behind the backlog: {out:?}");
+        assert_eq!(em.next_deadline(), None, "no flush timer while backlogged");
+        em.set_control_backlog(false);
+        assert_eq!(em.next_deadline(), Some(0), "due at once once drained");
+        em.on_timeout(10, &mut out);
+        assert_eq!(assigned_meps(&out), vec![0, 1, 2, 3]);
+        let runs: Vec<_> = out
+            .iter()
+            .filter(|(to, m)| *to == 1 && matches!(m, Message::AssignRun { .. }))
+            .collect();
+        assert_eq!(runs.len(), 1, "one run to RU 1: {out:?}");
+        // Without a backlog, a batch of 1 goes at once, message by message.
+        out.clear();
+        em.on_credit(2, 1, &mut out);
+        assert_eq!(assigned_meps(&out), vec![4]);
     }
 
     /// A live EM knows how far it got: a node's report cannot move it.

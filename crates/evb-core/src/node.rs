@@ -910,30 +910,36 @@ impl Node {
     /// node's fragment has left the link; returns when to try again.
     fn release_paced(&mut self) -> Option<Nanos> {
         if self.pacer.is_empty() {
+            if let Some(em) = &mut self.em {
+                em.set_control_backlog(false);
+            }
             return None;
         }
         let mut out = VecDeque::new();
         let slot = self
             .ru
             .as_ref()
-            .and_then(|r| r.slot_now().zip(r.slot_plan()));
+            .and_then(|r| r.slot_now().zip(r.control_per_slot()));
         let wait = match slot {
             // No slot clock any more (a new EM's being measured): no pacing.
             None => {
                 self.pacer.release_all(&mut out);
                 None
             }
-            Some(((slot, next_start), plan)) => {
+            Some(((slot, next_start), per_slot)) => {
                 let busy = self.ru.as_ref().and_then(ReadoutUnit::link_busy_until);
                 match busy {
                     Some(until) => Some(until),
                     None => self
                         .pacer
-                        .release(slot, plan.control_per_slot, &mut out)
+                        .release(slot, per_slot, &mut out)
                         .then_some(next_start),
                 }
             }
         };
+        if let Some(em) = &mut self.em {
+            em.set_control_backlog(!self.pacer.is_empty());
+        }
         for (to, msg) in out {
             self.actions.push_back(Action::Send { to, msg });
         }

@@ -9,7 +9,13 @@
 //! on to the next slot's RU there. The assignments are needed a rotation
 //! ahead (credits), so nothing is lost by spreading them: the pacer holds
 //! them and lets out at most [`crate::slots::SlotPlan::control_per_slot`]
-//! a slot, when the node's own fragment has left the link.
+//! a slot (a quarter of the headroom of the slot in force), when the
+//! node's own fragment has left the link. While it holds any, the EM
+//! collects new assignments instead of telling them
+//! ([`crate::em::EventManager::set_control_backlog`]): the next batch is
+//! larger, still one run to each RU, so the held messages never outgrow
+//! what the headroom carries (at 1024 RUs a batch every 500 us is 1023
+//! messages, more than the slots between two batches let out).
 //!
 //! Only the EM's `AssignRun`s are paced. A later message to an endpoint
 //! that still has paced messages waiting takes them along first, so that

@@ -765,6 +765,14 @@ impl ReadoutUnit {
         Some((slot, self.slot_start(slot + 1)))
     }
 
+    /// Slotted barrel: control messages this node may send in the headroom
+    /// of the slot in force ([`SlotPlan::control_per_slot`]).
+    pub fn control_per_slot(&self) -> Option<usize> {
+        let plan = self.slots.as_ref()?;
+        let slot_ns = self.slot_clock.len_of(self.slot_at(self.now));
+        Some(plan.control_per_slot(slot_ns, self.keeping.stretch))
+    }
+
     /// Slotted barrel: whether this RU's link carries none of its
     /// fragments now (none in flight, or the last one expected to have
     /// left it), and if it does, until when it is expected to.

@@ -313,9 +313,10 @@ pub struct SlotPlan {
     /// allowance): a fragment starts late only if it still ends within
     /// its slot ([`SlotPlan::fits`]).
     pub fs_per_byte: u64,
-    /// Control messages a node sends in one slot's headroom, at most (its
-    /// EM's assignments are paced to this, see [`crate::pacer`]).
-    pub control_per_slot: usize,
+    /// The mean fragment's time on the link at the nominal rate: what a
+    /// slot holds beside it is the headroom control messages are paced
+    /// into ([`SlotPlan::control_per_slot`], [`crate::pacer`]).
+    pub mean_wire_ns: Nanos,
     /// Femtoseconds a byte takes at the rate the slots are sized for: a
     /// fragment's time on the link against what its slots allow.
     pub slot_fs_per_byte: u64,
@@ -337,11 +338,8 @@ impl SlotPlan {
         let late_ns = (config.event_builder.slot_grace_us * 1000.0) as Nanos;
         let fs_per_byte =
             ((1.0 + HEADER_ALLOWANCE) * 8e6 / config.node_link_gbps().max(1e-3)).round() as u64;
-        // A quarter of what a mean fragment leaves of the slot.
         let mean_fragment = event_size_moments(config).0 * f64::from(config.source.events_per_mep);
-        let mean_wire_ns = mean_fragment * fs_per_byte as f64 / 1e6;
-        let headroom_bytes = (slot_ns as f64 - mean_wire_ns).max(0.0) * 1e6 / fs_per_byte as f64;
-        let control_per_slot = ((headroom_bytes / 4.0) as u64 / CONTROL_WIRE_BYTES).max(1) as usize;
+        let mean_wire_ns = (mean_fragment * fs_per_byte as f64 / 1e6) as Nanos;
         // The pace the slot's length implies: a fragment three standard
         // deviations above the mean fills it (less the grace), whether the
         // slot is the automatic one or `slot_us` set by hand.
@@ -367,7 +365,7 @@ impl SlotPlan {
                 slot_ns,
                 late_ns,
                 fs_per_byte,
-                control_per_slot,
+                mean_wire_ns,
                 slot_fs_per_byte,
                 span,
                 dest,
@@ -392,11 +390,26 @@ impl SlotPlan {
             slot_ns,
             late_ns,
             fs_per_byte,
-            control_per_slot,
+            mean_wire_ns,
             slot_fs_per_byte,
             span: Vec::new(),
             dest,
         }
+    }
+
+    /// Control messages a node sends in the headroom of a slot of
+    /// `slot_ns` whose own fragments take `stretch`/1024 times the nominal
+    /// wire time, at most: a quarter of what its mean fragment leaves of
+    /// the slot. From the slot in force, not the nominal one: slots the EM
+    /// lengthened for a slow link leave the other nodes far more room
+    /// (measured, 72 nodes with one half-rate link: the nominal budget of
+    /// 36 a slot against the EM's ~40 left 10,000 assignments queued at
+    /// its node and the build rate falling from 36 % of link to 27 %).
+    pub fn control_per_slot(&self, slot_ns: Nanos, stretch: u64) -> usize {
+        let own = self.mean_wire_ns.saturating_mul(stretch.max(1024)) / 1024;
+        let headroom_bytes = u128::from(slot_ns.saturating_sub(own)) * 1_000_000
+            / u128::from(self.fs_per_byte.max(1));
+        ((headroom_bytes / 4) as u64 / CONTROL_WIRE_BYTES).max(1) as usize
     }
 
     /// Whether a fragment of `payload` bytes that starts `late` ns into
@@ -529,6 +542,29 @@ mod tests {
         config.nodes.count = n;
         let layout = Layout::from_config(&config);
         (config, layout)
+    }
+
+    /// The control budget is a quarter of what the node's own fragment
+    /// leaves of the slot in force: slots lengthened for another node's
+    /// slow link leave this one far more, a slow link of its own less.
+    #[test]
+    fn the_control_budget_follows_the_slot_in_force() {
+        let (config, layout) = layout(72);
+        let plan = SlotPlan::for_source(&config, &layout, 0);
+        let nominal = plan.control_per_slot(plan.slot_ns, 1024);
+        assert!(nominal >= 1);
+        let longer = plan.control_per_slot(plan.slot_ns * 2, 1024);
+        let headroom = plan.slot_ns - plan.mean_wire_ns;
+        let ratio = (plan.slot_ns * 2 - plan.mean_wire_ns) as f64 / headroom as f64;
+        assert!(
+            (longer as f64 / nominal as f64 - ratio).abs() < 0.05 * ratio,
+            "{nominal} -> {longer}, headroom x{ratio:.1}"
+        );
+        assert_eq!(
+            plan.control_per_slot(plan.slot_ns, 2048),
+            1,
+            "its own link at half rate in nominal slots: no room, one a slot"
+        );
     }
 
     #[test]
