@@ -853,7 +853,7 @@ impl ReadoutUnit {
             .keeping
             .completion_floor
             .map_or(latency, |f| f.min(latency))
-            .min(nominal / 32);
+            .min(nominal / 16);
         let start = self.slot_start(slot);
         let used = self.now.saturating_sub(floor).saturating_sub(start);
         // The slots its fragment spans (one, unless its path is slower
