@@ -126,7 +126,7 @@ impl SlotAdapt {
     /// slots would not remove them, and measured under `evb run`, growing
     /// for them took 2 nodes over shm from 307 to 100 Gb/s. After
     /// [`CLEAN_WINDOWS`] clean rotations the slots shrink to the most of
-    /// the floor, the nominal length and 2 % above the longest length that
+    /// the floor, the nominal length and 5 % above the longest length that
     /// overran: at once with a slow link measured, else half way (to the
     /// bound once within 1 % of the nominal from it). A shrink that
     /// overruns goes half way back up. The loss is then about what the
@@ -173,7 +173,7 @@ impl SlotAdapt {
         self.clean = 0;
         self.clean_at = cur;
         let above_overrun = if self.overran_at > 0 {
-            self.overran_at + self.nominal / 50
+            self.overran_at + self.nominal / 20
         } else {
             0
         };
@@ -284,7 +284,7 @@ mod tests {
         assert_eq!(e2.slot_ns, 2163);
         assert!(e2.from > e.from);
         // Clean rotations with no slow link measured: after CLEAN_WINDOWS
-        // of them, half way to 2 % above the longest length that overran.
+        // of them, half way to 5 % above the longest length that overran.
         let clean = |a: &mut SlotAdapt| {
             let mut changed = None;
             for w in 0..CLEAN_WINDOWS {
@@ -299,7 +299,7 @@ mod tests {
             }
             changed
         };
-        let bound = 2060 + 1000 / 50;
+        let bound = 2060 + 1000 / 20;
         let shrunk = clean(&mut a).expect("shrinks").slot_ns;
         assert_eq!(shrunk, 2163 - (2163 - bound) / 2);
         // A shrink that overruns goes half way back up.
