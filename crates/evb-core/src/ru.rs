@@ -770,7 +770,7 @@ impl ReadoutUnit {
     pub fn control_per_slot(&self) -> Option<usize> {
         let plan = self.slots.as_ref()?;
         let slot_ns = self.slot_clock.len_of(self.slot_at(self.now));
-        Some(plan.control_per_slot(slot_ns, self.keeping.stretch))
+        Some(plan.control_per_slot(slot_ns))
     }
 
     /// Slotted barrel: whether this RU's link carries none of its

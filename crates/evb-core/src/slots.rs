@@ -398,16 +398,19 @@ impl SlotPlan {
     }
 
     /// Control messages a node sends in the headroom of a slot of
-    /// `slot_ns` whose own fragments take `stretch`/1024 times the nominal
-    /// wire time, at most: a quarter of what its mean fragment leaves of
-    /// the slot. From the slot in force, not the nominal one: slots the EM
-    /// lengthened for a slow link leave the other nodes far more room
-    /// (measured, 72 nodes with one half-rate link: the nominal budget of
-    /// 36 a slot against the EM's ~40 left 10,000 assignments queued at
-    /// its node and the build rate falling from 36 % of link to 27 %).
-    pub fn control_per_slot(&self, slot_ns: Nanos, stretch: u64) -> usize {
-        let own = self.mean_wire_ns.saturating_mul(stretch.max(1024)) / 1024;
-        let headroom_bytes = u128::from(slot_ns.saturating_sub(own)) * 1_000_000
+    /// `slot_ns`, at most: a quarter of what the mean fragment at the
+    /// nominal rate leaves of it. From the slot in force, not the nominal
+    /// one: slots the EM lengthened for a slow link leave the other nodes
+    /// far more room (measured, 72 nodes with one half-rate link: the
+    /// nominal budget of 36 a slot against the EM's ~40 left 10,000
+    /// assignments queued at its node and the build rate falling from 36 %
+    /// of link to 27 %). Not from the node's own measured stretch: over
+    /// `evb run` a host's completions make its fragments look slower than
+    /// the link, and a budget of one a slot would hold the EM's
+    /// assignments back (the node lets them out only once its own
+    /// fragment has left the link anyway).
+    pub fn control_per_slot(&self, slot_ns: Nanos) -> usize {
+        let headroom_bytes = u128::from(slot_ns.saturating_sub(self.mean_wire_ns)) * 1_000_000
             / u128::from(self.fs_per_byte.max(1));
         ((headroom_bytes / 4) as u64 / CONTROL_WIRE_BYTES).max(1) as usize
     }
@@ -544,16 +547,15 @@ mod tests {
         (config, layout)
     }
 
-    /// The control budget is a quarter of what the node's own fragment
-    /// leaves of the slot in force: slots lengthened for another node's
-    /// slow link leave this one far more, a slow link of its own less.
+    /// The control budget is a quarter of what the mean fragment leaves of
+    /// the slot in force: slots lengthened for a slow link leave far more.
     #[test]
     fn the_control_budget_follows_the_slot_in_force() {
         let (config, layout) = layout(72);
         let plan = SlotPlan::for_source(&config, &layout, 0);
-        let nominal = plan.control_per_slot(plan.slot_ns, 1024);
+        let nominal = plan.control_per_slot(plan.slot_ns);
         assert!(nominal >= 1);
-        let longer = plan.control_per_slot(plan.slot_ns * 2, 1024);
+        let longer = plan.control_per_slot(plan.slot_ns * 2);
         let headroom = plan.slot_ns - plan.mean_wire_ns;
         let ratio = (plan.slot_ns * 2 - plan.mean_wire_ns) as f64 / headroom as f64;
         assert!(
@@ -561,9 +563,9 @@ mod tests {
             "{nominal} -> {longer}, headroom x{ratio:.1}"
         );
         assert_eq!(
-            plan.control_per_slot(plan.slot_ns, 2048),
+            plan.control_per_slot(plan.mean_wire_ns),
             1,
-            "its own link at half rate in nominal slots: no room, one a slot"
+            "no headroom: one a slot"
         );
     }
 
