@@ -109,7 +109,33 @@ impl Sandbox {
     }
 }
 
-fn mount_tmpfs(at: &Path) -> Result<()> {
+/// `store-full` and its end: the store's tmpfs (mounted by
+/// [`Sandbox::enter`] at `at`) resized to `bytes` (None: back to its
+/// size), in place (a remount): a tmpfs refuses a size below what it
+/// holds (`EINVAL`), so `bytes` = what it holds fills it at once.
+pub fn resize_store(at: &Path, bytes: Option<u64>) -> std::io::Result<()> {
+    let data = bytes.map_or_else(|| STORE_FS.to_string(), |b| format!("size={b}"));
+    let data = CString::new(data).expect("no NUL");
+    let target = CString::new(at.as_os_str().as_encoded_bytes()).expect("no NUL in a path");
+    let fstype = CString::new("tmpfs").expect("no NUL");
+    // SAFETY: valid NUL-terminated strings for the mount call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_REMOUNT,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+pub(crate) fn mount_tmpfs(at: &Path) -> Result<()> {
     let target = CString::new(at.as_os_str().as_encoded_bytes()).context("store path")?;
     let fstype = CString::new("tmpfs").expect("no NUL");
     let data = CString::new(STORE_FS).expect("no NUL");

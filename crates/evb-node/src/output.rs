@@ -196,9 +196,13 @@ pub(super) fn open_outputs(
             let target = evb_store::StoreTarget::parse(spec)
                 .with_context(|| format!("output.store `{spec}`"))?;
             // A full or failing store costs the objects it cannot take,
-            // counted, not the run.
+            // counted, not the run. Consumers claim each MEP before they
+            // store it: a batch a BU delivered again (its first consumer
+            // given up, maybe alive and storing it all the same) is then
+            // stored by one of them, whatever the timing.
             let options = evb_store::WriterOptions {
                 keep_going: true,
+                claim: config.output.consumers > 0,
                 ..evb_store::WriterOptions::default()
             };
             let mut writer =

@@ -1070,6 +1070,31 @@ pub fn object_key(run_id: u32, node: u16, mep: u64) -> String {
     format!("run{run_id}/node{node}/{mep:020}.{EXTENSION}")
 }
 
+/// The claim of batch `mep` relative to the store root:
+/// `run<run_id>/claims/<mep, 20 digits>`, made atomically by the one
+/// writer that stores the MEP when several may be handed it (consumers,
+/// [`crate::WriterOptions::claim`]). Not an object: readers skip it.
+pub fn claim_key(run_id: u32, mep: u64) -> String {
+    format!("run{run_id}/{CLAIMS_DIR}/{mep:020}")
+}
+
+/// The directory of a run's claims ([`claim_key`]).
+pub const CLAIMS_DIR: &str = "claims";
+
+/// Whether `key` (relative to the store root) is a claim ([`claim_key`]).
+pub fn is_claim_key(key: &str) -> bool {
+    let mut parts = key.rsplit('/');
+    let (Some(file), Some(dir), Some(run)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    dir == CLAIMS_DIR
+        && run
+            .strip_prefix("run")
+            .is_some_and(|r| r.parse::<u32>().is_ok())
+        && file.len() == 20
+        && file.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// The (run, node, mep) a key made by [`object_key`] names, if it is one.
 pub fn parse_object_key(key: &str) -> Option<(u32, u16, u64)> {
     let mut parts = key.rsplit('/');

@@ -236,6 +236,9 @@ impl StoreObjects {
                 };
                 for listed in client.list(&prefix)? {
                     let name = listed.key.strip_prefix(&prefix).unwrap_or(&listed.key);
+                    if format::is_claim_key(name) {
+                        continue;
+                    }
                     if !name.ends_with(&format!(".{EXTENSION}")) {
                         other_files += 1;
                         continue;
@@ -316,7 +319,10 @@ fn list_dir(
             .unwrap_or(&path)
             .display()
             .to_string();
-        if name.ends_with(&unfinished_suffix) {
+        if format::is_claim_key(&name) {
+            // A writer's claim of a MEP (docs/store.md), not an object.
+            continue;
+        } else if name.ends_with(&unfinished_suffix) {
             entries.push((name, Location::Unfinished));
         } else if name.ends_with(&object_suffix) {
             entries.push((name, Location::File(path)));

@@ -74,6 +74,53 @@ impl S3Client {
         self.check(resp, &what).map(drop)
     }
 
+    /// Stores an empty object under `key` only if there is none yet (a
+    /// conditional PUT, `If-None-Match: *`): true if this call made it,
+    /// false if the key was taken (HTTP 412). Two such calls at once make
+    /// one object; S3 may answer the loser 409 (a conditional request in
+    /// conflict), asked again here until the winner's object is there. A
+    /// server that ignores the condition makes both succeed.
+    pub fn put_if_absent(&self, key: &str) -> Result<bool, StoreError> {
+        let what = format!("conditional PUT {}", self.describe(key));
+        let mut attempt = 0;
+        loop {
+            let req = self.signed(
+                "PUT",
+                Some(key),
+                &[],
+                &[("if-none-match", "*")],
+                EMPTY_SHA256,
+            );
+            let resp = self
+                .agent
+                .put(&req.url)
+                .headers(&req.headers)
+                .send_empty()
+                .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
+            match resp.status().as_u16() {
+                412 => return Ok(false),
+                409 if attempt < 5 => {
+                    std::thread::sleep(Duration::from_millis(20 << attempt));
+                    attempt += 1;
+                }
+                _ => return self.check(resp, &what).map(|_| true),
+            }
+        }
+    }
+
+    /// Deletes the object `key` (S3 answers success for a key absent).
+    pub fn delete_object(&self, key: &str) -> Result<(), StoreError> {
+        let req = self.signed("DELETE", Some(key), &[], &[], EMPTY_SHA256);
+        let what = format!("DELETE {}", self.describe(key));
+        let resp = self
+            .agent
+            .delete(&req.url)
+            .headers(&req.headers)
+            .call()
+            .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
+        self.check(resp, &what).map(drop)
+    }
+
     /// Reads the object `key`, refusing one larger than `max_bytes`.
     pub fn get_object(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
         let req = self.signed("GET", Some(key), &[], &[], EMPTY_SHA256);

@@ -6,7 +6,7 @@
 //! One thread per writer also makes each node's output one sequential
 //! stream: objects are written one after the other, in the order queued.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -37,6 +37,19 @@ pub struct WriterOptions {
     /// (the space may come back). Off: the first failure stops the writer
     /// and every later call returns it.
     pub keep_going: bool,
+    /// Several writers of the run may be handed the same MEP (consumers:
+    /// a batch a BU delivers again after giving its first consumer up,
+    /// who may live on and store it all the same): each object is claimed
+    /// first, atomically, at [`format::claim_key`] (a file created
+    /// exclusively; on S3 a conditional PUT, `If-None-Match: *`). The
+    /// first writer to claim a MEP stores it, any other counts it in
+    /// [`StoreStats::already_stored`], whatever the timing: a MEP is never
+    /// stored twice. A local object is claimed once written to its
+    /// temporary name, before it is renamed into place, so a write that
+    /// fails (a full disk) claims nothing and another writer may still
+    /// store the MEP; an S3 object is claimed before its PUT and the claim
+    /// deleted if the PUT fails.
+    pub claim: bool,
 }
 
 impl Default for WriterOptions {
@@ -47,6 +60,7 @@ impl Default for WriterOptions {
             timeout: Duration::from_secs(60),
             retries: 2,
             keep_going: false,
+            claim: false,
         }
     }
 }
@@ -68,7 +82,9 @@ pub struct StoreStats {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Batches delivered again ([`StoreWriter::write_events_again`]) found
-    /// already stored, by this node or another consumer: not written twice.
+    /// already stored, by this node or another consumer, or (with
+    /// [`WriterOptions::claim`]) any batch another writer claimed: not
+    /// written twice.
     pub already_stored: u64,
     /// Batches given up because the writer had no room for longer than
     /// [`StoreWriter::wait_for_room`] allows (a store too slow).
@@ -113,6 +129,13 @@ enum Sink {
     S3 { client: S3Client, retries: u32 },
 }
 
+/// Where an object goes: its name, and the claim it must win first
+/// ([`WriterOptions::claim`]).
+struct Dest<'a> {
+    name: &'a str,
+    claim: Option<&'a str>,
+}
+
 /// Writes the batches of one node of one run; see the module docs.
 pub struct StoreWriter {
     run_id: u32,
@@ -154,6 +177,11 @@ impl StoreWriter {
                 let dir = dir.parent().expect("object key has a directory");
                 std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
                 remove_unfinished(dir);
+                if options.claim {
+                    let claims = root.join(format::claim_key(run_id, 0));
+                    let claims = claims.parent().expect("claim key has a directory");
+                    std::fs::create_dir_all(claims).map_err(|e| StoreError::io(claims, e))?;
+                }
                 Sink::Dir {
                     root: root.clone(),
                     sync: options.sync,
@@ -175,12 +203,11 @@ impl StoreWriter {
         let worker = std::thread::Builder::new()
             .name(format!("evb-store-{node}"))
             .spawn(move || {
-                let keep_going = options.keep_going;
+                let (keep_going, claim) = (options.keep_going, options.claim);
                 write_loop(
-                    run_id,
-                    node,
+                    (run_id, node),
                     &sink,
-                    keep_going,
+                    (keep_going, claim),
                     &job_rx,
                     &spare_tx,
                     &worker_shared,
@@ -434,10 +461,9 @@ impl Drop for StoreWriter {
 }
 
 fn write_loop(
-    run_id: u32,
-    node: u16,
+    (run_id, node): (u32, u16),
     sink: &Sink,
-    keep_going: bool,
+    (keep_going, claim): (bool, bool),
     jobs: &Receiver<Job>,
     spare: &SyncSender<Vec<u8>>,
     shared: &Shared,
@@ -445,10 +471,13 @@ fn write_loop(
     while let Ok(mut job) = jobs.recv() {
         let failed_before = shared.lock().error.is_some();
         let started = Instant::now();
-        let stored = job
-            .unless_stored_by
-            .iter()
-            .any(|&n| is_stored(sink, &format::object_key(run_id, n, job.mep)));
+        // With claims the claim decides (below); the look at the other
+        // consumers' objects is for writers without.
+        let stored = !claim
+            && job
+                .unless_stored_by
+                .iter()
+                .any(|&n| is_stored(sink, &format::object_key(run_id, n, job.mep)));
         let result = if failed_before {
             Err(String::new())
         } else if stored {
@@ -456,7 +485,12 @@ fn write_loop(
         } else {
             format::seal(&mut job.object);
             let name = format::object_key(run_id, node, job.mep);
-            write_object(sink, &name, &job.object).map(|()| true)
+            let claim_key = claim.then(|| format::claim_key(run_id, job.mep));
+            let dest = Dest {
+                name: &name,
+                claim: claim_key.as_deref(),
+            };
+            write_object(sink, &dest, &job.object)
         };
         let busy = started.elapsed();
         {
@@ -493,7 +527,7 @@ fn write_loop(
 /// The `.tmp` files a writer of this node left when it was killed in the
 /// middle of a write: a new writer of the node (its restarted process)
 /// owns the directory, and an unfinished object is no object.
-fn remove_unfinished(dir: &std::path::Path) {
+fn remove_unfinished(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -520,16 +554,30 @@ fn is_stored(sink: &Sink, name: &str) -> bool {
     }
 }
 
-fn write_object(sink: &Sink, name: &str, object: &[u8]) -> Result<(), String> {
+/// Writes the object; false if another writer holds its claim (nothing
+/// written then).
+fn write_object(sink: &Sink, dest: &Dest<'_>, object: &[u8]) -> Result<bool, String> {
     match sink {
-        Sink::Dir { root, sync } => write_file(root, name, object, *sync),
+        Sink::Dir { root, sync } => write_file(root, dest, object, *sync),
         Sink::S3 { client, retries } => {
-            let key = client.target().key(name);
+            let key = client.target().key(dest.name);
+            let claim = dest.claim.map(|c| client.target().key(c));
+            if let Some(claim) = &claim {
+                if !client.put_if_absent(claim).map_err(|e| e.to_string())? {
+                    return Ok(false);
+                }
+            }
             let mut attempt = 0;
             loop {
                 match client.put_object(&key, object) {
-                    Ok(()) => return Ok(()),
-                    Err(err) if attempt >= *retries => return Err(err.to_string()),
+                    Ok(()) => return Ok(true),
+                    Err(err) if attempt >= *retries => {
+                        // Not stored: the MEP is free for another writer.
+                        if let Some(claim) = &claim {
+                            let _ = client.delete_object(claim);
+                        }
+                        return Err(err.to_string());
+                    }
                     Err(_) => {
                         attempt += 1;
                         std::thread::sleep(Duration::from_millis(200 << attempt));
@@ -542,23 +590,50 @@ fn write_object(sink: &Sink, name: &str, object: &[u8]) -> Result<(), String> {
 
 /// Writes to a hidden temporary name and renames it into place, so that an
 /// object is either absent or complete; an interrupted write leaves only a
-/// `.tmp` file, which `evb store read` reports.
-fn write_file(root: &std::path::Path, name: &str, object: &[u8], sync: bool) -> Result<(), String> {
+/// `.tmp` file, which `evb store read` reports. With a claim to win, the
+/// claim is made (a file created exclusively: atomic between processes)
+/// between the two: after the bytes are down, so a failed write claims
+/// nothing, and before the object is visible, so two writers never both
+/// make it visible. False if the claim was taken already (looked at
+/// first too, to save the write).
+fn write_file(root: &Path, dest: &Dest<'_>, object: &[u8], sync: bool) -> Result<bool, String> {
     use std::io::Write;
-    let path = root.join(name);
+    let path = root.join(dest.name);
+    let claim = dest.claim.map(|c| root.join(c));
+    if claim.as_ref().is_some_and(|c| c.exists()) {
+        return Ok(false);
+    }
     let file_name = path.file_name().expect("object name").to_string_lossy();
     let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let mut claimed = false;
     let result = (|| {
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(object)?;
         if sync {
             file.sync_data()?;
         }
-        std::fs::rename(&tmp, &path)
+        if let Some(claim) = &claim {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(claim)
+            {
+                Ok(_) => claimed = true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        std::fs::rename(&tmp, &path).map(|()| true)
     })();
-    if result.is_err() {
-        // A full disk leaves no half object behind.
+    if !matches!(result, Ok(true)) {
+        // A full disk, or a MEP another writer claimed, leaves no half
+        // object behind, nor a claim of an object not stored.
         let _ = std::fs::remove_file(&tmp);
+        if claimed {
+            if let Some(claim) = &claim {
+                let _ = std::fs::remove_file(claim);
+            }
+        }
     }
     result.map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -405,6 +405,101 @@ fn a_batch_delivered_again_is_stored_once() {
     assert_eq!(report.objects, 2, "{report:?}");
 }
 
+fn claiming(target: &StoreTarget, node: u16) -> StoreWriter {
+    let options = WriterOptions {
+        claim: true,
+        keep_going: true,
+        ..WriterOptions::default()
+    };
+    StoreWriter::open_with(target, 1, node, options).unwrap()
+}
+
+/// Two consumers handed the same MEPs as first deliveries (one given up
+/// by its BU, alive all the same: the woken consumer of `evb chaos`'s
+/// 1-MEP doubles, its write racing the other's still queued in its
+/// writer thread) write them at the same moment from two threads: each
+/// MEP is stored exactly once, by whichever claimed it first. Without
+/// claims both store each (200 MEPs stored twice).
+#[test]
+fn meps_written_by_two_claiming_writers_at_once_are_stored_once() {
+    const MEPS: u64 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let f = fragment(0, &[8, 3]);
+    let start = std::sync::Barrier::new(2);
+    let stats: Vec<_> = std::thread::scope(|s| {
+        let writers: Vec<_> = [5u16, 6]
+            .into_iter()
+            .map(|node| {
+                let (target, f, start) = (&target, &f, &start);
+                s.spawn(move || {
+                    let mut w = claiming(target, node);
+                    start.wait();
+                    for mep in 0..MEPS {
+                        while let Err(e) = w.write_events(mep, 2, 1, &[0], &[f], None) {
+                            assert!(matches!(e, StoreError::Backpressure { .. }), "{e}");
+                            std::thread::yield_now();
+                        }
+                    }
+                    w.close().unwrap()
+                })
+            })
+            .collect();
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let objects: u64 = stats.iter().map(|s| s.objects).sum();
+    let skipped: u64 = stats.iter().map(|s| s.already_stored).sum();
+    assert_eq!((objects, skipped), (MEPS, MEPS), "{stats:?}");
+    let report = read_store(&target, &ReadOptions::default()).unwrap();
+    assert_eq!((report.objects, report.good_objects), (MEPS, MEPS));
+    assert_eq!(
+        report.other_files, 0,
+        "claims are not reported as other files"
+    );
+    let mut meps = std::collections::BTreeSet::new();
+    for node in ["node5", "node6"] {
+        for e in std::fs::read_dir(dir.path().join("run1").join(node)).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            assert!(meps.insert(name.clone()), "MEP {name} stored twice");
+        }
+    }
+}
+
+/// A claimed MEP is not stored by a later writer either, delivered again
+/// or not; a write that fails (the node's directory pulled away, as a
+/// full disk fails it) claims nothing, so another writer still stores it.
+#[test]
+fn a_claim_holds_against_later_writers_and_a_failed_write_claims_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = StoreTarget::Dir(dir.path().into());
+    let f = fragment(0, &[8, 3]);
+    let mut first = claiming(&target, 4);
+    first.write_events(7, 2, 1, &[0], &[&f], None).unwrap();
+    assert_eq!(first.close().unwrap().objects, 1);
+    assert!(dir
+        .path()
+        .join("run1/claims/00000000000000000007")
+        .is_file());
+    let mut second = claiming(&target, 5);
+    second.write_events(7, 2, 1, &[0], &[&f], None).unwrap();
+    second.flush().unwrap();
+    second
+        .write_events_again(7, 2, 1, &[0], &[&f], None)
+        .unwrap();
+    let stats = second.close().unwrap();
+    assert_eq!((stats.objects, stats.already_stored), (0, 2), "{stats:?}");
+
+    let mut failing = claiming(&target, 8);
+    std::fs::remove_dir(dir.path().join("run1/node8")).unwrap();
+    failing.write_events(9, 2, 1, &[0], &[&f], None).unwrap();
+    let stats = failing.close().unwrap();
+    assert_eq!((stats.objects, stats.failed), (0, 1));
+    assert!(!dir.path().join("run1/claims/00000000000000000009").exists());
+    let mut other = claiming(&target, 5);
+    other.write_events(9, 2, 1, &[0], &[&f], None).unwrap();
+    assert_eq!(other.close().unwrap().objects, 1);
+}
+
 /// A writer stuck (no write finishing: here its file is a FIFO nobody
 /// reads, a store that hangs) costs its caller at most the bound once: the
 /// next wait gives up at once, and room comes back with the next write.

@@ -8,7 +8,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use evb_store::s3::S3Client;
-use evb_store::{format, S3Options, S3Target, StoreError, StoreTarget, StoreWriter, WriterOptions};
+use evb_store::{
+    format, S3Options, S3Target, StoreError, StoreStats, StoreTarget, StoreWriter, WriterOptions,
+};
 use evb_testkit::minio::{Minio, ACCESS_KEY, SECRET_KEY};
 use evb_testkit::process::wait_exit;
 use evb_testkit::{evb, run_bounded};
@@ -204,7 +206,31 @@ fn s3_store_on_minio() {
         let stats = writer.close().unwrap();
         assert_eq!((stats.objects, stats.events), (6, 6 * u64::from(EVENTS)));
     }
+    // Two consumers handed the same 4 MEPs, claiming each (a conditional
+    // PUT): each MEP is stored once, the claims are not read as objects.
+    let claiming = WriterOptions {
+        claim: true,
+        ..options.clone()
+    };
+    let mut stored = StoreStats::default();
+    for node in 5..7u16 {
+        let mut writer = StoreWriter::open_with(&target, 4, node, claiming.clone()).unwrap();
+        write_batches(&mut writer, 300..304);
+        let stats = writer.close().unwrap();
+        stored.objects += stats.objects;
+        stored.already_stored += stats.already_stored;
+    }
+    assert_eq!(
+        (stored.objects, stored.already_stored),
+        (4, 4),
+        "{stored:?}"
+    );
     let client = S3Client::new(&s3_target(&minio, "evb", ""), Duration::from_secs(20));
+    let claim = format!("runs/test/{}", format::claim_key(4, 301));
+    assert!(
+        !client.put_if_absent(&claim).unwrap(),
+        "a claim is made once"
+    );
     client
         .put_object("runs/test/notes.txt", b"not an object")
         .unwrap();
@@ -212,9 +238,9 @@ fn s3_store_on_minio() {
     let out = evb_read_s3(&minio, "runs/test");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let report = json_report(&out);
-    assert_eq!(report["objects"], 12, "{report}");
-    assert_eq!(report["good_objects"], 12);
-    assert_eq!(report["events"], 12 * EVENTS);
+    assert_eq!(report["objects"], 16, "{report}");
+    assert_eq!(report["good_objects"], 16);
+    assert_eq!(report["events"], 16 * EVENTS);
     assert_eq!(report["other_files"], 1);
 
     // What came back is what was written, byte for byte.
@@ -231,7 +257,7 @@ fn s3_store_on_minio() {
     let out = evb_read_s3(&minio, "runs/test");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let report = json_report(&out);
-    assert_eq!(report["good_objects"], 11);
+    assert_eq!(report["good_objects"], 15);
     assert_eq!(report["bad"][0]["name"], format::object_key(4, 1, 102));
     let reason = report["bad"][0]["reason"].as_str().unwrap();
     assert!(reason.contains("index CRC-32C mismatch"), "{reason}");
@@ -409,6 +435,12 @@ fn consumers_store_the_events_their_trigger_accepted() {
     for node in std::fs::read_dir(dir.join(format!("run{}", config.run.run_id))).unwrap() {
         let node = node.unwrap();
         let name = node.file_name().to_string_lossy().into_owned();
+        if name == "claims" {
+            // One claim per MEP stored (consumers claim before storing).
+            let claims = std::fs::read_dir(node.path()).unwrap().count();
+            assert_eq!(claims as u64, s["store_objects"].as_u64().unwrap());
+            continue;
+        }
         assert!(name == "node3" || name == "node4", "a BU wrote: {name}");
         for object in std::fs::read_dir(node.path()).unwrap() {
             let bytes = std::fs::read(object.unwrap().path()).unwrap();
