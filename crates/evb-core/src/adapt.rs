@@ -18,10 +18,7 @@
 //! reported, the EM decides ([`SlotAdapt::decide`]): more than
 //! [`GROW_ABOVE`] of the fragments overran, the slot grows, to what the
 //! slowest link needs; [`CLEAN_WINDOWS`] rotations in a row with almost
-//! none, it shrinks towards that need (measured in clean rotations, with
-//! [`SPARE_PERCENT`] to spare), never below a length that overran (a
-//! bracket, since a small slowness hides in the completion latency the
-//! measure subtracts), back up half way if a shrink overruns. A change takes
+//! none, it shrinks half way back to the nominal length. A change takes
 //! effect [`LEAD_NS`] ahead, from a slot every RU has yet to reach
 //! (`SlotLength`), so that all RUs switch at the same slot, and the
 //! reports of the next rotation, about slots before it, are not counted.
@@ -32,8 +29,7 @@
 //! of the nominal slot let 10,000 assignments queue at the EM's node and
 //! the rate fall to 30 % of link over 200 ms; from the lengthened slot,
 //! with the EM holding new assignments while its node's backlog lasts,
-//! 46.3 %, what the lengthened slots allow; with 3 % to spare (was 10)
-//! and the shrink to the measured need, 48.3 % (docs/sim.md).
+//! 46.3 %, what the lengthened slots allow (docs/sim.md).
 
 use crate::bu::Nanos;
 use crate::slots::SlotEpoch;
@@ -44,18 +40,13 @@ pub const GROW_ABOVE: f64 = 0.01;
 /// Overruns below this fraction count as a clean rotation.
 pub const CLEAN_BELOW: f64 = 0.001;
 /// Clean rotations in a row before the slots shrink.
-pub const CLEAN_WINDOWS: u32 = 3;
+pub const CLEAN_WINDOWS: u32 = 8;
 /// How far ahead a change of the slots takes effect: long enough for the
 /// `SlotLength` to reach every RU over a loaded network.
 pub const LEAD_NS: Nanos = 2_000_000;
 /// A report's stretch (in 1/1024) above which some RU's link is slower
 /// than the slots allow: 2 % beyond them.
 pub const SLOW_LINK_ABOVE: u64 = 1024 + 1024 / 50;
-/// What the slots keep beyond the slowest link's measured need, percent.
-pub const SPARE_PERCENT: u64 = 3;
-/// Clean windows of [`CLEAN_WINDOWS`] rotations at a settled length after
-/// which the length that overran is forgotten (the slots try shorter).
-pub const FORGET_AFTER: u32 = 8;
 /// The slots never grow beyond this many times their nominal length.
 pub const MAX_STRETCH: u64 = 64;
 
@@ -79,19 +70,6 @@ pub struct SlotAdapt {
     quiet_until: Nanos,
     window: Window,
     clean: u32,
-    /// The longest slot that saw too many overruns, and the shortest that
-    /// stayed clean for [`CLEAN_WINDOWS`] rotations since: the slots
-    /// shrink towards the first, come back to the second if a shrink went
-    /// too far (0: none). A slow link's need is measured from the least
-    /// time its fragments take, which a completion latency of the same
-    /// order hides (a link 4 % slow at 100 Gb/s adds 3.6 us to a fragment
-    /// of 1 MiB): the bracket finds its length where the measure cannot.
-    overran_at: Nanos,
-    clean_at: Nanos,
-    /// Clean rotations in a row at a settled length: after
-    /// [`FORGET_AFTER`] of them the overrun length is forgotten, so the
-    /// slots go back towards the nominal if the slow link is gone.
-    settled: u32,
     /// Changes of the slot length so far, and the longest slot used.
     pub changes: u64,
     pub longest_ns: Nanos,
@@ -108,9 +86,6 @@ impl SlotAdapt {
             quiet_until: nominal.saturating_mul(rotation.max(1)).saturating_mul(2),
             window: Window::default(),
             clean: 0,
-            overran_at: 0,
-            clean_at: 0,
-            settled: 0,
             changes: 0,
             longest_ns: nominal.max(1),
         }
@@ -118,45 +93,31 @@ impl SlotAdapt {
 
     /// The slot length a window's reports call for. The slowest RU's link
     /// sets a floor: the nominal slot stretched as its fragments are, and
-    /// [`SPARE_PERCENT`] to spare. Too many overruns: back to the shortest
-    /// length that was clean if the slots shrank below it; else, with a
-    /// link slower than the slots allow, the floor and at least 5 % longer.
-    /// Overruns with no slow link and nothing to go back to (host jitter,
-    /// a clock off, a burst of control messages) change nothing: longer
-    /// slots would not remove them, and measured under `evb run`, growing
-    /// for them took 2 nodes over shm from 307 to 100 Gb/s. After
-    /// [`CLEAN_WINDOWS`] clean rotations the slots shrink to the most of
-    /// the floor, the nominal length and 5 % above the longest length that
-    /// overran: at once with a slow link measured, else half way (to the
-    /// bound once within 1 % of the nominal from it). A shrink that
-    /// overruns goes half way back up. The loss is then about what the
-    /// slowest link's slowness costs it.
+    /// 10 % to spare (a backlog at a slow node drains only if its link has
+    /// room). Too many overruns with a link slower than the slots allow:
+    /// the floor, and at least 5 % longer. Overruns without one (host
+    /// jitter, a clock off, a burst of control messages) change nothing:
+    /// longer slots would not remove them, and measured under `evb run`,
+    /// growing for them took 2 nodes over shm from 307 to 100 Gb/s.
+    /// Clean rotations in a row: half way back, no lower than the floor.
     fn decide(&mut self, w: &Window) -> Nanos {
         let cur = self.epoch.slot_ns;
         if w.served == 0 {
             return cur;
         }
         // A link slower than the slots allow (by more than the rounding of
-        // packet headers): its need and a little to spare. None: the
+        // packet headers): its need, and a tenth to spare. None: the
         // nominal slots are long enough.
         let slow = w.stretch > SLOW_LINK_ABOVE;
         let stretched = self.nominal.saturating_mul(w.stretch.max(1024)) / 1024;
         let floor = if slow {
-            (stretched + stretched * SPARE_PERCENT / 100).max(self.nominal)
+            (stretched + stretched / 10).max(self.nominal)
         } else {
             self.nominal
         };
         let fraction = w.overran as f64 / w.served as f64;
         if fraction > GROW_ABOVE {
             self.clean = 0;
-            self.settled = 0;
-            self.overran_at = self.overran_at.max(cur);
-            if self.clean_at > cur {
-                // A shrink went too far: half way back up (at least 5 %).
-                let up = (self.clean_at - cur).div_ceil(2).max(cur / 20);
-                return (cur + up).min(self.clean_at);
-            }
-            self.clean_at = 0;
             if floor <= cur {
                 return cur;
             }
@@ -167,31 +128,13 @@ impl SlotAdapt {
             return cur;
         }
         self.clean += 1;
-        if self.clean < CLEAN_WINDOWS {
+        if self.clean < CLEAN_WINDOWS || cur <= floor {
             return cur;
         }
         self.clean = 0;
-        self.clean_at = cur;
-        let above_overrun = if self.overran_at > 0 {
-            self.overran_at + self.nominal / 20
-        } else {
-            0
-        };
-        let bound = floor.max(self.nominal).max(above_overrun);
-        if cur <= bound + self.nominal / 100 {
-            // Settled: after a while, try without the overrun bound.
-            self.settled += 1;
-            if self.settled >= FORGET_AFTER {
-                self.settled = 0;
-                self.overran_at = 0;
-            }
-            return cur;
-        }
-        // A slow link measured over clean rotations: its floor at once.
-        // Else (only the overrun length bounds it) half way, probing.
-        let half = cur - (cur - bound) / 2;
-        if slow || half - bound < self.nominal / 100 {
-            bound
+        let half = (cur - (cur - self.nominal) / 2).max(floor);
+        if half - self.nominal < self.nominal / 100 {
+            self.nominal
         } else {
             half
         }
@@ -260,70 +203,52 @@ mod tests {
         assert_eq!(a.report(100, 0, 1024, 3, 50_000), None);
         assert_eq!(a.report(100, 0, 1030, 3, 50_000), None);
         let e = a.report(100, 100, 2048, 3, 50_000).expect("grows");
-        // Twice the nominal, 3 % to spare.
-        assert_eq!(e.slot_ns, 2060);
+        // Twice the nominal, 10 % to spare.
+        assert_eq!(e.slot_ns, 2200);
         // 2 ms ahead at 1 us slots: slot 50 + 2000.
         assert_eq!(e.from, 2050);
         assert_eq!(e.start_ns, 2_050_000);
         // Reports until a rotation of the new slots has passed speak of
         // the old ones: not counted.
-        let quiet = 2_050_000 + 10 * 2060;
+        let quiet = 2_050_000 + 10 * 2200;
         assert_eq!(a.report(10, 10, 1024, 1, quiet - 1), None);
-        // Still overrunning with no link slower than the slots allow and
-        // no clean length to go back to: unchanged (jitter is not what
-        // longer slots cure).
+        // Still overrunning with no link slower than the slots allow:
+        // unchanged (jitter is not what longer slots cure).
         for _ in 0..3 {
             assert_eq!(a.report(10, 10, 1024, 3, quiet), None);
         }
-        // The slow link slower still: 5 % more than the slots if that is
-        // more than its need.
+        // The slow link slower still: 5 % more than its need if that is
+        // less than 5 % more than the slots.
         for _ in 0..2 {
             assert_eq!(a.report(10, 10, 1024, 3, quiet), None);
         }
         let e2 = a.report(10, 10, 2100, 3, quiet).expect("grows");
-        assert_eq!(e2.slot_ns, 2163);
+        assert_eq!(e2.slot_ns, 2310);
         assert!(e2.from > e.from);
-        // Clean rotations with no slow link measured: after CLEAN_WINDOWS
-        // of them, half way to 5 % above the longest length that overran.
-        let clean = |a: &mut SlotAdapt| {
-            let mut changed = None;
-            for w in 0..CLEAN_WINDOWS {
-                for r in 0..3 {
-                    let got = a.report(100, 0, 1024, 3, 100_000_000);
-                    if r < 2 || w + 1 < CLEAN_WINDOWS {
-                        assert_eq!(got, None);
-                    } else {
-                        changed = got;
-                    }
+        // Clean rotations: after CLEAN_WINDOWS of them, half way back.
+        let mut shrunk = None;
+        for w in 0..CLEAN_WINDOWS {
+            for r in 0..3 {
+                let got = a.report(100, 0, 1024, 3, 100_000_000);
+                if r < 2 || w + 1 < CLEAN_WINDOWS {
+                    assert_eq!(got, None);
+                } else {
+                    shrunk = got;
                 }
             }
-            changed
-        };
-        let bound = 2060 + 1000 / 20;
-        let shrunk = clean(&mut a).expect("shrinks").slot_ns;
-        assert_eq!(shrunk, 2163 - (2163 - bound) / 2);
-        // A shrink that overruns goes half way back up.
-        let back = a.report(100, 100, 1024, 1, 200_000_000).expect("back up");
-        assert!(back.slot_ns > shrunk && back.slot_ns <= 2163, "{back:?}");
-        assert_eq!(a.longest_ns, 2163);
+        }
+        assert_eq!(shrunk.expect("shrinks").slot_ns, 2310 - (2310 - 1000) / 2);
+        assert_eq!(a.changes, 3);
+        assert_eq!(a.longest_ns, 2310);
     }
 
     #[test]
-    fn a_slow_link_sets_a_floor_the_slots_go_to_and_stay_at() {
+    fn a_slow_link_sets_a_floor_the_slots_do_not_shrink_below() {
         let mut a = SlotAdapt::new(1000, 1);
-        // In the start's overruns a slow link reads slower than it is.
-        let e = a.report(10, 10, 3072, 1, 10_000).expect("grows");
-        assert_eq!(e.slot_ns, 3090);
-        // Clean rotations measure it at twice the nominal: its floor at
-        // once, and there the slots stay.
+        let e = a.report(10, 10, 2048, 1, 10_000).expect("grows");
+        assert_eq!(e.slot_ns, 2200);
         let mut now = 10_000_000;
-        let mut last = None;
-        for _ in 0..CLEAN_WINDOWS {
-            last = a.report(100, 0, 2048, 1, now);
-            now += 1_000_000;
-        }
-        assert_eq!(last.expect("shrinks to the floor").slot_ns, 2060);
-        for _ in 0..(4 * CLEAN_WINDOWS * FORGET_AFTER) {
+        for _ in 0..(4 * CLEAN_WINDOWS) {
             assert_eq!(a.report(100, 0, 2048, 1, now), None, "the floor holds");
             now += 1_000_000;
         }

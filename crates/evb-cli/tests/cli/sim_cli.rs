@@ -744,16 +744,15 @@ fn the_distribution_bench_configs_run() {
     );
 }
 
-/// One of 36 hosts on a cable trained slower than the fabric file says
-/// (slots sized for 100 Gb/s): every batch waits for that node's
-/// fragment, so the builder can keep what that link carries. The EM
-/// lengthens the slots to the slow link's need, and the loss is about
-/// proportional to the link's: at half width (50 Gb/s) about half, at
-/// 8x FDR10 (80 Gb/s) about a fifth. Measured (150 ms, seed 1): 49.0 % and
-/// 76.2 % of usable; before the slots shrank to the measured need with 3 %
-/// to spare (10 %, halving back over 8 clean rotations), 45.5 % and 66.7 %.
+/// One of 36 hosts on a cable trained to half width that the slots do
+/// not know of (slots sized for 100 Gb/s): every batch waits for that
+/// node's fragment, so the builder can keep about half its rate. With
+/// adaptive slots (the default) the EM lengthens the slots until the
+/// slow link's fragments fit and the loss is about proportional; with
+/// fixed slots the slow node's overruns spread and it loses far more
+/// (measured: 45 % of link against 24-30 %).
 #[test]
-fn a_slow_link_costs_about_its_share_not_a_collapse() {
+fn a_half_rate_link_costs_about_half_not_a_collapse() {
     let clean = tmp("t36.ibnd");
     let (ok, out, err) = evb(&[
         "fabric",
@@ -764,24 +763,24 @@ fn a_slow_link_costs_about_its_share_not_a_collapse() {
         &clean,
     ]);
     assert!(ok, "{out}{err}");
+    // node005's cable at 2x instead of 4x, at both of its ends.
     let text = std::fs::read_to_string(&clean).unwrap();
-    let fraction = |rate: &str| -> (f64, f64, Value) {
-        // node005's cable at `rate` instead of 4xEDR, at both of its ends.
-        let slowed: String = text
-            .lines()
-            .map(|l| {
-                if l.contains("\"node005\"") || l.contains("lid 5 lmc 0 \"leaf001\"") {
-                    l.replace("4xEDR", rate)
-                } else {
-                    l.to_string()
-                }
-            })
-            .map(|l| l + "\n")
-            .collect();
-        assert_eq!(slowed.matches(rate).count(), 2, "both ends slowed");
-        let topo = tmp(&format!("t36-{rate}.ibnd"));
-        std::fs::write(&topo, slowed).unwrap();
-        let json = tmp(&format!("slow-{rate}.json"));
+    let halved: String = text
+        .lines()
+        .map(|l| {
+            if l.contains("\"node005\"") || l.contains("lid 5 lmc 0 \"leaf001\"") {
+                l.replace("4xEDR", "2xEDR")
+            } else {
+                l.to_string()
+            }
+        })
+        .map(|l| l + "\n")
+        .collect();
+    assert_eq!(halved.matches("2xEDR").count(), 2, "both ends halved");
+    let topo = tmp("t36-half.ibnd");
+    std::fs::write(&topo, halved).unwrap();
+    let fraction = |adaptive: bool| -> (f64, Value) {
+        let json = tmp(&format!("half-{adaptive}.json"));
         let (ok, out, err) = evb(&[
             "sim",
             "--topology",
@@ -794,6 +793,8 @@ fn a_slow_link_costs_about_its_share_not_a_collapse() {
             "150000",
             "--set",
             "event_builder.slot_us=87.98",
+            "--set",
+            &format!("event_builder.adaptive_slots={adaptive}"),
             "--json",
             &json,
         ]);
@@ -801,32 +802,27 @@ fn a_slow_link_costs_about_its_share_not_a_collapse() {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let eb = v["summary"]["eb"].clone();
         assert_eq!(eb["steady"], true, "{out}");
-        let slots = &eb["slots"];
-        assert!(slots["slot_changes"].as_u64().unwrap() >= 1, "{eb}");
-        let stretch = slots["slot_us_end"].as_f64().unwrap() / 87.98;
-        (
-            eb["network_fraction_of_usable"].as_f64().unwrap(),
-            stretch,
-            eb,
-        )
+        (eb["network_fraction_of_link"].as_f64().unwrap(), eb)
     };
-    let (half, stretch, eb) = fraction("2xEDR");
+    let (adaptive, eb) = fraction(true);
     assert!(
-        (0.46..=0.50).contains(&half),
-        "about the half the slow link carries: {half} {eb}"
+        (0.40..=0.50).contains(&adaptive),
+        "about the half the slow link carries: {adaptive} {eb}"
     );
+    let slots = &eb["slots"];
+    assert!(slots["slot_changes"].as_u64().unwrap() >= 1, "{eb}");
+    let stretch = slots["slot_us_end"].as_f64().unwrap() / 87.98;
     assert!(
-        (1.9..=2.2).contains(&stretch),
+        (1.9..=2.6).contains(&stretch),
         "slots lengthened to the slow link's need: {eb}"
     );
-    let (fifth, stretch, eb) = fraction("8xFDR10");
+    let (fixed, eb) = fraction(false);
+    // Measured (150 ms, seed 1): fixed 36.6 %, adaptive 45.4 % (with
+    // static rate: the senders pace to the slow node's rate, which the
+    // fixed slots' overruns then cost less than before, 29.7 %).
     assert!(
-        (0.72..=0.80).contains(&fifth),
-        "about the 80 % the slow link carries: {fifth} {eb}"
-    );
-    assert!(
-        (1.2..=1.35).contains(&stretch),
-        "slots lengthened to the slow link's need: {eb}"
+        fixed < 0.9 * adaptive,
+        "fixed slots lose more than the slow link's share: {fixed} against {adaptive}: {eb}"
     );
 }
 
