@@ -910,9 +910,6 @@ impl Node {
     /// node's fragment has left the link; returns when to try again.
     fn release_paced(&mut self) -> Option<Nanos> {
         if self.pacer.is_empty() {
-            if let Some(em) = &mut self.em {
-                em.set_control_backlog(false);
-            }
             return None;
         }
         let mut out = VecDeque::new();
@@ -937,9 +934,6 @@ impl Node {
                 }
             }
         };
-        if let Some(em) = &mut self.em {
-            em.set_control_backlog(!self.pacer.is_empty());
-        }
         for (to, msg) in out {
             self.actions.push_back(Action::Send { to, msg });
         }
@@ -1193,6 +1187,10 @@ impl Node {
             }
         }
         self.pacer_wake = self.release_paced();
+        // The EM holds new assignments while its node still holds old ones.
+        if let Some(em) = &mut self.em {
+            em.set_control_backlog(!self.pacer.is_empty());
+        }
         self.check_done();
         let em_lost = self.is_peer_lost(self.layout.em);
         let ended = self.end_of_run.is_some();

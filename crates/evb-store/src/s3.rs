@@ -108,30 +108,39 @@ impl S3Client {
         }
     }
 
-    /// Deletes the object `key` (S3 answers success for a key absent).
-    pub fn delete_object(&self, key: &str) -> Result<(), StoreError> {
-        let req = self.signed("DELETE", Some(key), &[], &[], EMPTY_SHA256);
-        let what = format!("DELETE {}", self.describe(key));
-        let resp = self
-            .agent
-            .delete(&req.url)
+    /// Sends a signed request without a body (`GET`, `HEAD` or `DELETE`)
+    /// and checks its answer; `what` names it in errors.
+    fn send_empty(
+        &self,
+        method: &str,
+        key: Option<&str>,
+        query: &[(&str, &str)],
+        what: &str,
+    ) -> Result<ureq::http::Response<ureq::Body>, StoreError> {
+        let req = self.signed(method, key, query, &[], EMPTY_SHA256);
+        let builder = match method {
+            "GET" => self.agent.get(&req.url),
+            "HEAD" => self.agent.head(&req.url),
+            "DELETE" => self.agent.delete(&req.url),
+            other => unreachable!("{other} requests carry a body"),
+        };
+        let resp = builder
             .headers(&req.headers)
             .call()
             .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
-        self.check(resp, &what).map(drop)
+        self.check(resp, what)
+    }
+
+    /// Deletes the object `key` (S3 answers success for a key absent).
+    pub fn delete_object(&self, key: &str) -> Result<(), StoreError> {
+        let what = format!("DELETE {}", self.describe(key));
+        self.send_empty("DELETE", Some(key), &[], &what).map(drop)
     }
 
     /// Reads the object `key`, refusing one larger than `max_bytes`.
     pub fn get_object(&self, key: &str, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
-        let req = self.signed("GET", Some(key), &[], &[], EMPTY_SHA256);
         let what = format!("GET {}", self.describe(key));
-        let resp = self
-            .agent
-            .get(&req.url)
-            .headers(&req.headers)
-            .call()
-            .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
-        let mut resp = self.check(resp, &what)?;
+        let mut resp = self.send_empty("GET", Some(key), &[], &what)?;
         resp.body_mut()
             .with_config()
             .limit(max_bytes)
@@ -152,15 +161,8 @@ impl S3Client {
                 query.push(("continuation-token", t.clone()));
             }
             let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            let req = self.signed("GET", None, &query, &[], EMPTY_SHA256);
             let what = format!("list {}", self.describe(prefix));
-            let resp = self
-                .agent
-                .get(&req.url)
-                .headers(&req.headers)
-                .call()
-                .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
-            let mut resp = self.check(resp, &what)?;
+            let mut resp = self.send_empty("GET", None, &query, &what)?;
             let xml = resp
                 .body_mut()
                 .with_config()
@@ -192,15 +194,8 @@ impl S3Client {
 
     /// Checks that the bucket exists and the credentials may use it.
     pub fn check_bucket(&self) -> Result<(), StoreError> {
-        let req = self.signed("HEAD", None, &[], &[], EMPTY_SHA256);
         let what = format!("HEAD bucket {}", self.target.bucket);
-        let resp = self
-            .agent
-            .head(&req.url)
-            .headers(&req.headers)
-            .call()
-            .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
-        self.check(resp, &what).map(drop)
+        self.send_empty("HEAD", None, &[], &what).map(drop)
     }
 
     /// Creates the bucket (for tests and first use; existing is an error).
