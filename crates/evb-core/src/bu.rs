@@ -26,6 +26,13 @@
 //! it is served again from its new grant of credits; nothing granted or
 //! delivered over the old link counts. While no FU is left, built batches
 //! wait for one to come back, until the drain ends.
+//!
+//! A BU the EM lost while it was alive (its links down, or its process
+//! stopped, past the peer timeout) had its unfinished MEPs taken: the EM
+//! re-assigned them or counted them lost. When the EM takes it back it
+//! names them ([`BuilderUnit::on_revoked`]): a batch still open is dropped,
+//! a finished one's fate is taken out of this BU's counts. So every MEP is
+//! counted by one BU, and the BUs' counts add up to the EM's.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -52,6 +59,9 @@ pub enum Outcome {
     },
     /// Fragments arrived for a MEP that was never assigned here.
     Unexpected,
+    /// The EM took the MEP from this BU while it had lost it (it was
+    /// re-assigned, or counted lost): not this BU's fate to count.
+    Revoked,
 }
 
 /// What the BU asks of its driver.
@@ -137,6 +147,12 @@ pub struct BuStats {
     pub max_open: u32,
     /// Batches built without a source the EM declared gone.
     pub batches_masked: u64,
+    /// MEPs assigned here (re-assignments too, duplicates not); and those
+    /// of them the EM took back while it had lost this BU, named when it
+    /// came back: their fates are counted elsewhere. Every MEP assigned is
+    /// built, incomplete, corrupt, revoked, or still open.
+    pub batches_assigned: u64,
+    pub batches_revoked: u64,
     /// Built batches handed to a consumer, and their payload bytes.
     pub batches_delivered: u64,
     /// Incomplete batches delivered anyway, flagged partial
@@ -195,6 +211,8 @@ impl BuStats {
             latency_ns: Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds"),
             max_open: 0,
             batches_masked: 0,
+            batches_assigned: 0,
+            batches_revoked: 0,
             batches_delivered: 0,
             batches_delivered_partial: 0,
             bytes_delivered: 0,
@@ -239,6 +257,39 @@ impl Batch {
             .collect();
         missing.sort_unstable();
         missing
+    }
+}
+
+/// What became of a finished MEP here, remembered (for a while) to
+/// recognise late duplicates and to take a revoked MEP's fate back out of
+/// the counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// Never assigned here: its fragments came and were given up.
+    Unassigned,
+    Built {
+        bytes: u64,
+        masked: bool,
+    },
+    Incomplete,
+    Corrupt,
+    /// Taken by the EM ([`BuilderUnit::on_revoked`]); it may be assigned
+    /// here again.
+    Revoked,
+}
+
+impl Fate {
+    /// The fate of `batch`, finished with `outcome`.
+    fn of(outcome: &Outcome, batch: &Batch) -> Fate {
+        match outcome {
+            Outcome::Built => Fate::Built {
+                bytes: batch.bytes,
+                masked: batch.expected_count < batch.expected.len(),
+            },
+            Outcome::Incomplete { .. } => Fate::Incomplete,
+            Outcome::Corrupt { .. } => Fate::Corrupt,
+            Outcome::Unexpected | Outcome::Revoked => Fate::Unassigned,
+        }
     }
 }
 
@@ -327,8 +378,8 @@ pub struct BuilderUnit {
     ru_nodes: Vec<NodeId>,
     open: BTreeMap<MepId, Batch>,
     deadlines: BTreeSet<(Nanos, MepId)>,
-    /// Finished MEPs (recent ones), and whether they had been assigned.
-    finished: HashMap<MepId, bool>,
+    /// Finished MEPs (recent ones), and their fates.
+    finished: HashMap<MepId, Fate>,
     finished_order: VecDeque<MepId>,
     /// PULL: requests not yet issued, in schedule order.
     to_request: VecDeque<(MepId, u16)>,
@@ -585,9 +636,88 @@ impl BuilderUnit {
     /// The EM re-assigned `mep` here (its first BU was lost, the RUs still
     /// hold its fragments): call before [`BuilderUnit::on_assign`].
     pub fn on_reassigned(&mut self, mep: MepId) {
-        if self.output.is_some() && !self.finished.contains_key(&mep) {
+        let finished = self.finished.get(&mep).is_some_and(|&f| f != Fate::Revoked);
+        if self.output.is_some() && !finished {
             self.reassigned.insert(mep);
         }
+    }
+
+    /// The EM took `mep` from this BU when it lost it (this BU lived on:
+    /// its links went down, or its process was stopped) and re-assigned it
+    /// or counted it lost: its fate is not this BU's. A batch still open is
+    /// dropped (its buffers freed; the RUs were told by the EM); a finished
+    /// one comes out of the counts (its delivery, if built, stands; the EM
+    /// ignored its `Finished`). A MEP never assigned here (a new
+    /// incarnation, or its assignment lost with the link) is ignored.
+    pub fn on_revoked(&mut self, mep: MepId, out: &mut Vec<BuAction>) {
+        let events = u64::from(self.events_per_mep);
+        if self.open.get(&mep).is_some_and(|b| b.assigned) {
+            let batch = self.close_batch(mep).expect("just looked up");
+            self.remember_finished(mep, Fate::Revoked);
+            out.push(BuAction::Finish {
+                mep,
+                outcome: Outcome::Revoked,
+                events,
+                bytes: batch.bytes,
+                partial: false,
+            });
+            self.issue_requests(out);
+        } else {
+            let s = &mut self.stats;
+            match self.finished.get(&mep) {
+                Some(&Fate::Built { bytes, masked }) => {
+                    s.batches_built -= 1;
+                    s.events_built -= events;
+                    s.bytes_built -= bytes;
+                    s.batches_masked -= u64::from(masked);
+                }
+                Some(Fate::Incomplete) => {
+                    s.batches_incomplete -= 1;
+                    s.events_incomplete -= events;
+                }
+                Some(Fate::Corrupt) => {
+                    s.batches_corrupt -= 1;
+                    s.events_corrupt -= events;
+                }
+                Some(Fate::Unassigned | Fate::Revoked) | None => return,
+            }
+            self.finished.insert(mep, Fate::Revoked);
+        }
+        self.stats.batches_revoked += 1;
+        self.assert_accounting();
+    }
+
+    /// Every MEP assigned here has one fate or is still open: built,
+    /// incomplete, corrupt, revoked. Checked in every build where it is
+    /// cheap (a revocation, the end of the drain), at every finished batch
+    /// in debug builds.
+    fn assert_accounting(&self) {
+        let s = &self.stats;
+        let open = self.open.values().filter(|b| b.assigned).count() as u64;
+        let fates = s.batches_built + s.batches_incomplete + s.batches_corrupt + s.batches_revoked;
+        assert_eq!(
+            fates + open,
+            s.batches_assigned,
+            "BU {}: {fates} batches with a fate and {open} open, of {} assigned \
+             (built {}, incomplete {}, corrupt {}, revoked {})",
+            self.node,
+            s.batches_assigned,
+            s.batches_built,
+            s.batches_incomplete,
+            s.batches_corrupt,
+            s.batches_revoked
+        );
+        let epm = u64::from(self.events_per_mep);
+        assert_eq!(
+            (s.events_built, s.events_incomplete, s.events_corrupt),
+            (
+                s.batches_built * epm,
+                s.batches_incomplete * epm,
+                s.batches_corrupt * epm
+            ),
+            "BU {}: events counted apart from their batches",
+            self.node
+        );
     }
 
     /// Whether the delivery of `mep` just made may find it stored already
@@ -678,12 +808,16 @@ impl BuilderUnit {
     /// The EM assigned `mep` to this BU.
     pub fn on_assign(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
         match self.finished.get(&mep) {
-            Some(true) => return, // A duplicate assignment.
-            Some(false) => {
+            Some(Fate::Revoked) => {
+                // Taken from this BU, and now given to it again.
+                self.finished.remove(&mep);
+            }
+            Some(Fate::Unassigned) => {
                 // Its fragments came first and were given up before this
                 // assignment arrived: it cannot be built any more, but the
                 // EM must hear its fate (and get the credit back).
-                self.finished.insert(mep, true);
+                self.stats.batches_assigned += 1;
+                self.finished.insert(mep, Fate::Incomplete);
                 let sources = self.ru_nodes.len() as u16;
                 let outcome = Outcome::Incomplete {
                     missing: (0..sources).collect(),
@@ -711,8 +845,10 @@ impl BuilderUnit {
                 });
                 return;
             }
+            Some(_) => return, // A duplicate assignment.
             None => {}
         }
+        self.stats.batches_assigned += 1;
         match self.open.get_mut(&mep) {
             Some(b) => b.assigned = true,
             None => {
@@ -873,6 +1009,7 @@ impl BuilderUnit {
         self.deadlines = rewritten;
         self.on_timeout(now, out);
         self.drop_output(now, out);
+        self.assert_accounting();
     }
 
     fn check_complete(&mut self, now: Nanos, mep: MepId, out: &mut Vec<BuAction>) {
@@ -896,8 +1033,10 @@ impl BuilderUnit {
         self.finish(now, mep, outcome, out);
     }
 
-    fn finish(&mut self, now: Nanos, mep: MepId, outcome: Outcome, out: &mut Vec<BuAction>) {
-        let batch = self.open.remove(&mep).expect("finishing an open batch");
+    /// Takes the open batch of `mep` out of the deadlines and, PULL, the
+    /// requests.
+    fn close_batch(&mut self, mep: MepId) -> Option<Batch> {
+        let batch = self.open.remove(&mep)?;
         self.deadlines.remove(&(batch.deadline, mep));
         if self.protocol == Protocol::Pull {
             let outstanding = (0..batch.arrived.len())
@@ -905,6 +1044,13 @@ impl BuilderUnit {
                 .count() as u32;
             self.requests_in_flight -= outstanding;
             self.to_request.retain(|&(m, _)| m != mep);
+        }
+        Some(batch)
+    }
+
+    fn finish(&mut self, now: Nanos, mep: MepId, outcome: Outcome, out: &mut Vec<BuAction>) {
+        let batch = self.close_batch(mep).expect("finishing an open batch");
+        if self.protocol == Protocol::Pull {
             // RUs hold PULL data until asked: release what will never be.
             if batch.assigned {
                 for s in
@@ -917,7 +1063,7 @@ impl BuilderUnit {
                 }
             }
         }
-        let reassigned = self.remember_finished(mep, batch.assigned);
+        let reassigned = self.remember_finished(mep, Fate::of(&outcome, &batch));
         let events = u64::from(self.events_per_mep);
         let s = &mut self.stats;
         match &outcome {
@@ -945,10 +1091,16 @@ impl BuilderUnit {
             Outcome::Unexpected => {
                 s.fragments_unexpected += batch.arrived_count as u64;
             }
+            Outcome::Revoked => unreachable!("a revoked batch is dropped, not finished"),
+        }
+        if cfg!(debug_assertions) {
+            self.assert_accounting();
         }
         let s = &mut self.stats;
-        if !matches!(outcome, Outcome::Built | Outcome::Unexpected)
-            && s.incidents.len() < MAX_INCIDENTS
+        if matches!(
+            outcome,
+            Outcome::Incomplete { .. } | Outcome::Corrupt { .. }
+        ) && s.incidents.len() < MAX_INCIDENTS
         {
             s.incidents.push(Incident {
                 mep,
@@ -1002,8 +1154,8 @@ impl BuilderUnit {
 
     /// Remembers `mep` finished (for late duplicates), within bounds;
     /// whether it had been re-assigned here.
-    fn remember_finished(&mut self, mep: MepId, assigned: bool) -> bool {
-        self.finished.insert(mep, assigned);
+    fn remember_finished(&mut self, mep: MepId, fate: Fate) -> bool {
+        self.finished.insert(mep, fate);
         self.finished_order.push_back(mep);
         if self.finished_order.len() > FINISHED_MEMORY {
             let old = self.finished_order.pop_front().expect("non-empty");
@@ -1206,6 +1358,78 @@ mod tests {
         assert!(!bu.may_be_stored(6));
         assert!(bu.may_be_stored(7));
         assert!(bu.reassigned.is_empty());
+    }
+
+    /// The EM names the MEPs it took from this BU while it had it for lost:
+    /// an open batch is dropped uncounted (its buffers freed), a finished
+    /// one's fate comes out of the counts, one never assigned here is
+    /// ignored, and a revoked MEP assigned here again is built afresh.
+    #[test]
+    fn revoked_meps_are_not_counted_and_may_come_back() {
+        for protocol in [Protocol::Push, Protocol::Pull] {
+            let mut config = Config::default();
+            config.nodes.count = 2;
+            config.event_builder.protocol = protocol;
+            let layout = Layout::from_config(&config);
+            let mut bu = BuilderUnit::new(&config, &layout, layout.bu_nodes[0]);
+            let mut out = Vec::new();
+            bu.start(&mut out);
+            let epm = u64::from(config.source.events_per_mep);
+            let arrive = |bu: &mut BuilderUnit, now, mep, s: u16, out: &mut Vec<BuAction>| {
+                let mut h = fragment(&config, s, mep);
+                h.payload_len = 4 * config.source.events_per_mep;
+                assert_eq!(bu.admit(now, layout.ru_nodes[s as usize], &h), Admit::Keep);
+                bu.on_fragment(now, &h, 0, out);
+            };
+            // MEP 1 built, MEP 2 timed out, MEP 3 still open (one fragment).
+            for mep in [1, 2, 3] {
+                bu.on_assign(0, mep, &mut out);
+            }
+            arrive(&mut bu, 0, 1, 0, &mut out);
+            arrive(&mut bu, 0, 1, 1, &mut out);
+            bu.on_timeout(bu.next_deadline().unwrap(), &mut out);
+            assert_eq!(
+                (bu.stats.batches_built, bu.stats.batches_incomplete),
+                (1, 2)
+            );
+            bu.on_assign(10, 3, &mut out);
+            assert_eq!(bu.stats.batches_assigned, 3, "a duplicate is not counted");
+            bu.on_assign(10, 4, &mut out);
+            arrive(&mut bu, 10, 4, 0, &mut out);
+            out.clear();
+            for mep in [1, 2, 4, 99] {
+                bu.on_revoked(mep, &mut out);
+            }
+            let s = &bu.stats;
+            assert_eq!(
+                (s.batches_built, s.events_built, s.bytes_built),
+                (0, 0, 0),
+                "{protocol:?}"
+            );
+            assert_eq!((s.batches_incomplete, s.events_incomplete), (1, epm));
+            assert_eq!((s.batches_revoked, s.batches_assigned), (3, 4));
+            assert_eq!(bu.open_batches(), 0);
+            assert!(bu.next_deadline().is_none());
+            assert!(matches!(
+                out.as_slice(),
+                [BuAction::Finish {
+                    mep: 4,
+                    outcome: Outcome::Revoked,
+                    ..
+                }]
+            ));
+            // Revoked twice: nothing more.
+            bu.on_revoked(1, &mut out);
+            assert_eq!(bu.stats.batches_revoked, 3);
+            // MEP 4 re-assigned here: built, and counted, afresh.
+            bu.on_reassigned(4);
+            bu.on_assign(20, 4, &mut out);
+            arrive(&mut bu, 20, 4, 0, &mut out);
+            arrive(&mut bu, 20, 4, 1, &mut out);
+            assert_eq!(bu.stats.batches_built, 1);
+            assert_eq!(bu.stats.batches_assigned, 5);
+            bu.abandon_all(30, &mut out);
+        }
     }
 
     /// `output.deliver_partial`: a batch that times out with one of three

@@ -29,7 +29,12 @@
 //! A lost endpoint can rejoin (its node restarted, or its link came back):
 //! its BU is live again and gets MEPs once it grants credits, and its RU is
 //! re-admitted from a MEP boundary (`SourceUp`): the MEPs assigned from then
-//! on include it again.
+//! on include it again. A BU lost while alive (its links down, or its
+//! process stopped, past the peer timeout) is told first which of its MEPs
+//! the EM took at the loss (`Revoked`): their fates are counted elsewhere
+//! (re-assigned, or lost), so it does not count them as its own. Its counts
+//! then add up with the other BUs' to the EM's, which is what the run's
+//! accounting rests on once a restarted EM no longer has its predecessor's.
 //!
 //! The EM itself can be restarted ([`EventManager::resuming`]): the new
 //! incarnation knows nothing of what its predecessor assigned, so it waits
@@ -61,6 +66,9 @@ pub struct EmStats {
     /// its outcome there), and the decision rounds held.
     pub meps_reassigned: u64,
     pub reassign_rounds: u64,
+    /// MEPs taken from a BU lost while alive (re-assigned or lost), named
+    /// to it when it came back ([`Message::Revoked`]).
+    pub meps_revoked: u64,
     /// BU and RU endpoints lost during the run.
     pub bus_lost: Vec<NodeId>,
     pub rus_lost: Vec<NodeId>,
@@ -143,6 +151,12 @@ pub struct EventManager {
     granted: Vec<u32>,
     /// MEPs assigned and not yet reported finished, per BU index.
     outstanding: Vec<BTreeSet<MepId>>,
+    /// Per BU index: the MEPs taken from it when it was last lost (at most
+    /// its credits), named to it if it comes back ([`Message::Revoked`]).
+    taken: Vec<Vec<MepId>>,
+    /// A restarted EM: MEPs counted assigned that its predecessor assigned
+    /// (their fates are the BUs' alone).
+    inherited: u64,
     bu_lost: Vec<bool>,
     ru_lost: Vec<bool>,
     bu_nodes: Vec<NodeId>,
@@ -202,6 +216,8 @@ impl EventManager {
             credits: vec![0; layout.bus()],
             granted: vec![0; layout.bus()],
             outstanding: vec![BTreeSet::new(); layout.bus()],
+            taken: vec![Vec::new(); layout.bus()],
+            inherited: 0,
             bu_lost: vec![false; layout.bus()],
             ru_lost: vec![false; layout.rus()],
             bu_nodes: layout.bu_nodes.clone(),
@@ -413,6 +429,7 @@ impl EventManager {
             // that rejoins after the resync may have seen more than the
             // others): they count as assigned, so the accounting has them.
             self.stats.meps_assigned += next_mep - self.next_mep;
+            self.inherited += next_mep - self.next_mep;
             self.next_mep = next_mep;
         }
         if let Some(w) = self.resync.as_mut().and_then(|w| w.get_mut(node as usize)) {
@@ -620,6 +637,25 @@ impl EventManager {
         );
     }
 
+    /// Every MEP this EM assigned has one fate, or is still out: built,
+    /// incomplete, corrupt or lost with its BU, else outstanding (at a BU,
+    /// or awaiting a decision or re-assignment); a restarted EM's other
+    /// MEPs are its predecessor's. Cheap enough for the EM's rare events
+    /// (a loss, a rejoin, the end of the run) in every build, and checked
+    /// at every `Finished` in debug builds.
+    fn assert_accounting(&self) {
+        let s = &self.stats;
+        let fates = s.meps_built + s.meps_incomplete + s.meps_corrupt + s.meps_lost_bu_gone;
+        assert_eq!(
+            fates + self.outstanding() as u64 + self.inherited,
+            s.meps_assigned,
+            "EM: the MEPs' fates ({fates}), the MEPs out ({}) and those of a predecessor ({}) \
+             do not add up to the MEPs assigned: {s:?}",
+            self.outstanding(),
+            self.inherited
+        );
+    }
+
     /// A BU finished `mep`: count its outcome, take the credit back.
     pub fn on_finished(
         &mut self,
@@ -642,6 +678,9 @@ impl EventManager {
         // The credit lent with the MEP comes back: not a new grant.
         self.credits[bu_index] += 1;
         self.assert_credits(bu_index);
+        if cfg!(debug_assertions) {
+            self.assert_accounting();
+        }
         self.assign(out);
     }
 
@@ -789,6 +828,8 @@ impl EventManager {
                 self.bu_lost[b] = true;
                 self.credits[b] = 0;
                 self.granted[b] = 0;
+                // Whatever becomes of them, they are no longer its own.
+                self.taken[b] = self.outstanding[b].iter().copied().collect();
                 if self.stopped {
                     // After EndOfRun nothing can be re-assigned.
                     self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
@@ -841,6 +882,7 @@ impl EventManager {
         } else {
             self.decide(out);
         }
+        self.assert_accounting();
     }
 
     /// No BU is left (or came back in time): the run is over, and what the
@@ -868,6 +910,15 @@ impl EventManager {
         out: &mut Vec<(NodeId, Message)>,
     ) {
         self.flush_assignments(out);
+        if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
+            // First of all on the new link: what the EM took from it when
+            // it lost it (a new incarnation never heard of them: it ignores
+            // them).
+            for mep in std::mem::take(&mut self.taken[b as usize]) {
+                self.stats.meps_revoked += 1;
+                out.push((node, Message::Revoked { mep }));
+            }
+        }
         if self.stopped {
             out.push((
                 node,
@@ -927,6 +978,7 @@ impl EventManager {
         if rejoined {
             self.stats.rejoined.push(node);
         }
+        self.assert_accounting();
     }
 
     /// Stops assigning and tells every endpoint how many MEPs exist.
@@ -943,6 +995,7 @@ impl EventManager {
             return;
         }
         self.stopped = true;
+        self.assert_accounting();
         self.flush_assignments(out);
         for node in 0..self.endpoints {
             out.push((
@@ -1518,6 +1571,33 @@ mod tests {
         assert!(em.is_stopped());
         assert_eq!(em.stats.meps_lost_bu_gone, 2);
         assert_eq!(em.outstanding(), 0);
+    }
+
+    /// A BU lost while alive comes back: before anything else on the new
+    /// link it hears which MEPs the EM took from it (re-assigned or lost),
+    /// once; a BU that was not lost hears nothing.
+    #[test]
+    fn a_bu_taken_back_hears_which_meps_were_taken_from_it() {
+        let (mut em, l, _) = lose_node_1_with_two_meps();
+        let mut out = Vec::new();
+        em.on_node_joined(1, &l, &mut out);
+        assert_eq!(
+            out.iter()
+                .filter(|(to, _)| *to == 1)
+                .take(2)
+                .map(|(_, m)| *m)
+                .collect::<Vec<_>>(),
+            vec![Message::Revoked { mep: 0 }, Message::Revoked { mep: 1 }]
+        );
+        assert_eq!(em.stats.meps_revoked, 2);
+        out.clear();
+        em.on_node_joined(1, &l, &mut out);
+        em.on_node_joined(2, &l, &mut out);
+        assert_eq!(
+            count(&out, |m| matches!(m, Message::Revoked { .. })),
+            0,
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -425,7 +425,10 @@ impl Harness {
         if target.is_some_and(|t| self.crashed.contains(&t)) {
             return; // The dead take no input.
         }
-        if target.is_some_and(|t| self.restart_mark.get(&t).is_some_and(|&m| seq <= m)) {
+        // (The operator's stop is for whichever incarnation of the EM runs.)
+        let on_a_link = !matches!(event, Event::Stop);
+        if on_a_link && target.is_some_and(|t| self.restart_mark.get(&t).is_some_and(|&m| seq <= m))
+        {
             return; // Meant for an earlier incarnation: its connections are gone.
         }
         if let Some(t) = target.filter(|&t| self.frozen(t, now)) {
@@ -781,7 +784,10 @@ impl Harness {
                     if outcome == Outcome::Built {
                         *self.report.built.entry(mep).or_insert(0) += 1;
                     }
-                    self.report.outcomes.insert(mep, outcome);
+                    // A revoked batch's fate is its new BU's (or lost).
+                    if outcome != Outcome::Revoked {
+                        self.report.outcomes.insert(mep, outcome);
+                    }
                 }
             }
         }
@@ -826,6 +832,7 @@ fn encode_key(msg: Message) -> MessageKey {
             start_ns,
             slot_ns,
         } => MessageKey(26, from, start_ns, slot_ns),
+        Message::Revoked { mep } => MessageKey(27, mep, 0, 0),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0, 0),
     }
 }
@@ -906,6 +913,7 @@ fn decode_key(k: MessageKey) -> Message {
             start_ns: k.2,
             slot_ns: k.3,
         },
+        27 => Message::Revoked { mep: k.1 },
         _ => Message::Heartbeat,
     }
 }

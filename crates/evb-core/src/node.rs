@@ -1009,15 +1009,10 @@ impl Node {
                 Some(em) => em.on_holding_done(from_ru.expect("checked"), round, &mut self.em_out),
                 None => self.control_rejected += 1,
             },
-            Message::SourceDown { source, from_mep } if from_em => {
-                if let Some(b) = &mut self.bu {
-                    b.on_source_down(now, source, from_mep, &mut self.bu_out);
-                }
-            }
-            Message::SourceUp { source, from_mep } if from_em => {
-                if let Some(b) = &mut self.bu {
-                    b.on_source_up(source, from_mep, &mut self.bu_out);
-                }
+            Message::SourceDown { .. } | Message::SourceUp { .. } | Message::Revoked { .. }
+                if from_em =>
+            {
+                self.on_em_to_bu(now, msg);
             }
             Message::Abandon { mep, bu } if from_bu && bu == from => match &mut self.ru {
                 Some(r) => r.on_abandon(mep, bu, &mut self.ru_out),
@@ -1042,6 +1037,28 @@ impl Node {
             Message::Goodbye => self.watch.finished(from),
             Message::Hello { .. } | Message::Heartbeat => {}
             _ => self.control_rejected += 1,
+        }
+    }
+
+    /// What the EM tells the BUs of the run's sources and of the MEPs it
+    /// took from a BU it had lost; a node without a BU ignores the former
+    /// and rejects the latter.
+    fn on_em_to_bu(&mut self, now: Nanos, msg: Message) {
+        let Some(b) = &mut self.bu else {
+            if matches!(msg, Message::Revoked { .. }) {
+                self.control_rejected += 1;
+            }
+            return;
+        };
+        match msg {
+            Message::SourceDown { source, from_mep } => {
+                b.on_source_down(now, source, from_mep, &mut self.bu_out);
+            }
+            Message::SourceUp { source, from_mep } => {
+                b.on_source_up(source, from_mep, &mut self.bu_out);
+            }
+            Message::Revoked { mep } => b.on_revoked(mep, &mut self.bu_out),
+            _ => {}
         }
     }
 

@@ -141,6 +141,7 @@ pub enum Kind {
     ClockReply = 23,
     SlotReport = 24,
     SlotLength = 25,
+    Revoked = 26,
 }
 
 impl Kind {
@@ -171,6 +172,7 @@ impl Kind {
             23 => Kind::ClockReply,
             24 => Kind::SlotReport,
             25 => Kind::SlotLength,
+            26 => Kind::Revoked,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -203,6 +205,7 @@ impl Kind {
             Kind::ClockReply => Some(16),
             Kind::SlotReport => Some(12),
             Kind::SlotLength => Some(24),
+            Kind::Revoked => Some(8),
         }
     }
 
@@ -233,6 +236,7 @@ impl Kind {
             Kind::ClockReply => "ClockReply",
             Kind::SlotReport => "SlotReport",
             Kind::SlotLength => "SlotLength",
+            Kind::Revoked => "Revoked",
         }
     }
 }
@@ -457,6 +461,13 @@ pub enum Message {
         start_ns: u64,
         slot_ns: u64,
     },
+    /// EM -> a BU it had lost and now re-admits (the same process, its
+    /// links back): `mep` was assigned to it and unfinished when the EM
+    /// lost it, and the EM took it (re-assigned it to another BU, or
+    /// counted it lost): its fate is not this BU's to count. One message
+    /// per MEP, at most that BU's credits of them, before anything else
+    /// the EM tells it on the new link.
+    Revoked { mep: MepId },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -503,6 +514,7 @@ impl Message {
             Message::ClockReply { .. } => Kind::ClockReply,
             Message::SlotReport { .. } => Kind::SlotReport,
             Message::SlotLength { .. } => Kind::SlotLength,
+            Message::Revoked { .. } => Kind::Revoked,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -557,7 +569,9 @@ impl Message {
                 out.extend_from_slice(&[0, 0]);
             }
             Message::Fragment(h) => out.extend_from_slice(&h.encode()),
-            Message::EndOfRun { meps } => out.extend_from_slice(&meps.to_le_bytes()),
+            Message::EndOfRun { meps } | Message::Revoked { mep: meps } => {
+                out.extend_from_slice(&meps.to_le_bytes());
+            }
             Message::SeenUpTo { next_mep, ended } => {
                 out.extend_from_slice(&next_mep.to_le_bytes());
                 out.extend_from_slice(&[u8::from(ended), 0, 0, 0]);
@@ -644,6 +658,7 @@ impl Message {
                 Message::Fragment(h)
             }
             Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
+            Kind::Revoked => Message::Revoked { mep: u64_at(0) },
             Kind::SeenUpTo => {
                 if body[8] > 1 || body[9..12] != [0, 0, 0] {
                     return Err(WireError::NonZeroReserved { kind: "SeenUpTo" });
@@ -873,6 +888,7 @@ mod tests {
             any::<u32>().prop_map(|round| Message::HoldingDone { round }),
             any::<u32>().prop_map(|round| Message::ReleaseHeld { round }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Reassign { mep, bu }),
+            any::<u64>().prop_map(|mep| Message::Revoked { mep }),
             Just(Message::Heartbeat),
             Just(Message::Goodbye),
             (any::<u64>(), any::<bool>())
@@ -1024,7 +1040,7 @@ mod tests {
         ));
     }
 
-    /// The reassignment kinds (14..=17): fixed lengths, so a hostile length
+    /// The reassignment kinds (14..=18, 26): fixed lengths, so a hostile length
     /// is an error before anything is read, and reserved bytes are checked.
     #[test]
     fn reassignment_kinds_decode_and_reject_bad_frames() {
@@ -1037,8 +1053,9 @@ mod tests {
             Message::HoldingDone { round: u32::MAX },
             Message::ReleaseHeld { round: 1 },
             Message::Reassign { mep: 9, bu: 2 },
+            Message::Revoked { mep: u64::MAX - 1 },
         ];
-        let layout = [(14u8, 8u8), (15, 12), (16, 4), (17, 4), (18, 12)];
+        let layout = [(14u8, 8u8), (15, 12), (16, 4), (17, 4), (18, 12), (26, 8)];
         for (msg, (kind, len)) in msgs.iter().zip(layout) {
             let mut buf = Vec::new();
             msg.encode_into(&mut buf);
@@ -1111,8 +1128,8 @@ mod tests {
             Err(WireError::NonZeroReserved { kind: "Hello" })
         );
         // The next kind number is still unknown.
-        buf[3] = 26;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(26)));
+        buf[3] = 27;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(27)));
     }
 
     #[test]

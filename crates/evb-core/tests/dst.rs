@@ -1280,3 +1280,106 @@ fn an_em_restarted_with_another_node_resumes_at_once() {
     assert!(runs >= 60, "{runs}");
     assert_eq!(prompt, runs, "the EM resumed at once in {prompt} of {runs}");
 }
+
+/// A BU node stalls past the peer timeout and comes back, its links
+/// relinked: alive all along, it was lost to the EM, which took its
+/// unfinished MEPs (re-assigned them to other BUs, or counted them lost)
+/// and names them to it when it takes it back (`Revoked`): the BU does not
+/// count them too. So the BUs' own counts, the run's once a restarted EM
+/// has lost its predecessor's, add up to the EM's: every MEP counted once.
+/// In half the runs the EM is then killed and restarted: the BUs' counts
+/// never exceed the MEPs assigned. Before, the stalled BU counted
+/// incomplete the batches of MEPs built elsewhere, and the BUs' sums
+/// exceeded the MEPs assigned by the EM's `meps_reassigned` (issue 34;
+/// `evb chaos -t ucx:tcp` seeds 19 and 39: one MEP over).
+#[test]
+fn a_bu_lost_while_alive_does_not_count_the_meps_taken_from_it() {
+    let (mut runs, mut restarts, mut revoked) = (0, 0, 0);
+    for case in 0..40u64 {
+        let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xacc0);
+        let mut config = with_fast_liveness(random_config(19_000 + case));
+        config.event_builder.batch_timeout_ms = 5;
+        config.run.max_meps = 0;
+        config.event_builder.local = LocalTraffic::Nic;
+        let layout = evb_core::Layout::from_config(&config);
+        let bus: Vec<u16> = layout
+            .bu_nodes
+            .iter()
+            .copied()
+            .filter(|&b| b != layout.em)
+            .collect();
+        if bus.len() < 2 {
+            continue; // Another BU builds what the EM takes from the victim.
+        }
+        let victim = bus[rng.gen_range(0..bus.len())];
+        for seed in 0..2u64 {
+            let mut h = Harness::new(config.clone(), seed);
+            h.faults.relink_ns = Some(MS);
+            h.faults.detection_ns = MS / 2;
+            let from = rng.gen_range(500_000..3 * MS);
+            // Past the 4 ms peer timeout.
+            let back = from + rng.gen_range(5 * MS..8 * MS);
+            h.faults.nodes.extend(NodeFault::stall(victim, from, back));
+            // Killed once the victim is back with the EM.
+            let em_restarts = seed == 1;
+            if em_restarts {
+                h.faults
+                    .nodes
+                    .push(NodeFault::crash(layout.em, back + 3 * MS));
+                h.faults
+                    .nodes
+                    .push(NodeFault::restart(layout.em, back + 4 * MS));
+            }
+            let report = h.run(Some(back + 12 * MS), 600_000_000_000);
+            let what = format!(
+                "case {case} seed {seed}: node {victim} stalls from {from} to {back} ns \
+                 (the EM restarts: {em_restarts}): {config:?}"
+            );
+            assert!(report.all_done, "{what}");
+            assert!(
+                report.built.values().all(|&n| n == 1),
+                "a MEP built twice: {what}"
+            );
+            let em = report.stats[layout.em as usize].em.clone().unwrap();
+            let bu = |f: fn(&evb_core::bu::BuStats) -> u64| report.bu_total(f);
+            let fates =
+                bu(|b| b.batches_built) + bu(|b| b.batches_incomplete) + bu(|b| b.batches_corrupt);
+            if em_restarts {
+                assert!(report.restarted_at.is_some(), "{what}");
+                // The old EM's counts are gone: the BUs' are the run's.
+                assert!(
+                    fates + em.meps_lost_bu_gone <= em.meps_assigned,
+                    "{what}: BUs' fates {fates}: {em:?}"
+                );
+                restarts += 1;
+            } else {
+                // (Not `assert_exact_accounting`: a batch the victim built
+                // whose `Finished` its lost link dropped was built, and is
+                // lost to the EM's accounting, and now to its BU's too.)
+                assert_eq!(
+                    em.meps_built + em.meps_incomplete + em.meps_corrupt + em.meps_lost_bu_gone,
+                    em.meps_assigned,
+                    "{what}: {em:?}"
+                );
+                assert_eq!(
+                    fates,
+                    em.meps_built + em.meps_incomplete + em.meps_corrupt,
+                    "the BUs' fates against the EM's: {what}: {em:?}"
+                );
+                assert!(bu(|b| b.batches_revoked) <= em.meps_revoked, "{what}");
+            }
+            let victim_bu = report.stats[victim as usize].bu.as_ref().unwrap();
+            revoked += victim_bu.batches_revoked;
+            runs += 1;
+        }
+    }
+    eprintln!("{runs} runs ({restarts} with the EM restarted): {revoked} MEPs revoked");
+    assert!(
+        runs >= 50 && restarts >= runs / 3,
+        "{runs} runs, {restarts} restarts"
+    );
+    assert!(
+        revoked >= runs as u64,
+        "{revoked} MEPs revoked in {runs} runs"
+    );
+}
