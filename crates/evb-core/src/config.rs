@@ -880,6 +880,15 @@ pub struct SimHostSection {
     /// after the other, Gb/s (0: zero copy, the NIC reads the BU's buffers
     /// as evb's BU delivers).
     pub producer_copy_gbps: f64,
+    /// Each host's clock runs fast or slow by a rate drawn uniformly within
+    /// +- this many parts per million (from `run.seed`), as a crystal
+    /// oscillator does (+-20 to +-100 ppm unsynchronized); 0: every host
+    /// keeps the simulator's time.
+    pub clock_ppm: f64,
+    /// Each host's clock is ahead of the simulator's time by an offset
+    /// drawn uniformly within 0 .. this many microseconds (from
+    /// `run.seed`): NTP keeps hosts within ~100 us, PTP within ~1 us.
+    pub clock_offset_us: f64,
 }
 
 impl Default for SimHostSection {
@@ -887,6 +896,8 @@ impl Default for SimHostSection {
         SimHostSection {
             pcie_gbps: 0.0,
             producer_copy_gbps: 0.0,
+            clock_ppm: 0.0,
+            clock_offset_us: 0.0,
         }
     }
 }
@@ -1577,11 +1588,9 @@ impl Config {
     }
 
     /// The simulated fabric (`[sim]`).
-    fn validate_sim(&self) -> Result<(), (&'static str, String)> {
+    /// `[sim.host]`: rates and clocks.
+    fn validate_sim_host(&self) -> Result<(), (&'static str, String)> {
         let sim = &self.sim;
-        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
-            return Err(("sim.link_gbps", "must be a positive number".into()));
-        }
         if !(sim.host.pcie_gbps.is_finite() && (0.0..=1e6).contains(&sim.host.pcie_gbps)) {
             return Err((
                 "sim.host.pcie_gbps",
@@ -1596,6 +1605,31 @@ impl Config {
                 "must be 0 (zero copy) or a rate in Gb/s up to 1e6".into(),
             ));
         }
+        // Up to 10 %: a clock that far off is a broken host, and the
+        // simulator's conversion of deadlines stays exact well beyond.
+        if !(sim.host.clock_ppm.is_finite() && (0.0..=100_000.0).contains(&sim.host.clock_ppm)) {
+            return Err((
+                "sim.host.clock_ppm",
+                "must be between 0 (ideal clocks) and 100000 ppm (10 %)".into(),
+            ));
+        }
+        if !(sim.host.clock_offset_us.is_finite()
+            && (0.0..=1e9).contains(&sim.host.clock_offset_us))
+        {
+            return Err((
+                "sim.host.clock_offset_us",
+                "must be between 0 and 1e9 microseconds".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_sim(&self) -> Result<(), (&'static str, String)> {
+        let sim = &self.sim;
+        if !(sim.link_gbps.is_finite() && sim.link_gbps > 0.0) {
+            return Err(("sim.link_gbps", "must be a positive number".into()));
+        }
+        self.validate_sim_host()?;
         if sim.mtu_bytes < 64 || sim.mtu_bytes > 1 << 20 {
             return Err(("sim.mtu_bytes", "must be between 64 and 1048576".into()));
         }
@@ -2092,6 +2126,13 @@ mod tests {
             (e.line, e.key.as_deref()),
             (Some(3), Some("event_builder.em_lost_wait_ms"))
         );
+        let e = load("[sim.host]\nclock_ppm = 200000\n", &[]).unwrap_err();
+        assert_eq!(
+            (e.line, e.key.as_deref()),
+            (Some(2), Some("sim.host.clock_ppm"))
+        );
+        let e = load("[sim.host]\nclock_offset_us = -1\n", &[]).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("sim.host.clock_offset_us"), "{e}");
     }
 
     #[test]

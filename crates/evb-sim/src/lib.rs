@@ -276,8 +276,10 @@ pub struct SlotKeeping {
 pub struct SlotClockSummary {
     /// Nodes that measure (the RUs, the EM's host aside).
     pub nodes: usize,
-    /// Largest |offset estimate| at the end: the phase error, ns.
+    /// Largest error of a node's offset estimate at the end (against the
+    /// hosts' clocks as simulated, `sim.host.clock_*`): the phase error, ns.
     pub max_phase_error_ns: u64,
+
     /// Largest half round trip an estimate rests on at the end, ns.
     pub max_uncertainty_ns: u64,
     /// Largest change of one node's estimate from one answer to the next.
@@ -331,7 +333,7 @@ fn slot_keeping(config: &Config, e: &traffic::EventBuilder) -> Option<SlotKeepin
 }
 
 /// The slot clock figures from the nodes' measurements, if they made any.
-fn slot_clock_summary(e: &traffic::EventBuilder) -> Option<SlotClockSummary> {
+fn slot_clock_summary(e: &traffic::EventBuilder, end: Ps) -> Option<SlotClockSummary> {
     let clocks: Vec<_> = e
         .nodes
         .iter()
@@ -339,11 +341,11 @@ fn slot_clock_summary(e: &traffic::EventBuilder) -> Option<SlotClockSummary> {
         .collect();
     (!clocks.is_empty()).then(|| SlotClockSummary {
         nodes: clocks.len(),
-        max_phase_error_ns: clocks
-            .iter()
-            .map(|c| c.offset_ns.unsigned_abs())
+        max_phase_error_ns: (0..e.nodes.len())
+            .filter_map(|h| e.clock_error_ns(h, end))
             .max()
             .unwrap_or(0),
+
         max_uncertainty_ns: clocks.iter().map(|c| c.uncertainty_ns).max().unwrap_or(0),
         max_step_ns: clocks.iter().map(|c| c.max_step_ns).max().unwrap_or(0),
         probes: clocks.iter().map(|c| c.probes).sum(),
@@ -912,7 +914,7 @@ fn eb_summary(
             sample,
             end,
         ),
-        slot_clock: slot_clock_summary(e),
+        slot_clock: slot_clock_summary(e, end),
         schedule: None,
         slots: slot_keeping(config, e),
         built_gbps_series: e.built_series.clone(),

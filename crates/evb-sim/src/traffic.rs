@@ -286,6 +286,59 @@ pub struct EventBuilder {
     out_host: Vec<u32>,
     /// Endpoint of each host.
     endpoint_of_host: Vec<u16>,
+    /// Each endpoint's clock (`sim.host.clock_ppm`, `clock_offset_us`).
+    clocks: Vec<HostClock>,
+}
+
+/// A host's clock against the simulator's time: what its node reads as
+/// "now", and when in simulated time its node's deadlines fall.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum HostClock {
+    /// The simulator's time, to the nanosecond.
+    Ideal,
+    /// `rate` times the simulator's time, `offset_ns` ahead.
+    Off { rate: f64, offset_ns: f64 },
+}
+
+impl HostClock {
+    /// Every endpoint's clock, drawn from `run.seed` (ideal when the
+    /// configuration perturbs none).
+    fn draw(config: &Config, endpoints: usize) -> Vec<HostClock> {
+        let (ppm, offset_us) = (config.sim.host.clock_ppm, config.sim.host.clock_offset_us);
+        if ppm == 0.0 && offset_us == 0.0 {
+            return vec![HostClock::Ideal; endpoints];
+        }
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(config.run.seed ^ 0xc10c_c10c);
+        (0..endpoints)
+            .map(|_| HostClock::Off {
+                rate: 1.0 + ppm * 1e-6 * rng.gen_range(-1.0..=1.0),
+                offset_ns: offset_us * 1e3 * rng.gen_range(0.0..=1.0),
+            })
+            .collect()
+    }
+
+    /// The host's time, ns, at simulated time `t`.
+    fn local_ns(self, t: Ps) -> u64 {
+        match self {
+            HostClock::Ideal => t / PS_PER_NS,
+            HostClock::Off { rate, offset_ns } => {
+                (t as f64 / PS_PER_NS as f64 * rate + offset_ns).floor() as u64
+            }
+        }
+    }
+
+    /// The simulated time at which the host's clock reads `local_ns` or
+    /// later (a nanosecond over, so that the node finds its deadline due).
+    fn sim_ps(self, local_ns: u64) -> Ps {
+        match self {
+            HostClock::Ideal => local_ns * PS_PER_NS,
+            HostClock::Off { rate, offset_ns } => {
+                let ns = (local_ns as f64 - offset_ns) / rate;
+                ((ns * PS_PER_NS as f64).ceil().max(0.0) as Ps).saturating_add(PS_PER_NS)
+            }
+        }
+    }
 }
 
 /// A delivery a producer's thread is preparing: when it is ready, from
@@ -344,6 +397,7 @@ impl EventBuilder {
                 if layout.fus() > 0 { format!(", plus {} consumers", layout.fus()) } else { String::new() }
             ));
         }
+        let layout_endpoints = layout.endpoints as usize;
         let crash = config
             .sim
             .crash
@@ -402,6 +456,7 @@ impl EventBuilder {
             run_id: config.run.run_id,
             out_host,
             endpoint_of_host,
+            clocks: HostClock::draw(config, layout_endpoints),
         })
     }
 
@@ -438,14 +493,25 @@ impl EventBuilder {
         Some((core..p, p..p + self.layout.fus()))
     }
 
+    /// How far endpoint `h`'s estimate of its offset to the EM's clock is
+    /// off at simulated time `at`, ns (`None`: it measures none).
+    pub fn clock_error_ns(&self, h: usize, at: Ps) -> Option<u64> {
+        let clock = self.nodes[h].clock()?;
+        let local = self.clocks[h].local_ns(at);
+        let em = self.clocks[usize::from(self.layout.em)].local_ns(at);
+        let truth = i128::from(em) - i128::from(local);
+        Some((i128::from(clock.offset()) - truth).unsigned_abs() as u64)
+    }
+
     /// Bytes consumed so far by all consumers, and their busy time up to
-    /// `now_ns`.
-    pub fn consumers_now(&self, now_ns: u64) -> (u64, u64) {
+    /// simulated time `now` (each by its host's clock).
+    pub fn consumers_now(&self, now: Ps) -> (u64, u64) {
         self.nodes
             .iter()
-            .filter_map(Node::fu)
-            .fold((0, 0), |(bytes, busy), fu| {
-                (bytes + fu.stats.bytes_consumed, busy + fu.busy_time(now_ns))
+            .zip(&self.clocks)
+            .filter_map(|(n, c)| n.fu().map(|fu| (fu, c.local_ns(now))))
+            .fold((0, 0), |(bytes, busy), (fu, local)| {
+                (bytes + fu.stats.bytes_consumed, busy + fu.busy_time(local))
             })
     }
 
@@ -471,8 +537,9 @@ impl EventBuilder {
         }
     }
 
-    fn now_ns(net: &Net) -> u64 {
-        net.now() / PS_PER_NS
+    /// Now, by the clock of endpoint `h`'s host.
+    fn now_ns(&self, net: &Net, h: usize) -> u64 {
+        self.clocks[h].local_ns(net.now())
     }
 
     /// Endpoint `host`'s producer sends a batch of `bytes` (`tag`) from
@@ -504,7 +571,7 @@ impl EventBuilder {
             return;
         }
         while let Some(action) = self.nodes[h].poll_action() {
-            let now = Self::now_ns(net);
+            let now = self.now_ns(net, h);
             match action {
                 Action::Send { to, msg } => self.outbox.entry(to).or_default().push(msg),
                 Action::Produce { mep } => {
@@ -533,7 +600,7 @@ impl EventBuilder {
                         self.built_bytes += bytes;
                         self.events_built += events;
                         self.interval_built += bytes;
-                        self.first_built_ns.get_or_insert(now);
+                        self.first_built_ns.get_or_insert(net.now() / PS_PER_NS);
                     }
                     _ => self.batches_incomplete += 1,
                 },
@@ -586,7 +653,7 @@ impl EventBuilder {
             net.post(src, dst, bytes, 1, tag, None);
         }
         if let Some(d) = self.nodes[h].next_deadline() {
-            let t = d * PS_PER_NS;
+            let t = self.clocks[h].sim_ps(d);
             if self.timer_at[h].is_none_or(|armed| t < armed) {
                 self.timer_at[h] = Some(t);
                 net.set_timer(host, t, TIMER_DEADLINE);
@@ -598,7 +665,7 @@ impl EventBuilder {
 impl Traffic for EventBuilder {
     fn start(&mut self, net: &mut Net) {
         for h in 0..self.nodes.len() {
-            self.nodes[h].start(0);
+            self.nodes[h].start(self.clocks[h].local_ns(0));
             self.drain(net, h as u32);
         }
         if let Some((node, at, _)) = self.crash {
@@ -607,13 +674,13 @@ impl Traffic for EventBuilder {
     }
 
     fn delivered(&mut self, net: &mut Net, msg: &Msg) {
-        let now = Self::now_ns(net);
         let c = self.carried[msg.tag as usize].clone();
         self.release(msg.tag as usize);
         let (to, from) = (self.endpoint(msg.dst) as usize, self.endpoint(msg.src));
         if self.dead[to] {
             return; // The dead take no input.
         }
+        let now = self.now_ns(net, to);
         match c {
             Carried::Control(msgs) => {
                 for m in msgs {
@@ -646,7 +713,7 @@ impl Traffic for EventBuilder {
             return;
         }
         if let Some(h) = fragment {
-            let now = Self::now_ns(net);
+            let now = self.now_ns(net, src as usize);
             self.nodes[src as usize].on_send_complete(now, h.mep);
             self.drain(net, u32::from(src));
         }
@@ -661,8 +728,7 @@ impl Traffic for EventBuilder {
         if self.layout.fus() == 0 {
             return;
         }
-        let now_ns = now / PS_PER_NS;
-        let (consumed, busy) = self.consumers_now(now_ns);
+        let (consumed, busy) = self.consumers_now(now);
         let (d0, c0, b0) = self.last_output;
         let secs = interval as f64 * 1e-12;
         let gbps = |bytes: u64| bytes as f64 * 8.0 / secs / 1e9;
@@ -700,7 +766,7 @@ impl Traffic for EventBuilder {
             _ => {}
         }
         self.timer_at[h] = None;
-        let now = Self::now_ns(net);
+        let now = self.now_ns(net, h);
         if self.nodes[h].next_deadline().is_some_and(|d| d <= now) {
             self.nodes[h].on_timeout(now);
         }

@@ -985,3 +985,40 @@ fn a_producer_that_copies_its_batches_delivers_at_its_copy_rate() {
     assert!(copying > 34.0 && copying < 40.5, "{copying}");
     assert!(zero_copy > 1.5 * copying, "{zero_copy} vs {copying}");
 }
+
+/// Hosts whose clocks are 0-100 us apart (`sim.host.clock_offset_us`, as
+/// NTP keeps them): the slotted barrel on the EM's measured clock (the
+/// default) does not notice; on the hosts' own clocks its slots overlap
+/// and it loses much of its rate. With ideal clocks both are alike.
+#[test]
+fn the_ems_clock_absorbs_host_clock_offsets() {
+    let share = |clock: &str, offset_us: u32| {
+        let r = sim(
+            16,
+            "eb",
+            30_000.0,
+            &[
+                &format!("event_builder.clock=\"{clock}\""),
+                &format!("sim.host.clock_offset_us={offset_us}"),
+            ],
+        );
+        let eb = r.summary.eb.unwrap();
+        assert!(eb.steady, "{eb:?}");
+        if offset_us > 0 {
+            let sc = eb.slot_clock.as_ref().map_or(0, |c| c.max_phase_error_ns);
+            assert!(
+                clock == "system" || sc < 3_000,
+                "the EM's clock: {sc} ns off"
+            );
+        }
+        eb.network_fraction_of_link
+    };
+    let (em, system) = (share("em", 100), share("system", 100));
+    assert!(em > 0.93, "{em}");
+    assert!(
+        system < 0.8 * em,
+        "the hosts' clocks 100 us apart: {system} against {em}"
+    );
+    let ideal = share("system", 0);
+    assert!((ideal - em).abs() < 0.01, "{ideal} {em}");
+}
