@@ -213,54 +213,73 @@ struct Packet {
     inp: u32,
 }
 
+/// Most virtual lanes a port has (`sim.vls` is at most 15).
+const MAX_VLS: usize = 16;
+
+const _: () = assert!(std::mem::offset_of!(OutPort, credits) == 64);
+const _: () = assert!(std::mem::offset_of!(OutPort, waiting) == 128);
+const _: () = assert!(std::mem::offset_of!(InPort, queues) == 64);
+
 /// An output: a host's injection port or a switch port's transmit side.
+///
+/// Laid out by hand (`repr(C)`, cache-line aligned): what every packet
+/// touches first (one line), its credits (the next), its queues' headers
+/// (the third), the rest after. The fabric's ports are far more than the
+/// cache holds, and the simulator's time was mostly waiting for them.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct OutPort {
-    /// Where packets go: a switch input (global port id) or a host.
-    to: Target,
-    /// Index of its link rate in `Net::rates`, and where the rate's
-    /// transmission times start in `Net::tx_table`.
-    rate: u8,
-    tx_base: u32,
-    /// From the start of a transmission to the packet's head being ready
-    /// downstream: the link latency, plus the switch latency there.
-    head_delay: Ps,
-    /// InfiniBand: credits per VL; Ethernet ports have none (PFC pauses).
-    credit_based: bool,
-    /// A port of an Ethernet switch: output queues, not input FIFOs.
-    eth_switch: bool,
-    credits: Vec<u32>,
-    busy: bool,
+    /// When the earliest and the latest of `incoming` arrive (`Ps::MAX`
+    /// and 0: none).
+    next_credit: Ps,
+    last_credit: Ps,
     /// Host outputs under static rate: free again no sooner than this (the
     /// gap after a packet that keeps a message at its path's rate).
     pace_until: Ps,
-    /// InfiniBand switch outputs: (input port id, VL) whose head packet
-    /// wants this output.
-    waiting: VecDeque<(u32, u8)>,
-    /// Ethernet switch outputs: the packets queued here, per priority, and
-    /// their bytes (the one on the wire included).
-    egress: Vec<VecDeque<u32>>,
-    egress_bytes: u64,
-    /// Per priority (bit): the receiver sent PAUSE.
-    paused: u16,
-    /// Weighted round robin among VLs: current VL and what it has left.
-    vl_turn: u8,
-    vl_left: u32,
-    bytes: u64,
-    xmit_wait_ps: Ps,
     blocked_since: Option<Ps>,
-    /// Credits on their way back: (time they arrive, VL, blocks). Taken in
-    /// when the port next looks at its credits; only a port that waits for
-    /// them has an event set for the earliest (`credit_wake`). Most credits
-    /// thus cost no event at all.
-    incoming: Vec<(Ps, u8, u32)>,
-    credit_wake: Option<Ps>,
     /// Switch outputs: the input whose packet is on the wire (it reads one
     /// packet at a time and is free again when this output is), and that
     /// packet's priority and size (Ethernet: its buffer is freed then).
     fed_by: u32,
+    /// Where the rate's transmission times start in `Net::tx_table`.
+    tx_base: u32,
+    /// Weighted round robin among VLs: current VL and what it has left.
+    vl_left: u32,
+    /// Per priority (bit): the receiver sent PAUSE.
+    paused: u16,
+    vl_turn: u8,
+    /// Index of its link rate in `Net::rates`.
+    rate: u8,
+    busy: bool,
+    /// InfiniBand: credits per VL; Ethernet ports have none (PFC pauses).
+    credit_based: bool,
+    /// A port of an Ethernet switch: output queues, not input FIFOs.
+    eth_switch: bool,
+    _pad: [u8; 5],
+    /// Per VL (`MAX_VLS`, of which `sim.vls` are used).
+    credits: [u32; MAX_VLS],
+    /// InfiniBand switch outputs: (input port id, VL, the credit blocks it
+    /// needs) whose head packet wants this output.
+    waiting: VecDeque<(u32, u8, u32)>,
+    /// Credits on their way back: (time they arrive, VL, blocks), in time
+    /// order. Taken in when the port next looks at its credits; only a port
+    /// that waits for them has an event set for the earliest
+    /// (`credit_wake`). Most credits thus cost no event at all.
+    incoming: VecDeque<(Ps, u8, u32)>,
+    /// Where packets go: a switch input (global port id) or a host.
+    to: Target,
+    /// From the start of a transmission to the packet's head being ready
+    /// downstream: the link latency, plus the switch latency there.
+    head_delay: Ps,
+    bytes: u64,
+    xmit_wait_ps: Ps,
+    credit_wake: Option<Ps>,
     fed_vl: u8,
     fed_wire: u32,
+    /// Ethernet switch outputs: the packets queued here, per priority, and
+    /// their bytes (the one on the wire included).
+    egress: Vec<VecDeque<u32>>,
+    egress_bytes: u64,
     /// Packets dropped here (lossy Ethernet), and their bytes.
     drops: u64,
     dropped_bytes: u64,
@@ -273,28 +292,36 @@ enum Target {
     Nowhere,
 }
 
-/// A switch port's receive side.
+/// A switch port's receive side (laid out as `OutPort`: what a packet
+/// touches first in one line, then the FIFOs, in place).
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 struct InPort {
     switch: u32,
-    queues: Vec<VecDeque<u32>>,
     /// The output that feeds this input (for credit return, PAUSE).
     upstream: u32,
+    /// Per VL (bit): its head packet is in its output's `waiting` list.
+    requested: u16,
     /// A packet of this input is crossing to an output: the input reads
     /// one packet at a time, at link rate, so its other heads wait.
     busy: bool,
-    /// Per VL (bit): its head packet is in its output's `waiting` list.
-    requested: u16,
     /// The VL of the packet being read out.
     reading_vl: u8,
     /// On an Ethernet switch.
     eth: bool,
-    /// Ethernet, per priority: bytes in the switch that came in here, the
-    /// PAUSE thresholds, and (bit) PAUSE sent upstream.
-    held: Vec<u32>,
+    /// Per VL whose bit is set in `requested`: the port of this switch its
+    /// head packet is routed to.
+    head_port: [u16; MAX_VLS],
+    /// Ethernet, per priority: the PAUSE thresholds, and (bit) PAUSE sent
+    /// upstream.
+    pausing: u16,
     xoff: u32,
     xon: u32,
-    pausing: u16,
+    _pad: u64,
+    /// Per VL (`sim.vls` of them; none on Ethernet).
+    queues: [VecDeque<u32>; MAX_VLS],
+    /// Ethernet, per priority: bytes in the switch that came in here.
+    held: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -978,20 +1005,33 @@ impl Net {
         self.switch_base[s as usize] + u32::from(self.fabric.routes[s as usize][dst as usize])
     }
 
-    /// The output the front packet of input `inp`, VL `vl`, is routed to.
-    fn route_of_head(&self, inp: u32, vl: u8) -> u32 {
-        let port = &self.ins[inp as usize];
-        let pkt = port.queues[vl as usize][0];
-        self.route(port.switch, self.packets[pkt as usize].dst)
-    }
-
     /// The front packet of input `inp`, VL `vl`, is ready: it asks for its
     /// output.
     fn head_ready(&mut self, inp: u32, vl: u8) {
-        let out = self.route_of_head(inp, vl);
-        self.ins[inp as usize].requested |= 1 << vl;
-        self.outs[out as usize].waiting.push_back((inp, vl));
+        self.ask(inp, vl);
+        let out = self.head_out(inp, vl);
         self.try_forward(out);
+    }
+
+    /// The head packet of input `inp`, VL `vl`, asks for its output: it
+    /// waits in the output's list, and the input notes where it goes.
+    fn ask(&mut self, inp: u32, vl: u8) {
+        let port = &self.ins[inp as usize];
+        let pkt = port.queues[vl as usize][0];
+        let p = &self.packets[pkt as usize];
+        let s = port.switch as usize;
+        let (local, blocks) = (self.fabric.routes[s][p.dst as usize], p.blocks);
+        let out = self.switch_base[s] + u32::from(local);
+        let port = &mut self.ins[inp as usize];
+        port.requested |= 1 << vl;
+        port.head_port[vl as usize] = local;
+        self.outs[out as usize].waiting.push_back((inp, vl, blocks));
+    }
+
+    /// The output the head packet of input `inp`, VL `vl`, asked for.
+    fn head_out(&self, inp: u32, vl: u8) -> u32 {
+        let port = &self.ins[inp as usize];
+        self.switch_base[port.switch as usize] + u32::from(port.head_port[vl as usize])
     }
 
     /// Input `inp` has finished reading a packet out: the next packet of
@@ -1004,24 +1044,18 @@ impl Net {
         // yet: it asks first, then the outputs of every waiting head look
         // (one of them takes the input).
         let v = port.reading_vl;
-        let mut asked = u32::MAX;
         if !port.queues[v as usize].is_empty() && port.requested & (1 << v) == 0 {
-            port.requested |= 1 << v;
-            asked = self.route_of_head(inp, v);
-            self.outs[asked as usize].waiting.push_back((inp, v));
+            self.ask(inp, v);
         }
         let mut bits = self.ins[inp as usize].requested;
         while bits != 0 {
-            if self.ins[inp as usize].busy {
+            let port = &self.ins[inp as usize];
+            if port.busy {
                 return;
             }
             let vl = bits.trailing_zeros() as u8;
             bits &= bits - 1;
-            let out = if vl == v && asked != u32::MAX {
-                asked
-            } else {
-                self.route_of_head(inp, vl)
-            };
+            let out = self.head_out(inp, vl);
             self.try_forward(out);
         }
     }
@@ -1030,27 +1064,29 @@ impl Net {
     fn absorb_credits(&mut self, out: u32) {
         let now = self.now;
         let o = &mut self.outs[out as usize];
-        if o.incoming.is_empty() {
+        if o.next_credit > now {
             return;
         }
-        let mut i = 0;
-        while i < o.incoming.len() {
-            let (t, vl, blocks) = o.incoming[i];
-            if t <= now {
-                o.credits[vl as usize] += blocks;
-                o.incoming.swap_remove(i);
-            } else {
-                i += 1;
+        // `incoming` is in time order: what is due is at its front.
+        while let Some(&(t, vl, blocks)) = o.incoming.front() {
+            if t > now {
+                o.next_credit = t;
+                return;
             }
+            o.credits[vl as usize] += blocks;
+            o.incoming.pop_front();
         }
+        o.next_credit = Ps::MAX;
+        o.last_credit = 0;
     }
 
     /// `out` waits for credits: wake it when the next ones come back.
     fn wait_for_credits(&mut self, out: u32) {
         let o = &mut self.outs[out as usize];
-        let Some(next) = o.incoming.iter().map(|c| c.0).min() else {
+        let next = o.next_credit;
+        if next == Ps::MAX {
             return; // None on their way: whatever frees a buffer will come.
-        };
+        }
         if o.credit_wake.is_none_or(|w| w > next) {
             o.credit_wake = Some(next);
             self.at(next, Ev::Credit { out });
@@ -1071,9 +1107,7 @@ impl Net {
                 let bytes = (i * CREDIT_BLOCK).min(p.wire);
                 // Block by block as the packet drains, at the pace it goes.
                 let drained = (span as u128 * u128::from(bytes) / u128::from(p.wire)) as Ps;
-                self.outs[to as usize]
-                    .incoming
-                    .push((start + drained + lat, p.vl, 1));
+                self.outs[to as usize].credit_back(start + drained + lat, p.vl, 1);
             }
         } else if p.payload > self.params.mtu && !self.host_eth_out(to) {
             // A train: each packet's blocks come back as its tail leaves,
@@ -1090,14 +1124,10 @@ impl Net {
                     per
                 };
                 let left = start + span * Ps::from(i) / Ps::from(k);
-                self.outs[to as usize]
-                    .incoming
-                    .push((left + lat, p.vl, blocks));
+                self.outs[to as usize].credit_back(left + lat, p.vl, blocks);
             }
         } else {
-            self.outs[to as usize]
-                .incoming
-                .push((end + lat, p.vl, p.blocks));
+            self.outs[to as usize].credit_back(end + lat, p.vl, p.blocks);
         }
         // The sender may be waiting for exactly these.
         if self.outs[to as usize].blocked_since.is_some() {
@@ -1433,22 +1463,21 @@ impl Net {
         }
         self.absorb_credits(out);
         let o = &self.outs[out as usize];
-        // Weighted round robin among VLs; within a VL, inputs in arrival order.
+        // Weighted round robin among VLs; within a VL, inputs in arrival
+        // order: the first entry that may go of the VL nearest in turn.
+        let turn = u32::from(o.vl_turn);
+        let vls32 = u32::from(vls);
         let mut chosen = None;
-        let mut vl = o.vl_turn;
-        for _ in 0..vls {
-            let pos = o.waiting.iter().position(|&(inp, v)| {
-                v == vl && {
-                    let port = &self.ins[inp as usize];
-                    let pkt = port.queues[v as usize][0];
-                    !port.busy && o.credits[v as usize] >= self.packets[pkt as usize].blocks
-                }
-            });
-            if let Some(pos) = pos {
+        let mut best = vls32;
+        for (pos, &(inp, v, blocks)) in o.waiting.iter().enumerate() {
+            let rank = (u32::from(v) + vls32 - turn) % vls32;
+            if rank < best && o.credits[v as usize] >= blocks && !self.ins[inp as usize].busy {
                 chosen = Some(pos);
-                break;
+                best = rank;
+                if rank == 0 {
+                    break;
+                }
             }
-            vl = (vl + 1) % vls;
         }
         let Some(pos) = chosen else {
             let now = self.now;
@@ -1457,7 +1486,7 @@ impl Net {
             return;
         };
         let o = &mut self.outs[out as usize];
-        let (inp, v) = o.waiting.remove(pos).expect("found above");
+        let (inp, v, _) = o.waiting.remove(pos).expect("found above");
         next_vl_turn(o, v, &self.params.vl_weights, vls);
         o.fed_by = inp;
         let port = &mut self.ins[inp as usize];
@@ -1645,15 +1674,34 @@ pub fn pfc_thresholds(params: &Params, gbps: f64) -> (u32, u32) {
 }
 
 impl OutPort {
+    /// Credits of `vl` (`blocks`) on their way, arriving at `t`: kept in
+    /// time order (they come almost always in it, so at the back).
+    fn credit_back(&mut self, t: Ps, vl: u8, blocks: u32) {
+        self.next_credit = self.next_credit.min(t);
+        if self.last_credit <= t {
+            self.last_credit = t;
+            self.incoming.push_back((t, vl, blocks));
+        } else {
+            let at = self.incoming.partition_point(|c| c.0 <= t);
+            self.incoming.insert(at, (t, vl, blocks));
+        }
+    }
+
     fn new(to: Target, vls: usize, blocks: u32, rate: u8) -> OutPort {
+        assert!(vls <= MAX_VLS, "at most {MAX_VLS} virtual lanes");
+        let mut credits = [0; MAX_VLS];
+        credits[..vls].fill(blocks);
         OutPort {
+            next_credit: Ps::MAX,
+            last_credit: 0,
+            _pad: [0; 5],
             to,
             rate,
             tx_base: 0,
             head_delay: 0,
             credit_based: true,
             eth_switch: false,
-            credits: vec![blocks; vls],
+            credits,
             busy: false,
             pace_until: 0,
             waiting: VecDeque::new(),
@@ -1665,7 +1713,7 @@ impl OutPort {
             bytes: 0,
             xmit_wait_ps: 0,
             blocked_since: None,
-            incoming: Vec::new(),
+            incoming: VecDeque::new(),
             credit_wake: None,
             fed_by: u32::MAX,
             fed_vl: 0,
@@ -1678,18 +1726,21 @@ impl OutPort {
 
 impl InPort {
     fn new(switch: u32, vls: usize, upstream: u32, eth: bool) -> InPort {
+        assert!(vls <= MAX_VLS, "at most {MAX_VLS} virtual lanes");
         InPort {
             switch,
-            queues: vec![VecDeque::new(); if eth { 0 } else { vls }],
             upstream,
-            busy: false,
             requested: 0,
+            busy: false,
             reading_vl: 0,
             eth,
-            held: vec![0; if eth { vls } else { 0 }],
+            head_port: [u16::MAX; MAX_VLS],
+            pausing: 0,
             xoff: u32::MAX,
             xon: u32::MAX,
-            pausing: 0,
+            _pad: 0,
+            queues: Default::default(),
+            held: vec![0; if eth { vls } else { 0 }],
         }
     }
 }
