@@ -1076,6 +1076,9 @@ impl Net {
             o.credits[vl as usize] += blocks;
             o.incoming.pop_front();
         }
+        // Empty: the next credits go at the buffer's start again (a ring
+        // that only turns walks through all its lines, cold by then).
+        o.incoming.clear();
         o.next_credit = Ps::MAX;
         o.last_credit = 0;
     }
@@ -1487,10 +1490,17 @@ impl Net {
         };
         let o = &mut self.outs[out as usize];
         let (inp, v, _) = o.waiting.remove(pos).expect("found above");
+        if o.waiting.is_empty() {
+            o.waiting.clear(); // Back to the buffer's start, as `incoming`.
+        }
         next_vl_turn(o, v, &self.params.vl_weights, vls);
         o.fed_by = inp;
         let port = &mut self.ins[inp as usize];
-        let pkt = port.queues[v as usize].pop_front().expect("a head packet");
+        let q = &mut port.queues[v as usize];
+        let pkt = q.pop_front().expect("a head packet");
+        if q.is_empty() {
+            q.clear(); // Back to the buffer's start, as `incoming`.
+        }
         port.busy = true;
         port.reading_vl = v;
         port.requested &= !(1 << v);
