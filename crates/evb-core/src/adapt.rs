@@ -28,7 +28,7 @@
 //! about slots before it, are not counted.
 //!
 //! Measured (`bench/eb-perturb.sh`, 72 nodes, 300 ms, one host cable
-//! slower than the fabric file says): the build keeps 0.94-0.95 of the
+//! slower than the fabric file says): the build keeps 0.95-0.97 of the
 //! proportional figure at 96, 80, 64 and 50 Gb/s (docs/sim.md); the rule
 //! before (half way back after 8 clean rotations, jitter never told from
 //! a misfit) kept 0.75 at 96 and 0.65 at 80 Gb/s.
