@@ -328,6 +328,18 @@ mod tests {
     /// Later than a change's lead and a rotation of 1 us slots.
     const STEP: Nanos = 10_000_000;
 
+    /// Clean windows of one RU, no slow link, until the slots shrink (at
+    /// most `2 + CLEAN_WINDOWS`: the median forgets a slow link in two).
+    fn clean_until_shrunk(a: &mut SlotAdapt, now: &mut Nanos) -> Option<SlotEpoch> {
+        for _ in 0..(2 + CLEAN_WINDOWS) {
+            *now += STEP;
+            if let Some(e) = a.report(100, 0, 1024, 1, *now) {
+                return Some(e);
+            }
+        }
+        None
+    }
+
     /// A window of `live` reports alike at `now`; the change it makes.
     fn window(
         a: &mut SlotAdapt,
@@ -425,14 +437,7 @@ mod tests {
         );
         // It is gone (the median follows after two windows); clean
         // rotations: half way back after CLEAN_WINDOWS.
-        let mut shrunk = None;
-        for _ in 0..(2 + CLEAN_WINDOWS) {
-            now += STEP;
-            shrunk = a.report(100, 0, 1024, 1, now);
-            if shrunk.is_some() {
-                break;
-            }
-        }
+        let shrunk = clean_until_shrunk(&mut a, &mut now);
         assert_eq!(shrunk.expect("half way").slot_ns, 1600);
         // The shrink overran: back to 2200, and 1600 is known too short.
         now += STEP;
@@ -472,14 +477,7 @@ mod tests {
         );
         // It speeds up (its need is gone): after CLEAN_WINDOWS clean
         // windows with the median at the nominal, half way (1077).
-        let mut shrunk = None;
-        for _ in 0..(2 + CLEAN_WINDOWS) {
-            now += STEP;
-            shrunk = a.report(100, 0, 1024, 1, now);
-            if shrunk.is_some() {
-                break;
-            }
-        }
+        let shrunk = clean_until_shrunk(&mut a, &mut now);
         assert_eq!(shrunk.expect("half way back").slot_ns, 1077);
         // It overran: back to 1153 at once.
         now += STEP;

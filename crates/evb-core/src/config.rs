@@ -1590,36 +1590,19 @@ impl Config {
     /// The simulated fabric (`[sim]`).
     /// `[sim.host]`: rates and clocks.
     fn validate_sim_host(&self) -> Result<(), (&'static str, String)> {
-        let sim = &self.sim;
-        if !(sim.host.pcie_gbps.is_finite() && (0.0..=1e6).contains(&sim.host.pcie_gbps)) {
-            return Err((
-                "sim.host.pcie_gbps",
-                "must be 0 (the PCIe x16 slot of the link's generation) or a rate in Gb/s up to 1e6".into(),
-            ));
-        }
-        if !(sim.host.producer_copy_gbps.is_finite()
-            && (0.0..=1e6).contains(&sim.host.producer_copy_gbps))
-        {
-            return Err((
-                "sim.host.producer_copy_gbps",
-                "must be 0 (zero copy) or a rate in Gb/s up to 1e6".into(),
-            ));
-        }
-        // Up to 10 %: a clock that far off is a broken host, and the
+        let h = &self.sim.host;
+        // Up to 10 % for a clock: that far off is a broken host, and the
         // simulator's conversion of deadlines stays exact well beyond.
-        if !(sim.host.clock_ppm.is_finite() && (0.0..=100_000.0).contains(&sim.host.clock_ppm)) {
-            return Err((
-                "sim.host.clock_ppm",
-                "must be between 0 (ideal clocks) and 100000 ppm (10 %)".into(),
-            ));
-        }
-        if !(sim.host.clock_offset_us.is_finite()
-            && (0.0..=1e9).contains(&sim.host.clock_offset_us))
-        {
-            return Err((
-                "sim.host.clock_offset_us",
-                "must be between 0 and 1e9 microseconds".into(),
-            ));
+        let checks: [(&'static str, f64, f64, &str); 4] = [
+            ("sim.host.pcie_gbps", h.pcie_gbps, 1e6, "must be 0 (the PCIe x16 slot of the link's generation) or a rate in Gb/s up to 1e6"),
+            ("sim.host.producer_copy_gbps", h.producer_copy_gbps, 1e6, "must be 0 (zero copy) or a rate in Gb/s up to 1e6"),
+            ("sim.host.clock_ppm", h.clock_ppm, 100_000.0, "must be between 0 (ideal clocks) and 100000 ppm (10 %)"),
+            ("sim.host.clock_offset_us", h.clock_offset_us, 1e9, "must be between 0 and 1e9 microseconds"),
+        ];
+        for (key, value, max, why) in checks {
+            if !(value.is_finite() && (0.0..=max).contains(&value)) {
+                return Err((key, why.into()));
+            }
         }
         Ok(())
     }
