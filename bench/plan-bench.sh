@@ -29,7 +29,8 @@ import json, sys
 plan = json.load(open(sys.argv[1]))
 seen = set()
 for d in plan["designs"]:
-    if d["predicted_by"] != "sim" or d["topology"] in seen:
+    # Every design simulated, settled or not (the plan ran it all the same).
+    if d.get("sim") is None or d["topology"] in seen:
         continue
     seen.add(d["topology"])
     for c in d["commands"]:
