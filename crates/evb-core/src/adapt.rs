@@ -184,6 +184,7 @@ impl SlotAdapt {
         } else {
             self.nominal
         };
+        let slow = floor > self.nominal;
         self.hold = self.hold.saturating_sub(1);
         if self.hold == 0 {
             self.too_short = 0;
@@ -218,7 +219,6 @@ impl SlotAdapt {
             // half-rate link on 24 nodes still overran 1-4 % of the
             // fragments at its need and 10 %). Never while a growth that
             // did not pay is remembered.
-            let slow = floor > self.nominal;
             if floor <= cur && ((self.jitter && self.hold > 0) || (!slow && self.too_short == 0)) {
                 return cur;
             }
@@ -247,7 +247,6 @@ impl SlotAdapt {
         // A slow link's measured need is a length that holds: one clean
         // window is enough to go to it. Towards the nominal, which may not
         // hold, CLEAN_WINDOWS.
-        let slow = floor > self.nominal;
         if self.clean < CLEAN_WINDOWS && !slow {
             return cur;
         }

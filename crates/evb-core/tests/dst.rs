@@ -764,6 +764,18 @@ fn with_fast_liveness(mut config: Config) -> Config {
 
 const MS: u64 = 1_000_000;
 
+/// A random configuration, timed (the EM assigns until stopped), under
+/// fast liveness, batches timing out after 5 ms.
+fn timed_fast_config(seed: u64) -> Config {
+    let mut config = with_fast_liveness(random_config(seed));
+    config.event_builder.batch_timeout_ms = 5;
+    config.run.max_meps = 0;
+    // Unpaced and timed, a survivor alone with the EM would build in memory
+    // at one instant for ever: its own fragments take the network instead.
+    config.event_builder.local = LocalTraffic::Nic;
+    config
+}
+
 /// A timed run (assigning until stopped) of a random configuration under
 /// fast liveness, with its layout, or `None` when no node other than the
 /// EM's can be taken out (a BU and an RU must remain).
@@ -771,12 +783,7 @@ fn timed_run_with_a_victim(
     case: u64,
     rng: &mut Pcg64Mcg,
 ) -> Option<(Config, evb_core::Layout, u16)> {
-    let mut config = with_fast_liveness(random_config(case));
-    config.event_builder.batch_timeout_ms = 5;
-    config.run.max_meps = 0;
-    // Unpaced and timed, a survivor alone with the EM would build in memory
-    // at one instant for ever: its own fragments take the network instead.
-    config.event_builder.local = LocalTraffic::Nic;
+    let config = timed_fast_config(case);
     let layout = evb_core::Layout::from_config(&config);
     let candidates: Vec<u16> = (0..layout.nodes)
         .filter(|&n| n != layout.em)
@@ -1106,10 +1113,7 @@ fn consumers_that_come_back_are_served_again() {
     let (mut runs, mut served_again) = (0, 0);
     for case in 0..72u64 {
         let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xc0_5e_7e);
-        let mut config = with_fast_liveness(random_config(17_000 + case));
-        config.event_builder.batch_timeout_ms = 5;
-        config.run.max_meps = 0;
-        config.event_builder.local = LocalTraffic::Nic;
+        let mut config = timed_fast_config(17_000 + case);
         config.output.consumers = rng.gen_range(1..=3);
         config.output.consumer_credits = rng.gen_range(1..=3);
         config.output.bu_output_batches = rng.gen_range(0..=4);
@@ -1297,10 +1301,7 @@ fn a_bu_lost_while_alive_does_not_count_the_meps_taken_from_it() {
     let (mut runs, mut restarts, mut revoked) = (0, 0, 0);
     for case in 0..40u64 {
         let mut rng = Pcg64Mcg::seed_from_u64(case ^ 0xacc0);
-        let mut config = with_fast_liveness(random_config(19_000 + case));
-        config.event_builder.batch_timeout_ms = 5;
-        config.run.max_meps = 0;
-        config.event_builder.local = LocalTraffic::Nic;
+        let config = timed_fast_config(19_000 + case);
         let layout = evb_core::Layout::from_config(&config);
         let bus: Vec<u16> = layout
             .bu_nodes

@@ -84,19 +84,7 @@ impl S3Client {
         let what = format!("conditional PUT {}", self.describe(key));
         let mut attempt = 0;
         loop {
-            let req = self.signed(
-                "PUT",
-                Some(key),
-                &[],
-                &[("if-none-match", "*")],
-                EMPTY_SHA256,
-            );
-            let resp = self
-                .agent
-                .put(&req.url)
-                .headers(&req.headers)
-                .send_empty()
-                .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
+            let resp = self.put_empty(Some(key), &[("if-none-match", "*")], &what)?;
             match resp.status().as_u16() {
                 412 => return Ok(false),
                 409 if attempt < 5 => {
@@ -106,6 +94,22 @@ impl S3Client {
                 _ => return self.check(resp, &what).map(|_| true),
             }
         }
+    }
+
+    /// Sends a signed `PUT` without a body (a bucket, or an empty object
+    /// with `headers`), its answer unchecked: the caller reads the status.
+    fn put_empty(
+        &self,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        what: &str,
+    ) -> Result<ureq::http::Response<ureq::Body>, StoreError> {
+        let req = self.signed("PUT", key, &[], headers, EMPTY_SHA256);
+        self.agent
+            .put(&req.url)
+            .headers(&req.headers)
+            .send_empty()
+            .map_err(|e| StoreError::S3(format!("{what}: {e}")))
     }
 
     /// Sends a signed request without a body (`GET`, `HEAD` or `DELETE`)
@@ -200,14 +204,8 @@ impl S3Client {
 
     /// Creates the bucket (for tests and first use; existing is an error).
     pub fn create_bucket(&self) -> Result<(), StoreError> {
-        let req = self.signed("PUT", None, &[], &[], EMPTY_SHA256);
         let what = format!("create bucket {}", self.target.bucket);
-        let resp = self
-            .agent
-            .put(&req.url)
-            .headers(&req.headers)
-            .send_empty()
-            .map_err(|e| StoreError::S3(format!("{what}: {e}")))?;
+        let resp = self.put_empty(None, &[], &what)?;
         self.check(resp, &what).map(drop)
     }
 
