@@ -807,6 +807,22 @@ fn link_results(ports: &[engine::PortReport], secs: f64) -> Vec<LinkResult> {
         .collect()
 }
 
+/// A rotation of the slots in force at the end of a slotted run: the EM may
+/// have lengthened them for a slow link, and batches of the nominal rotation
+/// would then cut the built series (one burst of completions a rotation) at
+/// arbitrary points. `None` for an unslotted schedule.
+fn rotation_in_force(config: &Config, e: &traffic::EventBuilder) -> Option<Ps> {
+    let nominal_slot_ns = config.slot_ns().max(1);
+    rotation_ps(config).map(|r| {
+        let end_slot_ns = e
+            .nodes
+            .iter()
+            .find_map(evb_core::Node::em)
+            .map_or(nominal_slot_ns, |em| em.stats.slot_ns.max(nominal_slot_ns));
+        (u128::from(r) * u128::from(end_slot_ns) / u128::from(nominal_slot_ns)) as Ps
+    })
+}
+
 /// The event-building figures of a finished `eb` simulation: built and
 /// network throughput past the warm-up, latency quantiles, the EM's
 /// throttling and vetoes, crash and slot-clock summaries.
@@ -822,19 +838,7 @@ fn eb_summary(
     let usable = usable_gbps(link_gbps, net.params.mtu, IB_PACKET_HEADER_BYTES);
     let (warmup, rule) = warmup(config);
     let first_steady = (warmup.div_ceil(sample)) as usize;
-    // A rotation of the slots in force at the end: the EM may have
-    // lengthened them for a slow link, and batches of the nominal rotation
-    // would then cut the built series (one burst of completions a
-    // rotation) at arbitrary points.
-    let nominal_slot_ns = config.slot_ns().max(1);
-    let rotation = rotation_ps(config).map(|r| {
-        let end_slot_ns = e
-            .nodes
-            .iter()
-            .find_map(evb_core::Node::em)
-            .map_or(nominal_slot_ns, |em| em.stats.slot_ns.max(nominal_slot_ns));
-        (u128::from(r) * u128::from(end_slot_ns) / u128::from(nominal_slot_ns)) as Ps
-    });
+    let rotation = rotation_in_force(config, e);
     let bus = evb_core::Layout::from_config(config).bus().max(1) as f64;
     let (built, network, drift) = match rotation {
         Some(r) => (
