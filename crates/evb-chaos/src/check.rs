@@ -358,6 +358,22 @@ fn check_accounting(run: &RunResult, violations: &mut Vec<Violation>) {
             ),
         ));
     }
+    // A MEP the EM took from a BU lost while alive is counted by its new
+    // BU, or lost: the BU it was taken from counts it in none of its fates
+    // (`batches_revoked`), and only what the EM named. (Known only while
+    // the EM's counts cover the whole run.)
+    if s.em_resumed_at_mep.is_none()
+        && s.nodes_missing.is_empty()
+        && s.batches_revoked > s.meps_revoked
+    {
+        violations.push(violation(
+            None,
+            format!(
+                "accounting: the BUs took {} batches out of their counts as revoked, the EM revoked {} MEPs",
+                s.batches_revoked, s.meps_revoked
+            ),
+        ));
+    }
     if s.events_corrupt > 0 || s.fragments_corrupt > 0 {
         violations.push(violation(
             None,

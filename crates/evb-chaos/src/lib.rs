@@ -102,6 +102,11 @@ pub struct RunOutcome {
     pub events_built: u64,
     pub events_incomplete: u64,
     pub events_lost: u64,
+    /// MEPs the EM took from a BU lost while alive and named to it when it
+    /// came back, and the batches the BUs took out of their counts for it:
+    /// not in built or incomplete (each such MEP is its new BU's, or lost).
+    pub meps_revoked: u64,
+    pub batches_revoked: u64,
     pub store_objects: u64,
     pub metrics_answers: u64,
     /// Peak open descriptors and resident MiB of any endpoint.
@@ -384,6 +389,8 @@ fn run_once(
         events_built: s.events_built,
         events_incomplete: s.events_incomplete,
         events_lost: s.events_lost,
+        meps_revoked: s.meps_revoked,
+        batches_revoked: s.batches_revoked,
         store_objects: store.as_ref().map_or(0, |r| r.good_objects),
         metrics_answers: watched.metrics_answers,
         peak_fds: peak(|x| x.1),
@@ -663,7 +670,7 @@ pub fn format_table(rows: &[KindRow]) -> String {
 /// One run in a few lines.
 pub fn format_run(r: &RunOutcome) -> String {
     let mut out = format!(
-        "evb chaos: seed {} over {}: {} faults, generated {} = built {} + incomplete {} + lost {}; {} objects stored; ended {:.1} s after its start; {} violations\n",
+        "evb chaos: seed {} over {}: {} faults, generated {} = built {} + incomplete {} + lost {} ({} MEPs revoked); {} objects stored; ended {:.1} s after its start; {} violations\n",
         r.seed,
         r.transport,
         r.faults.len(),
@@ -671,6 +678,7 @@ pub fn format_run(r: &RunOutcome) -> String {
         r.events_built,
         r.events_incomplete,
         r.events_lost,
+        r.meps_revoked,
         r.store_objects,
         r.wall_s,
         r.violations.len()

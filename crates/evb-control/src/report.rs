@@ -67,6 +67,11 @@ pub struct NodeReport {
     pub events_incomplete: u64,
     pub batches_corrupt: u64,
     pub events_corrupt: u64,
+    /// (BU) Batches the EM took from it while it had lost it (`Revoked`):
+    /// counted by the BU they were re-assigned to, or lost; not in this
+    /// BU's built, incomplete or corrupt counts, latency or missing sources.
+    #[serde(default)]
+    pub batches_revoked: u64,
     pub fragments_corrupt: u64,
     pub fragments_duplicate: u64,
     pub fragments_unexpected: u64,
@@ -115,6 +120,10 @@ pub struct NodeReport {
     /// re-assigned to another BU (each also counted by its outcome there).
     #[serde(default)]
     pub em_meps_reassigned: u64,
+    /// (EM) MEPs taken from a BU lost while alive (re-assigned, or lost)
+    /// and named to it when it came back (`Revoked`), each counted once.
+    #[serde(default)]
+    pub em_meps_revoked: u64,
     /// (EM, paced readout) MEPs vetoed at the source while throttled, time
     /// throttled (s), throttle episodes, MEPs read out and lost for want of
     /// any BU, most MEPs not yet built at once (the bounded RU buffer).
@@ -309,6 +318,7 @@ impl NodeReport {
         self.events_incomplete = bu.events_incomplete;
         self.batches_corrupt = bu.batches_corrupt;
         self.events_corrupt = bu.events_corrupt;
+        self.batches_revoked = bu.batches_revoked;
         self.fragments_corrupt = bu.fragments_corrupt;
         self.fragments_duplicate = bu.fragments_duplicate;
         self.fragments_unexpected = bu.fragments_unexpected;

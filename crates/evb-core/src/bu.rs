@@ -262,16 +262,21 @@ impl Batch {
 
 /// What became of a finished MEP here, remembered (for a while) to
 /// recognise late duplicates and to take a revoked MEP's fate back out of
-/// the counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the counts: with what it added to them (its latency, the sources it
+/// missed).
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Fate {
     /// Never assigned here: its fragments came and were given up.
     Unassigned,
     Built {
         bytes: u64,
         masked: bool,
+        latency: Nanos,
     },
-    Incomplete,
+    /// `missing`: the sources counted in `missing_by_source` for it.
+    Incomplete {
+        missing: Box<[u16]>,
+    },
     Corrupt,
     /// Taken by the EM ([`BuilderUnit::on_revoked`]); it may be assigned
     /// here again.
@@ -279,17 +284,41 @@ enum Fate {
 }
 
 impl Fate {
-    /// The fate of `batch`, finished with `outcome`.
-    fn of(outcome: &Outcome, batch: &Batch) -> Fate {
+    /// The fate of `batch`, finished with `outcome` at `now`.
+    fn of(outcome: &Outcome, batch: &Batch, now: Nanos) -> Fate {
         match outcome {
             Outcome::Built => Fate::Built {
                 bytes: batch.bytes,
                 masked: batch.expected_count < batch.expected.len(),
+                latency: batch_latency(batch, now),
             },
-            Outcome::Incomplete { .. } => Fate::Incomplete,
+            Outcome::Incomplete { missing } => Fate::Incomplete {
+                missing: missing.as_slice().into(),
+            },
             Outcome::Corrupt { .. } => Fate::Corrupt,
             Outcome::Unexpected | Outcome::Revoked => Fate::Unassigned,
         }
+    }
+}
+
+/// A built batch's latency as the histogram records it: first activity
+/// to completion, at least 1 ns.
+fn batch_latency(batch: &Batch, now: Nanos) -> Nanos {
+    (now - batch.opened_at).max(1)
+}
+
+/// Takes one recording of `value` back out of `h` (a revoked batch's
+/// latency): its bucket loses one count. Nothing happens if the bucket is
+/// empty (it cannot be, for a value recorded before).
+fn unrecord(h: &mut Histogram<u64>, value: u64) {
+    let value = value.clamp(h.low().max(1), h.high());
+    // A one-value histogram of the same resolution (values 1 and up, its
+    // significant figures), small: it grows to the value alone.
+    let Ok(mut one) = Histogram::<u64>::new(h.sigfig()) else {
+        return;
+    };
+    if one.record(value).is_ok() && h.count_at(value) > 0 {
+        let _ = h.subtract(&one);
     }
 }
 
@@ -636,7 +665,7 @@ impl BuilderUnit {
     /// The EM re-assigned `mep` here (its first BU was lost, the RUs still
     /// hold its fragments): call before [`BuilderUnit::on_assign`].
     pub fn on_reassigned(&mut self, mep: MepId) {
-        let finished = self.finished.get(&mep).is_some_and(|&f| f != Fate::Revoked);
+        let finished = self.finished.get(&mep).is_some_and(|f| *f != Fate::Revoked);
         if self.output.is_some() && !finished {
             self.reassigned.insert(mep);
         }
@@ -663,28 +692,51 @@ impl BuilderUnit {
             });
             self.issue_requests(out);
         } else {
-            let s = &mut self.stats;
-            match self.finished.get(&mep) {
-                Some(&Fate::Built { bytes, masked }) => {
-                    s.batches_built -= 1;
-                    s.events_built -= events;
-                    s.bytes_built -= bytes;
-                    s.batches_masked -= u64::from(masked);
-                }
-                Some(Fate::Incomplete) => {
-                    s.batches_incomplete -= 1;
-                    s.events_incomplete -= events;
-                }
-                Some(Fate::Corrupt) => {
-                    s.batches_corrupt -= 1;
-                    s.events_corrupt -= events;
+            match self.finished.get_mut(&mep) {
+                Some(f @ (Fate::Built { .. } | Fate::Incomplete { .. } | Fate::Corrupt)) => {
+                    let fate = std::mem::replace(f, Fate::Revoked);
+                    self.uncount(mep, &fate);
                 }
                 Some(Fate::Unassigned | Fate::Revoked) | None => return,
             }
-            self.finished.insert(mep, Fate::Revoked);
         }
         self.stats.batches_revoked += 1;
         self.assert_accounting();
+    }
+
+    /// Takes finished `mep`'s `fate` out of every count it entered: its
+    /// outcome's, its latency, the sources it missed, its incident.
+    fn uncount(&mut self, mep: MepId, fate: &Fate) {
+        let events = u64::from(self.events_per_mep);
+        let s = &mut self.stats;
+        match *fate {
+            Fate::Built {
+                bytes,
+                masked,
+                latency,
+            } => {
+                s.batches_built -= 1;
+                s.events_built -= events;
+                s.bytes_built -= bytes;
+                s.batches_masked -= u64::from(masked);
+                unrecord(&mut s.latency_ns, latency);
+            }
+            Fate::Incomplete { ref missing } => {
+                s.batches_incomplete -= 1;
+                s.events_incomplete -= events;
+                for &m in missing.iter() {
+                    if let Some(c) = s.missing_by_source.get_mut(m as usize) {
+                        *c = c.saturating_sub(1);
+                    }
+                }
+            }
+            Fate::Corrupt => {
+                s.batches_corrupt -= 1;
+                s.events_corrupt -= events;
+            }
+            Fate::Unassigned | Fate::Revoked => return,
+        }
+        s.incidents.retain(|i| i.mep != mep);
     }
 
     /// Every MEP assigned here has one fate or is still open: built,
@@ -817,7 +869,13 @@ impl BuilderUnit {
                 // assignment arrived: it cannot be built any more, but the
                 // EM must hear its fate (and get the credit back).
                 self.stats.batches_assigned += 1;
-                self.finished.insert(mep, Fate::Incomplete);
+                // (Counted in no source's misses: see below.)
+                self.finished.insert(
+                    mep,
+                    Fate::Incomplete {
+                        missing: Box::default(),
+                    },
+                );
                 let sources = self.ru_nodes.len() as u16;
                 let outcome = Outcome::Incomplete {
                     missing: (0..sources).collect(),
@@ -1063,7 +1121,7 @@ impl BuilderUnit {
                 }
             }
         }
-        let reassigned = self.remember_finished(mep, Fate::of(&outcome, &batch));
+        let reassigned = self.remember_finished(mep, Fate::of(&outcome, &batch, now));
         let events = u64::from(self.events_per_mep);
         let s = &mut self.stats;
         match &outcome {
@@ -1074,8 +1132,7 @@ impl BuilderUnit {
                 s.batches_built += 1;
                 s.events_built += events;
                 s.bytes_built += batch.bytes;
-                s.latency_ns
-                    .saturating_record((now - batch.opened_at).max(1));
+                s.latency_ns.saturating_record(batch_latency(&batch, now));
             }
             Outcome::Incomplete { missing } => {
                 s.batches_incomplete += 1;
@@ -1392,6 +1449,9 @@ mod tests {
                 (bu.stats.batches_built, bu.stats.batches_incomplete),
                 (1, 2)
             );
+            assert_eq!(bu.stats.latency_ns.len(), 1);
+            assert_eq!(bu.stats.missing_by_source, vec![2, 2]);
+            assert_eq!(bu.stats.incidents.len(), 2);
             bu.on_assign(10, 3, &mut out);
             assert_eq!(bu.stats.batches_assigned, 3, "a duplicate is not counted");
             bu.on_assign(10, 4, &mut out);
@@ -1408,6 +1468,14 @@ mod tests {
             );
             assert_eq!((s.batches_incomplete, s.events_incomplete), (1, epm));
             assert_eq!((s.batches_revoked, s.batches_assigned), (3, 4));
+            // Nor in the latency, the sources' misses or the incidents:
+            // only MEP 3's are left.
+            assert_eq!(s.latency_ns.len(), 0, "{protocol:?}");
+            assert_eq!(s.missing_by_source, vec![1, 1]);
+            assert_eq!(
+                s.incidents.iter().map(|i| i.mep).collect::<Vec<_>>(),
+                vec![3]
+            );
             assert_eq!(bu.open_batches(), 0);
             assert!(bu.next_deadline().is_none());
             assert!(matches!(
@@ -1428,6 +1496,7 @@ mod tests {
             arrive(&mut bu, 20, 4, 1, &mut out);
             assert_eq!(bu.stats.batches_built, 1);
             assert_eq!(bu.stats.batches_assigned, 5);
+            assert_eq!(bu.stats.latency_ns.len(), 1);
             bu.abandon_all(30, &mut out);
         }
     }

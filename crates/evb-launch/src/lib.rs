@@ -1313,6 +1313,12 @@ fn format_losses(s: &Summary) -> String {
             s.meps_reassigned, s.events_reassigned
         );
     }
+    if s.meps_revoked > 0 || s.batches_revoked > 0 {
+        out += &format!(
+            "taken from a BU lost while alive: {} MEPs, {} of its batches not counted as its own\n",
+            s.meps_revoked, s.batches_revoked
+        );
+    }
     if s.events_lost_bu_gone > 0 {
         out += &format!("lost with a dead BU: {} events\n", s.events_lost_bu_gone);
     }

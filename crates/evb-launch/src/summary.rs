@@ -43,6 +43,15 @@ pub struct Summary {
     pub meps_reassigned: u64,
     #[serde(default)]
     pub events_reassigned: u64,
+    /// MEPs the EM took from a BU lost while alive (re-assigned, or lost)
+    /// and named to it when it came back (every incarnation of the EM);
+    /// and the batches the BUs took out of their own counts for it (every
+    /// incarnation of every BU). A revoked MEP is counted once: by the BU
+    /// it was re-assigned to, or lost; never by the BU it was taken from.
+    #[serde(default)]
+    pub meps_revoked: u64,
+    #[serde(default)]
+    pub batches_revoked: u64,
     /// Of `events_lost` (paced readout): events read out while no BU was left.
     #[serde(default)]
     pub events_lost_no_bu: u64,
@@ -558,6 +567,8 @@ impl Summary {
             s.events_corrupt += r.events_corrupt;
             s.batches_built += r.batches_built;
             s.batches_delivered_partial += r.batches_delivered_partial;
+            s.batches_revoked += r.batches_revoked;
+            s.meps_revoked += r.em_meps_revoked;
             s.bytes_built += r.bytes_built;
             s.fragments_corrupt += r.fragments_corrupt;
             s.fragments_duplicate += r.fragments_duplicate;

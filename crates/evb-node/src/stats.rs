@@ -80,6 +80,7 @@ impl Runtime {
             r.em_meps_corrupt = em.meps_corrupt;
             r.em_meps_lost_bu_gone = em.meps_lost_bu_gone;
             r.em_meps_reassigned = em.meps_reassigned;
+            r.em_meps_revoked = em.meps_revoked;
             r.em_resumed_at = em.resumed_at;
         }
         r.drain_timed_out = self.engine.node.drain_timed_out();

@@ -613,6 +613,7 @@ fn check_stop_resume(transport: &str) {
     assert!(text.contains(&format!("over {transport}")), "{text}");
     // Node 2 lived through it and reported.
     check_every_node_reported(&out, &v, &text, DEFAULT_CREDITS);
+    check_revocations(&v, &text);
     let failures = v["summary"]["failures"].as_array().unwrap().clone();
     let what = |f: &Value| f["what"].as_str().unwrap().to_string();
     assert!(
@@ -695,6 +696,48 @@ fn check_stop_resume(transport: &str) {
     );
     for node in v["nodes"].as_array().unwrap() {
         assert_eq!(node["drain_timed_out"], false, "{text}");
+    }
+}
+
+/// Node 2 was lost to the EM while alive (stopped past the peer timeout):
+/// the EM took its unfinished MEPs (at most its credits) and named them to
+/// it when it took it back (`Revoked`). Each MEP is counted by one BU: the
+/// BUs' fates add up to the EM's, the revoked batches are in none of node
+/// 2's counts (fates, latency, missing sources), and the run JSON has the
+/// revocations, summed.
+fn check_revocations(v: &Value, text: &str) {
+    let nodes = v["nodes"].as_array().unwrap();
+    let node = |i: usize, k: &str| nodes[i][k].as_u64().unwrap_or(0);
+    let sum = |k: &str| (0..nodes.len()).map(|i| node(i, k)).sum::<u64>();
+    let (revoked, taken) = (n(v, "batches_revoked"), n(v, "meps_revoked"));
+    assert_eq!(revoked, sum("batches_revoked"), "{text}");
+    assert_eq!(taken, sum("em_meps_revoked"), "{text}");
+    assert!(
+        (1..=DEFAULT_CREDITS).contains(&taken) && revoked <= taken,
+        "revoked {revoked} of {taken} taken: {text}"
+    );
+    assert_eq!(revoked, node(2, "batches_revoked"), "{text}");
+    for k in ["built", "incomplete", "corrupt"] {
+        assert_eq!(
+            sum(&format!("events_{k}")),
+            sum(&format!("em_meps_{k}")) * 1024,
+            "the BUs' {k} against the EM's: {text}"
+        );
+    }
+    for (i, r) in nodes.iter().enumerate() {
+        let missing: u64 = r["missing_by_source"]
+            .as_array()
+            .map_or(0, |m| m.iter().map(|x| x.as_u64().unwrap()).sum());
+        let incomplete = node(i, "batches_incomplete");
+        assert_eq!(
+            r["latency_ns"]["count"].as_u64().unwrap(),
+            node(i, "batches_built"),
+            "node {i}: a latency for each batch built: {text}"
+        );
+        assert!(
+            missing >= incomplete && (incomplete > 0 || missing == 0),
+            "node {i}: {missing} sources missing from {incomplete} incomplete batches: {text}"
+        );
     }
 }
 
