@@ -35,6 +35,10 @@
 //! (re-assigned, or lost), so it does not count them as its own. Its counts
 //! then add up with the other BUs' to the EM's, which is what the run's
 //! accounting rests on once a restarted EM no longer has its predecessor's.
+//! The EM keeps what it took until the BU acknowledges each (`RevokedAck`),
+//! tells it again at each rejoin until then (a link lost again may have
+//! lost them), and assigns nothing to that BU meanwhile: so what it keeps
+//! is at most the BU's credits.
 //!
 //! The EM itself can be restarted ([`EventManager::resuming`]): the new
 //! incarnation knows nothing of what its predecessor assigned, so it waits
@@ -67,8 +71,11 @@ pub struct EmStats {
     pub meps_reassigned: u64,
     pub reassign_rounds: u64,
     /// MEPs taken from a BU lost while alive (re-assigned or lost), named
-    /// to it when it came back ([`Message::Revoked`]).
+    /// to it when it came back ([`Message::Revoked`]), each counted once;
+    /// and `Revoked` told again, at a later rejoin, for want of its
+    /// acknowledgement ([`Message::RevokedAck`]).
     pub meps_revoked: u64,
+    pub revoked_again: u64,
     /// BU and RU endpoints lost during the run.
     pub bus_lost: Vec<NodeId>,
     pub rus_lost: Vec<NodeId>,
@@ -151,9 +158,12 @@ pub struct EventManager {
     granted: Vec<u32>,
     /// MEPs assigned and not yet reported finished, per BU index.
     outstanding: Vec<BTreeSet<MepId>>,
-    /// Per BU index: the MEPs taken from it when it was last lost (at most
-    /// its credits), named to it if it comes back ([`Message::Revoked`]).
-    taken: Vec<Vec<MepId>>,
+    /// Per BU index: the MEPs taken from it when it was lost (at most its
+    /// credits), named to it when it comes back ([`Message::Revoked`]) and
+    /// kept until it acknowledges them ([`Message::RevokedAck`]), with
+    /// whether named yet. Nothing is assigned to a BU while it has any, so
+    /// a later loss finds either these or MEPs out, never both.
+    taken: Vec<Vec<(MepId, bool)>>,
     /// A restarted EM: MEPs counted assigned that its predecessor assigned
     /// (their fates are the BUs' alone).
     inherited: u64,
@@ -656,6 +666,36 @@ impl EventManager {
         );
     }
 
+    /// The BU of index `bu_index` had the `Revoked` of `mep`: forgotten;
+    /// once it has nothing left to acknowledge, it gets MEPs again.
+    pub fn on_revoked_ack(
+        &mut self,
+        bu_index: usize,
+        mep: MepId,
+        out: &mut Vec<(NodeId, Message)>,
+    ) {
+        let Some(taken) = self.taken.get_mut(bu_index) else {
+            return;
+        };
+        let before = taken.len();
+        taken.retain(|&(m, named)| !(named && m == mep));
+        if taken.len() < before && taken.is_empty() {
+            self.assign(out);
+        }
+    }
+
+    /// MEPs taken from the BU of index `b` that it has not acknowledged.
+    pub fn revocations_pending(&self, b: usize) -> usize {
+        self.taken.get(b).map_or(0, Vec::len)
+    }
+
+    /// Whether the BU of index `b` can take a MEP now: it has credit, and
+    /// has acknowledged every MEP taken from it (until then what it has
+    /// not may still be counted as its own).
+    fn assignable(&self, b: usize) -> bool {
+        self.credits[b] > 0 && self.taken[b].is_empty()
+    }
+
     /// A BU finished `mep`: count its outcome, take the credit back.
     pub fn on_finished(
         &mut self,
@@ -829,7 +869,13 @@ impl EventManager {
                 self.credits[b] = 0;
                 self.granted[b] = 0;
                 // Whatever becomes of them, they are no longer its own.
-                self.taken[b] = self.outstanding[b].iter().copied().collect();
+                debug_assert!(self.taken[b].is_empty() || self.outstanding[b].is_empty());
+                let taken = &mut self.taken[b];
+                for &mep in &self.outstanding[b] {
+                    if !taken.iter().any(|&(m, _)| m == mep) {
+                        taken.push((mep, false));
+                    }
+                }
                 if self.stopped {
                     // After EndOfRun nothing can be re-assigned.
                     self.stats.meps_lost_bu_gone += self.outstanding[b].len() as u64;
@@ -912,11 +958,15 @@ impl EventManager {
         self.flush_assignments(out);
         if let Some(b) = layout.bu_of.get(node as usize).copied().flatten() {
             // First of all on the new link: what the EM took from it when
-            // it lost it (a new incarnation never heard of them: it ignores
-            // them).
-            for mep in std::mem::take(&mut self.taken[b as usize]) {
-                self.stats.meps_revoked += 1;
-                out.push((node, Message::Revoked { mep }));
+            // it lost it and it has not acknowledged (a new incarnation
+            // never heard of them: it ignores them, and acknowledges).
+            for (mep, named) in &mut self.taken[b as usize] {
+                if std::mem::replace(named, true) {
+                    self.stats.revoked_again += 1;
+                } else {
+                    self.stats.meps_revoked += 1;
+                }
+                out.push((node, Message::Revoked { mep: *mep }));
             }
         }
         if self.stopped {
@@ -1051,7 +1101,10 @@ impl EventManager {
             return false;
         }
         let live = self.bu_lost.iter().filter(|&&l| !l).count();
-        let free: usize = self.credits.iter().map(|&c| c as usize).sum();
+        let free: usize = (0..self.credits.len())
+            .filter(|&b| self.taken[b].is_empty())
+            .map(|b| self.credits[b] as usize)
+            .sum();
         let due = self
             .pending_since
             .is_some_and(|t| self.now >= self.flush_time(t));
@@ -1088,7 +1141,7 @@ impl EventManager {
             .map(|k| (self.next_bu + k) % n)
             .filter(|&b| !self.bu_lost[b])
             .take(count)
-            .all(|b| self.credits[b] > 0)
+            .all(|b| self.assignable(b))
     }
 
     fn assign(&mut self, out: &mut Vec<(NodeId, Message)>) {
@@ -1114,7 +1167,7 @@ impl EventManager {
             let n = self.credits.len();
             let Some(bu) = (0..n)
                 .map(|k| (self.next_bu + k) % n)
-                .find(|&b| self.credits[b] > 0)
+                .find(|&b| self.assignable(b))
             else {
                 if !self.stalled {
                     self.stats.credit_stalls += 1;
@@ -1574,11 +1627,27 @@ mod tests {
     }
 
     /// A BU lost while alive comes back: before anything else on the new
-    /// link it hears which MEPs the EM took from it (re-assigned or lost),
-    /// once; a BU that was not lost hears nothing.
+    /// link it hears which MEPs the EM took from it (re-assigned or lost).
+    /// Until it acknowledges them it gets no MEP, and hears them again at
+    /// each rejoin (the link may have dropped them); once acknowledged,
+    /// never again. A BU that was not lost hears nothing.
     #[test]
-    fn a_bu_taken_back_hears_which_meps_were_taken_from_it() {
+    fn a_bu_taken_back_hears_which_meps_were_taken_from_it_until_it_acknowledges() {
         let (mut em, l, _) = lose_node_1_with_two_meps();
+        let revoked = |out: &[(NodeId, Message)]| {
+            out.iter()
+                .filter(|(to, m)| *to == 1 && matches!(m, Message::Revoked { .. }))
+                .map(|(_, m)| *m)
+                .collect::<Vec<_>>()
+        };
+        // MEPs assigned to the BU of node `bu` (told to it).
+        let to_bu = |out: &[(NodeId, Message)], bu: NodeId| {
+            expanded(out)
+                .iter()
+                .filter(|a| a.0 == bu && a.2 == bu)
+                .count()
+        };
+        let both = vec![Message::Revoked { mep: 0 }, Message::Revoked { mep: 1 }];
         let mut out = Vec::new();
         em.on_node_joined(1, &l, &mut out);
         assert_eq!(
@@ -1587,9 +1656,31 @@ mod tests {
                 .take(2)
                 .map(|(_, m)| *m)
                 .collect::<Vec<_>>(),
-            vec![Message::Revoked { mep: 0 }, Message::Revoked { mep: 1 }]
+            both
         );
-        assert_eq!(em.stats.meps_revoked, 2);
+        assert_eq!((em.stats.meps_revoked, em.stats.revoked_again), (2, 0));
+        // Its credit waits for the acknowledgements: its MEPs go elsewhere.
+        out.clear();
+        em.on_credit(1, 2, &mut out);
+        em.on_credit(2, 1, &mut out);
+        assert_eq!((to_bu(&out, 1), to_bu(&out, 2)), (0, 1), "{out:?}");
+        // The link drops again before they arrive: lost with nothing out,
+        // told again when it comes back.
+        out.clear();
+        em.on_node_lost(1, &l, &mut out);
+        em.on_node_joined(1, &l, &mut out);
+        assert_eq!(revoked(&out), both);
+        assert_eq!((em.stats.meps_revoked, em.stats.revoked_again), (2, 2));
+        assert_eq!(em.revocations_pending(1), 2);
+        // Acknowledged (one of them twice): forgotten; then it gets MEPs.
+        out.clear();
+        em.on_credit(1, 2, &mut out);
+        em.on_revoked_ack(1, 0, &mut out);
+        em.on_revoked_ack(1, 0, &mut out);
+        assert_eq!(to_bu(&out, 1), 0);
+        em.on_revoked_ack(1, 1, &mut out);
+        assert_eq!(em.revocations_pending(1), 0);
+        assert_eq!(to_bu(&out, 1), 2, "{out:?}");
         out.clear();
         em.on_node_joined(1, &l, &mut out);
         em.on_node_joined(2, &l, &mut out);
@@ -1598,6 +1689,11 @@ mod tests {
             0,
             "{out:?}"
         );
+        // Lost again with two MEPs out: those are taken now.
+        em.on_node_lost(1, &l, &mut out);
+        em.on_node_joined(1, &l, &mut out);
+        assert_eq!(revoked(&out).len(), 2);
+        assert_eq!(em.stats.meps_revoked, 4);
     }
 
     #[test]

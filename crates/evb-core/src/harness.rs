@@ -117,6 +117,12 @@ pub struct Faults {
     /// other join, and nothing sent on the old link arrives after. `None`:
     /// it stays down (a restart alone brings a node back).
     pub relink_ns: Option<Nanos>,
+    /// Messages lost with their link: for each entry, the next message of
+    /// that kind any node sends is lost as it leaves, and its link breaks
+    /// with it (both ends lose each other `detection_ns` later; it comes
+    /// back after `relink_ns`, if set, as a link given up does). A
+    /// `Revoked` lost in transit, say, or its acknowledgement.
+    pub lose_with_link: Vec<crate::wire::Kind>,
 }
 
 impl Faults {
@@ -516,6 +522,22 @@ impl Harness {
         }
     }
 
+    /// The link between `a` and `b` breaks now: nothing more crosses it,
+    /// both ends learn it after the detection time, and it comes back as
+    /// a link given up does.
+    fn break_link(&mut self, a: NodeId, b: NodeId) {
+        let now = self.now;
+        self.report.drops.push((a, b, now));
+        self.cut.insert((a, b));
+        self.cut.insert((b, a));
+        let at = now + self.faults.detection_ns;
+        self.schedule(at, Event::PeerLost { to: a, peer: b });
+        self.schedule(at, Event::PeerLost { to: b, peer: a });
+        if let Some(d) = self.faults.relink_ns {
+            self.schedule(at + d, Event::Relink { a, b });
+        }
+    }
+
     /// The link between live nodes `a` and `b`, given up, comes back: once
     /// neither is stalled, both see the other join.
     fn relink(&mut self, a: NodeId, b: NodeId) {
@@ -603,6 +625,20 @@ impl Harness {
     /// assignments it carries are counted, and it arrives after the link's
     /// latency.
     fn send_message(&mut self, id: NodeId, to: NodeId, msg: Message) {
+        if let Some(i) = self
+            .faults
+            .lose_with_link
+            .iter()
+            .position(|&k| k == msg.kind())
+        {
+            self.faults.lose_with_link.remove(i);
+            self.report.log.push(format!(
+                "t={} lost with its link: n{id} -> n{to} {msg:?}",
+                self.now
+            ));
+            self.break_link(id, to);
+            return;
+        }
         if let Message::ConsumerCredit { fu, credits } = msg {
             *self.consumer_credit.entry((to, fu)).or_insert(0) += i64::from(credits);
         }
@@ -833,6 +869,7 @@ fn encode_key(msg: Message) -> MessageKey {
             slot_ns,
         } => MessageKey(26, from, start_ns, slot_ns),
         Message::Revoked { mep } => MessageKey(27, mep, 0, 0),
+        Message::RevokedAck { mep } => MessageKey(28, mep, 0, 0),
         Message::Hello { .. } | Message::Heartbeat | Message::Fragment(_) => MessageKey(7, 0, 0, 0),
     }
 }
@@ -914,6 +951,7 @@ fn decode_key(k: MessageKey) -> Message {
             slot_ns: k.3,
         },
         27 => Message::Revoked { mep: k.1 },
+        28 => Message::RevokedAck { mep: k.1 },
         _ => Message::Heartbeat,
     }
 }

@@ -978,22 +978,13 @@ impl Node {
                     r.on_end_of_run(&mut self.ru_out);
                 }
             }
-            Message::Credit { bu, credits } if from_bu && bu == from => match &mut self.em {
-                Some(em) => {
-                    let idx = self.layout.bu_of[bu as usize].expect("from_bu") as usize;
-                    em.on_credit(idx, credits, &mut self.em_out);
-                }
-                None => self.control_rejected += 1,
-            },
+            Message::Credit { .. } | Message::Finished { .. } | Message::RevokedAck { .. }
+                if from_bu =>
+            {
+                self.on_bu_to_em(from, msg);
+            }
             Message::Request { mep, bu } if from_bu && bu == from => match &mut self.ru {
                 Some(r) => r.on_request(mep, bu, &mut self.ru_out),
-                None => self.control_rejected += 1,
-            },
-            Message::Finished { mep, bu, outcome } if from_bu && bu == from => match &mut self.em {
-                Some(em) => {
-                    let idx = self.layout.bu_of[bu as usize].expect("from_bu") as usize;
-                    em.on_finished(idx, mep, outcome, &mut self.em_out);
-                }
                 None => self.control_rejected += 1,
             },
             Message::BuLost { bu, round } if from_em => self.on_bu_lost(bu, round),
@@ -1040,9 +1031,32 @@ impl Node {
         }
     }
 
+    /// What a BU tells the EM, over its own connection (`from`, a BU's
+    /// endpoint): its credits, a finished MEP, that it had a `Revoked`.
+    /// Anything else, or to a node without the EM, is rejected.
+    fn on_bu_to_em(&mut self, from: NodeId, msg: Message) {
+        let (Some(em), Some(Some(idx))) = (&mut self.em, self.layout.bu_of.get(from as usize))
+        else {
+            self.control_rejected += 1;
+            return;
+        };
+        let idx = *idx as usize;
+        match msg {
+            Message::Credit { bu, credits } if bu == from => {
+                em.on_credit(idx, credits, &mut self.em_out);
+            }
+            Message::Finished { mep, bu, outcome } if bu == from => {
+                em.on_finished(idx, mep, outcome, &mut self.em_out);
+            }
+            Message::RevokedAck { mep } => em.on_revoked_ack(idx, mep, &mut self.em_out),
+            _ => self.control_rejected += 1,
+        }
+    }
+
     /// What the EM tells the BUs of the run's sources and of the MEPs it
-    /// took from a BU it had lost; a node without a BU ignores the former
-    /// and rejects the latter.
+    /// took from a BU it had lost (acknowledged, whether this BU had them
+    /// or not); a node without a BU ignores the former and rejects the
+    /// latter.
     fn on_em_to_bu(&mut self, now: Nanos, msg: Message) {
         let Some(b) = &mut self.bu else {
             if matches!(msg, Message::Revoked { .. }) {
@@ -1057,7 +1071,10 @@ impl Node {
             Message::SourceUp { source, from_mep } => {
                 b.on_source_up(source, from_mep, &mut self.bu_out);
             }
-            Message::Revoked { mep } => b.on_revoked(mep, &mut self.bu_out),
+            Message::Revoked { mep } => {
+                b.on_revoked(mep, &mut self.bu_out);
+                self.route(self.layout.em, Message::RevokedAck { mep });
+            }
             _ => {}
         }
     }

@@ -142,6 +142,7 @@ pub enum Kind {
     SlotReport = 24,
     SlotLength = 25,
     Revoked = 26,
+    RevokedAck = 27,
 }
 
 impl Kind {
@@ -173,6 +174,7 @@ impl Kind {
             24 => Kind::SlotReport,
             25 => Kind::SlotLength,
             26 => Kind::Revoked,
+            27 => Kind::RevokedAck,
             other => return Err(WireError::UnknownKind(other)),
         })
     }
@@ -205,7 +207,7 @@ impl Kind {
             Kind::ClockReply => Some(16),
             Kind::SlotReport => Some(12),
             Kind::SlotLength => Some(24),
-            Kind::Revoked => Some(8),
+            Kind::Revoked | Kind::RevokedAck => Some(8),
         }
     }
 
@@ -237,6 +239,7 @@ impl Kind {
             Kind::SlotReport => "SlotReport",
             Kind::SlotLength => "SlotLength",
             Kind::Revoked => "Revoked",
+            Kind::RevokedAck => "RevokedAck",
         }
     }
 }
@@ -466,8 +469,13 @@ pub enum Message {
     /// lost it, and the EM took it (re-assigned it to another BU, or
     /// counted it lost): its fate is not this BU's to count. One message
     /// per MEP, at most that BU's credits of them, before anything else
-    /// the EM tells it on the new link.
+    /// the EM tells it on the new link. Told again at each rejoin until
+    /// the BU acknowledges it ([`Message::RevokedAck`]).
     Revoked { mep: MepId },
+    /// BU -> EM: the BU had `Revoked{mep}` (and counts `mep` in none of its
+    /// fates, or never had it): the EM forgets it and, once every MEP it
+    /// took from that BU is acknowledged, assigns to it again.
+    RevokedAck { mep: MepId },
 }
 
 /// Outcome codes of [`Message::Finished`].
@@ -515,6 +523,7 @@ impl Message {
             Message::SlotReport { .. } => Kind::SlotReport,
             Message::SlotLength { .. } => Kind::SlotLength,
             Message::Revoked { .. } => Kind::Revoked,
+            Message::RevokedAck { .. } => Kind::RevokedAck,
             Message::Abandon { .. } => Kind::Abandon,
             Message::Finished { .. } => Kind::Finished,
             Message::SourceDown { .. } => Kind::SourceDown,
@@ -569,7 +578,9 @@ impl Message {
                 out.extend_from_slice(&[0, 0]);
             }
             Message::Fragment(h) => out.extend_from_slice(&h.encode()),
-            Message::EndOfRun { meps } | Message::Revoked { mep: meps } => {
+            Message::EndOfRun { meps }
+            | Message::Revoked { mep: meps }
+            | Message::RevokedAck { mep: meps } => {
                 out.extend_from_slice(&meps.to_le_bytes());
             }
             Message::SeenUpTo { next_mep, ended } => {
@@ -659,6 +670,7 @@ impl Message {
             }
             Kind::EndOfRun => Message::EndOfRun { meps: u64_at(0) },
             Kind::Revoked => Message::Revoked { mep: u64_at(0) },
+            Kind::RevokedAck => Message::RevokedAck { mep: u64_at(0) },
             Kind::SeenUpTo => {
                 if body[8] > 1 || body[9..12] != [0, 0, 0] {
                     return Err(WireError::NonZeroReserved { kind: "SeenUpTo" });
@@ -889,6 +901,7 @@ mod tests {
             any::<u32>().prop_map(|round| Message::ReleaseHeld { round }),
             (any::<u64>(), any::<u16>()).prop_map(|(mep, bu)| Message::Reassign { mep, bu }),
             any::<u64>().prop_map(|mep| Message::Revoked { mep }),
+            any::<u64>().prop_map(|mep| Message::RevokedAck { mep }),
             Just(Message::Heartbeat),
             Just(Message::Goodbye),
             (any::<u64>(), any::<bool>())
@@ -1040,7 +1053,7 @@ mod tests {
         ));
     }
 
-    /// The reassignment kinds (14..=18, 26): fixed lengths, so a hostile length
+    /// The reassignment kinds (14..=18, 26, 27): fixed lengths, so a hostile length
     /// is an error before anything is read, and reserved bytes are checked.
     #[test]
     fn reassignment_kinds_decode_and_reject_bad_frames() {
@@ -1054,8 +1067,17 @@ mod tests {
             Message::ReleaseHeld { round: 1 },
             Message::Reassign { mep: 9, bu: 2 },
             Message::Revoked { mep: u64::MAX - 1 },
+            Message::RevokedAck { mep: 5 },
         ];
-        let layout = [(14u8, 8u8), (15, 12), (16, 4), (17, 4), (18, 12), (26, 8)];
+        let layout = [
+            (14u8, 8u8),
+            (15, 12),
+            (16, 4),
+            (17, 4),
+            (18, 12),
+            (26, 8),
+            (27, 8),
+        ];
         for (msg, (kind, len)) in msgs.iter().zip(layout) {
             let mut buf = Vec::new();
             msg.encode_into(&mut buf);
@@ -1128,8 +1150,8 @@ mod tests {
             Err(WireError::NonZeroReserved { kind: "Hello" })
         );
         // The next kind number is still unknown.
-        buf[3] = 27;
-        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(27)));
+        buf[3] = 28;
+        assert_eq!(decode_stream(&buf, 64), Err(WireError::UnknownKind(28)));
     }
 
     #[test]

@@ -409,10 +409,26 @@ fn em_readmits_a_rejoined_node_at_a_mep_boundary() {
         .iter()
         .any(|(_, m)| !m.assignments(&layout.bu_nodes).is_empty()));
     assert_eq!(em.stats.rejoined, vec![2]);
-    // A second join of a live node changes nothing.
+    // It was lost with MEPs 4 and 5: they are named to it first.
+    let revoked = |out: &[(u16, Message)]| -> Vec<u64> {
+        out.iter()
+            .filter_map(|(to, m)| match m {
+                Message::Revoked { mep } if *to == 2 => Some(*mep),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(revoked(&out), vec![4, 5], "{out:?}");
+    // A second join of a live node changes nothing but naming them again
+    // (not acknowledged yet).
     out.clear();
     em.on_node_joined(2, &layout, &mut out);
-    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(revoked(&out), vec![4, 5], "{out:?}");
+    assert_eq!(out.len(), 2, "{out:?}");
+    out.clear();
+    for mep in [4, 5] {
+        em.on_revoked_ack(2, mep, &mut out);
+    }
     // Credits: the rejoined BU gets MEPs, and its RU is in every Assign.
     em.on_credit(2, 1, &mut out);
     em.on_finished(0, 0, 0, &mut out);
