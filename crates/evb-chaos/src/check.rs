@@ -551,4 +551,35 @@ mod tests {
         assert_eq!(built_at(&s, 1.5), 200);
         assert_eq!(rate(&s, 1.0, 2.0), 200.0);
     }
+
+    /// The BUs leave out of their counts only what the EM revoked: more
+    /// breaks the accounting, unless the EM's counts do not cover the run
+    /// (it was restarted: its dead incarnation's last report may be late).
+    #[test]
+    fn batches_revoked_beyond_the_ems_revocations_break_the_accounting() {
+        let mut run = RunResult {
+            evb_version: "",
+            kind: "",
+            config: evb_core::Config::default(),
+            summary: evb_launch::summary::Summary::default(),
+            nodes: Vec::new(),
+            timeline: Vec::new(),
+            node_exit_codes: Vec::new(),
+        };
+        run.summary.meps_revoked = 3;
+        run.summary.batches_revoked = 3;
+        let mut v = Vec::new();
+        check_accounting(&run, &mut v);
+        assert!(v.is_empty(), "{v:?}");
+        run.summary.batches_revoked = 4;
+        check_accounting(&run, &mut v);
+        assert_eq!(
+            v.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+            ["accounting"]
+        );
+        v.clear();
+        run.summary.em_resumed_at_mep = Some(10);
+        check_accounting(&run, &mut v);
+        assert!(v.is_empty(), "{v:?}");
+    }
 }
