@@ -553,10 +553,12 @@ fn a_done_node_sends_nothing_more() {
 }
 
 /// A clock probe that falls due while the RU's fragment is on the link
-/// waits for it to leave: sent behind the fragment, the probe's way out
-/// would be longer than its answer's by the fragment's time, and the
-/// offset off by half of it (at line rate tens of microseconds, against a
-/// slot grace of 0.5).
+/// waits for the fragment's last byte to leave: sent behind the fragment,
+/// the probe's way out would be longer than its answer's by the
+/// fragment's time, and the offset off by half of it (at line rate tens
+/// of microseconds, against a slot grace of 0.5). Its completion, a host
+/// latency later, is not waited for: by then the next slot's fragment may
+/// be on the link.
 #[test]
 fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
     use evb_core::{Action, Message, Node};
@@ -568,11 +570,15 @@ fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
         .unwrap();
     let source = layout.ru_of[id as usize].unwrap();
     let mut node = Node::new(&c, &layout, id);
+    let slot = c.slot_ns();
+    // Fragments three slots long on the wire.
+    let payload = (3 * slot) as f64 * c.sim.link_gbps / 8.0;
+    let wire_ns = |p: u32| (f64::from(p) * 8.0 / c.sim.link_gbps) as u64;
     // Carries out the node's actions at `t`: probes answered at once (an
     // EM whose clock agrees), data produced at once, fragments kept in
-    // flight. Returns the probes sent.
-    let mut in_flight = Vec::new();
-    let step = |node: &mut Node, t: u64, in_flight: &mut Vec<u64>| {
+    // flight (with when they went). Returns the probes sent.
+    let mut in_flight: Vec<(u64, u64)> = Vec::new();
+    let step = |node: &mut Node, t: u64, in_flight: &mut Vec<(u64, u64)>| {
         let mut probes = 0;
         while let Some(a) = node.poll_action() {
             match a {
@@ -593,12 +599,12 @@ fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
                         mep,
                         source,
                         event_count: 16,
-                        payload_len: 4096,
+                        payload_len: payload as u32,
                         ..Default::default()
                     };
                     node.on_mep_ready(t, h);
                 }
-                Action::SendFragment { header, .. } => in_flight.push(header.mep),
+                Action::SendFragment { header, .. } => in_flight.push((header.mep, t)),
                 _ => {}
             }
         }
@@ -618,12 +624,12 @@ fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
         .next_deadline()
         .expect("a probe later");
     assert!(
-        due > t + SECOND / 1000,
-        "the burst is over: the next probe is ms away"
+        due > t + 4 * slot,
+        "the burst is over: the next probe is a fast one (the skew is not known yet), not the burst's"
     );
-    // Just before the probe is due, MEPs are assigned: the RU ships them,
-    // one per slot, and they stay on the link.
-    t = due - 20_000;
+    // Two slots before the probe is due, MEPs are assigned: the RU ships
+    // the first at the next slot's start, and it is on the link at `due`.
+    t = due - 2 * slot;
     let assign = Message::AssignRun {
         first: 0,
         count: 4,
@@ -636,22 +642,118 @@ fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
         node.on_timeout(t);
         assert_eq!(step(&mut node, t, &mut in_flight), 0, "at {t}, due {due}");
     }
-    assert!(!in_flight.is_empty(), "a fragment is on the link at {due}");
+    let (_, went) = *in_flight.first().expect("a fragment went");
+    let leaves = went + wire_ns(payload as u32);
+    assert!(leaves > due, "the fragment is on the link at {due}");
     assert!(
         node.next_deadline().unwrap() > due,
         "the due probe does not wake the node while the link is busy"
     );
-    // The fragments leave (the RU may start the next ones as earlier
-    // ones end): the probe goes as soon as none is on the link.
+    // The probe goes once the fragment's last byte is expected to have
+    // left, before its completion comes back.
     let mut probes = 0;
-    while let Some(mep) = in_flight.pop() {
-        t += 100;
-        node.on_send_complete(t, mep);
-        probes += step(&mut node, t, &mut in_flight);
+    while probes == 0 {
+        t = node.next_deadline().expect("the probe's wait");
         assert!(
-            probes == 0 || in_flight.is_empty(),
-            "sent behind a fragment"
+            t <= leaves + slot / 10,
+            "at {t}: the fragment left at {leaves}"
         );
+        node.on_timeout(t);
+        probes = step(&mut node, t, &mut in_flight);
     }
-    assert_eq!(probes, 1, "the probe went when the link was free");
+    assert!(
+        t >= leaves,
+        "sent at {t}, behind the fragment leaving at {leaves}"
+    );
+    assert_eq!(probes, 1);
+}
+
+/// The EM answers a clock probe that comes while its own node's fragment
+/// is on the link once the fragment has left, with its time then, and
+/// gives back the probe's `sent` moved on by the wait: the prober's round
+/// trip is the network's alone and its midpoint falls where the EM read
+/// its clock (NTP's four timestamps in two). Answered at once, the answer
+/// would queue behind the fragment, off by half its time.
+#[test]
+fn the_em_answers_a_probe_once_its_fragment_has_left() {
+    use evb_core::{Action, Message, Node};
+    let mut c = config(Protocol::Push, Schedule::Slotted, LocalTraffic::Nic);
+    c.event_builder.clock = evb_core::config::ClockSource::Em;
+    let layout = Layout::from_config(&c);
+    let em = layout.em;
+    let source = layout.ru_of[em as usize].expect("the EM's node has an RU");
+    let prober = (0..c.nodes.count).find(|&n| n != em).unwrap();
+    let mut node = Node::new(&c, &layout, em);
+    let slot = c.slot_ns();
+    let payload = (3 * slot) as f64 * c.sim.link_gbps / 8.0;
+    // Carries out the node's actions at `t`: assignments to itself and
+    // data produced at once; returns the fragments it sent and its answers.
+    let step = |node: &mut Node, t: u64| {
+        let (mut sent, mut replies) = (Vec::new(), Vec::new());
+        while let Some(a) = node.poll_action() {
+            match a {
+                Action::Produce { mep } => {
+                    let h = FragmentHeader {
+                        run_id: c.run.run_id,
+                        mep,
+                        source,
+                        event_count: 16,
+                        payload_len: payload as u32,
+                        ..Default::default()
+                    };
+                    node.on_mep_ready(t, h);
+                }
+                Action::SendFragment { header, .. } => sent.push(header.mep),
+                Action::Send {
+                    msg: m @ Message::ClockReply { .. },
+                    to,
+                } => {
+                    assert_eq!(to, prober);
+                    replies.push(m);
+                }
+                _ => {}
+            }
+        }
+        (sent, replies)
+    };
+    node.start(0);
+    let mut t = 0;
+    let went = loop {
+        let (sent, _) = step(&mut node, t);
+        if !sent.is_empty() {
+            break t;
+        }
+        t = node.next_deadline().expect("the EM assigns, its RU ships");
+        node.on_timeout(t);
+    };
+    // A probe a microsecond after the fragment went.
+    t = went + 1_000;
+    let probe_sent = 777;
+    node.on_message(t, prober, Message::ClockProbe { sent: probe_sent });
+    let came = t;
+    assert!(
+        step(&mut node, t).1.is_empty(),
+        "not answered behind the fragment"
+    );
+    let replies = loop {
+        t = node.next_deadline().expect("the held answer's time");
+        assert!(t < went + 4 * slot, "held for ever: {t}");
+        node.on_timeout(t);
+        let (_, replies) = step(&mut node, t);
+        if !replies.is_empty() {
+            break replies;
+        }
+    };
+    assert!(
+        t >= went + 2 * slot,
+        "answered at {t}, the fragment left at ~{}",
+        went + 3 * slot
+    );
+    assert_eq!(
+        replies,
+        vec![Message::ClockReply {
+            sent: probe_sent + (t - came),
+            em_time: t
+        }]
+    );
 }

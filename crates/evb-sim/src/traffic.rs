@@ -500,7 +500,8 @@ impl EventBuilder {
         let local = self.clocks[h].local_ns(at);
         let em = self.clocks[usize::from(self.layout.em)].local_ns(at);
         let truth = i128::from(em) - i128::from(local);
-        Some((i128::from(clock.offset()) - truth).unsigned_abs() as u64)
+        let est = clock.offset_at(local);
+        Some((i128::from(est) - truth).unsigned_abs() as u64)
     }
 
     /// Bytes consumed so far by all consumers, and their busy time up to
