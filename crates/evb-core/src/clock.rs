@@ -23,10 +23,9 @@
 //!
 //! **Skew.** Two hosts' crystals run at rates up to 200 ppm apart when no
 //! NTP or PTP disciplines them: 4 us in 20 ms, eight slot graces. The node
-//! bounds the rate at which its offset changes from its last [`HISTORY`]
-//! answers, each within its queueing bound of the truth, and once the
-//! answers show a skew (0 outside its bounds) it takes the offset from
-//! the line of that skew through all of them, carried forward to the
+//! fits the rate at which its offset changes over its last [`HISTORY`]
+//! clean answers (least squares), and once the fit shows a skew (beyond
+//! its error) it takes the offset from that line, carried forward to the
 //! time asked ([`ClockSync::offset_at`]). Until the skew is known to
 //! [`SKEW_OK_PPB`] the probes go out every [`FAST_PROBE_NS`] rather than
 //! every `interval`: a skew from answers 20 ms apart comes too late.
@@ -64,22 +63,35 @@ pub const FAST_PROBE_NS: Nanos = 1_250_000;
 pub const FAST_PROBES: u32 = 48;
 /// A skew known this exactly (ppb either way) ends the fast probes.
 pub const SKEW_OK_PPB: u64 = 10_000;
-/// Answers the skew is bounded by (the oldest go first): 32 of them span
-/// 40 ms of fast probes, then 640 ms of the default interval.
+/// Clean answers the skew is fitted over (the oldest go first): 32 of
+/// them span 40 ms of fast probes, then 640 ms of the default interval.
 pub const HISTORY: usize = 32;
-/// An answer that queued more than this (half its round trip's excess)
-/// bounds nothing worth having.
-const MAX_QUEUED_NS: Nanos = 10_000;
-/// The answers bound a skew once they span this.
-const FIT_MIN_SPAN_NS: Nanos = 2_000_000;
-/// What each answer's bound is widened by: the shortest round trip is
-/// not a fixed path (host latencies vary from message to message), and
-/// an answer a little slower than it may be off by more than half the
-/// difference (measured in `evb sim`, ideal clocks: answers off by 50 ns
-/// past their bound, which then showed a skew of tens of ppm).
-const JITTER_NS: Nanos = 150;
+/// An answer that queued at most this (half its round trip's excess over
+/// the fastest) is clean enough to fit the skew by.
+const CLEAN_NS: Nanos = 500;
+/// The fit needs this many clean answers over this span at least.
+const FIT_MIN_ANSWERS: usize = 8;
+const FIT_MIN_SPAN_NS: Nanos = 4_000_000;
+/// A slope within this many standard errors of 0 is no skew.
+const SKEW_SIGMAS: f64 = 4.0;
+/// The least spread the answers are taken to have, ns.
+const MIN_SIGMA_NS: f64 = 5.0;
 /// The skews a clock may have, ppb: 10 %, far beyond any crystal.
 pub const MAX_SKEW_PPB: i64 = 100_000_000;
+
+/// A least-squares line of offset (ns) against local time (ns).
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    slope: f64,
+    /// One standard error of the slope.
+    slope_error: f64,
+    /// The answers' spread about the line, ns.
+    sigma: f64,
+    /// The answers' mean time and offset: the line passes through them.
+    at: f64,
+    offset: f64,
+    n: f64,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Sample {
@@ -121,7 +133,7 @@ pub struct ClockStats {
     /// How much faster the EM's clock runs than this node's, parts per
     /// billion (0: none measured, or within its error).
     pub skew_ppb: i64,
-    /// How far that skew may be off, ppb (`u64::MAX`: not bounded yet).
+    /// How far that skew may be off, ppb (`u64::MAX`: not fitted yet).
     pub skew_error_ppb: u64,
 }
 
@@ -258,8 +270,7 @@ impl ClockSync {
     }
 
     /// How fast an estimate ages, ppb: NTP's dispersion, and once the
-    /// answers show a skew (0 outside its bounds), what is not known of
-    /// it. Until then the clocks are taken as disciplined: an answer aged
+    /// answers show a skew, what is not known of it. Until then the clocks are taken as disciplined: an answer aged
     /// at a crystal's unknown 200 ppm was displaced by queued ones during
     /// the fast probes and the slots of ideal clocks slid apart (72 nodes:
     /// 60 % of link).
@@ -279,94 +290,91 @@ impl ClockSync {
         (i128::from(s.offset) + drift).clamp(i64::MIN.into(), i64::MAX.into()) as i64
     }
 
-    /// Keeps `s` and bounds the skew anew. Each answer says the true
-    /// offset was within its queueing bound of what it measured when it
-    /// came; the skews a line through every such interval may have are
-    /// `[max (L_j - U_i) / dt, min (U_j - L_i) / dt]` over the pairs of
-    /// answers `i` before `j`. The skew is that range's middle, its error
-    /// half its width; no skew while 0 is in the range (disciplined
-    /// clocks keep their offsets as they are). Answers that no line
-    /// passes through (the rate itself changed) are dropped, oldest first.
+    /// Keeps `s` if it is clean and fits the skew anew: the least-squares
+    /// line of offset against time through the clean answers (re-judged
+    /// against the fastest round trip now known), its error
+    /// [`SKEW_SIGMAS`] standard errors. A skew within its error is taken as
+    /// none: disciplined clocks keep their offsets as they are. (Hard
+    /// bounds from each answer's queueing were tried first: an answer's
+    /// host latencies differ from message to message, answers 80 us apart
+    /// then bounded the skew away from 0 for ideal clocks, and the slots
+    /// of 163 nodes at 200 Gb/s slid apart.)
     fn learn_skew(&mut self, s: Sample) {
-        if s.queued(self.min_rtt) > MAX_QUEUED_NS {
+        if s.queued(self.min_rtt) > CLEAN_NS {
             return;
         }
         if self.history.len() == HISTORY {
             self.history.pop_front();
         }
         self.history.push_back(s);
-        while self.history.len() >= 2 {
-            let span = self.history.back().map_or(0, |l| l.at) - self.history[0].at;
-            if span < FIT_MIN_SPAN_NS {
-                return;
-            }
-            if let Some((lo, hi)) = self.skew_range() {
-                let skew = if lo > 0.0 || hi < 0.0 {
-                    (lo + hi) / 2.0
-                } else {
-                    0.0
-                };
-                let error = (hi - skew).max(skew - lo);
-                self.stats.skew_ppb =
-                    (skew * 1e9).clamp(-(MAX_SKEW_PPB as f64), MAX_SKEW_PPB as f64) as i64;
-                self.stats.skew_error_ppb = (error * 1e9).min(u64::MAX as f64) as u64;
-                debug_assert!(lo <= hi && self.stats.skew_ppb.abs() <= MAX_SKEW_PPB);
-                return;
-            }
-            self.history.pop_front();
-        }
+        let Some(fit) = self.fit() else { return };
+        let error = SKEW_SIGMAS * fit.slope_error;
+        self.stats.skew_error_ppb = (error * 1e9).min(u64::MAX as f64) as u64;
+        self.stats.skew_ppb = if fit.slope.abs() > error {
+            (fit.slope * 1e9).clamp(-(MAX_SKEW_PPB as f64), MAX_SKEW_PPB as f64) as i64
+        } else {
+            0
+        };
+        debug_assert!(self.stats.skew_ppb.abs() <= MAX_SKEW_PPB);
     }
 
-    /// Once a skew is shown, the offset at `now` of the lines of that
-    /// skew through every kept answer's interval: the middle of their
-    /// range, as an answer whose bound is half its width. Answers one at a
-    /// time, each carried forward from its own age, were off by up to 1.2
-    /// us at +-100 ppm (an old clean answer outlived the skew's error).
+    /// The least-squares line through the clean answers kept, if there
+    /// are enough of them over a long enough span.
+    fn fit(&self) -> Option<Fit> {
+        let min_rtt = self.min_rtt;
+        let clean: Vec<&Sample> = self
+            .history
+            .iter()
+            .filter(|x| x.queued(min_rtt) <= CLEAN_NS)
+            .collect();
+        let (first, last) = (clean.first()?, clean.last()?);
+        if clean.len() < FIT_MIN_ANSWERS || last.at - first.at < FIT_MIN_SPAN_NS {
+            return None;
+        }
+        // Relative to the first answer: exact in f64 over any run.
+        let n = clean.len() as f64;
+        let xs: Vec<f64> = clean.iter().map(|x| (x.at - first.at) as f64).collect();
+        let ys: Vec<f64> = clean
+            .iter()
+            .map(|x| (x.offset - first.offset) as f64)
+            .collect();
+        let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+        let sxx: f64 = xs.iter().map(|x| (x - mx) * (x - mx)).sum();
+        let sxy: f64 = xs.iter().zip(&ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+        let slope = sxy / sxx;
+        let residuals: f64 = xs
+            .iter()
+            .zip(&ys)
+            .map(|(x, y)| (y - my - slope * (x - mx)).powi(2))
+            .sum();
+        // The answers' spread, at least a few ns (they are rounded to the
+        // ns, and a few may happen to line up).
+        let sigma = (residuals / (n - 2.0)).sqrt().max(MIN_SIGMA_NS);
+        Some(Fit {
+            slope,
+            slope_error: sigma / sxx.sqrt(),
+            sigma,
+            at: first.at as f64 + mx,
+            offset: first.offset as f64 + my,
+            n,
+        })
+    }
+
+    /// Once a skew is shown, the offset at `now` on the fitted line, as an
+    /// answer whose bound is the line's error there.
     fn fitted(&self, now: Nanos) -> Option<Sample> {
         if self.stats.skew_ppb == 0 {
             return None;
         }
-        let skew = self.stats.skew_ppb as f64 * 1e-9;
-        let (mut lo, mut hi) = (f64::NEG_INFINITY, f64::INFINITY);
-        for x in &self.history {
-            let q = (x.queued(self.min_rtt) + JITTER_NS) as f64;
-            let carried = x.offset as f64 + skew * (now as f64 - x.at as f64);
-            lo = lo.max(carried - q);
-            hi = hi.min(carried + q);
-        }
-        if !(lo <= hi && lo.is_finite() && hi.is_finite()) {
-            return None;
-        }
-        let half = ((hi - lo) / 2.0) as Nanos;
+        let fit = self.fit()?;
+        let dt = now as f64 - fit.at;
+        let offset = fit.offset + fit.slope * dt;
+        let error = fit.sigma / fit.n.sqrt() + fit.slope_error * dt.abs();
         Some(Sample {
-            rtt: self.min_rtt.saturating_add(2 * half),
-            offset: ((lo + hi) / 2.0).round() as i64,
+            rtt: self.min_rtt.saturating_add(2 * error as Nanos),
+            offset: offset.round() as i64,
             at: now,
         })
-    }
-
-    /// The skews (ns per ns) a line through every kept answer's interval
-    /// may have; `None` if no line passes through them all.
-    fn skew_range(&self) -> Option<(f64, f64)> {
-        let (mut lo, mut hi) = (f64::NEG_INFINITY, f64::INFINITY);
-        let bounds: Vec<(f64, f64, f64)> = self
-            .history
-            .iter()
-            .map(|x| {
-                let q = (x.queued(self.min_rtt) + JITTER_NS) as f64;
-                (x.at as f64, x.offset as f64 - q, x.offset as f64 + q)
-            })
-            .collect();
-        for (i, &(ti, li, ui)) in bounds.iter().enumerate() {
-            for &(tj, lj, uj) in &bounds[i + 1..] {
-                let dt = tj - ti;
-                if dt > 0.0 {
-                    lo = lo.max((lj - ui) / dt);
-                    hi = hi.min((uj - li) / dt);
-                }
-            }
-        }
-        (lo <= hi && lo.is_finite() && hi.is_finite()).then_some((lo, hi))
     }
 
     /// EM time minus local time at local time `now`, ns: the estimate
