@@ -204,8 +204,11 @@ pub struct SimOutcome {
 }
 
 /// Simulated time a steady state needs: two rotations of warm-up (what
-/// evb-sim leaves out), two batch means after it, and a little over.
-pub const ROTATIONS: f64 = 4.3;
+/// evb-sim leaves out), four batch means of a rotation after it, and a
+/// little over. Two means gave a t(1) interval, 12.7 times their spread
+/// (540 nodes: +-250 Gb/s on 215 predicted as soon as two rotations
+/// differed); four give t(3), 3.2 times it.
+pub const ROTATIONS: f64 = 6.3;
 
 /// Simulates a candidate as `evb sim --topology SPEC --order ftree` with
 /// the design's overrides would, for [`ROTATIONS`] rotations; once more,
