@@ -552,6 +552,19 @@ fn a_done_node_sends_nothing_more() {
     }
 }
 
+/// The header of a fragment of 16 events and `payload_len` bytes that
+/// RU `source` produced for `mep`.
+fn produced(c: &Config, mep: u64, source: u16, payload_len: u32) -> FragmentHeader {
+    FragmentHeader {
+        run_id: c.run.run_id,
+        mep,
+        source,
+        event_count: 16,
+        payload_len,
+        ..Default::default()
+    }
+}
+
 /// A clock probe that falls due while the RU's fragment is on the link
 /// waits for the fragment's last byte to leave: sent behind the fragment,
 /// the probe's way out would be longer than its answer's by the
@@ -594,15 +607,7 @@ fn a_due_clock_probe_waits_for_the_fragment_on_the_link() {
                     node.on_message(t, layout.em, reply);
                 }
                 Action::Produce { mep } => {
-                    let h = FragmentHeader {
-                        run_id: c.run.run_id,
-                        mep,
-                        source,
-                        event_count: 16,
-                        payload_len: payload as u32,
-                        ..Default::default()
-                    };
-                    node.on_mep_ready(t, h);
+                    node.on_mep_ready(t, produced(&c, mep, source, payload as u32));
                 }
                 Action::SendFragment { header, .. } => in_flight.push((header.mep, t)),
                 _ => {}
@@ -693,15 +698,7 @@ fn the_em_answers_a_probe_once_its_fragment_has_left() {
         while let Some(a) = node.poll_action() {
             match a {
                 Action::Produce { mep } => {
-                    let h = FragmentHeader {
-                        run_id: c.run.run_id,
-                        mep,
-                        source,
-                        event_count: 16,
-                        payload_len: payload as u32,
-                        ..Default::default()
-                    };
-                    node.on_mep_ready(t, h);
+                    node.on_mep_ready(t, produced(&c, mep, source, payload as u32));
                 }
                 Action::SendFragment { header, .. } => sent.push(header.mep),
                 Action::Send {
