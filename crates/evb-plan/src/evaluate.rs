@@ -66,9 +66,6 @@ pub fn overrides(req: &Requirement, c: &Candidate, duration_us: Option<f64>) -> 
                 "node0"
             }
         ),
-        // The hosts' clocks (PTP on a cluster): the EM's measured clock
-        // needs many rotations to settle at hundreds of nodes.
-        "event_builder.clock=\"system\"".into(),
         format!("source.events_per_mep={}", req.events_per_mep),
         "source.size=\"normal\"".into(),
         format!("source.mean_bytes={mean}"),
