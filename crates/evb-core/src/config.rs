@@ -100,9 +100,9 @@ pub enum SlotSchedule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ClockSource {
-    /// The EM's clock: every node measures its offset to it over the
-    /// connections it already has (NTP-style probes, the fastest answer
-    /// of the last few kept).
+    /// The EM's clock: every node measures its offset to it, and the
+    /// rate at which that changes, over the connection it already has
+    /// (NTP-style probes; [`crate::clock`]).
     Em,
     /// The node's own clock, trusted as synchronised (PTP on the cluster,
     /// or one host): no probes.
@@ -233,7 +233,8 @@ pub struct EventBuilderSection {
     /// Slotted barrel: whose clock the slots follow.
     pub clock: ClockSource,
     /// `clock = "em"`: how often a node measures its offset to the EM's
-    /// clock again (after a burst of probes at the start), milliseconds.
+    /// clock again (after a burst of probes at the start and probes every
+    /// 1.25 ms until its skew is known), milliseconds.
     pub clock_probe_ms: u64,
     /// MEP assignments the EM collects before it tells the RUs, as runs
     /// (0: one per BU, so about one message to each RU per rotation of the
