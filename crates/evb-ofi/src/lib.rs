@@ -783,7 +783,15 @@ impl Endpoint {
     /// [`Endpoint::forget_source`], unless a new incarnation of that source
     /// joined as another peer since: then only the old incarnation's
     /// unexpected messages (the previous epoch) are discarded.
+    ///
+    /// Our own messages still queued for it (a JOIN, a RELINK, an answer)
+    /// go too: the library says "try again" to a dead peer's address for
+    /// as long as it is dead, and each `progress` would ask again. A
+    /// restarted node that found the EM dead kept its JOIN to it, retried
+    /// at every turn (its system time about twice its peers' per second)
+    /// until the run's end: the new EM joins it anew.
     pub fn forget_peer(&mut self, peer: PeerId, source: u64) {
+        self.pending_control.retain(|m| m.peer != peer);
         let source = self.links.source_of(source);
         match self.links.forget_peer(peer, source) {
             Forget::Replaced { old_epoch } => self.discard_unexpected(source, old_epoch),
