@@ -152,6 +152,8 @@ pub struct ClockSync {
     estimate: Option<Sample>,
     /// The clean answers the skew is fitted over, oldest first.
     history: VecDeque<Sample>,
+    /// The line fitted through them at the last clean answer.
+    line: Option<Fit>,
     /// The shortest round trip since the (re)start: the path unqueued.
     min_rtt: Nanos,
     /// Jitters the probe times (seeded per node: deterministic).
@@ -171,6 +173,7 @@ impl ClockSync {
             outstanding: false,
             estimate: None,
             history: VecDeque::with_capacity(HISTORY),
+            line: None,
             min_rtt: Nanos::MAX,
             stats: ClockStats {
                 skew_error_ppb: u64::MAX,
@@ -184,6 +187,7 @@ impl ClockSync {
     pub fn restart(&mut self, now: Nanos) {
         self.estimate = None;
         self.history.clear();
+        self.line = None;
         self.min_rtt = Nanos::MAX;
         self.burst_left = BURST;
         self.fast_sent = 0;
@@ -307,7 +311,8 @@ impl ClockSync {
             self.history.pop_front();
         }
         self.history.push_back(s);
-        let Some(fit) = self.fit() else { return };
+        self.line = self.fit();
+        let Some(fit) = self.line else { return };
         let error = SKEW_SIGMAS * fit.slope_error;
         self.stats.skew_error_ppb = (error * 1e9).min(u64::MAX as f64) as u64;
         self.stats.skew_ppb = if fit.slope.abs() > error {
@@ -366,7 +371,7 @@ impl ClockSync {
         if self.stats.skew_ppb == 0 {
             return None;
         }
-        let fit = self.fit()?;
+        let fit = self.line?;
         let dt = now as f64 - fit.at;
         let offset = fit.offset + fit.slope * dt;
         let error = fit.sigma / fit.n.sqrt() + fit.slope_error * dt.abs();

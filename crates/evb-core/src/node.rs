@@ -545,8 +545,7 @@ impl Node {
             return None;
         }
         let due = self.clock.as_ref()?.next_deadline()?;
-        let busy = self.ru.as_ref().and_then(ReadoutUnit::link_busy_until);
-        Some(match busy {
+        Some(match self.link_busy_until() {
             Some(until) => due.max(until.min(due.saturating_add(self.probe_wait))),
             None => due,
         })
@@ -562,12 +561,7 @@ impl Node {
     /// nodes: answers had waited a whole fragment at the EM's side, 74 us
     /// on average, and 82 % were too queued to tell a skew from).
     fn answer_probe(&mut self, now: Nanos, from: NodeId, sent: Nanos) {
-        if self
-            .ru
-            .as_ref()
-            .and_then(ReadoutUnit::link_busy_until)
-            .is_some()
-        {
+        if self.link_busy_until().is_some() {
             // One answer held a prober (a prober has one probe out; a
             // second is a restarted one's, and only its latest counts).
             match self.held_replies.iter_mut().find(|(to, ..)| *to == from) {
@@ -585,7 +579,7 @@ impl Node {
 
     /// Sends the held answers once the node's fragment has left the link.
     fn release_replies(&mut self, now: Nanos) {
-        if self.held_replies.is_empty() || self.replies_due().is_some_and(|t| now < t) {
+        if self.held_replies.is_empty() || self.link_busy_until().is_some() {
             return;
         }
         for (to, sent, came) in std::mem::take(&mut self.held_replies) {
@@ -603,15 +597,13 @@ impl Node {
     /// When the held answers go: when the node's fragment is expected to
     /// have left the link.
     fn replies_due(&self) -> Option<Nanos> {
-        if self.held_replies.is_empty() {
-            return None;
-        }
-        Some(
-            self.ru
-                .as_ref()
-                .and_then(ReadoutUnit::link_busy_until)
-                .unwrap_or(self.now),
-        )
+        (!self.held_replies.is_empty()).then(|| self.link_busy_until().unwrap_or(self.now))
+    }
+
+    /// Until when this node's own fragment is expected to be on its link
+    /// (slotted barrel), if it is now.
+    fn link_busy_until(&self) -> Option<Nanos> {
+        self.ru.as_ref().and_then(ReadoutUnit::link_busy_until)
     }
 
     /// The slot clock's measurement, if this node makes one.
@@ -996,7 +988,7 @@ impl Node {
                 None
             }
             Some(((slot, next_start), per_slot)) => {
-                let busy = self.ru.as_ref().and_then(ReadoutUnit::link_busy_until);
+                let busy = self.link_busy_until();
                 match busy {
                     Some(until) => Some(until),
                     None => self
